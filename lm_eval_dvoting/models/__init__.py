@@ -1,0 +1,1 @@
+"""Native PyTorch architectures of the supported diffusion LMs, and their loader."""

@@ -1,0 +1,78 @@
+"""Building blocks both architectures share: RMSNorm, rotary embeddings, attention.
+
+Both LLaDA (an OLMo-style LLaMA block) and Dream (Qwen2) are pre-norm transformers with
+RMSNorm, half-split rotary embeddings, SwiGLU MLPs and *bidirectional* attention. The
+numerics follow the upstream code: norms and rotary tables in float32, the rest in
+the weights' dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, scaled by a learned weight."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotary_tables(
+    position_ids: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (batch, 1, length, head_dim) in float32."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+    )
+    freqs = position_ids.float()[..., None] * inv_freq  # (batch, length, head_dim/2)
+    angles = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (batch, heads, length, head_dim) by the tables, half-split convention."""
+    x32 = x.float()
+    first, second = x32.chunk(2, dim=-1)
+    rotated = torch.cat((-second, first), dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def attention_bias(
+    attention_mask: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """Additive key mask (batch, 1, 1, length) from a 0/1 mask; None means attend everywhere.
+
+    Padded *queries* still attend to the real keys (their outputs are never used),
+    which keeps every softmax row finite.
+    """
+    if attention_mask is None:
+        return None
+    keep = attention_mask.to(torch.bool)[:, None, None, :]
+    bias = torch.zeros(keep.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill(~keep, torch.finfo(dtype).min)
+
+
+def default_position_ids(input_ids: torch.Tensor) -> torch.Tensor:
+    """Positions 0..length-1 for every row, the upstream models' convention."""
+    batch, length = input_ids.shape
+    return torch.arange(length, device=input_ids.device).expand(batch, length)
+
+
+def bidirectional_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Full (non-causal) attention with grouped key/value heads repeated as needed."""
+    if k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=False)

@@ -1,0 +1,286 @@
+"""Load an official LLaDA or Dream checkpoint (hub id or local folder) without remote code.
+
+`load_model` reads `config.json`, builds our own module (models/llada.py or
+models/dream.py), and fills it from `model.safetensors` or the shards listed in
+`model.safetensors.index.json`. The module is built on the meta device and the
+weights are assigned in the target dtype, so an 8B checkpoint never exists in
+float32 on the host.
+
+The returned module exposes what the sampler needs:
+`mask_token_id`, `end_token_ids` (end-of-text and end-of-turn), `logits_shift`
+(0 for LLaDA, 1 for Dream), `max_length` and `source` (the folder it came from).
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from .dream import DreamConfig, DreamModel
+from .llada import LLaDAConfig, LLaDAModel
+
+# Official ids, used when a config does not name them (the real checkpoints' values).
+OFFICIAL_IDS = {
+    "llada": {"vocab_size": 126464, "mask": 126336, "eos": 126081, "end_of_turn": 126348},
+    "dream": {"vocab_size": 152064, "mask": 151666, "eos": 151643, "end_of_turn": 151645},
+}
+
+# The demo checkpoint shipped inside the package, reachable as `pretrained=tiny-arith`.
+PACKAGED_CHECKPOINTS = {"tiny-arith": Path(__file__).resolve().parents[1] / "demo" / "tiny-arith"}
+
+_HUB_FILES = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "*.jinja",
+]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be used as it is; the message says why and what to do."""
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> Path:
+    """A local folder for `name_or_path`: a packaged name, an existing folder, or a hub id.
+
+    Hub ids are fetched with `huggingface_hub.snapshot_download`, restricted to the
+    config, weights and tokenizer files (no Python files are ever downloaded).
+    """
+    key = str(name_or_path)
+    if key in PACKAGED_CHECKPOINTS:
+        folder = PACKAGED_CHECKPOINTS[key]
+        if not (folder / "config.json").exists():
+            raise CheckpointError(
+                f"the packaged checkpoint {key!r} is missing from {folder}; reinstall the package"
+            )
+        return folder
+    path = Path(key).expanduser()
+    if path.is_dir():
+        return path
+    looks_local = key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1
+    if looks_local:
+        raise CheckpointError(
+            f"no checkpoint folder at {key!r}: give an existing folder holding config.json and "
+            "model.safetensors, a hub id such as 'GSAI-ML/LLaDA-8B-Instruct', or 'tiny-arith'"
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=key, allow_patterns=_HUB_FILES))
+    except Exception as err:  # network, auth, offline mode: all end the same way for a user
+        raise CheckpointError(
+            f"could not fetch {key!r} from the Hugging Face hub ({type(err).__name__}: {err}); "
+            "check the id and your network, or pass a local folder"
+        ) from err
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    config_file = folder / "config.json"
+    if not config_file.exists():
+        raise CheckpointError(f"{config_file} does not exist: a checkpoint folder needs its config.json")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{config_file} is not valid JSON: {err}") from err
+
+
+def model_family(config: dict[str, Any], config_file: Path) -> str:
+    """'llada' or 'dream' from `model_type` (the official values are 'llada' and 'Dream')."""
+    model_type = str(config.get("model_type", ""))
+    family = model_type.lower()
+    if family not in OFFICIAL_IDS:
+        raise CheckpointError(
+            f"{config_file}: model_type {model_type!r} is not supported; "
+            f"expected one of 'llada' (LLaDA-8B-Instruct, LLaDA-1.5) or 'Dream' (Dream-v0-Instruct-7B)"
+        )
+    return family
+
+
+def _first_id(value: Any) -> int | None:
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+def _special_ids(family: str, config: dict[str, Any], folder: Path) -> tuple[int, tuple[int, ...]]:
+    """The mask id and the end-of-text/end-of-turn ids for this checkpoint."""
+    official = OFFICIAL_IDS[family]
+    vocab_size = int(config.get("embedding_size") or config["vocab_size"])
+    is_official_vocab = vocab_size >= official["vocab_size"]
+    mask_id = config.get("mask_token_id")
+    if mask_id is None:
+        if not is_official_vocab:
+            raise CheckpointError(
+                f"{folder / 'config.json'} has no mask_token_id and the official default "
+                f"{official['mask']} lies outside its vocabulary of {vocab_size}: "
+                "add \"mask_token_id\" to config.json"
+            )
+        mask_id = official["mask"]
+    end_ids: list[int] = []
+    eos = config.get("eos_token_id")
+    end_ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    generation_config = folder / "generation_config.json"
+    if generation_config.exists():
+        gen_eos = json.loads(generation_config.read_text()).get("eos_token_id")
+        end_ids += gen_eos if isinstance(gen_eos, list) else ([gen_eos] if gen_eos is not None else [])
+    if is_official_vocab:
+        end_ids += [official["eos"], official["end_of_turn"]]
+    if not end_ids:
+        end_ids = [official["eos"]]
+    return int(mask_id), tuple(dict.fromkeys(int(i) for i in end_ids if int(i) != int(mask_id)))
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """`model.safetensors`, or the shards named by `model.safetensors.index.json`."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / shard for shard in shards]
+    else:
+        files = [folder / "model.safetensors"]
+    for file in files:
+        if not file.exists():
+            raise CheckpointError(
+                f"weight file {file} is missing; download the checkpoint completely "
+                "(model.safetensors, or every shard listed in model.safetensors.index.json)"
+            )
+    return files
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """A torch dtype from a name; None means bfloat16 on CUDA, float32 on CPU."""
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if str(dtype) not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
+    return _DTYPES[str(dtype)]
+
+
+def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    """Fail early, with a clear message, when the device cannot run this dtype."""
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            f"{torch.cuda.get_device_name(device)} does not support bfloat16; use dtype=float16 or float32"
+        )
+    try:
+        probe = torch.ones(2, 2, dtype=dtype, device=device)
+        torch.nn.functional.linear(probe, probe)
+    except RuntimeError as err:
+        raise ValueError(f"dtype {dtype} cannot run on {device} ({err}); use dtype=float32") from err
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The requested device, or CPU with a warning when CUDA is asked for but absent."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        warnings.warn(f"device {device} requested but CUDA is not available; using the CPU", stacklevel=2)
+        return torch.device("cpu")
+    return device
+
+
+def _read_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors = load_file(str(file), device=str(device))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+            raise CheckpointError(
+                f"cannot read weight file {file} ({err}); it is corrupt or truncated: download it again"
+            ) from err
+        state.update({name: t.to(dtype) for name, t in tensors.items()})
+    return state
+
+
+def load_model(
+    name_or_path: str | Path,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> nn.Module:
+    """Load LLaDA or Dream from a hub id, a local folder, or the packaged 'tiny-arith'.
+
+    Returns an eval-mode `torch.nn.Module` whose `forward(input_ids, attention_mask=None)`
+    gives raw logits (batch, length, vocab); it carries `mask_token_id`, `end_token_ids`,
+    `logits_shift`, `max_length`, `family` and `source`.
+    """
+    folder = resolve_checkpoint(name_or_path)
+    config = read_config(folder)
+    family = model_family(config, folder / "config.json")
+    target = resolve_device(device)
+    torch_dtype = parse_dtype(dtype, target)
+    check_device_dtype(target, torch_dtype)
+    mask_id, end_ids = _special_ids(family, config, folder)
+    files = weight_files(folder)
+
+    with torch.device("meta"):
+        if family == "llada":
+            cfg = LLaDAConfig.from_dict(config)
+            model: nn.Module = LLaDAModel(cfg)
+            max_length = cfg.max_sequence_length
+        else:
+            cfg = DreamConfig.from_dict(config)
+            model = DreamModel(cfg)
+            max_length = cfg.max_position_embeddings
+    state = _read_weights(files, target, torch_dtype)
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"the weights in {folder} do not fit a {family} model of this config: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    model.load_state_dict(state, assign=True)
+    model.eval().requires_grad_(False)
+    model.mask_token_id = mask_id
+    model.end_token_ids = end_ids
+    model.max_length = int(max_length)
+    model.family = family
+    model.source = str(folder)
+    return model
+
+
+def load_tokenizer(name_or_path: str | Path) -> Any:
+    """The checkpoint's tokenizer through transformers, never with remote code.
+
+    Dream's tokenizer config names a custom class (a renamed Qwen2 tokenizer); when
+    transformers cannot build the named class without remote code, the Qwen2
+    tokenizer class reads the same files.
+    """
+    from transformers import AutoTokenizer
+
+    folder = resolve_checkpoint(name_or_path)
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except (ValueError, OSError, KeyError, AttributeError) as err:
+        tokenizer_config = folder / "tokenizer_config.json"
+        named = json.loads(tokenizer_config.read_text()) if tokenizer_config.exists() else {}
+        if "dream" not in json.dumps(named).lower() and model_family(read_config(folder), folder) != "dream":
+            raise CheckpointError(f"cannot load the tokenizer in {folder}: {err}") from err
+        from transformers import Qwen2Tokenizer
+
+        return Qwen2Tokenizer.from_pretrained(str(folder))
