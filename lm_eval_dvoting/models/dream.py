@@ -127,12 +127,13 @@ class DreamModel(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def forward(
+    def hidden_states(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Final-norm hidden states (batch, length, width), before the output head."""
         cfg = self.config
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
@@ -144,7 +145,18 @@ class DreamModel(nn.Module):
             query_keep = attention_mask.to(x.dtype)[:, None, :, None]
         for layer in self.model.layers:
             x = layer(x, rotary, bias, query_keep)
-        x = self.model.norm(x)
-        if cfg.tie_word_embeddings:
-            return F.linear(x, self.model.embed_tokens.weight)
-        return self.lm_head(x)
+        return self.model.norm(x)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head alone, so a sampler can apply it to the positions it needs."""
+        if self.config.tie_word_embeddings:
+            return F.linear(hidden, self.model.embed_tokens.weight)
+        return self.lm_head(hidden)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids))

@@ -119,12 +119,13 @@ class LLaDAModel(nn.Module):
         self.config = cfg
         self.model = _Root(cfg)
 
-    def forward(
+    def hidden_states(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Final-norm hidden states (batch, length, width), before the output head."""
         cfg, transformer = self.config, self.model.transformer
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
@@ -133,7 +134,19 @@ class LLaDAModel(nn.Module):
         bias = attention_bias(attention_mask, x.dtype)
         for block in transformer.blocks:
             x = block(x, rotary, bias)
-        x = transformer.ln_f(x)
-        if cfg.weight_tying:
-            return F.linear(x, transformer.wte.weight)
-        return transformer.ff_out(x)
+        return transformer.ln_f(x)
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head alone, so a sampler can apply it to the positions it needs."""
+        transformer = self.model.transformer
+        if self.config.weight_tying:
+            return F.linear(hidden, transformer.wte.weight)
+        return transformer.ff_out(hidden)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids))

@@ -1,0 +1,495 @@
+"""Answer extraction, normalisation, equivalence and the vote.
+
+One module decides what "the answer" of a generated text is, for two readers that
+must agree: the voting strategies (which sample's answer won?) and this project's
+task configs (is the voted answer right?). Because both call the same functions,
+what is voted is exactly what is scored.
+
+Three *kinds* of answers exist (`ANSWER_KINDS`):
+
+``"number"`` (GSM8K and other arithmetic word problems)
+    Where the answer is looked for, in order of preference:
+
+    1. the last non-empty ``\\boxed{...}`` (or ``\\fbox{...}``), matched with balanced
+       braces so ``\\boxed{\\frac{3}{4}}`` is read whole. A boxed answer is
+       *authoritative*: if it holds no number (``\\boxed{x}``), the text has no
+       answer (``None``) rather than falling back to some other number in the
+       reasoning, which would be a guess the model did not make;
+    2. the last "answer is X" / "answer: X" phrase (case-insensitive; covers "The
+       answer is", "The final answer is", "Answer:") or GSM8K's ``#### X`` line,
+       reading the first number after the phrase on the same line;
+    3. the last number anywhere in the text.
+
+    The number is then normalised to a canonical string so that equal values are
+    one vote: ``$``, ``%``, units and LaTeX spacing are ignored (GSM8K states
+    percentages and money as bare numbers: "50%" is the answer ``50``); commas are
+    thousands separators only in the ``1,000`` pattern (``"1,000" -> "1000"``);
+    the sign is kept (``-3`` is not ``3``; a hyphen directly after a digit or
+    letter, as in ``10-20``, is a range/subtraction, not a sign); values are exact
+    rationals, so ``18``, ``18.0``, ``18.00`` all become ``"18"``, ``0.50`` and
+    ``.5`` become ``"0.5"``, and fractions (``3/4``, ``\\frac{3}{4}``,
+    ``\\dfrac34``) become a decimal when that decimal terminates (``"0.75"``) and a
+    reduced ``"p/q"`` otherwise (``"1/3"``). ``-0`` is ``"0"``.
+
+``"math"`` (MATH500 and other free-form LaTeX answers)
+    The content of the last non-empty brace-balanced ``\\boxed{...}`` or
+    ``\\fbox{...}`` (also the brace-less ``\\boxed 5``), lightly normalised and
+    kept as a LaTeX string: surrounding whitespace and ``$``, a trailing ``.``,
+    ``\\left`` / ``\\right``, LaTeX spacing commands (``\\!``, ``\\,``, ``\\;``,
+    ``\\:``), ``\\displaystyle`` are removed, ``\\dfrac`` / ``\\tfrac`` become
+    ``\\frac``, runs of whitespace become one space. No boxed answer: ``None``.
+    Equivalence (``\\frac{1}{2}`` = ``0.5`` = ``\\dfrac12``) is decided later by
+    `answers_equivalent` with math-verify, not by rewriting the string.
+
+``"choice"`` (multiple choice: ARC, MMLU, GPQA)
+    A single capital letter ``"A"``..``"J"``, looked for in this order, taking the
+    last occurrence of each pattern before trying the next:
+
+    1. a boxed letter: ``\\boxed{B}``, ``\\boxed{\\text{B}}``, ``\\boxed{(B)}``,
+       ``\\boxed{B) text}`` (a box whose content is not a letter, e.g. the option
+       text, is skipped: the later patterns may still find the letter);
+    2. an answer line: ``Answer: B`` / ``**Answer:** (B)``;
+    3. an "answer is" phrase: ``the answer is B``, ``The correct answer is (B)``,
+       ``The best answer is B`` (the wording of the stock ``arc_challenge_chat``);
+    4. a parenthesised letter ``(B)``.
+
+    Letters must be capitals standing alone (``the answer is Alice`` is not "A").
+
+`vote` counts the answers of several samples, grouping ``math`` answers by
+mathematical equivalence. `infer_answer_kind` picks the kind for a task.
+
+This module is pure Python (math-verify, and through it sympy, is imported only
+when two ``math`` answers that differ as strings must be compared), so importing it
+is cheap.
+"""
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any, Optional, Sequence
+
+__all__ = [
+    "ANSWER_KINDS",
+    "Vote",
+    "answers_equivalent",
+    "extract_answer",
+    "infer_answer_kind",
+    "normalize_math",
+    "vote",
+]
+
+ANSWER_KINDS = ("number", "math", "choice")
+
+CHOICE_LETTERS = "ABCDEFGHIJ"
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ANSWER_KINDS:
+        raise ValueError(f"unknown answer kind {kind!r}; expected one of {ANSWER_KINDS}")
+
+
+# --------------------------------------------------------------------------- boxed
+
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` in `text`, in order.
+
+    Braces are balanced by counting, so nested groups (``\\boxed{\\frac{1}{2}}``)
+    are read whole. An unclosed box (a generation cut off at the length limit) is
+    dropped: its content is not an answer the model finished. The brace-less form
+    ``\\boxed 5`` yields the token after the space.
+    """
+    found: list[tuple[int, str]] = []
+    for command in _BOX_COMMANDS:
+        start = 0
+        while True:
+            i = text.find(command, start)
+            if i < 0:
+                break
+            j = i + len(command)
+            start = j
+            # `\boxedx` is another command, not a box
+            if j < len(text) and (text[j].isalpha()):
+                continue
+            k = j
+            while k < len(text) and text[k] in " \t":
+                k += 1
+            if k < len(text) and text[k] == "{":
+                depth = 0
+                for end in range(k, len(text)):
+                    if text[end] == "{":
+                        depth += 1
+                    elif text[end] == "}":
+                        depth -= 1
+                        if depth == 0:
+                            found.append((i, text[k + 1 : end]))
+                            start = end + 1
+                            break
+            elif k > j:  # `\boxed 5`: the next whitespace/`$`-delimited token
+                m = re.match(r"[^\s$]+", text[k:])
+                if m:
+                    found.append((i, m.group(0)))
+    found.sort(key=lambda pair: pair[0])
+    return [content for _, content in found]
+
+
+def _last_boxed(text: str) -> Optional[str]:
+    """The last non-empty boxed content, or None."""
+    for content in reversed(_boxed_contents(text)):
+        if content.strip():
+            return content
+    return None
+
+
+# --------------------------------------------------------------------------- numbers
+
+# An optional sign, then `1,234,567(.89)`, `1234(.5)` or `.5`. The sign counts only
+# when the hyphen does not follow a digit, letter, `)` or `.`: in `10-20` or
+# `x-3` it is an operator, not part of the number.
+_NUMBER = r"(?:(?<![\w).])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
+# A fraction `a/b` (optionally signed) is one value, tried before plain numbers.
+_NUMBER_OR_FRACTION = re.compile(rf"{_NUMBER}(?:\s*/\s*\d+(?:\.\d+)?)?")
+# `\frac{3}{4}`, `\frac34`, with an optional sign and a whole part glued to it
+# (the mixed number `2\frac{1}{2}` is 5/2, not 21/2).
+_LATEX_FRAC = re.compile(
+    r"(-?)(\d+)?\\frac\s*(?:\{\s*(-?[\d.,]+)\s*\}|(\d))\s*(?:\{\s*(-?[\d.,]+)\s*\}|(\d))"
+)
+_ANSWER_PHRASE = re.compile(
+    r"answer\s*(?:is|was|=|:)\s*:?|####", re.IGNORECASE
+)
+
+
+def _clean_numeric_text(text: str) -> str:
+    """Undo the LaTeX and Unicode spellings that hide a plain number."""
+    text = text.replace("\u2212", "-").replace("\u2013", "-")  # Unicode minus, en dash
+    text = re.sub(r"\\[dt]frac", r"\\frac", text)
+    text = text.replace("{,}", ",")  # `1{,}000`
+    text = re.sub(r"\\[!,;: ]", "", text)  # LaTeX spacing, e.g. `1,\!000`
+    text = text.replace("\\$", "$").replace("\\%", "%")
+
+    # `\frac{3}{4}` -> `3/4` so one rule reads both spellings of a fraction
+    def frac(m: re.Match[str]) -> str:
+        num = (m.group(3) or m.group(4)).replace(",", "")
+        den = (m.group(5) or m.group(6)).replace(",", "")
+        try:
+            value = Fraction(num) / Fraction(den) + Fraction(m.group(2) or 0)
+        except (ValueError, ZeroDivisionError):
+            return m.group(0)
+        value = -value if m.group(1) else value
+        return f" {value.numerator}/{value.denominator} " if value.denominator != 1 else f" {value.numerator} "
+
+    return _LATEX_FRAC.sub(frac, text)
+
+
+def _canonical_number(token: str) -> Optional[str]:
+    """Canonical string of one matched number/fraction token, or None."""
+    token = re.sub(r"\s", "", token).replace(",", "")
+    try:
+        if "/" in token:
+            num, den = token.split("/", 1)
+            value = Fraction(num) / Fraction(den)
+        else:
+            value = Fraction(token)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return _format_fraction(value)
+
+
+def _format_fraction(value: Fraction) -> str:
+    """`18`, `0.5`, `-3`, or `p/q` when the decimal does not terminate."""
+    den = value.denominator
+    while den % 2 == 0:
+        den //= 2
+    while den % 5 == 0:
+        den //= 5
+    if den != 1:
+        return f"{value.numerator}/{value.denominator}"
+    # terminating decimal: exact in Decimal; format 'f' avoids `1E+3`
+    exact = Decimal(value.numerator) / Decimal(value.denominator)
+    text = format(exact.normalize(), "f")
+    return "0" if text in ("-0", "0") else text
+
+
+def _numbers_in(text: str) -> list[str]:
+    """Canonical strings of all numbers in `text`, in order."""
+    out = []
+    for m in _NUMBER_OR_FRACTION.finditer(_clean_numeric_text(text)):
+        canonical = _canonical_number(m.group(0))
+        if canonical is not None:
+            out.append(canonical)
+    return out
+
+
+def _extract_number(text: str) -> Optional[str]:
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        # `\boxed{18 \text{ dollars}}`, `\boxed{x = 5}`: the last number in the box
+        numbers = _numbers_in(boxed)
+        return numbers[-1] if numbers else None
+    for phrase in reversed(list(_ANSWER_PHRASE.finditer(text))):
+        rest = text[phrase.end() :].split("\n", 1)[0]
+        numbers = _numbers_in(rest)
+        if numbers:
+            return numbers[0]
+    numbers = _numbers_in(text)
+    return numbers[-1] if numbers else None
+
+
+# --------------------------------------------------------------------------- math
+
+
+def normalize_math(answer: str) -> str:
+    """Light, meaning-preserving clean-up of a LaTeX answer string.
+
+    Only spellings that never change the value are rewritten; everything else
+    (units, degrees, `\\text{}`) is left to math-verify in `answers_equivalent`.
+    """
+    s = answer.strip()
+    s = s.strip("$").strip()
+    s = re.sub(r"\\left\b|\\right\b", "", s)
+    s = re.sub(r"\\displaystyle\b", "", s)
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = re.sub(r"\\[!,;:]", "", s)
+    s = re.sub(r"\s+", " ", s).strip()
+    s = s.rstrip(".").rstrip()
+    return s
+
+
+def _extract_math(text: str) -> Optional[str]:
+    boxed = _last_boxed(text)
+    if boxed is None:
+        return None
+    normalized = normalize_math(boxed)
+    return normalized or None
+
+
+# --------------------------------------------------------------------------- choice
+
+# A box holding a letter: `B`, `(B)`, `\text{B}`, `\textbf{(B)}`, `B) 42`, `B. 42`.
+_LETTER_IN_BOX = re.compile(
+    r"^\s*(?:\\(?:text|textbf|mathrm|mathbf)\s*\{)?\s*\(?\s*([A-J])\s*(?:\}\s*)?(?:$|[).:].*$)",
+    re.DOTALL,
+)
+_CHOICE_PATTERNS = (
+    # `Answer: B`, `**Answer:** (B)`, `Answer: $B$` (not `answer is`)
+    re.compile(r"(?i:answer)\**\s*:[\s*$(]*([A-J])(?!\w)"),
+    # `the answer is B`, `The correct answer is (B)`, `The best answer is B`
+    re.compile(r"(?i:answer\s+is)[\s:*$(]*([A-J])(?!\w)"),
+    # a parenthesised letter `(B)`
+    re.compile(r"\(([A-J])\)"),
+)
+
+
+def _extract_choice(text: str) -> Optional[str]:
+    for content in reversed(_boxed_contents(text)):
+        m = _LETTER_IN_BOX.match(content)
+        if m:
+            return m.group(1)
+    for pattern in _CHOICE_PATTERNS:
+        matches = pattern.findall(text)
+        if matches:
+            return matches[-1]
+    return None
+
+
+# --------------------------------------------------------------------------- API
+
+
+def extract_answer(text: str, kind: str) -> Optional[str]:
+    """The canonical answer of a generated `text`, or None when it has none.
+
+    `kind` is one of `ANSWER_KINDS`; the rules for each are in the module
+    docstring. The result is a hashable string that is equal for equal ``number``
+    and ``choice`` answers (``"18"``, ``"-3"``, ``"0.5"``, ``"B"``); ``math``
+    answers are LaTeX strings to be compared with `answers_equivalent`.
+
+    >>> extract_answer("so 18.00 dollars. The answer is 18.", "number")
+    '18'
+    >>> extract_answer("Thus $\\\\boxed{\\\\dfrac{1}{2}}$.", "math")
+    '\\\\frac{1}{2}'
+    >>> extract_answer("The answer is (C).", "choice")
+    'C'
+    """
+    _check_kind(kind)
+    if not text:
+        return None
+    text = str(text)  # a `str` subclass (CostedText) is read as its text
+    if kind == "number":
+        return _extract_number(text)
+    if kind == "math":
+        return _extract_math(text)
+    return _extract_choice(text)
+
+
+# math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere
+# (a harness worker thread) it raises, so there we run without its timeout.
+_MATH_VERIFY_TIMEOUT_S = 5
+
+
+def _timeout() -> Optional[int]:
+    return _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+@lru_cache(maxsize=65536)
+def _parse_math(answer: str) -> tuple[Any, ...]:
+    """math-verify's parse of a bare LaTeX answer (wrapped in a box so it is found)."""
+    try:
+        from math_verify import parse
+    except ImportError:  # math-verify is optional for number/choice use
+        return ()
+    try:
+        return tuple(parse(f"\\boxed{{{answer}}}", parsing_timeout=_timeout()))
+    except BaseException as exc:  # noqa: BLE001 - never let a parser bug end a run
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return ()
+
+
+@lru_cache(maxsize=262144)
+def _math_equivalent(gold: str, pred: str) -> bool:
+    parsed_gold, parsed_pred = _parse_math(gold), _parse_math(pred)
+    if not parsed_gold or not parsed_pred:
+        return False
+    try:
+        from math_verify import verify
+
+        return bool(verify(list(parsed_gold), list(parsed_pred), timeout_seconds=_timeout()))
+    except BaseException as exc:  # noqa: BLE001
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return False
+
+
+def answers_equivalent(a: Optional[str], b: Optional[str], kind: str) -> bool:
+    """Whether two extracted answers are the same answer.
+
+    ``number`` and ``choice`` answers are canonical strings, so equality is string
+    equality. ``math`` answers are equal when their strings are (after
+    `normalize_math`), else when math-verify finds them mathematically equivalent
+    (``\\frac{1}{2}``, ``0.5`` and ``\\dfrac12`` are one answer). `a` is given to
+    math-verify as the reference ("gold"), which matters only for its few
+    asymmetric rules. Never raises: a parse failure or a timeout (5 s, in the main
+    thread only) is "not equivalent". None is equivalent to nothing. Results are
+    cached, since the vote compares answers pairwise.
+    """
+    _check_kind(kind)
+    if a is None or b is None:
+        return False
+    if a == b:
+        return True
+    if kind != "math":
+        return False
+    a, b = normalize_math(a), normalize_math(b)
+    if a == b:
+        return True
+    if not a or not b:
+        return False
+    return _math_equivalent(a, b)
+
+
+@dataclass(frozen=True)
+class Vote:
+    """The outcome of a vote.
+
+    `winner`: the winning answer (the representative of the largest group), None
+    when no sample had an answer. `counts`: ``(answer, votes)`` per group, most
+    votes first; ties keep the order of first appearance, so ``counts[0]`` is the
+    winner. `winner_index`: index of the first sample whose answer is in the
+    winning group (None without a winner).
+    """
+
+    winner: Optional[str]
+    counts: list[tuple[str, int]]
+    winner_index: Optional[int]
+
+
+def vote(answers: Sequence[Optional[str]], kind: str) -> Vote:
+    """Majority vote over extracted answers (one per sample, in sample order).
+
+    None (no extractable answer) casts no vote. Each answer joins the first group
+    (in order of appearance) whose representative, the group's first-seen answer,
+    is equivalent to it (`answers_equivalent`: equality for ``number``/``choice``,
+    mathematical equivalence for ``math``), else starts a new group. The largest
+    group wins; a tie goes to the group seen first.
+
+    >>> vote(["18", None, "7", "18"], "number")
+    Vote(winner='18', counts=[('18', 2), ('7', 1)], winner_index=0)
+    """
+    _check_kind(kind)
+    representatives: list[str] = []
+    tallies: list[int] = []
+    first_index: list[int] = []
+    for index, answer in enumerate(answers):
+        if answer is None:
+            continue
+        for group, representative in enumerate(representatives):
+            if answers_equivalent(representative, answer, kind):
+                tallies[group] += 1
+                break
+        else:
+            representatives.append(answer)
+            tallies.append(1)
+            first_index.append(index)
+    if not representatives:
+        return Vote(winner=None, counts=[], winner_index=None)
+    # sorted() is stable: equal tallies keep first-appearance order
+    order = sorted(range(len(representatives)), key=lambda g: -tallies[g])
+    counts = [(representatives[g], tallies[g]) for g in order]
+    return Vote(winner=counts[0][0], counts=counts, winner_index=first_index[order[0]])
+
+
+# Task-name tokens that decide the kind when a task does not declare it. Tokens are
+# the pieces of the name split at non-alphanumerics (`mmlu_college_mathematics` ->
+# mmlu, college, mathematics); multiple-choice names are checked first so that an
+# MMLU maths subject is still a letter answer.
+_CHOICE_NAME_PREFIXES = (
+    "gpqa", "arc", "mmlu", "openbookqa", "commonsense", "hellaswag", "piqa", "siqa",
+    "winogrande", "truthfulqa", "race", "sciq", "logiqa", "agieval", "bbh", "mc",
+)
+_MATH_NAME_PREFIXES = ("math", "minerva", "hendrycks", "aime", "amc", "olympiad")
+
+
+def infer_answer_kind(task_name: Optional[str], gen_kwargs_kind: Optional[str] = None) -> str:
+    """The answer kind to vote with for a request of task `task_name`.
+
+    1. A task may declare it: its ``generation_kwargs`` key ``dvoting_answer``
+       (passed here as `gen_kwargs_kind`) wins when given, and must be one of
+       `ANSWER_KINDS` (else ValueError). All of this project's ``dvoting_*`` tasks
+       declare it.
+    2. Otherwise (stock harness tasks) the task name decides. It is lower-cased and
+       split into tokens at every non-alphanumeric character; then
+
+       - ``"choice"`` if a token starts with a multiple-choice benchmark name:
+         gpqa, arc, mmlu, openbookqa, commonsense, hellaswag, piqa, siqa,
+         winogrande, truthfulqa, race, sciq, logiqa, agieval, bbh, mc
+         (``gpqa_diamond_cot_zeroshot``, ``arc_challenge_chat``,
+         ``mmlu_college_mathematics``);
+       - else ``"math"`` if a token starts with math, minerva, hendrycks, aime,
+         amc or olympiad (``minerva_math500``, ``hendrycks_math500``);
+       - else ``"number"`` (``gsm8k``, ``gsm8k_cot_zeroshot``, and no task name).
+
+    Note ``bbh`` mixes answer types; a wrong guess only weakens the vote's grouping
+    (answers are then compared less cleverly), never the task's own scoring.
+    """
+    if gen_kwargs_kind is not None:
+        if gen_kwargs_kind not in ANSWER_KINDS:
+            raise ValueError(
+                f"dvoting_answer={gen_kwargs_kind!r} is not an answer kind; "
+                f"expected one of {', '.join(ANSWER_KINDS)}"
+            )
+        return gen_kwargs_kind
+    if not task_name:
+        return "number"
+    tokens = [t for t in re.split(r"[^a-z0-9]+", task_name.lower()) if t]
+    if any(t.startswith(_CHOICE_NAME_PREFIXES) for t in tokens):
+        return "choice"
+    if any(t.startswith(_MATH_NAME_PREFIXES) for t in tokens):
+        return "math"
+    return "number"

@@ -1,0 +1,360 @@
+"""The one-sample decoder: masked-diffusion decoding of a batch of rows.
+
+Semantics (ALGORITHM.md section 1): each step is one forward pass over prompt +
+generation region; the mask token's logit is suppressed; candidates are the argmax
+(temperature 0) or LLaDA's float64 Gumbel-max (temperature > 0); only masked
+positions of a row's leftmost unfinished block may be committed. Two commit rules:
+
+* fixed schedule (`steps`): LLaDA's original decoder, `steps / num_blocks` steps per
+  block, the block's masks spread evenly over them (remainder to the earliest
+  steps), highest confidence first (`remasking="low_confidence"`: the softmax
+  probability of the chosen token; `"random"`: a uniform score);
+* entropy threshold (`alpha`): dVoting's decoder, commit every masked position of the
+  block whose float64 entropy (of the un-noised logits) is below `alpha`, else the one
+  lowest-entropy position; a block completed in a step hands the same logits on to
+  the next block (the one-token fallback at most once per step).
+
+Rows are independent: each has its own prompt length, generation length, block
+length, rule, temperature and random generator, so a row decodes to the same tokens
+alone or inside any batch. `RowDecoder` lets a caller (the strategies) add rows
+between steps, so a slot freed by a finished row is refilled at once.
+
+Cost: the forward pass runs once per step for all active rows; the output head,
+softmax, entropy and noise are computed only at the positions of the block(s) that
+can be committed in that step, never over the whole sequence times the vocabulary.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+REMASKING_RULES = ("low_confidence", "random")
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """What `generate` returns: the generation region and the forward passes per row."""
+
+    tokens: torch.Tensor  # (batch, gen_length)
+    nfe: torch.Tensor  # (batch,) forward passes during which the row still had masks
+
+
+@dataclass
+class DecodeRow:
+    """One row to decode: a prompt and a (partly) masked generation region.
+
+    `tokens` holds the generation region and is updated in place; positions holding
+    the mask id are decoded, the others stay fixed. `tag` is free for the caller.
+    """
+
+    prompt: torch.Tensor  # (prompt_length,) token ids, no padding
+    tokens: torch.Tensor  # (gen_length,)
+    block_length: int
+    steps: int | None = None
+    alpha: float | None = None
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    generator: torch.Generator | None = None
+    tag: Any = None
+    nfe: int = 0
+    # fixed-schedule progress: the block being decoded, the step within it, and how
+    # many tokens each of its steps commits
+    _block: int = field(default=0, repr=False)
+    _step_in_block: int = field(default=0, repr=False)
+    _schedule: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def gen_length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+
+def validate_row_settings(
+    gen_length: int,
+    block_length: int,
+    steps: int | None,
+    alpha: float | None,
+    temperature: float,
+    remasking: str,
+) -> None:
+    """Raise a ValueError naming the setting that cannot work, and what would."""
+    if gen_length <= 0:
+        raise ValueError(f"gen_length must be positive, got {gen_length}")
+    if block_length <= 0 or gen_length % block_length:
+        raise ValueError(
+            f"block_length {block_length} must be positive and divide gen_length {gen_length}"
+        )
+    if (steps is None) == (alpha is None):
+        raise ValueError("give exactly one of steps (fixed schedule) or alpha (entropy threshold)")
+    if steps is not None:
+        num_blocks = gen_length // block_length
+        if steps <= 0 or steps % num_blocks:
+            raise ValueError(
+                f"steps {steps} must be a positive multiple of the number of blocks "
+                f"({gen_length} / {block_length} = {num_blocks})"
+            )
+    if alpha is not None and alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if remasking not in REMASKING_RULES:
+        raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
+
+
+def _accepts_position_ids(model: torch.nn.Module) -> bool:
+    forward = getattr(model, "hidden_states", None) or model.forward
+    try:
+        return "position_ids" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class _StepLogits:
+    """The logits of one forward pass, computed lazily at the positions asked for.
+
+    Our own models expose `hidden_states` and `logits_from_hidden`: the head (a
+    vocabulary-sized matmul) then runs only on the block positions that can commit.
+    Any other module (e.g. a scripted test model) is run as `model(ids, mask)`.
+    """
+
+    def __init__(self, model: torch.nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor,
+                 pass_positions: bool) -> None:
+        self.model = model
+        kwargs: dict[str, Any] = {}
+        if pass_positions:
+            # Each row's real tokens sit at positions 0..n-1 whatever its padding, so a
+            # row's numbers do not depend on the rows it is batched with.
+            kwargs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
+            self.hidden = model.hidden_states(ids, attention_mask, **kwargs)
+            self.full = None
+        else:
+            self.hidden = None
+            self.full = model(ids, attention_mask, **kwargs)
+
+    def at(self, row: int, columns: torch.Tensor) -> torch.Tensor:
+        """Float32 logits (len(columns), vocab) of batch row `row` at `columns`."""
+        if self.full is not None:
+            return self.full[row, columns].float()
+        return self.model.logits_from_hidden(self.hidden[row, columns]).float()
+
+
+def _candidates(logits64: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise."""
+    if temperature == 0:
+        return logits64.argmax(-1)
+    noise = torch.rand(logits64.shape, dtype=torch.float64, device=logits64.device, generator=generator)
+    gumbel = (-torch.log(noise)) ** temperature
+    return (logits64.exp() / gumbel).argmax(-1)
+
+
+def _entropy(logits64: torch.Tensor) -> torch.Tensor:
+    log_p = torch.log_softmax(logits64, dim=-1)
+    p = log_p.exp()
+    # xlogy-style: positions with p = 0 (the suppressed mask token) contribute 0, not NaN
+    return -torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(-1)
+
+
+class RowDecoder:
+    """Decodes rows in shared forward passes; rows may be added between steps.
+
+    Usage: `add(row)` any number of times, then `step()` until `active` is empty;
+    `step()` returns the rows that finished during it.
+    """
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int | None = None) -> None:
+        self.model = model
+        self.mask_id = int(model.mask_token_id)
+        self.shift = int(getattr(model, "logits_shift", 0))
+        self.max_length = getattr(model, "max_length", None)
+        self.pad_id = self.mask_id if pad_token_id is None else pad_token_id
+        self.pass_positions = _accepts_position_ids(model)
+        first_parameter = next(iter(model.parameters()), None)
+        self.device = first_parameter.device if first_parameter is not None else torch.device("cpu")
+        self.active: list[DecodeRow] = []
+
+    def add(self, row: DecodeRow) -> None:
+        validate_row_settings(row.gen_length, row.block_length, row.steps, row.alpha,
+                              row.temperature, row.remasking)
+        if self.shift and row.prompt.numel() == 0:
+            raise ValueError("this model reads predictions one position to the left: the prompt must not be empty")
+        total = row.prompt.numel() + row.gen_length
+        if self.max_length is not None and total > self.max_length:
+            raise ValueError(
+                f"prompt ({row.prompt.numel()} tokens) + generation ({row.gen_length}) = {total} tokens "
+                f"exceeds the model's maximum length {self.max_length}"
+            )
+        row.prompt = row.prompt.to(self.device)
+        row.tokens = row.tokens.to(self.device).clone()
+        if row.steps is not None:
+            row._block, row._step_in_block, row._schedule = 0, 0, []
+        if self._has_masks(row):
+            self.active.append(row)
+
+    def _has_masks(self, row: DecodeRow) -> bool:
+        if row.steps is not None and row._block >= row.num_blocks:
+            return False
+        return bool((row.tokens == self.mask_id).any())
+
+    def _batch(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Left-padded ids and attention mask for the active rows, and their width."""
+        width = max(r.prompt.numel() + r.gen_length for r in self.active)
+        ids = torch.full((len(self.active), width), self.pad_id, dtype=torch.long, device=self.device)
+        attention = torch.zeros((len(self.active), width), dtype=torch.long, device=self.device)
+        for i, row in enumerate(self.active):
+            sequence = torch.cat([row.prompt, row.tokens])
+            ids[i, width - sequence.numel():] = sequence
+            attention[i, width - sequence.numel():] = 1
+        return ids, attention, width
+
+    @torch.no_grad()
+    def step(self) -> list[DecodeRow]:
+        """One forward pass for every active row, then each row's commits."""
+        if not self.active:
+            return []
+        ids, attention, width = self._batch()
+        logits = _StepLogits(self.model, ids, attention, self.pass_positions)
+        for i, row in enumerate(self.active):
+            row.nfe += 1
+            # generation index g sits at column width - L + g; its prediction is read
+            # `shift` columns to the left (Dream)
+            offset = width - row.gen_length - self.shift
+
+            def block_logits(start: int, end: int, i: int = i, offset: int = offset) -> torch.Tensor:
+                columns = torch.arange(start + offset, end + offset, device=self.device)
+                block = logits.at(i, columns).double()
+                if self.mask_id < block.shape[-1]:
+                    block[:, self.mask_id] = float("-inf")  # never commit the mask token
+                return block
+
+            if row.steps is not None:
+                self._fixed_schedule_step(row, block_logits)
+            else:
+                self._entropy_threshold_step(row, block_logits)
+        finished = [r for r in self.active if not self._has_masks(r)]
+        self.active = [r for r in self.active if self._has_masks(r)]
+        return finished
+
+    def _fixed_schedule_step(self, row: DecodeRow, block_logits: Callable[[int, int], torch.Tensor]) -> None:
+        steps_per_block = row.steps // row.num_blocks
+        start = row._block * row.block_length
+        end = start + row.block_length
+        block = row.tokens[start:end]
+        masked = block == self.mask_id
+        if row._step_in_block == 0:
+            # LLaDA's get_num_transfer_tokens: even spread, remainder to the first steps
+            count = int(masked.sum())
+            base, remainder = divmod(count, steps_per_block)
+            row._schedule = [base + 1 if s < remainder else base for s in range(steps_per_block)]
+        commit_count = row._schedule[row._step_in_block]
+        if commit_count:
+            logits64 = block_logits(start, end)
+            chosen = _candidates(logits64, row.temperature, row.generator)
+            if row.remasking == "low_confidence":
+                probs = torch.softmax(logits64, dim=-1)
+                confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
+            else:
+                confidence = torch.rand(block.shape, dtype=torch.float64, device=block.device,
+                                        generator=row.generator)
+            confidence = torch.where(masked, confidence, torch.full_like(confidence, float("-inf")))
+            picked = confidence.topk(commit_count).indices
+            block[picked] = chosen[picked]
+        row._step_in_block += 1
+        if row._step_in_block == steps_per_block:
+            row._block, row._step_in_block = row._block + 1, 0
+
+    def _entropy_threshold_step(self, row: DecodeRow, block_logits: Callable[[int, int], torch.Tensor]) -> None:
+        fallback_used = False
+        while True:
+            masked_positions = (row.tokens == self.mask_id).nonzero()
+            if masked_positions.numel() == 0:
+                return
+            start = int(masked_positions[0]) // row.block_length * row.block_length
+            end = start + row.block_length
+            block = row.tokens[start:end]
+            masked = block == self.mask_id
+            logits64 = block_logits(start, end)
+            chosen = _candidates(logits64, row.temperature, row.generator)
+            entropy = torch.where(masked, _entropy(logits64), torch.full_like(logits64[:, 0], float("inf")))
+            commit = masked & (entropy < row.alpha)
+            if not bool(commit.any()):
+                if fallback_used:
+                    return
+                commit[entropy.argmin()] = True
+                fallback_used = True
+            block[commit] = chosen[commit]
+            if bool((block == self.mask_id).any()):
+                return  # the block is unfinished: the next step continues it
+
+
+def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,
+                   batch: int) -> list[torch.Generator | None]:
+    if generator is None or isinstance(generator, torch.Generator):
+        return [generator] * batch
+    generators = list(generator)
+    if len(generators) != batch:
+        raise ValueError(f"got {len(generators)} generators for {batch} rows: give one, or one per row")
+    return generators
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    gen_length: int,
+    block_length: int,
+    steps: int | None = None,
+    alpha: float | None = None,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    init_tokens: torch.Tensor | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+) -> DecodeResult:
+    """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
+
+    `steps` selects LLaDA's fixed schedule, `alpha` dVoting's entropy threshold.
+    `init_tokens` (batch, gen_length) pre-fills the region: mask-id positions are
+    decoded, the others stay fixed. `generator` is one `torch.Generator` shared by the
+    rows in order, or one per row (then a row's tokens do not depend on the batch).
+    """
+    validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking)
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+    batch = input_ids.shape[0]
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if init_tokens is None:
+        init_tokens = torch.full((batch, gen_length), int(model.mask_token_id), dtype=torch.long)
+    if tuple(init_tokens.shape) != (batch, gen_length):
+        raise ValueError(f"init_tokens must have shape {(batch, gen_length)}, got {tuple(init_tokens.shape)}")
+    decoder = RowDecoder(model)
+    rows = [
+        DecodeRow(
+            prompt=input_ids[i][attention_mask[i].bool()],
+            tokens=init_tokens[i],
+            block_length=block_length,
+            steps=steps,
+            alpha=alpha,
+            temperature=temperature,
+            remasking=remasking,
+            generator=g,
+        )
+        for i, g in enumerate(_as_generators(generator, batch))
+    ]
+    for row in rows:
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    return DecodeResult(
+        tokens=torch.stack([r.tokens for r in rows]).cpu(),
+        nfe=torch.tensor([r.nfe for r in rows], dtype=torch.long),
+    )

@@ -1,0 +1,136 @@
+"""Seeded synthetic multi-step arithmetic problems with worked, ``\\boxed{}`` solutions.
+
+A problem is a chain of additions/subtractions (optionally multiplications) written
+compactly, e.g. ``7+2-5+4=?``; its solution works the chain one step at a time with
+running results and ends in the boxed answer::
+
+    7+2=9. 9-5=4. 4+4=8. \\boxed{8}
+
+The difficulty knob (`Difficulty`) sets the number of steps (a range), the largest
+operand, the largest running result allowed, and the operations. Operations that
+would leave ``[0, max_value]`` are redrawn, so with the default ``max_value=9`` every
+running result is one digit: the solution has a fixed layout (7 characters per step)
+and the model's errors are arithmetic errors, not layout errors.
+
+Problems are drawn from `random.Random(seed)`, so a seed fixes the whole stream.
+The shipped test set (``arith_test.jsonl``) uses `TEST_SEED`; training draws from
+other seeds and skips every question of the test and validation sets.
+
+The prompt is the dVoting paper's GSM8K prompt (`format_prompt`).
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+INSTRUCTION = "Please answer the question step by step and put the answer in \\boxed{}."
+TEST_SEED = 20260310
+VALID_SEED = 20260311
+TEST_SIZE = 500
+TEST_FILE = Path(__file__).resolve().parent / "arith_test.jsonl"
+
+_APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """How hard the problems are: steps (operations) per problem, operand and result ranges."""
+
+    min_steps: int = 2
+    max_steps: int = 4
+    max_operand: int = 9
+    max_value: int = 9
+    operations: tuple[str, ...] = ("+", "-")
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+        if not 1 <= self.max_operand <= self.max_value:
+            raise ValueError(f"need 1 <= max_operand <= max_value, got {self.max_operand}, {self.max_value}")
+        unknown = set(self.operations) - set(_APPLY)
+        if not self.operations or unknown:
+            raise ValueError(f"operations must be a non-empty subset of + - *, got {self.operations}")
+
+
+# The difficulty of the shipped test set (see demo/tiny-arith/TRAINING.md for why).
+TEST_DIFFICULTY = Difficulty(min_steps=2, max_steps=4)
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str  # "7+2-5+4=?"
+    solution: str  # "7+2=9. 9-5=4. 4+4=8. \\boxed{8}"
+    answer: int
+    steps: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def make_problem(rng: random.Random, difficulty: Difficulty = TEST_DIFFICULTY) -> Problem:
+    """One problem drawn from `rng` at `difficulty`."""
+    d = difficulty
+    steps = rng.randint(d.min_steps, d.max_steps)
+    value = rng.randint(1, d.max_operand)
+    question, worked = str(value), []
+    for _ in range(steps):
+        while True:  # redraw until the running result stays in [0, max_value]
+            op = rng.choice(d.operations)
+            operand = rng.randint(1, d.max_operand)
+            result = _APPLY[op](value, operand)
+            if 0 <= result <= d.max_value:
+                break
+        question += f"{op}{operand}"
+        worked.append(f"{value}{op}{operand}={result}.")
+        value = result
+    solution = " ".join(worked) + f" \\boxed{{{value}}}"
+    return Problem(question=question + "=?", solution=solution, answer=value, steps=steps)
+
+
+def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Iterator[Problem]:
+    """An endless, reproducible stream of problems."""
+    rng = random.Random(seed)
+    while True:
+        yield make_problem(rng, difficulty)
+
+
+def make_problems(seed: int, count: int, difficulty: Difficulty = TEST_DIFFICULTY,
+                  exclude: set[str] | frozenset[str] = frozenset()) -> list[Problem]:
+    """`count` problems with distinct questions from `seed`, none of them in `exclude`."""
+    seen, problems = set(exclude), []
+    for problem in problem_stream(seed, difficulty):
+        if problem.question not in seen:
+            seen.add(problem.question)
+            problems.append(problem)
+            if len(problems) == count:
+                return problems
+    raise AssertionError("unreachable")
+
+
+def format_prompt(question: str) -> str:
+    """The dVoting paper's GSM8K prompt around a question."""
+    return f"{INSTRUCTION} {question}"
+
+
+def held_out_sets() -> tuple[list[Problem], list[Problem]]:
+    """The test set (TEST_SEED) and a validation set (VALID_SEED) disjoint from it."""
+    test = make_problems(TEST_SEED, TEST_SIZE, TEST_DIFFICULTY)
+    valid = make_problems(VALID_SEED, 200, TEST_DIFFICULTY, exclude={p.question for p in test})
+    return test, valid
+
+
+def write_test_set(path: Path = TEST_FILE) -> None:
+    test, _ = held_out_sets()
+    path.write_text("".join(p.to_json() + "\n" for p in test))
+
+
+def read_test_set(path: Path = TEST_FILE) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+if __name__ == "__main__":
+    write_test_set()
+    print(f"wrote {TEST_SIZE} problems to {TEST_FILE}")

@@ -1,0 +1,314 @@
+"""Train the tiny masked-diffusion model shipped as ``pretrained=tiny-arith``.
+
+    python -m lm_eval_dvoting.demo.train --out runs/tiny-arith            # train (or resume)
+    python -m lm_eval_dvoting.demo.train --out runs/tiny-arith --max-minutes 30  # one sitting
+
+The model is a LLaDA (`models.llada.LLaDAModel`) trained with LLaDA's supervised
+masked-diffusion objective: per sequence a mask ratio ``t ~ U(eps, 1]`` (stratified
+over the batch), every answer token masked with probability ``t``, the prompt never
+masked, cross-entropy on the masked positions divided by ``t`` and normalised by the
+answer length. End-of-text padding after the first end-of-text token is down-weighted
+(``--pad-weight``): it is trivially predictable and otherwise hides the digits.
+
+Reproducible and resumable: every batch and its masks are drawn from generators
+seeded by ``(seed, step)``, and ``OUT/last.pt`` (written every ``--ckpt-every`` steps
+and at the end of a sitting) holds the model, its moving average, the optimiser and
+the step. Running the same command again resumes from it, so training can be spread
+over several sittings; the result equals an uninterrupted run.
+
+Every ``--eval-every`` steps the held-out validation problems (disjoint from the test
+set and from training) are decoded greedily (temperature 0, ``steps = L``,
+low-confidence remasking, blocks of ``L/16``) and the accuracy is logged to
+``OUT/log.jsonl``; the best model so far is exported to ``OUT/best/`` as a LLaDA
+checkpoint folder (config.json, model.safetensors, tokenizer) that `load_model` reads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..models.llada import LLaDAConfig, LLaDAModel
+from . import arith
+from .tokenizer import EOS, MASK, build_tokenizer
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m lm_eval_dvoting.demo.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("runs/tiny-arith"), help="working folder (checkpoints, log, best/)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=6000, help="total optimisation steps (sets the LR schedule)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--min-lr-ratio", type=float, default=0.05, help="final LR as a fraction of --lr (cosine)")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--ema", type=float, default=0.995, help="decay of the weight moving average (0: off)")
+    p.add_argument("--pad-weight", type=float, default=0.2, help="loss weight of padding after the first EOS")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--n-layers", type=int, default=4)
+    p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--mlp", type=int, default=352)
+    p.add_argument("--gen-length", type=int, default=32, help="answer length L (EOS-padded)")
+    p.add_argument("--train-min-steps", type=int, default=1, help="shortest chain in training")
+    p.add_argument("--train-max-steps", type=int, default=arith.TEST_DIFFICULTY.max_steps)
+    p.add_argument("--max-operand", type=int, default=arith.TEST_DIFFICULTY.max_operand)
+    p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
+    p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-size", type=int, default=200, help="validation problems per evaluation")
+    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--max-minutes", type=float, default=None, help="end this sitting after so many minutes")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------- data
+
+def model_config(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
+    vocab = len(tokenizer)
+    return {
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "d_model": args.d_model,
+        "n_heads": args.n_heads,
+        "n_kv_heads": args.n_heads,
+        "n_layers": args.n_layers,
+        "mlp_hidden_size": args.mlp,
+        "vocab_size": vocab,
+        "embedding_size": (vocab + 7) // 8 * 8,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "weight_tying": False,
+        "include_bias": False,
+        "max_sequence_length": 256,
+        "mask_token_id": tokenizer.convert_tokens_to_ids(MASK),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(EOS),
+        "pad_token_id": tokenizer.convert_tokens_to_ids(EOS),
+    }
+
+
+def train_difficulty(args: argparse.Namespace) -> arith.Difficulty:
+    return arith.Difficulty(args.train_min_steps, args.train_max_steps, args.max_operand,
+                            args.max_value, tuple(args.operations))
+
+
+def encode_batch(tokenizer, problems: list[arith.Problem], gen_length: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts followed by EOS-padded answers of exactly `gen_length` tokens."""
+    eos = tokenizer.eos_token_id
+    prompts = [tokenizer(arith.format_prompt(p.question), add_special_tokens=False).input_ids for p in problems]
+    answers = [tokenizer(p.solution, add_special_tokens=False).input_ids for p in problems]
+    width = max(map(len, prompts))
+    ids, attn, first_eos = [], [], []
+    for prompt, answer in zip(prompts, answers):
+        if len(answer) >= gen_length:
+            raise ValueError(f"solution of {len(answer)} tokens does not fit --gen-length {gen_length}")
+        pad = width - len(prompt)
+        ids.append([eos] * pad + prompt + answer + [eos] * (gen_length - len(answer)))
+        attn.append([0] * pad + [1] * (width + gen_length - pad))
+        first_eos.append(len(answer))
+    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(attn),
+            "prompt_width": width, "answer_len": torch.tensor(first_eos)}
+
+
+def training_batch(step: int, args, tokenizer, held_out: set[str]) -> dict[str, torch.Tensor]:
+    rng = random.Random(args.seed * 1_000_003 + step)
+    difficulty = train_difficulty(args)
+    problems: list[arith.Problem] = []
+    while len(problems) < args.batch_size:
+        problem = arith.make_problem(rng, difficulty)
+        if problem.question not in held_out:
+            problems.append(problem)
+    return encode_batch(tokenizer, problems, args.gen_length)
+
+
+# --------------------------------------------------------------------------- objective
+
+def diffusion_loss(model, batch, step: int, args, mask_id: int, device) -> torch.Tensor:
+    """LLaDA's SFT loss: masked answer tokens, CE / t, normalised per answer length."""
+    gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step + 7)
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    n, length = ids.shape
+    L, start = args.gen_length, batch["prompt_width"]
+    eps = 1e-3
+    # stratified t ~ U(eps, 1]: one ratio per sequence, spread evenly over the batch
+    t = eps + (1 - eps) * ((torch.randperm(n, generator=gen) + torch.rand(n, generator=gen)) / n)
+    masked = torch.rand(n, L, generator=gen) < t[:, None]
+    positions = torch.arange(L)[None, :]
+    weight = torch.where(positions <= batch["answer_len"][:, None], 1.0, args.pad_weight)
+    noisy = ids.clone()
+    noisy[:, start:][masked] = mask_id
+    # positions count real tokens only, as the decoder numbers them
+    positions_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    logits = model(noisy.to(device), attn.to(device), positions_ids.to(device))[:, start:].float()
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, start:].reshape(-1).to(device),
+                         reduction="none").view(n, L)
+    per_token = ce * (masked.to(device) * weight.to(device)) / t[:, None].to(device)
+    return (per_token.sum(1) / L).mean()
+
+
+def lr_at(step: int, args) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def init_weights(model: LLaDAModel, n_layers: int) -> None:
+    for name, param in model.named_parameters():
+        if param.dim() == 2:
+            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("attn_out.weight", "blocks.0.ff_out.weight")) \
+                or (".ff_out.weight" in name and "blocks" in name) else 0.02
+            torch.nn.init.normal_(param, std=std)
+
+
+# --------------------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length: int, device,
+                    batch_size: int = 250) -> float:
+    """Share of `problems` answered right at temperature 0, steps = L, blocks of L/16."""
+    from ..answers import extract_answer
+    from ..decoding import generate
+
+    model.eval()
+    right = 0
+    for i in range(0, len(problems), batch_size):
+        chunk = problems[i:i + batch_size]
+        enc = tokenizer([arith.format_prompt(p.question) for p in chunk], add_special_tokens=False,
+                        padding=True, return_tensors="pt")
+        out = generate(model, enc.input_ids.to(device), enc.attention_mask.to(device),
+                       gen_length=gen_length, block_length=max(1, gen_length // 16), steps=gen_length)
+        for problem, row in zip(chunk, out.tokens.tolist()):
+            text = tokenizer.decode(row, skip_special_tokens=False).split(EOS)[0]
+            right += extract_answer(text, "number") == str(problem.answer)
+    model.train()
+    return right / len(problems)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+def export_checkpoint(model: LLaDAModel, config: dict[str, Any], tokenizer, folder: Path, note: dict) -> None:
+    """Write a LLaDA checkpoint folder that `load_model` / `load_tokenizer` read."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer.save_pretrained(str(folder))
+    (folder / "training_state.json").write_text(json.dumps(note, indent=2) + "\n")
+
+
+def save_state(path: Path, **state: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = model_config(args, tokenizer)
+    mask_id = config["mask_token_id"]
+
+    test, valid = arith.held_out_sets()
+    held_out = {p.question for p in test} | {p.question for p in valid}
+    valid = valid[: args.eval_size]
+
+    torch.manual_seed(args.seed)
+    model = LLaDAModel(LLaDAConfig.from_dict(config))
+    init_weights(model, args.n_layers)
+    model.to(device).train()
+    model.mask_token_id, model.end_token_ids, model.logits_shift = mask_id, (config["eos_token_id"],), 0
+    ema = LLaDAModel(LLaDAConfig.from_dict(config)).to(device)
+    ema.load_state_dict(model.state_dict())
+    ema.requires_grad_(False)
+    ema.mask_token_id, ema.end_token_ids, ema.logits_shift = mask_id, (config["eos_token_id"],), 0
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (decay if param.dim() == 2 and "wte" not in name else no_decay).append(param)
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(0.9, 0.98))
+    step, best = 0, {"acc": -1.0, "step": None, "which": None}
+    last = out / "last.pt"
+    if last.exists():
+        state = torch.load(last, map_location=device, weights_only=False)
+        if state["args"]["steps"] != args.steps or state["args"]["seed"] != args.seed:
+            print(f"warning: {last} was made with different --steps/--seed; continuing with the new ones")
+        model.load_state_dict(state["model"])
+        ema.load_state_dict(state["ema"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        step, best = state["step"], state["best"]
+        print(f"resumed from {last} at step {step}")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f} M parameters; training to step {args.steps}; out {out}")
+
+    def checkpoint() -> None:
+        save_state(last, model=model.state_dict(), ema=ema.state_dict(), optimizer=optimizer.state_dict(),
+                   torch_rng=torch.get_rng_state(), step=step, best=best, args=vars(args) | {"out": str(out)})
+
+    log = (out / "log.jsonl").open("a")
+    began, window_t, window_loss, window_n = time.time(), time.time(), 0.0, 0
+    loss_value = float("nan")
+    while step < args.steps:
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args)
+        batch = training_batch(step, args, tokenizer, held_out)
+        loss = diffusion_loss(model, batch, step, args, mask_id, device)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        with torch.no_grad():
+            d = args.ema if args.ema > 0 else 0.0
+            for pe, pm in zip(ema.parameters(), model.parameters()):
+                pe.lerp_(pm, 1 - d)
+        step += 1
+        loss_value = loss.item()
+        window_loss, window_n = window_loss + loss_value, window_n + 1
+        if step % args.eval_every == 0 or step == args.steps:
+            record = {"step": step, "loss": round(window_loss / window_n, 4), "lr": lr_at(step - 1, args),
+                      "seq_per_s": round(window_n * args.batch_size / (time.time() - window_t), 1)}
+            for which, net in (("model", model), ("ema", ema)):
+                if which == "ema" and args.ema <= 0:
+                    continue
+                acc = greedy_accuracy(net, tokenizer, valid, args.gen_length, device)
+                record[f"valid_acc_{which}"] = acc
+                if acc > best["acc"]:
+                    best = {"acc": acc, "step": step, "which": which}
+                    export_checkpoint(net, config, tokenizer, out / "best",
+                                      {"step": step, "weights": which, "valid_acc": acc, "args": vars(args) | {"out": str(out)}})
+            record["best"] = best
+            record["elapsed_min"] = round((time.time() - began) / 60, 2)
+            print(json.dumps(record), flush=True)
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            window_t, window_loss, window_n = time.time(), 0.0, 0
+        if step % args.ckpt_every == 0 or step == args.steps:
+            checkpoint()
+        if args.max_minutes is not None and time.time() - began > args.max_minutes * 60:
+            checkpoint()
+            print(f"sitting over after {args.max_minutes} minutes at step {step}; rerun to resume")
+            break
+    log.close()
+    return {"step": step, "loss": loss_value, "best": best, "model": model, "ema": ema}
+
+
+if __name__ == "__main__":
+    main()
