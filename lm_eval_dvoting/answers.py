@@ -37,7 +37,9 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
     kept as a LaTeX string: surrounding whitespace and ``$``, a trailing ``.``,
     ``\\left`` / ``\\right``, LaTeX spacing commands (``\\!``, ``\\,``, ``\\;``,
     ``\\:``), ``\\displaystyle`` are removed, ``\\dfrac`` / ``\\tfrac`` become
-    ``\\frac``, runs of whitespace become one space. No boxed answer: ``None``.
+    ``\\frac``, runs of whitespace become one space. Without a box, the last
+    "answer is $X$" is read instead (the stock ``minerva_math`` tasks ask for
+    "The final answer is $X$"); neither: ``None``.
     Equivalence (``\\frac{1}{2}`` = ``0.5`` = ``\\dfrac12``) is decided later by
     `answers_equivalent` with math-verify, not by rewriting the string.
 
@@ -51,7 +53,9 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
     2. an answer line: ``Answer: B`` / ``**Answer:** (B)``;
     3. an "answer is" phrase: ``the answer is B``, ``The correct answer is (B)``,
        ``The best answer is B`` (the wording of the stock ``arc_challenge_chat``);
-    4. a parenthesised letter ``(B)``.
+    4. a parenthesised letter ``(B)``;
+    5. a response that is nothing but a letter (`` C``, ``B.``): what the stock
+       ``arc_challenge_chat`` gets after its prefix "The best answer is".
 
     Letters must be capitals standing alone (``the answer is Alice`` is not "A").
 
@@ -68,7 +72,6 @@ import re
 import threading
 from dataclasses import dataclass
 from fractions import Fraction
-from decimal import Decimal
 from functools import lru_cache
 from typing import Any, Optional, Sequence
 
@@ -83,8 +86,6 @@ __all__ = [
 ]
 
 ANSWER_KINDS = ("number", "math", "choice")
-
-CHOICE_LETTERS = "ABCDEFGHIJ"
 
 
 def _check_kind(kind: str) -> None:
@@ -211,10 +212,15 @@ def _format_fraction(value: Fraction) -> str:
         den //= 5
     if den != 1:
         return f"{value.numerator}/{value.denominator}"
-    # terminating decimal: exact in Decimal; format 'f' avoids `1E+3`
-    exact = Decimal(value.numerator) / Decimal(value.denominator)
-    text = format(exact.normalize(), "f")
-    return "0" if text in ("-0", "0") else text
+    # A terminating decimal: scale by 10**k to an integer and place the point by
+    # hand (exact for any size, unlike Decimal division at 28 digits).
+    k = 0
+    while (10**k) % value.denominator:
+        k += 1
+    digits = str(abs(value.numerator) * (10**k // value.denominator)).rjust(k + 1, "0")
+    whole, frac = (digits[:-k], digits[-k:].rstrip("0")) if k else (digits, "")
+    sign = "-" if value < 0 else ""
+    return f"{sign}{whole}.{frac}" if frac else f"{sign}{whole}"
 
 
 def _numbers_in(text: str) -> list[str]:
@@ -262,11 +268,19 @@ def normalize_math(answer: str) -> str:
     return s
 
 
+# The stock minerva_math tasks ask for "Final Answer: The final answer is $X$. I hope
+# it is correct." instead of a box; reading it lets their samples vote too.
+_MATH_ANSWER_PHRASE = re.compile(r"(?i:answer\s+is)\s*:?\s*\$([^$]+)\$")
+
+
 def _extract_math(text: str) -> Optional[str]:
-    boxed = _last_boxed(text)
-    if boxed is None:
+    answer = _last_boxed(text)
+    if answer is None:
+        phrases = _MATH_ANSWER_PHRASE.findall(text)
+        answer = phrases[-1] if phrases else None
+    if answer is None:
         return None
-    normalized = normalize_math(boxed)
+    normalized = normalize_math(answer)
     return normalized or None
 
 
@@ -284,6 +298,9 @@ _CHOICE_PATTERNS = (
     re.compile(r"(?i:answer\s+is)[\s:*$(]*([A-J])(?!\w)"),
     # a parenthesised letter `(B)`
     re.compile(r"\(([A-J])\)"),
+    # the whole response is one letter: ` C` after the stock arc_challenge_chat's
+    # `gen_prefix` "The best answer is" (which also stops at ".")
+    re.compile(r"^[\s*(]*([A-J])[\s*).:]*$"),
 )
 
 
@@ -333,6 +350,12 @@ def extract_answer(text: str, kind: str) -> Optional[str]:
 _MATH_VERIFY_TIMEOUT_S = 5
 
 
+# Longer "answers" are runaway generations, not MATH answers (the longest MATH500
+# reference has under 100 characters); sympy can spend seconds on them, so they
+# are compared as strings only.
+_MATH_VERIFY_MAX_CHARS = 1000
+
+
 def _timeout() -> Optional[int]:
     return _MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
 
@@ -376,7 +399,8 @@ def answers_equivalent(a: Optional[str], b: Optional[str], kind: str) -> bool:
     (``\\frac{1}{2}``, ``0.5`` and ``\\dfrac12`` are one answer). `a` is given to
     math-verify as the reference ("gold"), which matters only for its few
     asymmetric rules. Never raises: a parse failure or a timeout (5 s, in the main
-    thread only) is "not equivalent". None is equivalent to nothing. Results are
+    thread only) is "not equivalent", and answers over 1000 characters are
+    compared as strings only. None is equivalent to nothing. Results are
     cached, since the vote compares answers pairwise.
     """
     _check_kind(kind)
@@ -389,7 +413,7 @@ def answers_equivalent(a: Optional[str], b: Optional[str], kind: str) -> bool:
     a, b = normalize_math(a), normalize_math(b)
     if a == b:
         return True
-    if not a or not b:
+    if not a or not b or max(len(a), len(b)) > _MATH_VERIFY_MAX_CHARS:
         return False
     return _math_equivalent(a, b)
 

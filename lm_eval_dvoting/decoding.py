@@ -43,7 +43,7 @@ class DecodeResult:
     nfe: torch.Tensor  # (batch,) forward passes during which the row still had masks
 
 
-@dataclass
+@dataclass(eq=False)  # rows are compared by identity; their tensors have no truth value
 class DecodeRow:
     """One row to decode: a prompt and a (partly) masked generation region.
 

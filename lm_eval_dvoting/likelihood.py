@@ -31,7 +31,8 @@ Choices (and where they differ from LLaDA's `eval_llada.py`):
 - **Too long.** A request longer than `model.max_length` keeps its whole continuation
   and loses context tokens from the left (lm-eval's convention for causal LMs; LLaDA
   asserts instead). A continuation that cannot fit on its own raises ValueError.
-- **Empty continuation.** log p(empty | x) = 0.0, and it is trivially greedy: (0.0, True).
+- **Empty continuation.** log p(empty | x) = 0.0, and it is trivially greedy: (0.0, True)
+  (the greedy flag is False for every request when greedy checks are turned off).
 - **Batching.** `score_requests` packs the draws of several requests into each forward
   pass, right-padded with an attention mask; each request's draws come only from its
   own seed, so results do not depend on batch size or request order (up to float noise).
@@ -39,17 +40,18 @@ Choices (and where they differ from LLaDA's `eval_llada.py`):
 `is_greedy` follows LLaDA's `suffix_greedy_prediction`: the continuation starts fully
 masked and, one position per forward pass, the most confident masked position is
 unmasked with its argmax token; the result is whether the final sequence equals the
-continuation. Two deliberate differences: the mask token can never be the committed
-argmax (a real checkpoint never predicts it; LLaDA would "commit" a mask and spin), and
-a row stops as soon as a committed token differs from the continuation (the answer is
-already False; the outcome is identical, the remaining passes are saved).
+continuation. Two deliberate differences: the mask token is never the committed argmax
+(a real checkpoint never ranks it first; LLaDA would write the mask id back, leaving the
+position masked and the answer False), and a row stops as soon as a committed token
+differs from the continuation (the answer is already False: same outcome, fewer passes).
+Ties go to the first position (LLaDA's unstable sort leaves them unspecified).
 
 `rolling_loglikelihood` scores a whole document (lm-eval's `loglikelihood_rolling`) as a
 sum over windows of this bound; see its docstring.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -60,7 +62,7 @@ from torch import nn
 _SEED_STRIDE = 0x9E3779B97F4A7C15
 
 
-@dataclass(eq=False)  # identity semantics: requests are hashed by object
+@dataclass
 class _Request:
     """One (context, continuation) pair after validation and truncation."""
 
@@ -70,7 +72,6 @@ class _Request:
     seed: int
     masks: torch.Tensor | None = None  # (mc_num, L) bool: which continuation tokens each draw masks
     draw_values: torch.Tensor | None = None  # (mc_num,) float64: (L/l) * sum of cross-entropies
-    draws_left: int = 0
     # greedy check: the continuation as decoded so far, which of its tokens are still
     # masked, whether the check is decided, and its answer
     decoded: torch.Tensor | None = None
@@ -158,36 +159,74 @@ def _pad_right(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor,
     return ids, attention
 
 
-def _forward(model: nn.Module, rows: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Raw logits (batch, width, vocab) of right-padded rows."""
+def _logits_at(
+    model: nn.Module, rows: Sequence[torch.Tensor], row_index: torch.Tensor, column: torch.Tensor
+) -> torch.Tensor:
+    """Float32 logits (len(row_index), vocab) of right-padded `rows` at (row_index, column) pairs.
+
+    Our models expose `hidden_states` and `logits_from_hidden`, so the output head (a
+    vocabulary-sized matmul, the largest activation of a real checkpoint) runs only at
+    the positions that are scored; any other module is run whole as `model(ids, mask)`.
+    """
     ids, attention = _pad_right(rows, int(model.mask_token_id))
     device = _model_device(model)
-    return model(ids.to(device), attention_mask=attention.to(device))
+    ids, attention = ids.to(device), attention.to(device)
+    row_index, column = row_index.to(device), column.to(device)
+    if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
+        hidden = model.hidden_states(ids, attention_mask=attention)
+        return model.logits_from_hidden(hidden[row_index, column]).float()
+    return model(ids, attention_mask=attention)[row_index, column].float()
 
 
-def _score_draws(model: nn.Module, batch: Sequence[tuple[_Request, int]]) -> None:
-    """One forward pass over draws (request, draw index); stores (L/l) * sum CE per draw."""
+def _draw_batches(
+    group: Sequence[_Request], mc_num: int, batch_size: int
+) -> Iterator[list[tuple[_Request, int, int]]]:
+    """Pack the draws of `group`, request after request, into batches of `batch_size` rows.
+
+    Each batch is a list of segments (request, first draw, end draw); a request's draws
+    may be split across consecutive batches and a batch may hold several requests.
+    """
+    batch: list[tuple[_Request, int, int]] = []
+    free = batch_size
+    for req in group:
+        first = 0
+        while first < mc_num:
+            end = min(mc_num, first + free)
+            batch.append((req, first, end))
+            free -= end - first
+            first = end
+            if free == 0:
+                yield batch
+                batch, free = [], batch_size
+    if batch:
+        yield batch
+
+
+def _score_draws(model: nn.Module, segments: Sequence[tuple[_Request, int, int]]) -> None:
+    """One forward pass over the draws in `segments`; stores (L/l) * sum of CE for each draw."""
     mask_id, shift = int(model.mask_token_id), int(model.logits_shift)
-    rows, row_of, logit_pos, targets, weights = [], [], [], [], []
-    for b, (req, d) in enumerate(batch):
-        masked = req.masks[d]
-        rows.append(torch.cat([req.context, req.continuation.masked_fill(masked, mask_id)]))
-        where = masked.nonzero().squeeze(1)
-        row_of.append(torch.full_like(where, b))
-        # the prediction for token at position p is read from the logits at p - shift
+    rows: list[torch.Tensor] = []
+    row_of, logit_pos, targets, weights = [], [], [], []
+    for req, first, end in segments:
+        masks = req.masks[first:end]
+        noisy = torch.where(masks, mask_id, req.continuation)
+        rows.extend(torch.cat([req.context.expand(len(masks), -1), noisy], dim=1).unbind(0))
+        draw, where = masks.nonzero(as_tuple=True)
+        row_of.append(len(rows) - len(masks) + draw)
+        # the prediction for the token at position p is read from the logits at p - shift
         logit_pos.append(len(req.context) + where - shift)
         targets.append(req.continuation[where])
-        weights.append(torch.full((len(where),), len(masked) / len(where), dtype=torch.float64))
-    logits = _forward(model, rows)
-    row_of, logit_pos, targets = (torch.cat(t).to(logits.device) for t in (row_of, logit_pos, targets))
-    picked = logits[row_of, logit_pos].float()
+        weights.append(masks.shape[1] / masks.sum(dim=1, dtype=torch.float64)[draw])  # L / l
+    row_of_all = torch.cat(row_of)
+    logits = _logits_at(model, rows, row_of_all, torch.cat(logit_pos))
     # full-vocabulary cross-entropy, mask token included, as LLaDA's evaluation computes it
-    nll = F.cross_entropy(picked, targets, reduction="none").double().cpu()
-    per_draw = torch.zeros(len(batch), dtype=torch.float64)
-    per_draw.index_add_(0, row_of.cpu(), nll * torch.cat(weights))
-    for b, (req, d) in enumerate(batch):
-        req.draw_values[d] = per_draw[b]
-        req.draws_left -= 1
+    nll = F.cross_entropy(logits, torch.cat(targets).to(logits.device), reduction="none")
+    per_draw = torch.zeros(len(rows), dtype=torch.float64)
+    per_draw.index_add_(0, row_of_all, nll.double().cpu() * torch.cat(weights))
+    offset = 0
+    for req, first, end in segments:
+        req.draw_values[first:end] = per_draw[offset : offset + end - first]
+        offset += end - first
 
 
 def _greedy_step(model: nn.Module, active: Sequence[_Request]) -> None:
@@ -198,15 +237,18 @@ def _greedy_step(model: nn.Module, active: Sequence[_Request]) -> None:
     """
     mask_id, shift = int(model.mask_token_id), int(model.logits_shift)
     rows = [torch.cat([req.context, req.decoded]) for req in active]
-    logits = _forward(model, rows)
-    for b, req in enumerate(active):
-        where = req.still_masked.nonzero().squeeze(1)
-        probs = logits[b, len(req.context) + where.to(logits.device) - shift].float().softmax(dim=-1)
-        # the mask token is never a committed prediction (a real checkpoint never ranks it first)
-        probs[:, mask_id] = -1.0
-        confidence, tokens = probs.max(dim=-1)
-        best = int(confidence.argmax())
-        position, token = int(where[best]), int(tokens[best])
+    masked = [req.still_masked.nonzero().squeeze(1) for req in active]
+    row_index = torch.cat([torch.full_like(where, b) for b, where in enumerate(masked)])
+    column = torch.cat([len(req.context) + where - shift for req, where in zip(active, masked)])
+    probs = _logits_at(model, rows, row_index, column).softmax(dim=-1)
+    # the mask token is never a committed prediction (a real checkpoint never ranks it first)
+    probs[:, mask_id] = -1.0
+    confidence, tokens = (t.cpu() for t in probs.max(dim=-1))
+    for req, where, row_conf, row_tokens in zip(
+        active, masked, confidence.split([len(w) for w in masked]), tokens.split([len(w) for w in masked])
+    ):
+        best = int(row_conf.argmax())  # the first of equally confident positions
+        position, token = int(where[best]), int(row_tokens[best])
         req.decoded[position] = token
         req.still_masked[position] = False
         if token != int(req.continuation[position]):
@@ -291,13 +333,10 @@ def score_requests(
         for req in group:
             req.masks = _draw_masks(len(req.continuation), mc_num, req.seed, stratified)
             req.draw_values = torch.zeros(mc_num, dtype=torch.float64)
-            req.draws_left = mc_num
-        draws = [(req, d) for req in group for d in range(mc_num)]
-        for first in range(0, len(draws), batch_size):
-            batch = draws[first : first + batch_size]
-            _score_draws(model, batch)
+        for segments in _draw_batches(group, mc_num, batch_size):
+            _score_draws(model, segments)
             if not greedy:
-                finish([req for req in dict.fromkeys(r for r, _ in batch) if req.draws_left == 0])
+                finish([req for req, _, end in segments if end == mc_num])
         if not greedy:
             continue
         _greedy_checks(model, group, on_decided=finish)

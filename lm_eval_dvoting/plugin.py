@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -184,8 +183,3 @@ def on_registry_imported(module: ModuleType) -> None:
 def on_task_manager_imported(module: ModuleType) -> None:
     """Hook target for `lm_eval.tasks.manager`."""
     patch_task_manager(module)
-
-
-def hook_active() -> bool:
-    """Whether the start-up hook was loaded in this interpreter."""
-    return "_lm_eval_dvoting_startup" in sys.modules

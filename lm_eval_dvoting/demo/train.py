@@ -46,8 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("runs/tiny-arith"), help="working folder (checkpoints, log, best/)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=6000, help="total optimisation steps (sets the LR schedule)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--min-lr-ratio", type=float, default=0.05, help="final LR as a fraction of --lr (cosine)")
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -63,11 +63,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-operand", type=int, default=arith.TEST_DIFFICULTY.max_operand)
     p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
     p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
-    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--eval-size", type=int, default=200, help="validation problems per evaluation")
-    p.add_argument("--ckpt-every", type=int, default=100)
+    p.add_argument("--ckpt-every", type=int, default=200)
     p.add_argument("--max-minutes", type=float, default=None, help="end this sitting after so many minutes")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1 is fastest on a CPU shared with other work)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p.parse_args(argv)
 
@@ -120,7 +121,8 @@ def encode_batch(tokenizer, problems: list[arith.Problem], gen_length: int) -> d
             "prompt_width": width, "answer_len": torch.tensor(first_eos)}
 
 
-def training_batch(step: int, args, tokenizer, held_out: set[str]) -> dict[str, torch.Tensor]:
+def training_problems(step: int, args, held_out: set[str]) -> list[arith.Problem]:
+    """The problems of batch `step`: a function of (seed, step) only, never held-out ones."""
     rng = random.Random(args.seed * 1_000_003 + step)
     difficulty = train_difficulty(args)
     problems: list[arith.Problem] = []
@@ -128,7 +130,11 @@ def training_batch(step: int, args, tokenizer, held_out: set[str]) -> dict[str, 
         problem = arith.make_problem(rng, difficulty)
         if problem.question not in held_out:
             problems.append(problem)
-    return encode_batch(tokenizer, problems, args.gen_length)
+    return problems
+
+
+def training_batch(step: int, args, tokenizer, held_out: set[str]) -> dict[str, torch.Tensor]:
+    return encode_batch(tokenizer, training_problems(step, args, held_out), args.gen_length)
 
 
 # --------------------------------------------------------------------------- objective
@@ -175,13 +181,14 @@ def init_weights(model: LLaDAModel, n_layers: int) -> None:
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length: int, device,
-                    batch_size: int = 250) -> float:
-    """Share of `problems` answered right at temperature 0, steps = L, blocks of L/16."""
+                    batch_size: int = 250) -> dict[str, float]:
+    """Share of `problems` answered right at temperature 0, steps = L, blocks of L/16,
+    overall (``acc``) and by number of steps (``acc_2``, ``acc_3``, ...)."""
     from ..answers import extract_answer
     from ..decoding import generate
 
     model.eval()
-    right = 0
+    right: dict[int, list[bool]] = {}
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
         enc = tokenizer([arith.format_prompt(p.question) for p in chunk], add_special_tokens=False,
@@ -190,9 +197,10 @@ def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length:
                        gen_length=gen_length, block_length=max(1, gen_length // 16), steps=gen_length)
         for problem, row in zip(chunk, out.tokens.tolist()):
             text = tokenizer.decode(row, skip_special_tokens=False).split(EOS)[0]
-            right += extract_answer(text, "number") == str(problem.answer)
+            right.setdefault(problem.steps, []).append(extract_answer(text, "number") == str(problem.answer))
     model.train()
-    return right / len(problems)
+    every = [ok for oks in right.values() for ok in oks]
+    return {"acc": sum(every) / len(every)} | {f"acc_{k}": round(sum(v) / len(v), 3) for k, v in sorted(right.items())}
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -288,8 +296,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for which, net in (("model", model), ("ema", ema)):
                 if which == "ema" and args.ema <= 0:
                     continue
-                acc = greedy_accuracy(net, tokenizer, valid, args.gen_length, device)
+                scores = greedy_accuracy(net, tokenizer, valid, args.gen_length, device)
+                acc = scores["acc"]
                 record[f"valid_acc_{which}"] = acc
+                record[f"valid_by_steps_{which}"] = {k: v for k, v in scores.items() if k != "acc"}
                 if acc > best["acc"]:
                     best = {"acc": acc, "step": step, "which": which}
                     export_checkpoint(net, config, tokenizer, out / "best",

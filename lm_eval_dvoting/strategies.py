@@ -1,0 +1,425 @@
+"""Strategies: which rows to decode next for a question, when to stop, and the vote.
+
+* `single`   one sample, fixed schedule, `steps = L`, temperature 0.
+* `majority` `n` fresh samples, fixed schedule, `steps = L/2`, temperature 0.9, vote.
+* `hex`      block sizes L/32..L/2 x `hex_samples/5` seeds, `steps = L/2`, vote
+             (`hex_samples=25`: temperature 0.9; `hex_samples=5`: the original HEX at 0).
+* `dvoting`  ALGORITHM.md section 2: samples 1..floor(n/2)+1 fresh, later ones keep the
+             positions the earlier samples agree on (share >= tau) and regenerate the
+             rest (always the last quarter), with the answer-consistency early stop
+             before samples 3..n, decoded with the entropy-threshold rule.
+
+A strategy is a small coroutine per question: it yields *waves* of samples to draw
+(samples in one wave do not depend on each other, so they decode side by side) and
+receives their tokens back. `run_strategy` drives many questions through one
+`RowDecoder`, refilling a row's slot as soon as it finishes, so prompts that stop
+early leave the batch at once. Every sample draws from its own generator, seeded
+from the question's seed and the sample's index: results depend neither on the
+batch size nor on which questions run beside it.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Hashable, Sequence
+
+import torch
+
+from .decoding import DecodeRow, RowDecoder
+
+STRATEGIES = ("single", "majority", "hex", "dvoting")
+HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
+
+Answer = Hashable
+Extract = Callable[[torch.Tensor], Answer | None]
+SameAnswer = Callable[[Any, Any], bool]
+
+
+# --------------------------------------------------------------------------- voting
+
+
+@dataclass(frozen=True)
+class Tally:
+    """Votes of a set of samples: groups in order of first appearance, most votes first."""
+
+    counts: list[tuple[Any, int]]  # (first-seen representative, votes), stable-sorted
+    winner: Any | None
+    winner_index: int | None  # first sample whose answer is in the winning group
+
+
+def tally(answers: Sequence[Any | None], same_answer: SameAnswer | None = None) -> Tally:
+    """Group answers (None casts no vote), ties going to the answer seen first.
+
+    `same_answer` decides whether two answers are one vote (e.g. mathematical
+    equivalence); by default answers are compared with `==`.
+    """
+    same = same_answer or (lambda a, b: a == b)
+    groups: list[list[Any]] = []  # [representative, votes, first index]
+    membership: list[int | None] = []
+    for index, answer in enumerate(answers):
+        if answer is None:
+            membership.append(None)
+            continue
+        for g, group in enumerate(groups):
+            if same(group[0], answer):
+                group[1] += 1
+                membership.append(g)
+                break
+        else:
+            groups.append([answer, 1, index])
+            membership.append(len(groups) - 1)
+    if not groups:
+        return Tally(counts=[], winner=None, winner_index=None)
+    ranked = sorted(range(len(groups)), key=lambda g: -groups[g][1])  # stable: ties keep order
+    best = ranked[0]
+    return Tally(
+        counts=[(groups[g][0], groups[g][1]) for g in ranked],
+        winner=groups[best][0],
+        winner_index=groups[best][2],
+    )
+
+
+def should_stop_early(answers: Sequence[Any | None], n: int, same_answer: SameAnswer | None = None) -> bool:
+    """dVoting's answer-consistency stop, checked before drawing samples 3..n."""
+    counts = tally(answers, same_answer).counts
+    if not counts:
+        return False
+    top, valid = counts[0][1], sum(c for _, c in counts)
+    return top > n // 2 or (top == valid and top >= n // 2)
+
+
+def remask_tokens(samples: torch.Tensor, tau: float, mask_id: int) -> torch.Tensor:
+    """The start of a remask sample: keep agreed positions, mask the rest.
+
+    For each position, the most frequent token among the earlier `samples`
+    (k, L) is kept if its share is >= `tau`; ties between equally frequent tokens go
+    to the one the earliest sample holds. The last quarter (floor(L/4)) is always
+    masked, so the answer is always regenerated.
+    """
+    k, length = samples.shape
+    agree = (samples[:, None, :] == samples[None, :, :]).sum(1)  # (k, L) votes for each sample's token
+    best = agree.argmax(0)  # first maximum = earliest sample
+    token = samples.gather(0, best[None]).squeeze(0)
+    share = agree.gather(0, best[None]).squeeze(0).double() / k
+    start = torch.where(share >= tau - 1e-12, token, torch.full_like(token, mask_id))
+    start[length - length // 4:] = mask_id
+    return start
+
+
+# ----------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class StrategySettings:
+    """Everything that decides a strategy's samples (each is a model arg in the harness)."""
+
+    strategy: str = "dvoting"
+    gen_length: int = 256
+    block_length: int | None = None  # default L/16
+    n: int = 5
+    alpha: float = 0.3
+    temperature: float | None = None  # default per strategy
+    tau: float = 1.0
+    steps: int | None = None  # default per strategy: L (single), L/2 (majority, hex)
+    remasking: str = "low_confidence"
+    hex_samples: int = 25
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.gen_length <= 0:
+            raise ValueError(f"gen_length must be positive, got {self.gen_length}")
+        if self.gen_length % self.resolved_block_length:
+            raise ValueError(
+                f"block_length {self.resolved_block_length} does not divide the generation length "
+                f"{self.gen_length}; choose a block length that divides it"
+            )
+        if self.n < 1:
+            raise ValueError(f"n (samples per question) must be >= 1, got {self.n}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha (entropy threshold) must be >= 0, got {self.alpha}")
+        if not 0 < self.tau <= 1:
+            raise ValueError(f"tau (position-consistency share) must be in (0, 1], got {self.tau}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.hex_samples not in (5, 25):
+            raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples}")
+        if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
+            raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
+
+    @property
+    def resolved_block_length(self) -> int:
+        if self.block_length is not None:
+            return self.block_length
+        return max(1, self.gen_length // 16)
+
+    @property
+    def resolved_temperature(self) -> float:
+        if self.temperature is not None:
+            return self.temperature
+        return {"single": 0.0, "majority": 0.9, "dvoting": 0.6}.get(
+            self.strategy, 0.9 if self.hex_samples == 25 else 0.0
+        )
+
+    @property
+    def resolved_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        return self.gen_length if self.strategy == "single" else self.gen_length // 2
+
+
+@dataclass(frozen=True)
+class SampleSpec:
+    """One sample to draw: its starting region and decoding rule."""
+
+    init_tokens: torch.Tensor
+    block_length: int
+    steps: int | None
+    alpha: float | None
+    temperature: float
+    kept: torch.Tensor | None = None  # positions fixed from earlier samples (remask samples)
+
+
+@dataclass
+class StrategyResult:
+    """One question's outcome."""
+
+    samples: torch.Tensor  # (samples drawn, gen_length)
+    nfe: int  # forward passes summed over samples
+    answers: list[Any]
+    chosen: int  # index of the returned sample
+    sample_nfe: list[int] = field(default_factory=list)
+    votes: list[tuple[Any, int]] = field(default_factory=list)
+    kept: list[list[int] | None] = field(default_factory=list)  # per sample: fixed positions
+
+
+Plan = Generator[list[SampleSpec], list[tuple[torch.Tensor, Any]], None]
+
+
+def _fixed_steps(steps: int, gen_length: int, block_length: int) -> int:
+    """`steps` rounded up to a multiple of the block count (LLaDA needs equal steps per block)."""
+    blocks = gen_length // block_length
+    return max(blocks, -(-steps // blocks) * blocks)
+
+
+def _plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | None) -> Plan:
+    """The coroutine of one question: yields waves of samples, receives (tokens, answer) pairs."""
+    length, block = settings.gen_length, settings.resolved_block_length
+    temperature = settings.resolved_temperature
+    fresh = torch.full((length,), mask_id, dtype=torch.long)
+    if settings.strategy == "single":
+        yield [SampleSpec(fresh, block, _fixed_steps(settings.resolved_steps, length, block), None, temperature)]
+        return
+    if settings.strategy == "majority":
+        steps = _fixed_steps(settings.resolved_steps, length, block)
+        yield [SampleSpec(fresh, block, steps, None, temperature) for _ in range(settings.n)]
+        return
+    if settings.strategy == "hex":
+        seeds = settings.hex_samples // len(HEX_BLOCK_DIVISORS)
+        specs = []
+        for divisor in HEX_BLOCK_DIVISORS:
+            hex_block = length // divisor
+            steps = _fixed_steps(settings.resolved_steps, length, hex_block)
+            specs += [SampleSpec(fresh, hex_block, steps, None, temperature) for _ in range(seeds)]
+        yield specs
+        return
+    # dVoting
+    n, fresh_count = settings.n, settings.n // 2 + 1
+    drawn: list[torch.Tensor] = []
+    answers: list[Any] = []
+    while len(drawn) < n:
+        i = len(drawn) + 1  # the sample about to be drawn, 1-based as in the paper
+        if i >= 3 and should_stop_early(answers, n, same_answer):
+            return
+        if i <= fresh_count:
+            # fresh samples before the first early-stop check (samples 1 and 2) decode together
+            wave = 2 - len(drawn) if i == 1 else 1
+            wave = min(wave, fresh_count - len(drawn), n - len(drawn))
+            specs = [SampleSpec(fresh, block, None, settings.alpha, temperature) for _ in range(wave)]
+        else:
+            start = remask_tokens(torch.stack(drawn), settings.tau, mask_id)
+            kept = start != mask_id
+            specs = [SampleSpec(start, block, None, settings.alpha, temperature, kept=kept)]
+        results = yield specs
+        drawn += [tokens for tokens, _ in results]
+        answers += [answer for _, answer in results]
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed from any printable parts, stable across processes and platforms."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class _Question:
+    index: int
+    seed: int
+    plan: Plan
+    answer_of: Callable[[torch.Tensor], Any]
+    samples: list[torch.Tensor] = field(default_factory=list)
+    answers: list[Any] = field(default_factory=list)
+    sample_nfe: list[int] = field(default_factory=list)
+    kept: list[list[int] | None] = field(default_factory=list)
+    waiting: list[SampleSpec] = field(default_factory=list)  # specs not yet in the decoder
+    wave_rows: list[DecodeRow] = field(default_factory=list)
+    done: bool = False
+
+
+def run_strategy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    strategy: str = "dvoting",
+    extract: Extract,
+    gen_length: int,
+    block_length: int | None = None,
+    n: int = 5,
+    alpha: float = 0.3,
+    temperature: float | None = None,
+    tau: float = 1.0,
+    seed: int = 0,
+    steps: int | None = None,
+    remasking: str = "low_confidence",
+    hex_samples: int = 25,
+    same_answer: SameAnswer | None = None,
+    row_seeds: Sequence[int] | None = None,
+    max_rows: int = 16,
+    on_done: Callable[[int, StrategyResult], None] | None = None,
+) -> list[StrategyResult]:
+    """Run a strategy on every (left-padded) prompt row of `input_ids`; no harness needed.
+
+    `extract` maps one sample's generated ids (1-D) to a hashable answer or None;
+    `same_answer` optionally groups answers (default `==`). `temperature=None` takes
+    the strategy's default (single 0, majority/hex 0.9, dvoting 0.6). Each row's
+    samples are seeded from `row_seeds[i]` (default: derived from `seed` and the row
+    index). `max_rows` caps the rows decoded per forward pass; `on_done(i, result)`
+    is called as each question finishes.
+    """
+    settings = StrategySettings(
+        strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
+        temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
+    )
+    batch = input_ids.shape[0]
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if row_seeds is None:
+        row_seeds = [derive_seed(seed, i) for i in range(batch)]
+    prompts = [input_ids[i][attention_mask[i].bool()] for i in range(batch)]
+    return drive(model, prompts, settings, extract, row_seeds, same_answer=same_answer,
+                 max_rows=max_rows, on_done=on_done)
+
+
+def drive(
+    model: torch.nn.Module,
+    prompts: Sequence[torch.Tensor],
+    settings: StrategySettings | Sequence[StrategySettings],
+    extract: Extract | Sequence[Extract],
+    seeds: Sequence[int],
+    *,
+    same_answer: SameAnswer | None = None,
+    max_rows: int = 16,
+    on_done: Callable[[int, StrategyResult], None] | None = None,
+) -> list[StrategyResult]:
+    """Decode every question's samples through one decoder, refilling freed slots.
+
+    `settings` and `extract` may be given per question (e.g. requests with different
+    generation lengths or answer kinds). Questions enter in order; a question's next
+    wave enters as soon as its previous one is complete.
+    """
+    count = len(prompts)
+    settings_of = list(settings) if isinstance(settings, Sequence) else [settings] * count
+    extract_of = list(extract) if isinstance(extract, Sequence) else [extract] * count
+    decoder = RowDecoder(model)
+    mask_id = decoder.mask_id
+    device = decoder.device
+    results: list[StrategyResult | None] = [None] * count
+    questions: list[_Question] = []
+    next_question = 0
+
+    def start(q: _Question, wave: list[SampleSpec] | None) -> None:
+        if wave is None:
+            finish(q)
+        else:
+            q.waiting = list(wave)
+            q.wave_rows = []
+
+    def finish(q: _Question) -> None:
+        q.done = True
+        answers = q.answers
+        votes = tally(answers, same_answer)
+        result = StrategyResult(
+            samples=torch.stack(q.samples),
+            nfe=sum(q.sample_nfe),
+            answers=answers,
+            chosen=votes.winner_index if votes.winner_index is not None else 0,
+            sample_nfe=q.sample_nfe,
+            votes=votes.counts,
+            kept=q.kept,
+        )
+        results[q.index] = result
+        if on_done is not None:
+            on_done(q.index, result)
+
+    def collect_finished_waves() -> None:
+        active = {id(r) for r in decoder.active}
+        for q in questions:
+            if q.done or q.waiting or not q.wave_rows or any(id(r) in active for r in q.wave_rows):
+                continue
+            wave, q.wave_rows = q.wave_rows, []
+            tokens = [r.tokens.cpu() for r in wave]
+            answers = [q.answer_of(t) for t in tokens]
+            q.samples += tokens
+            q.answers += answers
+            q.sample_nfe += [r.nfe for r in wave]
+            q.kept += [None if r.tag.kept is None else r.tag.kept.nonzero().flatten().tolist() for r in wave]
+            try:
+                start(q, q.plan.send(list(zip(tokens, answers))))
+            except StopIteration:
+                finish(q)
+
+    while True:
+        # fill free slots: earlier questions' waiting samples first, then new questions
+        while len(decoder.active) < max_rows:
+            waiting = next((q for q in questions if q.waiting), None)
+            if waiting is None:
+                if next_question >= count:
+                    break
+                index = next_question
+                next_question += 1
+                q = _Question(
+                    index=index,
+                    seed=seeds[index],
+                    plan=_plan(settings_of[index], mask_id, same_answer),
+                    answer_of=extract_of[index],
+                )
+                questions.append(q)
+                start(q, next(q.plan, None))
+                continue
+            spec = waiting.waiting.pop(0)
+            sample_index = len(waiting.samples) + len(waiting.wave_rows)
+            generator = torch.Generator(device=device).manual_seed(derive_seed(waiting.seed, sample_index))
+            row = DecodeRow(
+                prompt=prompts[waiting.index],
+                tokens=spec.init_tokens,
+                block_length=spec.block_length,
+                steps=spec.steps,
+                alpha=spec.alpha,
+                temperature=spec.temperature,
+                remasking=settings_of[waiting.index].remasking,
+                generator=generator,
+                tag=spec,
+            )
+            waiting.wave_rows.append(row)
+            decoder.add(row)
+        collect_finished_waves()  # rows that needed no decoding at all
+        questions = [q for q in questions if not q.done]
+        if not decoder.active:
+            if not questions and next_question >= count:
+                break
+            continue
+        decoder.step()
+        collect_finished_waves()
+        questions = [q for q in questions if not q.done]
+    return [r for r in results if r is not None]

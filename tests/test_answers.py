@@ -1,0 +1,315 @@
+"""Answer extraction, normalisation, equivalence and the vote (lm_eval_dvoting.answers)."""
+from __future__ import annotations
+
+import doctest
+import json
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lm_eval_dvoting import answers
+from lm_eval_dvoting.answers import (
+    ANSWER_KINDS,
+    Vote,
+    answers_equivalent,
+    extract_answer,
+    infer_answer_kind,
+    vote,
+)
+
+
+def test_docstring_examples() -> None:
+    result = doctest.testmod(answers)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_import_is_light() -> None:
+    # the strategies import this module in every worker: no torch, no lm_eval, no sympy
+    code = (
+        "import sys, lm_eval_dvoting.answers as a; a.vote(['1', '1.0'], 'number');"
+        "print(sorted(m for m in ('torch', 'lm_eval', 'sympy', 'math_verify') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- number
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("So she has 18 left.", "18"),
+        ("The answer is 18.0", "18"),
+        ("The total is \\boxed{18.00}.", "18"),
+        ("It is 0.50 of it", "0.5"),
+        ("It is .5 of it", "0.5"),
+        ("The answer is -3.", "-3"),
+        ("The temperature drops to \\boxed{-3}", "-3"),
+        ("She pays $1,000.", "1000"),
+        ("\\boxed{1,234,567.50}", "1234567.5"),
+        ("\\boxed{1{,}000}", "1000"),
+        ("\\boxed{1,\\!000}", "1000"),
+        ("The answer is $12.", "12"),
+        ("\\boxed{\\$18.90}", "18.9"),
+        ("The answer is 25%", "25"),
+        ("\\boxed{25\\%}", "25"),
+        ("\\boxed{18 \\text{ dollars}}", "18"),
+        ("\\boxed{x = 5}", "5"),
+        ("\\boxed{\\frac{3}{4}}", "0.75"),
+        ("\\boxed{\\dfrac34}", "0.75"),
+        ("The answer is 3/4", "0.75"),
+        ("\\boxed{-\\frac{1}{2}}", "-0.5"),
+        ("\\boxed{\\frac{1}{3}}", "1/3"),
+        ("The answer is 2/6", "1/3"),
+        ("\\boxed{2\\frac{1}{2}}", "2.5"),
+        ("\\boxed{-0}", "0"),
+        ("\\boxed{-0.0}", "0"),
+        ("\\boxed{1000000}", "1000000"),
+        ("\\boxed{12345678901234567890123456789012.50}", "12345678901234567890123456789012.5"),
+        ("pages 10-20", "20"),  # a hyphen after a digit is not a sign
+        ("10 - 3", "3"),
+        ("Janet sells 16 - 3 - 4 = 9 eggs.\n#### 9", "9"),
+        ("#### 1,600", "1600"),
+        ("the result is \u22125", "-5"),  # Unicode minus
+    ],
+)
+def test_number_normalisation(text: str, expected: str) -> None:
+    assert extract_answer(text, "number") == expected
+
+
+def test_number_equal_values_are_one_answer() -> None:
+    spellings = ["\\boxed{18}", "The answer is 18.0", "so 18.00", "\\boxed{18.}", "#### 18"]
+    assert {extract_answer(t, "number") for t in spellings} == {"18"}
+    assert vote([extract_answer(t, "number") for t in spellings], "number").counts == [("18", 5)]
+
+
+def test_number_sign_and_separators_matter() -> None:
+    assert extract_answer("The answer is -3", "number") != extract_answer("The answer is 3", "number")
+    assert extract_answer("it costs 1,000 dollars", "number") == "1000"
+    # a comma not in thousands groups separates numbers
+    assert extract_answer("the pairs 3,4", "number") == "4"
+
+
+def test_number_precedence_boxed_then_phrase_then_last() -> None:
+    assert extract_answer("The answer is 5. Double check: \\boxed{7}. Then 9.", "number") == "7"
+    assert extract_answer("\\boxed{7} ... The answer is 5.", "number") == "7"
+    assert extract_answer("The answer is 5 apples. Afterwards 9 remain.", "number") == "5"
+    assert extract_answer("3 plus 4 is 7", "number") == "7"
+    # the last of several phrases / boxes
+    assert extract_answer("The answer is 5. No wait, the answer is 6.", "number") == "6"
+    assert extract_answer("\\boxed{5} or rather \\boxed{6}", "number") == "6"
+    # an empty box (the prompt's `\boxed{}` echoed) is not an answer
+    assert extract_answer("put it in \\boxed{} so 42", "number") == "42"
+
+
+def test_number_boxed_without_number_is_no_answer() -> None:
+    # a box is the model's committed answer: no number there means no answer,
+    # not some number from the reasoning
+    assert extract_answer("It takes 3 steps, so \\boxed{x}", "number") is None
+    assert extract_answer("", "number") is None
+    assert extract_answer("no digits here", "number") is None
+
+
+def test_number_unclosed_box_is_ignored() -> None:
+    # a generation cut at the length limit leaves `\boxed{1` open: not an answer
+    assert extract_answer("The answer is 12. \\boxed{1", "number") == "12"
+
+
+# --------------------------------------------------------------------------- math
+
+
+def test_math_boxed_brace_balanced() -> None:
+    assert extract_answer("so $\\boxed{\\frac{\\sqrt{3}}{2}}$.", "math") == "\\frac{\\sqrt{3}}{2}"
+    assert extract_answer("\\boxed{a} then \\boxed{\\{1, 2\\}}", "math") == "\\{1, 2\\}"
+    assert extract_answer("\\fbox{42}", "math") == "42"
+    assert extract_answer("\\boxed 5$ done", "math") == "5"
+    assert extract_answer("no box: 0.5", "math") is None
+    # the stock minerva_math answer line, read only without a box
+    minerva = "Final Answer: The final answer is $\\frac{1}{2}$. I hope it is correct."
+    assert extract_answer(minerva, "math") == "\\frac{1}{2}"
+    assert extract_answer(minerva + " \\boxed{3}", "math") == "3"
+    assert extract_answer("\\boxed{}", "math") is None
+
+
+def test_math_light_normalisation() -> None:
+    assert extract_answer("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "math") == "( 3, \\frac{\\pi}{2} )"
+    assert extract_answer("\\boxed{\\dfrac{1}{2}.}", "math") == "\\frac{1}{2}"
+    assert extract_answer("\\boxed{ \\tfrac{1}{2} }", "math") == "\\frac{1}{2}"
+    assert extract_answer("\\boxed{$x^2\\!+\\,1$}", "math") == "x^2+1"
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        ("\\frac{1}{2}", "0.5"),
+        ("\\frac{1}{2}", "\\dfrac12"),
+        ("0.5", "\\dfrac12"),
+        ("\\frac{\\sqrt{3}}{2}", "\\frac{1}{2}\\sqrt{3}"),
+        ("2x+1", "1+2x"),
+        ("x = 5", "5"),
+    ],
+)
+def test_math_equivalent(a: str, b: str) -> None:
+    assert answers_equivalent(a, b, "math")
+
+
+@pytest.mark.parametrize("a, b", [("\\frac{1}{2}", "\\frac{1}{3}"), ("2x+1", "2x-1"), ("\\pi", "3")])
+def test_math_not_equivalent(a: str, b: str) -> None:
+    assert not answers_equivalent(a, b, "math")
+
+
+def test_equivalence_never_raises() -> None:
+    for junk in ["\\frac{", "}}}{{", "\\unknowncommand{x}", "", "a" * 2000]:
+        assert answers_equivalent("1", junk, "math") in (True, False)
+    assert not answers_equivalent(None, "1", "number")
+    assert not answers_equivalent("1", None, "math")
+    assert answers_equivalent("7", "7", "number") and not answers_equivalent("7", "7.0", "number")
+
+
+# --------------------------------------------------------------------------- choice
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("\\boxed{B}", "B"),
+        ("so $\\boxed{\\text{C}}$", "C"),
+        ("\\boxed{(D)}", "D"),
+        ("\\boxed{\\textbf{(A)}}", "A"),
+        ("\\boxed{B) 42 meters}", "B"),
+        ("Answer: B", "B"),
+        ("**Answer:** (C)", "C"),
+        ("Answer: $D$", "D"),
+        ("the answer is A.", "A"),
+        ("The answer is (C)", "C"),
+        ("The correct answer is B", "B"),
+        ("The best answer is D", "D"),  # stock arc_challenge_chat wording
+        ("I pick (B) over (A) ... finally (C)", "C"),
+        ("Option J fits: \\boxed{J}", "J"),
+        (" C", "C"),  # arc_challenge_chat: its prompt ends "The best answer is"
+        ("B.", "B"),
+        ("**D**", "D"),
+        ("The answer is Alice", None),  # a word, not a letter
+        ("A", "A"),
+        ("A cat", None),
+        ("Answer: a lowercase", None),
+        ("\\boxed{K}", None),  # beyond A-J
+        ("no answer", None),
+    ],
+)
+def test_choice_patterns(text: str, expected: str | None) -> None:
+    assert extract_answer(text, "choice") == expected
+
+
+def test_choice_precedence() -> None:
+    # boxed > "Answer:" > "answer is" > "(X)", last occurrence within each
+    assert extract_answer("Answer: A. So \\boxed{B}. The answer is (C)", "choice") == "B"
+    assert extract_answer("the answer is C ... Answer: A", "choice") == "A"
+    assert extract_answer("(D) then the answer is B", "choice") == "B"
+    assert extract_answer("Answer: A ... Answer: C", "choice") == "C"
+    # a box that holds no letter (the option's text) leaves the letter to later rules
+    assert extract_answer("The answer is (B): \\boxed{42}", "choice") == "B"
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(ValueError, match="number"):
+        extract_answer("1", "letter")
+    assert ANSWER_KINDS == ("number", "math", "choice")
+
+
+# --------------------------------------------------------------------------- vote
+
+
+def test_vote_majority_and_winner_index() -> None:
+    result = vote(["7", "18", "18", None, "7", "18"], "number")
+    assert result == Vote(winner="18", counts=[("18", 3), ("7", 2)], winner_index=1)
+
+
+def test_vote_tie_goes_to_first_seen() -> None:
+    assert vote(["7", "18", "18", "7"], "number").winner == "7"
+    assert vote(["B", "A", "A", "B", "C"], "choice").counts == [("B", 2), ("A", 2), ("C", 1)]
+
+
+def test_vote_none_casts_no_vote() -> None:
+    result = vote([None, None, "3"], "number")
+    assert result.winner == "3" and result.winner_index == 2 and result.counts == [("3", 1)]
+    assert vote([None, None], "number") == Vote(winner=None, counts=[], winner_index=None)
+    assert vote([], "choice").winner is None
+
+
+def test_vote_groups_math_by_equivalence() -> None:
+    samples = ["\\frac{1}{3}", "0.5", "\\frac{1}{3}", "\\dfrac12", "\\frac{1}{2}"]
+    result = vote(samples, "math")
+    # the first-seen spelling represents its group
+    assert result.counts == [("0.5", 3), ("\\frac{1}{3}", 2)]
+    assert result.winner == "0.5" and result.winner_index == 1
+
+
+def test_vote_number_spellings_one_vote() -> None:
+    texts = ["\\boxed{18}", "The answer is 18.0", "\\boxed{-18}", "so 18.00", "\\boxed{1,8}"]
+    result = vote([extract_answer(t, "number") for t in texts], "number")
+    assert result.winner == "18" and result.counts[0] == ("18", 3)
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+@pytest.mark.parametrize(
+    "task, kind",
+    [
+        ("gsm8k", "number"),
+        ("gsm8k_cot_zeroshot", "number"),
+        ("gsm8k-cot-self-consistency", "number"),
+        ("minerva_math500", "math"),
+        ("hendrycks_math500", "math"),
+        ("minerva_math_algebra", "math"),
+        ("gpqa_diamond_cot_zeroshot", "choice"),
+        ("arc_challenge_chat", "choice"),
+        ("mmlu_college_mathematics", "choice"),  # multiple choice wins over "math"
+        ("mmlu_flan_cot_zeroshot_anatomy", "choice"),
+        ("search_and_research", "number"),  # `arc` only as a token prefix
+        (None, "number"),
+    ],
+)
+def test_infer_answer_kind_from_name(task: str | None, kind: str) -> None:
+    assert infer_answer_kind(task) == kind
+
+
+def test_infer_answer_kind_declared() -> None:
+    assert infer_answer_kind("gsm8k", "math") == "math"
+    assert infer_answer_kind(None, "choice") == "choice"
+    with pytest.raises(ValueError, match="number, math, choice"):
+        infer_answer_kind("gsm8k", "letters")
+
+
+# --------------------------------------------------------------------------- real data
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def test_gsm8k_references(data_dir: Path) -> None:
+    docs = _jsonl(data_dir / "gsm8k" / "test.jsonl")
+    assert len(docs) == 1319
+    for doc in docs:
+        raw = doc["answer"].split("#### ")[-1].strip()
+        expected = raw.replace(",", "")
+        # the whole worked solution and the bare reference read the same
+        assert extract_answer(doc["answer"], "number") == expected
+        assert extract_answer(f"\\boxed{{{raw}}}", "number") == expected
+        assert extract_answer(f"The answer is {raw}.", "number") == expected
+
+
+def test_math500_references(data_dir: Path) -> None:
+    docs = _jsonl(data_dir / "math500" / "test.jsonl")
+    assert len(docs) == 500
+    for doc in docs:
+        from_solution = extract_answer(doc["solution"], "math")
+        assert answers_equivalent(doc["answer"], from_solution, "math"), doc["unique_id"]
+        # a model's `\dfrac` spelling of the same answer
+        assert answers_equivalent(doc["answer"], doc["answer"].replace("\\frac", "\\dfrac"), "math")

@@ -1,0 +1,151 @@
+"""The offline demo: problem generator, tokenizer, shipped checkpoint, training script."""
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from lm_eval_dvoting.demo import arith, train
+from lm_eval_dvoting.demo.tokenizer import BOXED, EOS, MASK, build_tokenizer
+
+PACKAGED = Path(arith.__file__).resolve().parent / "tiny-arith"
+TASK_DIR = Path(__file__).resolve().parents[1] / "task_configs"
+
+
+def _evaluate(expression: str) -> int:
+    assert re.fullmatch(r"[0-9+\-*]+", expression)
+    return eval(expression)  # noqa: S307 - digits and operators only, checked above
+
+
+def test_generator_is_deterministic_and_right():
+    first = [arith.make_problem(random.Random(5)) for _ in range(3)]
+    assert first == [arith.make_problem(random.Random(5)) for _ in range(3)]
+    assert arith.make_problems(1, 50) == arith.make_problems(1, 50)
+    assert arith.make_problems(1, 50) != arith.make_problems(2, 50)
+    for problem in arith.make_problems(3, 300):
+        assert problem.question.endswith("=?")
+        assert _evaluate(problem.question[:-2]) == problem.answer
+        *steps, boxed = problem.solution.split(" ")
+        assert boxed == f"\\boxed{{{problem.answer}}}" and len(steps) == problem.steps
+        value = None
+        for step in steps:  # "7+2=9." : each step starts from the previous result and is right
+            left, result = step.rstrip(".").split("=")
+            assert value is None or left.startswith(str(value))
+            assert _evaluate(left) == int(result)
+            value = int(result)
+        assert value == problem.answer
+
+
+def test_difficulty_knob():
+    easy = arith.Difficulty(min_steps=1, max_steps=1, max_operand=3, max_value=5)
+    hard = arith.Difficulty(min_steps=5, max_steps=6, max_operand=20, max_value=99, operations=("+", "-", "*"))
+    for problem in arith.make_problems(0, 200, easy):
+        assert problem.steps == 1
+        assert all(int(n) <= 3 for n in re.findall(r"\d+", problem.question))
+        assert 0 <= problem.answer <= 5
+    hard_problems = arith.make_problems(0, 200, hard)
+    assert {p.steps for p in hard_problems} == {5, 6}
+    assert any("*" in p.question for p in hard_problems)
+    assert all(_evaluate(p.question[:-2]) == p.answer for p in hard_problems)
+    with pytest.raises(ValueError):
+        arith.Difficulty(min_steps=3, max_steps=2)
+    with pytest.raises(ValueError):
+        arith.Difficulty(operations=("/",))
+
+
+def test_prompt_is_the_papers_gsm8k_prompt():
+    assert arith.format_prompt("1+2=?") == (
+        "Please answer the question step by step and put the answer in \\boxed{}. 1+2=?"
+    )
+    task_yaml = (TASK_DIR / "dvoting_arith.yaml").read_text()
+    assert 'doc_to_text: "Please answer the question step by step and put the answer in \\\\boxed{}. {{question}}"' in task_yaml
+
+
+def test_shipped_test_set_is_seeded_and_held_out():
+    rows = arith.read_test_set()
+    assert len(rows) >= 500
+    test, valid = arith.held_out_sets()
+    assert [json.loads(p.to_json()) for p in test] == rows  # regenerable from TEST_SEED
+    questions = {r["question"] for r in rows}
+    assert len(questions) == len(rows)
+    assert not questions & {p.question for p in valid}
+    args = train.parse_args(["--out", "unused"])
+    held_out = questions | {p.question for p in valid}
+    sample = [p for step in range(0, 2000, 40) for p in train.training_problems(step, args, held_out)]
+    assert len(sample) >= 3000 and not questions & {p.question for p in sample}
+
+
+def test_task_loader_reads_the_shipped_set():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("arith_task", TASK_DIR / "arith_task.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    docs = module.load_test(some_model_arg=1)["test"]
+    assert len(docs) == len(arith.read_test_set())
+    assert docs[0]["target"] == str(arith.read_test_set()[0]["answer"])
+
+
+def test_tokenizer_round_trips_and_loads(tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = build_tokenizer()
+    problem = arith.make_problem(random.Random(0))
+    text = arith.format_prompt(problem.question) + problem.solution
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert tokenizer.decode(ids) == text
+    assert ids[0] == tokenizer.convert_tokens_to_ids(arith.INSTRUCTION)  # the sentence is one token
+    assert tokenizer.convert_tokens_to_ids(BOXED) in ids
+    assert len(ids) == 1 + 1 + len(problem.question) + len(problem.solution) - len(BOXED) + 1
+    assert tokenizer.decode(tokenizer("x\ny {} ?").input_ids) == "x\ny {} ?"
+    tokenizer.save_pretrained(str(tmp_path))
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path))
+    assert loaded(text, add_special_tokens=False).input_ids == ids
+    assert loaded.eos_token == EOS and loaded.mask_token == MASK and loaded.pad_token == EOS
+    rendered = loaded.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                          add_generation_prompt=True)
+    assert rendered == text
+
+
+def test_packaged_checkpoint_loads():
+    from lm_eval_dvoting.models.loading import load_model, load_tokenizer
+
+    assert (PACKAGED / "TRAINING.md").exists()
+    size = sum(f.stat().st_size for f in PACKAGED.iterdir())
+    assert size < 20 * 2**20
+    model = load_model("tiny-arith")
+    tokenizer = load_tokenizer("tiny-arith")
+    assert model.family == "llada"
+    assert model.mask_token_id == tokenizer.mask_token_id
+    assert tokenizer.eos_token_id in model.end_token_ids
+    ids = tokenizer(arith.format_prompt("1+2=?"), return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        logits = model(ids)
+    assert logits.shape[:2] == ids.shape and torch.isfinite(logits).all()
+
+
+MICRO = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--mlp", "32", "--batch-size", "8",
+         "--steps", "6", "--warmup", "2", "--eval-every", "1000", "--eval-size", "8", "--ckpt-every", "2"]
+
+
+def test_training_resumes_to_the_same_result(tmp_path):
+    from lm_eval_dvoting.models.loading import load_model
+
+    straight = train.main(["--out", str(tmp_path / "a"), *MICRO])
+    # first sitting stops after one step (0 minutes), the second resumes from last.pt
+    train.main(["--out", str(tmp_path / "b"), *MICRO, "--max-minutes", "0"])
+    assert torch.load(tmp_path / "b" / "last.pt", weights_only=False)["step"] == 1
+    resumed = train.main(["--out", str(tmp_path / "b"), *MICRO])
+    assert straight["step"] == resumed["step"] == 6
+    for net in ("model", "ema"):
+        a, b = straight[net].state_dict(), resumed[net].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # the best model is exported as a LLaDA checkpoint folder that load_model reads
+    exported = load_model(tmp_path / "a" / "best")
+    assert exported.family == "llada"
+    log = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 6 and "valid_acc_ema" in log[-1]

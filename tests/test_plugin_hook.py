@@ -1,0 +1,175 @@
+"""The registration logic and the start-up hook, without installing anything.
+
+Hook behaviour is checked in subprocesses (the hook acts at import time, so each case
+needs a fresh interpreter) that import `_lm_eval_dvoting_startup` from the checkout,
+as the installed `.pth` file would.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+from lm_eval_dvoting import cli, plugin
+
+
+def run_hooked(code: str, **env_extra: str) -> str:
+    """Run `code` in a fresh interpreter with the start-up hook loaded first."""
+    env = {k: v for k, v in os.environ.items() if k != "LM_EVAL_DVOTING_DISABLE_HOOK"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    env.update(env_extra)
+    prelude = "import _lm_eval_dvoting_startup\n"
+    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
+                          env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "start-up hook skipped" not in proc.stderr, proc.stderr
+    return proc.stdout
+
+
+def test_models_match_pyproject_entry_points() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["entry-points"]["lm_eval.models"] == plugin.MODELS
+    assert meta["entry-points"]["lm_eval.tasks"] == {"dvoting": "lm_eval_dvoting.plugin:TASK_DIR"}
+    assert meta["scripts"] == {"dvoting": "lm_eval_dvoting.cli:main"}
+
+
+def test_task_dir_is_the_source_folder_in_a_checkout() -> None:
+    assert plugin.task_dir() == REPO_ROOT / "task_configs"
+    assert plugin.TASK_DIR == str(REPO_ROOT / "task_configs")
+
+
+def test_include_path_gets_our_folder_first(tmp_path: Path) -> None:
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    assert plugin._with_our_tasks(None, ours) == [ours]
+    assert plugin._with_our_tasks("x", ours) == [ours, "x"]
+    assert plugin._with_our_tasks(["a", Path("b")], ours) == [ours, "a", Path("b")]
+    assert plugin._with_our_tasks(str(ours), ours) == str(ours)  # given already: as is
+
+
+def test_hook_waits_for_lm_eval() -> None:
+    out = run_hooked("""
+        import sys
+        import lm_eval_dvoting, lm_eval_dvoting.plugin, lm_eval_dvoting.cli
+        print('torch' in sys.modules, 'lm_eval' in sys.modules,
+              type(sys.meta_path[0]).__name__)
+    """)
+    assert out.split() == ["False", "False", "_LmEvalWatcher"]
+
+
+def test_hook_registers_models_and_keeps_builtins() -> None:
+    out = run_hooked("""
+        import sys
+        from lm_eval.api.registry import get_model, model_registry
+        print(model_registry.get('dvoting-llada').__name__, get_model('dummy').__name__,
+              'hf' in model_registry)
+        # the class's own @register_model (if harness.py adds one) is the same entry
+        from lm_eval.api.registry import register_model
+        from lm_eval_dvoting.harness import DreamEvalModel
+        register_model('dvoting-dream')(DreamEvalModel)
+        print(get_model('dvoting-dream') is DreamEvalModel)
+        print(any(type(f).__name__ == '_LmEvalWatcher' for f in sys.meta_path))
+    """)
+    assert out.split() == ["LLaDAEvalModel", "DummyLM", "True", "True", "True"]
+
+
+def test_hook_adds_task_folder_to_every_task_manager(tmp_path: Path) -> None:
+    out = run_hooked(f"""
+        from lm_eval.tasks import TaskManager
+        tm = TaskManager(include_defaults=False, include_path={str(tmp_path)!r})
+        print([str(p) for p in tm.include_path])
+        print(TaskManager.__init__.__name__)
+    """)
+    paths, name = out.strip().splitlines()
+    assert eval(paths) == [str(REPO_ROOT / "task_configs"), str(tmp_path)]
+    assert name == "__init__"
+
+
+def test_hook_can_be_disabled() -> None:
+    out = run_hooked("""
+        import sys
+        from lm_eval.api.registry import get_model, model_registry
+        get_model('dummy')
+        from lm_eval.tasks import TaskManager
+        print('dvoting-llada' in model_registry, hasattr(TaskManager.__init__, '__wrapped__'),
+              len(sys.meta_path) == len([f for f in sys.meta_path
+                                         if type(f).__name__ != '_LmEvalWatcher']))
+    """, LM_EVAL_DVOTING_DISABLE_HOOK="1")
+    assert out.split() == ["False", "False", "True"]
+
+
+def test_hook_steps_aside_for_native_discovery(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert plugin.native_discovery() is False  # lm-eval 0.4.13 has none
+    monkeypatch.setattr(plugin, "native_discovery", lambda: True)
+    assert plugin.register_models() == []
+    assert plugin.patch_task_manager() is False
+
+
+def test_explicit_register_is_idempotent() -> None:
+    out = run_hooked("""
+        from lm_eval_dvoting import plugin
+        from lm_eval.api.registry import model_registry
+        plugin.register(); plugin.register()
+        print(plugin.register_models(), model_registry.get('dvoting-dream').__name__)
+    """)
+    assert out.split() == ["[]", "DreamEvalModel"]
+
+
+def test_startup_cost_is_small() -> None:
+    # What every interpreter start pays: the hook module alone. It must import nothing
+    # (os and sys are loaded already), in particular not the package or typing.
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import _lm_eval_dvoting_startup"],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT,
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    # "import time: self | cumulative | <indent>name"; children precede their parent
+    rows = [line.split("|") for line in proc.stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2]
+    names = [row[2] for row in rows]
+    at = next(i for i, n in enumerate(names) if n.strip() == "_lm_eval_dvoting_startup")
+    depth = len(names[at]) - len(names[at].lstrip())
+    children = []
+    for name in reversed(names[:at]):
+        if len(name) - len(name.lstrip()) <= depth:
+            break
+        children.append(name.strip())
+    assert children == []
+    assert int(rows[at][1]) < 50_000  # microseconds; ~0.3 ms on an idle machine
+
+
+# ---- the `dvoting` command ------------------------------------------------------------
+
+def test_cli_usage_and_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "tasks-dir" in capsys.readouterr().out
+    assert cli.main(["--help"]) == 0
+    assert cli.main(["frobnicate"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+
+
+def test_cli_tasks_dir(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["tasks-dir"]) == 0
+    assert capsys.readouterr().out.strip() == str(REPO_ROOT / "task_configs")
+
+
+def test_cli_missing_subcommand_module_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(cli.COMMANDS, "later", ("lm_eval_dvoting.not_written_yet:main", "?"))
+    with pytest.raises(SystemExit, match="not available in this installation"):
+        cli.main(["later"])
+
+
+def test_cli_dispatches_with_argv(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    monkeypatch.setitem(cli.COMMANDS, "echo", ("lm_eval_dvoting.cli:_test_echo", "?"))
+    monkeypatch.setattr(cli, "_test_echo", lambda argv: seen.append(list(argv)) or 3,
+                        raising=False)
+    assert cli.main(["echo", "--x", "1"]) == 3
+    assert seen == [["--x", "1"]]
