@@ -73,7 +73,7 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 __all__ = [
     "ANSWER_KINDS",
@@ -434,27 +434,23 @@ class Vote:
     winner_index: Optional[int]
 
 
-def vote(answers: Sequence[Optional[str]], kind: str) -> Vote:
-    """Majority vote over extracted answers (one per sample, in sample order).
+def tally(answers: Sequence[Any], same_answer: Optional[Callable[[Any, Any], bool]] = None) -> Vote:
+    """Majority vote over any hashable answers; the rule behind `vote`.
 
-    None (no extractable answer) casts no vote. Each answer joins the first group
-    (in order of appearance) whose representative, the group's first-seen answer,
-    is equivalent to it (`answers_equivalent`: equality for ``number``/``choice``,
-    mathematical equivalence for ``math``), else starts a new group. The largest
-    group wins; a tie goes to the group seen first.
-
-    >>> vote(["18", None, "7", "18"], "number")
-    Vote(winner='18', counts=[('18', 2), ('7', 1)], winner_index=0)
+    None casts no vote. Each answer joins the first group (in order of appearance)
+    whose representative, the group's first-seen answer, is the same answer by
+    `same_answer` (default `==`), else starts a new group. The largest group wins;
+    a tie goes to the group seen first.
     """
-    _check_kind(kind)
-    representatives: list[str] = []
+    same = same_answer or (lambda a, b: a == b)
+    representatives: list[Any] = []
     tallies: list[int] = []
     first_index: list[int] = []
     for index, answer in enumerate(answers):
         if answer is None:
             continue
         for group, representative in enumerate(representatives):
-            if answers_equivalent(representative, answer, kind):
+            if same(representative, answer):
                 tallies[group] += 1
                 break
         else:
@@ -467,6 +463,21 @@ def vote(answers: Sequence[Optional[str]], kind: str) -> Vote:
     order = sorted(range(len(representatives)), key=lambda g: -tallies[g])
     counts = [(representatives[g], tallies[g]) for g in order]
     return Vote(winner=counts[0][0], counts=counts, winner_index=first_index[order[0]])
+
+
+def vote(answers: Sequence[Optional[str]], kind: str) -> Vote:
+    """Majority vote over extracted answers (one per sample, in sample order).
+
+    None (no extractable answer) casts no vote. Answers are grouped by
+    `answers_equivalent` (equality for ``number``/``choice``, mathematical
+    equivalence for ``math``); the largest group wins, a tie going to the group
+    seen first (see `tally`).
+
+    >>> vote(["18", None, "7", "18"], "number")
+    Vote(winner='18', counts=[('18', 2), ('7', 1)], winner_index=0)
+    """
+    _check_kind(kind)
+    return tally(answers, lambda a, b: answers_equivalent(a, b, kind))
 
 
 # Task-name tokens that decide the kind when a task does not declare it. Tokens are

@@ -25,6 +25,7 @@ from typing import Any, Callable, Generator, Hashable, Sequence
 
 import torch
 
+from .answers import tally
 from .decoding import DecodeRow, RowDecoder
 
 STRATEGIES = ("single", "majority", "hex", "dvoting")
@@ -33,50 +34,6 @@ HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
 Answer = Hashable
 Extract = Callable[[torch.Tensor], Answer | None]
 SameAnswer = Callable[[Any, Any], bool]
-
-
-# --------------------------------------------------------------------------- voting
-
-
-@dataclass(frozen=True)
-class Tally:
-    """Votes of a set of samples: groups in order of first appearance, most votes first."""
-
-    counts: list[tuple[Any, int]]  # (first-seen representative, votes), stable-sorted
-    winner: Any | None
-    winner_index: int | None  # first sample whose answer is in the winning group
-
-
-def tally(answers: Sequence[Any | None], same_answer: SameAnswer | None = None) -> Tally:
-    """Group answers (None casts no vote), ties going to the answer seen first.
-
-    `same_answer` decides whether two answers are one vote (e.g. mathematical
-    equivalence); by default answers are compared with `==`.
-    """
-    same = same_answer or (lambda a, b: a == b)
-    groups: list[list[Any]] = []  # [representative, votes, first index]
-    membership: list[int | None] = []
-    for index, answer in enumerate(answers):
-        if answer is None:
-            membership.append(None)
-            continue
-        for g, group in enumerate(groups):
-            if same(group[0], answer):
-                group[1] += 1
-                membership.append(g)
-                break
-        else:
-            groups.append([answer, 1, index])
-            membership.append(len(groups) - 1)
-    if not groups:
-        return Tally(counts=[], winner=None, winner_index=None)
-    ranked = sorted(range(len(groups)), key=lambda g: -groups[g][1])  # stable: ties keep order
-    best = ranked[0]
-    return Tally(
-        counts=[(groups[g][0], groups[g][1]) for g in ranked],
-        winner=groups[best][0],
-        winner_index=groups[best][2],
-    )
 
 
 def should_stop_early(answers: Sequence[Any | None], n: int, same_answer: SameAnswer | None = None) -> bool:

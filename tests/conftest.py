@@ -34,3 +34,41 @@ def dream_fixture() -> Path:
 @pytest.fixture
 def data_dir() -> Path:
     return require_shared(DATA)
+
+
+def _write_random_llada(folder: Path, seed: int = 0) -> Path:
+    """A tiny random-weight LLaDA checkpoint with the demo's character tokenizer."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from lm_eval_dvoting.demo.tokenizer import EOS, MASK, build_tokenizer
+    from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
+
+    tokenizer = build_tokenizer()
+    vocab = len(tokenizer)
+    config = {
+        "model_type": "llada", "d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2,
+        "mlp_hidden_size": 64, "vocab_size": vocab, "embedding_size": vocab,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "weight_tying": False,
+        "max_sequence_length": 256,
+        "mask_token_id": tokenizer.convert_tokens_to_ids(MASK),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(EOS),
+    }
+    torch.manual_seed(seed)
+    model = LLaDAModel(LLaDAConfig.from_dict(config))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llada_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny LLaDA-format checkpoint folder with a tokenizer (needs no ../shared)."""
+    return _write_random_llada(tmp_path_factory.mktemp("tiny-llada"))

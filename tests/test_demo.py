@@ -17,7 +17,7 @@ TASK_DIR = Path(__file__).resolve().parents[1] / "task_configs"
 
 
 def _evaluate(expression: str) -> int:
-    assert re.fullmatch(r"[0-9+\-*]+", expression)
+    assert re.fullmatch(r"[0-9+\-*()]+", expression)
     return eval(expression)  # noqa: S307 - digits and operators only, checked above
 
 
@@ -43,7 +43,7 @@ def test_generator_is_deterministic_and_right():
 def test_difficulty_knob():
     easy = arith.Difficulty(min_steps=1, max_steps=1, max_operand=3, max_value=5)
     hard = arith.Difficulty(min_steps=5, max_steps=6, max_operand=20, max_value=99, operations=("+", "-", "*"))
-    for problem in arith.make_problems(0, 200, easy):
+    for problem in [arith.make_problem(random.Random(i), easy) for i in range(200)]:
         assert problem.steps == 1
         assert all(int(n) <= 3 for n in re.findall(r"\d+", problem.question))
         assert 0 <= problem.answer <= 5
@@ -55,6 +55,8 @@ def test_difficulty_knob():
         arith.Difficulty(min_steps=3, max_steps=2)
     with pytest.raises(ValueError):
         arith.Difficulty(operations=("/",))
+    with pytest.raises(ValueError):  # only 3 * 5 distinct one-step questions exist here
+        arith.make_problems(0, 200, easy)
 
 
 def test_prompt_is_the_papers_gsm8k_prompt():

@@ -1,7 +1,8 @@
 """Seeded synthetic multi-step arithmetic problems with worked, ``\\boxed{}`` solutions.
 
 A problem is a chain of additions/subtractions (optionally multiplications) written
-compactly, e.g. ``7+2-5+4=?``; its solution works the chain one step at a time with
+compactly, e.g. ``7+2-5+4=?`` (with parentheses where a multiplication follows a
+sum: ``(7+2)*3=?``); its solution works the chain one step at a time with
 running results and ends in the boxed answer::
 
     7+2=9. 9-5=4. 4+4=8. \\boxed{8}
@@ -75,7 +76,7 @@ def make_problem(rng: random.Random, difficulty: Difficulty = TEST_DIFFICULTY) -
     d = difficulty
     steps = rng.randint(d.min_steps, d.max_steps)
     value = rng.randint(1, d.max_operand)
-    question, worked = str(value), []
+    question, worked, open_sum = str(value), [], False
     for _ in range(steps):
         while True:  # redraw until the running result stays in [0, max_value]
             op = rng.choice(d.operations)
@@ -83,6 +84,9 @@ def make_problem(rng: random.Random, difficulty: Difficulty = TEST_DIFFICULTY) -
             result = _APPLY[op](value, operand)
             if 0 <= result <= d.max_value:
                 break
+        if op == "*" and open_sum:
+            question = f"({question})"  # the chain is worked left to right
+        open_sum = op != "*"
         question += f"{op}{operand}"
         worked.append(f"{value}{op}{operand}={result}.")
         value = result
@@ -100,13 +104,18 @@ def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Itera
 def make_problems(seed: int, count: int, difficulty: Difficulty = TEST_DIFFICULTY,
                   exclude: set[str] | frozenset[str] = frozenset()) -> list[Problem]:
     """`count` problems with distinct questions from `seed`, none of them in `exclude`."""
-    seen, problems = set(exclude), []
+    seen, problems, misses = set(exclude), [], 0
     for problem in problem_stream(seed, difficulty):
-        if problem.question not in seen:
-            seen.add(problem.question)
-            problems.append(problem)
-            if len(problems) == count:
-                return problems
+        if problem.question in seen:
+            misses += 1
+            if misses > 100_000:
+                raise ValueError(f"{difficulty} has fewer than {count} distinct new questions")
+            continue
+        seen.add(problem.question)
+        problems.append(problem)
+        misses = 0
+        if len(problems) == count:
+            return problems
     raise AssertionError("unreachable")
 
 
