@@ -136,6 +136,11 @@ class DVotingEvalModel(TemplateLM):
             raise ValueError(f"batch_size must be >= 1, got {rows}")
         return rows
 
+    def use_strategy(self, strategy: str) -> None:
+        """Switch strategy on the loaded model (e.g. to compare them) and reset the totals."""
+        self.settings = replace(self.settings, strategy=strategy)
+        self.totals = Counter()
+
     @property
     def device(self) -> torch.device:
         return self._device

@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1 is fastest on a CPU shared with other work)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--evaluate", metavar="CHECKPOINT", default=None,
+                   help="train nothing: print the greedy accuracy of CHECKPOINT (a folder or 'tiny-arith') "
+                        "on the 500 test problems")
     return p.parse_args(argv)
 
 
@@ -223,9 +226,23 @@ def save_state(path: Path, **state: Any) -> None:
     tmp.replace(path)
 
 
+def evaluate(checkpoint: str, args: argparse.Namespace) -> dict[str, float]:
+    """Greedy (single-sample) accuracy of a checkpoint on the shipped test set."""
+    from ..models.loading import load_model, load_tokenizer
+
+    model = load_model(checkpoint, device=args.device)
+    tokenizer = load_tokenizer(checkpoint)
+    test = [arith.Problem(r["question"], r["solution"], r["answer"], r["steps"]) for r in arith.read_test_set()]
+    scores = greedy_accuracy(model, tokenizer, test, args.gen_length, args.device)
+    print(json.dumps({"checkpoint": str(checkpoint), "test_problems": len(test)} | scores))
+    return scores
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.evaluate:
+        return evaluate(args.evaluate, args)
     device = torch.device(args.device)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)

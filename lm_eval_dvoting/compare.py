@@ -1,0 +1,155 @@
+"""`dvoting compare`: several strategies on one model and task, through the harness.
+
+    dvoting compare --model_args pretrained=tiny-arith --tasks dvoting_arith
+
+loads the model once, evaluates every strategy (default: single, majority, hex,
+dvoting) on the same documents with lm-eval's `simple_evaluate`, prints one Markdown
+table (accuracy, mean NFE, seconds, benefit per cost against `single`) and writes the
+table, the raw results and an accuracy-versus-NFE plot (like the paper's Pareto
+figure) into `--out`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from .strategies import STRATEGIES
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dvoting compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="dvoting-llada", choices=["dvoting-llada", "dvoting-dream"])
+    parser.add_argument("--model_args", default="pretrained=tiny-arith",
+                        help="comma-separated key=value model args shared by every strategy")
+    parser.add_argument("--tasks", default="dvoting_arith", help="one task name")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated, from {', '.join(STRATEGIES)}")
+    parser.add_argument("--limit", type=float, default=None, help="documents per task (as lm_eval --limit)")
+    parser.add_argument("--batch_size", default="16", help="rows decoded per forward pass, or 'auto'")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--gen_kwargs", default=None, help="as lm_eval --gen_kwargs")
+    parser.add_argument("--apply_chat_template", action="store_true")
+    parser.add_argument("--out", default="dvoting_compare", help="folder for table, JSON and plot")
+    return parser.parse_args(argv)
+
+
+def _parse_model_args(text: str) -> dict[str, Any]:
+    from lm_eval.utils import simple_parse_args_string
+
+    return simple_parse_args_string(text) if text else {}
+
+
+def accuracy_key(task_results: dict[str, Any]) -> str:
+    """The accuracy metric of a task's results: exact_match (our tasks) or acc."""
+    for prefix in ("exact_match,", "acc,"):
+        for key in task_results:
+            if key.startswith(prefix) and "_stderr" not in key:
+                return key
+    raise KeyError(f"no exact_match or acc metric in {sorted(task_results)}")
+
+
+def _evaluate(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(
+        model=lm, tasks=[args.tasks], limit=args.limit, task_manager=TaskManager(),
+        gen_kwargs=args.gen_kwargs, apply_chat_template=args.apply_chat_template,
+    )
+
+
+def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Evaluate each strategy; one row of figures per strategy."""
+    from .harness import DreamEvalModel, LLaDAEvalModel
+    from .plugin import register
+
+    register()
+    model_class = LLaDAEvalModel if args.model == "dvoting-llada" else DreamEvalModel
+    model_args = _parse_model_args(args.model_args)
+    if "strategy" in model_args:
+        raise SystemExit("dvoting compare: give strategies with --strategies, not in --model_args")
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = sorted(set(strategies) - set(STRATEGIES))
+    if unknown:
+        raise SystemExit(f"dvoting compare: unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+    lm = model_class(**model_args, batch_size=args.batch_size, device=args.device)
+    rows = []
+    for strategy in strategies:
+        lm.use_strategy(strategy)
+        started = time.perf_counter()
+        results = _evaluate(lm, args)
+        seconds = time.perf_counter() - started
+        task_results = results["results"][args.tasks]
+        key = accuracy_key(task_results)
+        totals = lm.get_model_info()["dvoting"]["totals"]
+        rows.append({
+            "strategy": strategy,
+            "accuracy": 100 * task_results[key],
+            "mean_nfe": totals.get("mean_nfe", float("nan")),
+            "mean_samples": totals.get("mean_samples", float("nan")),
+            "seconds": seconds,
+            "questions": totals.get("requests", 0),
+            "metric": key,
+            "settings": lm.get_model_info()["dvoting"]["settings"],
+        })
+    return rows
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The comparison as Markdown; BPC against the `single` row when there is one."""
+    from .metrics import benefit_per_cost
+
+    single = next((r for r in rows if r["strategy"] == "single"), None)
+    lines = [
+        "| strategy | accuracy (%) | mean NFE | samples / question | seconds | BPC vs single |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        bpc = "-"
+        if single is not None and row is not single:
+            bpc = f"{benefit_per_cost(row['accuracy'], single['accuracy'], row['mean_nfe'], single['mean_nfe']):.2f}"
+        lines.append(
+            f"| {row['strategy']} | {row['accuracy']:.2f} | {row['mean_nfe']:.1f} | "
+            f"{row['mean_samples']:.2f} | {row['seconds']:.1f} | {bpc} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Accuracy against mean NFE, one labelled point per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for row in rows:
+        ax.scatter(row["mean_nfe"], row["accuracy"], s=50)
+        ax.annotate(row["strategy"], (row["mean_nfe"], row["accuracy"]),
+                    textcoords="offset points", xytext=(6, 4))
+    ax.set_xlabel("mean forward passes (NFE) per question")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    rows = compare(args)
+    table = markdown_table(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    header = f"{args.model} ({args.model_args}) on {args.tasks}, limit {args.limit}"
+    (out / "compare.md").write_text(f"{header}\n\n{table}\n")
+    (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+    plot(rows, out / "accuracy_vs_nfe.png", f"{args.tasks}: accuracy vs NFE")
+    print(header)
+    print(table)
+    print(f"written: {out / 'compare.md'}, {out / 'compare.json'}, {out / 'accuracy_vs_nfe.png'}")
+    return 0
