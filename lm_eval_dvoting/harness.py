@@ -281,6 +281,8 @@ class DVotingEvalModel(TemplateLM):
                     "answer": None if answer is None else answer[1],
                     "nfe": nfe,
                     "kept_positions": kept,
+                    # generation-region token ids, for token-level measures (NUPR@k, pictures)
+                    "tokens": sample.tolist(),
                 }
                 for sample, answer, nfe, kept in zip(result.samples, result.answers, result.sample_nfe, result.kept)
             ],

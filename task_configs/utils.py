@@ -308,7 +308,7 @@ extract_choice = _extract_filter("choice")
 # --------------------------------------------------------------------------- scoring
 
 
-def _score(gold: str, results: list[Any], kind: str) -> dict[str, float]:
+def _score(gold: str, results: list[Any], kind: str) -> dict[str, Any]:
     response = results[0]
     predicted = None if str(response) == INVALID else str(response)
     scores = {"exact_match": float(answers_equivalent(gold, predicted, kind))}
@@ -318,20 +318,36 @@ def _score(gold: str, results: list[Any], kind: str) -> dict[str, float]:
         value = getattr(response, figure, None)
         if value is not None:
             scores[figure] = float(value)
+    # The per-request trace (every candidate's text, answer, NFE, kept positions and
+    # token ids; the votes; the chosen sample) rides along as the per-sample value of
+    # the `dvoting_trace` "metric", so `--log_samples` writes it into each sample
+    # record; `count_traces` aggregates it to a plain count. `dvoting report` reads it.
+    trace = getattr(response, "trace", None)
+    if trace is not None:
+        scores["dvoting_trace"] = trace
     return scores
 
 
-def process_results_number(doc: dict[str, Any], results: list[Any]) -> dict[str, float]:
+def count_traces(traces: list[Any]) -> int:
+    """Aggregation of the `dvoting_trace` metric: the number of questions traced.
+
+    The traces themselves are per-sample values (written by `--log_samples`); the
+    results table shows only how many there were, never a mean of dicts.
+    """
+    return len(traces)
+
+
+def process_results_number(doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
     """GSM8K: the extracted number equals the canonical reference number."""
     return _score(doc["target"], results, "number")
 
 
-def process_results_math(doc: dict[str, Any], results: list[Any]) -> dict[str, float]:
+def process_results_math(doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
     """MATH500: the boxed answer is the reference answer, or mathematically
     equivalent to it (math-verify)."""
     return _score(doc["answer"], results, "math")
 
 
-def process_results_choice(doc: dict[str, Any], results: list[Any]) -> dict[str, float]:
+def process_results_choice(doc: dict[str, Any], results: list[Any]) -> dict[str, Any]:
     """Multiple choice: the extracted letter is the reference letter."""
     return _score(doc["answer"], results, "choice")
