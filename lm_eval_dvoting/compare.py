@@ -51,12 +51,26 @@ def accuracy_key(task_results: dict[str, Any]) -> str:
     raise KeyError(f"no exact_match or acc metric in {sorted(task_results)}")
 
 
-def _evaluate(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
-    import lm_eval
+def _task_manager(task: str) -> Any:
+    """Our tasks alone when `task` is one of ours (indexing lm-eval's ~15,000 stock task
+    files takes many seconds); every task otherwise."""
+    import re
+
     from lm_eval.tasks import TaskManager
 
+    from .plugin import task_dir
+
+    folder = task_dir()
+    declares = re.compile(rf"^(task|group):\s*{re.escape(task)}\s*$", re.MULTILINE)
+    ours = any(declares.search(p.read_text()) for p in folder.glob("*.yaml"))
+    return TaskManager(include_path=str(folder), include_defaults=not ours)
+
+
+def _evaluate(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
+    import lm_eval
+
     return lm_eval.simple_evaluate(
-        model=lm, tasks=[args.tasks], limit=args.limit, task_manager=TaskManager(),
+        model=lm, tasks=[args.tasks], limit=args.limit, task_manager=_task_manager(args.tasks),
         gen_kwargs=args.gen_kwargs, apply_chat_template=args.apply_chat_template,
     )
 

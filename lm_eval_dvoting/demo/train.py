@@ -173,11 +173,11 @@ def lr_at(step: int, args) -> float:
 
 
 def init_weights(model: LLaDAModel, n_layers: int) -> None:
+    """GPT-2 style: N(0, 0.02), the residual branches' output projections scaled down."""
     for name, param in model.named_parameters():
         if param.dim() == 2:
-            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith(("attn_out.weight", "blocks.0.ff_out.weight")) \
-                or (".ff_out.weight" in name and "blocks" in name) else 0.02
-            torch.nn.init.normal_(param, std=std)
+            residual_out = ".blocks." in name and name.endswith(("attn_out.weight", "ff_out.weight"))
+            torch.nn.init.normal_(param, std=0.02 / math.sqrt(2 * n_layers) if residual_out else 0.02)
 
 
 # --------------------------------------------------------------------------- evaluation

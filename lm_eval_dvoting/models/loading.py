@@ -205,9 +205,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 def _read_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
+    # safetensors accepts "cpu" but not "cpu:0" (what a CPU rank of torchrun/accelerate gets)
+    where = "cpu" if device.type == "cpu" else str(device)
     for file in files:
         try:
-            tensors = load_file(str(file), device=str(device))
+            tensors = load_file(str(file), device=where)
         except (SafetensorError, OSError, ValueError, RuntimeError) as err:
             raise CheckpointError(
                 f"cannot read weight file {file} ({err}); it is corrupt or truncated: download it again"
@@ -281,6 +283,14 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
         named = json.loads(tokenizer_config.read_text()) if tokenizer_config.exists() else {}
         if "dream" not in json.dumps(named).lower() and model_family(read_config(folder), folder) != "dream":
             raise CheckpointError(f"cannot load the tokenizer in {folder}: {err}") from err
+        if not (folder / "tokenizer.json").exists() and not (
+            (folder / "vocab.json").exists() and (folder / "merges.txt").exists()
+        ):
+            # without these Qwen2Tokenizer still "loads", as an empty tokenizer
+            raise CheckpointError(
+                f"cannot load the tokenizer in {folder}: it holds neither tokenizer.json nor "
+                f"vocab.json + merges.txt ({err})"
+            ) from err
         from transformers import Qwen2Tokenizer
 
         return Qwen2Tokenizer.from_pretrained(str(folder))

@@ -1,0 +1,615 @@
+"""`dvoting report`: why dVoting works on *your* model, from your own harness runs.
+
+    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=single  --tasks T --log_samples --output_path out
+    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=dvoting --tasks T --log_samples --output_path out
+    dvoting report out --out report
+
+reads every run (a `results_*.json` of lm-eval, found in the folders given, or given
+directly) and writes into `--out`:
+
+* `report.md`: per run and task, accuracy, mean NFE, samples per question, BPC
+  against the single-sample baseline, NUPR@2 and NUPR@3, mean voting consistency;
+  then the distribution of voting consistency levels, correct versus incorrect
+  questions (the paper's Table 1 and consistency analysis);
+* `accuracy_vs_nfe.png`: accuracy against mean forward passes, one point per run;
+* `consistency.png`: the consistency-level distributions as bars;
+* `tokens_<run>_<task>_doc<ID>.html` / `.png` for the chosen questions: every
+  candidate's generated tokens, each coloured by how many samples hold the same token
+  at that position (the paper's Figure 3b); kept (not remasked) positions are framed.
+
+Definitions: `lm_eval_dvoting.metrics` (ALGORITHM.md section 4). NUPR@k averages over
+the questions with at least k samples, over every generation position (end-of-text
+padding included). In a dVoting run the remask samples copy the positions kept from
+the earlier samples, so its NUPR is higher than that of independent samples (a
+`majority` run measures the model's own repetition, as the paper's Table 1 does).
+A consistency level's denominator is every sample drawn; a sample without an
+extractable answer casts no vote. Per-question figures need the run's `--log_samples`
+records (with the `dvoting_trace` the dvoting_* tasks write); without them the report
+shows accuracy, NFE and BPC only.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import logging
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from .metrics import benefit_per_cost, consistency_from_votes, mean_nupr_at_k, token_agreement
+
+log = logging.getLogger(__name__)
+
+DEFAULT_QUESTIONS = 3  # token pictures for this many questions (the lowest doc ids) by default
+PICTURE_WIDTH = 32  # positions per line in the token pictures
+
+
+# ------------------------------------------------------------------- loading
+
+
+@dataclass
+class TaskRun:
+    """One task of one run: its aggregate figures and its logged sample records."""
+
+    task: str
+    accuracy: float | None  # fraction, from the results JSON
+    mean_nfe: float | None
+    mean_samples: float | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def traces(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(record, trace) of every logged question that carries a dVoting trace."""
+        return [(r, r["dvoting_trace"]) for r in self.records if isinstance(r.get("dvoting_trace"), dict)]
+
+
+@dataclass
+class Run:
+    """One lm-eval results file and its samples."""
+
+    path: Path
+    config: dict[str, Any]
+    tasks: dict[str, TaskRun]
+    label: str = ""
+
+    @property
+    def dvoting(self) -> dict[str, Any]:
+        return self.config.get("dvoting") or {}
+
+    @property
+    def strategy(self) -> str | None:
+        settings = self.dvoting.get("settings") or {}
+        return settings.get("strategy") or self.model_args.get("strategy")
+
+    @property
+    def model_args(self) -> dict[str, Any]:
+        args = self.config.get("model_args") or {}
+        if isinstance(args, str):  # older lm-eval writes the raw "a=1,b=2" string
+            args = dict(part.split("=", 1) for part in args.split(",") if "=" in part)
+        return args
+
+    @property
+    def pretrained(self) -> str | None:
+        return self.dvoting.get("pretrained") or self.model_args.get("pretrained")
+
+
+def find_results(paths: Sequence[str | Path]) -> list[Path]:
+    """Every results JSON under `paths` (files are taken as given), in time order."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found += sorted(path.rglob("results_*.json"))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise FileNotFoundError(f"no such file or folder: {path}")
+    unique = list(dict.fromkeys(p.resolve() for p in found))
+    if not unique:
+        raise FileNotFoundError(f"no lm-eval results_*.json under {', '.join(map(str, paths))}")
+    return sorted(unique, key=lambda p: (_date_id(p), str(p)))
+
+
+def _date_id(results_file: Path) -> str:
+    # lm-eval names both files with the same time stamp: results_<date>.json and
+    # samples_<task>_<date>.jsonl (also for --output_path NAME.json: NAME_<date>.json)
+    return results_file.stem.rsplit("_", 1)[-1]
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _metric(task_results: dict[str, Any], name: str) -> float | None:
+    for key, value in task_results.items():
+        if key.split(",", 1)[0] == name and isinstance(value, (int, float)):
+            return float(value)
+    return None
+
+
+def load_run(results_file: Path, metric: str = "exact_match") -> Run:
+    data = json.loads(results_file.read_text(encoding="utf-8"))
+    date = _date_id(results_file)
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for sample_file in results_file.parent.glob(f"samples_*_{date}.jsonl"):
+        task = sample_file.name[len("samples_"): -len(f"_{date}.jsonl")]
+        samples[task] = _read_jsonl(sample_file)
+    config = data.get("config") or {}
+    totals = (config.get("dvoting") or {}).get("totals") or {}
+    tasks = {}
+    for task, task_results in (data.get("results") or {}).items():
+        accuracy = _metric(task_results, metric)
+        if accuracy is None:
+            continue
+        mean_nfe = _metric(task_results, "nfe")
+        mean_samples = _metric(task_results, "n_samples")
+        if mean_nfe is None and len(data["results"]) == 1:
+            mean_nfe, mean_samples = totals.get("mean_nfe"), totals.get("mean_samples")
+        tasks[task] = TaskRun(task, accuracy, mean_nfe, mean_samples, samples.get(task, []))
+    return Run(results_file, config, tasks)
+
+
+def _short_label(run: Run) -> str:
+    strategy = run.strategy or str(run.config.get("model", "run"))
+    settings = run.dvoting.get("settings") or {}
+    if strategy in ("dvoting", "majority") and settings.get("n") is not None:
+        return f"{strategy} n={settings['n']}"
+    if strategy == "hex" and settings.get("hex_samples") is not None:
+        return f"hex {settings['hex_samples']}"
+    return strategy
+
+
+def label_runs(runs: list[Run]) -> None:
+    """Short unique labels: the strategy (and n), the model when runs differ in it,
+    then the file's time stamp when two runs would still share a label."""
+    models = {run.pretrained for run in runs}
+    for run in runs:
+        label = _short_label(run)
+        if len(models) > 1 and run.pretrained:
+            label = f"{Path(str(run.pretrained)).name} {label}"
+        run.label = label
+    counts = Counter(run.label for run in runs)
+    for run in runs:
+        if counts[run.label] > 1:
+            run.label = f"{run.label} ({_date_id(run.path)[:19]})"
+
+
+def pick_baseline(runs: list[Run], choice: str | None) -> Run | None:
+    """The single-sample run BPC is measured against.
+
+    `choice`: a run's label, its results file (or a folder holding exactly one run),
+    or its 1-based position in the report; default: the first run whose strategy is
+    `single`, else none (no BPC).
+    """
+    if choice is None:
+        return next((run for run in runs if run.strategy == "single"), None)
+    for run in runs:
+        if choice == run.label:
+            return run
+    path = Path(choice)
+    if path.exists():
+        matches = [run for run in runs if run.path == path.resolve() or path.resolve() in run.path.parents]
+        if len(matches) == 1:
+            return matches[0]
+    if choice.isdigit() and 1 <= int(choice) <= len(runs):
+        return runs[int(choice) - 1]
+    raise SystemExit(
+        f"dvoting report: --baseline {choice!r} names no run; runs: "
+        + ", ".join(f"{i}: {run.label}" for i, run in enumerate(runs, 1))
+    )
+
+
+# ------------------------------------------------------------------- figures
+
+
+@dataclass
+class Row:
+    run: Run
+    task: TaskRun
+    bpc: float | None
+    nupr2: float | None
+    nupr3: float | None
+    consistency: list[tuple[float, bool]]  # (level, correct) per traced question
+
+
+def _question_tokens(trace: dict[str, Any]) -> list[list[int]] | None:
+    tokens = [c.get("tokens") for c in trace.get("candidates", [])]
+    if not tokens or any(t is None for t in tokens) or len({len(t) for t in tokens}) != 1:
+        return None
+    return tokens
+
+
+def _level(trace: dict[str, Any]) -> float | None:
+    candidates = trace.get("candidates") or []
+    if not candidates:
+        return None
+    return consistency_from_votes(trace.get("votes") or {}, len(candidates))
+
+
+def build_rows(runs: list[Run], baseline: Run | None, metric: str = "exact_match") -> list[Row]:
+    rows = []
+    for run in runs:
+        for task in run.tasks.values():
+            bpc = None
+            base = baseline.tasks.get(task.task) if baseline is not None else None
+            if (base is not None and run is not baseline and None not in
+                    (task.accuracy, base.accuracy, task.mean_nfe, base.mean_nfe)):
+                bpc = benefit_per_cost(100 * task.accuracy, 100 * base.accuracy, task.mean_nfe, base.mean_nfe)
+            traced = task.traces()
+            token_lists = [t for t in (_question_tokens(trace) for _, trace in traced) if t is not None]
+            consistency = []
+            for record, trace in traced:
+                level = _level(trace)
+                if level is not None and metric in record:
+                    consistency.append((level, float(record[metric]) > 0))
+            rows.append(Row(
+                run, task, bpc,
+                mean_nupr_at_k(token_lists, 2) if token_lists else None,
+                mean_nupr_at_k(token_lists, 3) if token_lists else None,
+                consistency,
+            ))
+    return rows
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown(rows: list[Row], baseline: Run | None) -> str:
+    lines = [
+        "| run | task | questions | accuracy (%) | mean NFE | samples / question | "
+        f"BPC vs {baseline.label if baseline else '(no baseline)'} | NUPR@2 | NUPR@3 | mean consistency |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        task = row.task
+        levels = [level for level, _ in row.consistency]
+        questions = len(task.records) or "–"
+        bpc = "baseline" if row.run is baseline else _fmt(row.bpc)
+        lines.append(
+            f"| {row.run.label} | {task.task} | {questions} | {_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
+            f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | {_fmt(row.nupr2, '.3f')} | "
+            f"{_fmt(row.nupr3, '.3f')} | {_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
+        )
+    parts = ["## Accuracy, cost and repetition", "", *lines, ""]
+    voting = [row for row in rows if row.consistency and _max_samples(row) > 1]
+    if voting:
+        parts += ["## Voting consistency level, correct vs incorrect questions", "",
+                  "Share of the correct (incorrect) questions at each level; level = votes for the "
+                  "most frequent answer / samples drawn.", ""]
+        for row in voting:
+            parts += [f"### {row.run.label} · {row.task.task}", "", *consistency_table(row.consistency), ""]
+    return "\n".join(parts)
+
+
+def _max_samples(row: Row) -> int:
+    return max((len(trace.get("candidates") or []) for _, trace in row.task.traces()), default=0)
+
+
+def consistency_table(consistency: list[tuple[float, bool]]) -> list[str]:
+    """Markdown rows: each consistency level, the correct and incorrect questions at it."""
+    correct = Counter(round(level, 2) for level, ok in consistency if ok)
+    wrong = Counter(round(level, 2) for level, ok in consistency if not ok)
+    n_ok, n_wrong = sum(correct.values()), sum(wrong.values())
+    lines = ["| consistency level | correct | incorrect |", "|---:|---:|---:|"]
+    for level in sorted(set(correct) | set(wrong), reverse=True):
+        cells = [f"{c[level]} ({100 * c[level] / n:.0f}%)" if n else "0" for c, n in ((correct, n_ok), (wrong, n_wrong))]
+        lines.append(f"| {level:.2f} | {cells[0]} | {cells[1]} |")
+    lines.append(f"| all | {n_ok} | {n_wrong} |")
+    return lines
+
+
+# ------------------------------------------------------------------- plots
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_accuracy_vs_nfe(rows: list[Row], baseline: Run | None, path: Path) -> bool:
+    """One panel per task: accuracy against mean NFE, one labelled point per run."""
+    points = [r for r in rows if r.task.accuracy is not None and r.task.mean_nfe is not None]
+    if not points:
+        return False
+    plt = _pyplot()
+    tasks = list(dict.fromkeys(r.task.task for r in points))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for row in (r for r in points if r.task.task == task):
+            x, y = row.task.mean_nfe, 100 * row.task.accuracy
+            is_base = row.run is baseline
+            ax.scatter(x, y, s=70 if is_base else 50, marker="s" if is_base else "o", zorder=3)
+            note = row.run.label + (" (baseline)" if is_base else f"\nBPC {row.bpc:.2f}" if row.bpc is not None else "")
+            ax.annotate(note, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+        ax.set_xlabel("mean forward passes (NFE) per question")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"{task}: accuracy vs NFE")
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.25, y=0.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_consistency(rows: list[Row], path: Path) -> bool:
+    """Bars: share of correct / incorrect questions at each voting consistency level."""
+    voting = [row for row in rows if row.consistency and _max_samples(row) > 1]
+    if not voting:
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(voting), figsize=(4.8 * len(voting), 3.8), squeeze=False)
+    for ax, row in zip(axes[0], voting):
+        levels = sorted({round(level, 2) for level, _ in row.consistency})
+        for offset, (ok, name, colour) in enumerate(((True, "correct", "tab:green"), (False, "incorrect", "tab:red"))):
+            values = [round(level, 2) for level, good in row.consistency if good is ok]
+            shares = [100 * values.count(level) / len(values) if values else 0 for level in levels]
+            xs = [i + (offset - 0.5) * 0.4 for i in range(len(levels))]
+            ax.bar(xs, shares, width=0.4, color=colour, label=f"{name} ({len(values)})")
+        ax.set_xticks(range(len(levels)), [f"{level:.2f}" for level in levels], rotation=45)
+        ax.set_xlabel("voting consistency level")
+        ax.set_ylabel("share of questions (%)")
+        ax.set_title(f"{row.run.label} · {row.task.task}", fontsize=10)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------- token pictures
+
+
+class TokenNames:
+    """Token id -> short display string, through the run's tokenizer when it loads."""
+
+    def __init__(self, source: str | None) -> None:
+        self.tokenizer = None
+        self.special: set[int] = set()
+        if source:
+            try:
+                from .models.loading import load_tokenizer
+
+                self.tokenizer = load_tokenizer(source)
+                self.special = set(self.tokenizer.all_special_ids)
+            except Exception as err:  # a missing or gated tokenizer only costs readability
+                log.warning("tokenizer %s not loaded (%s); the pictures show token ids", source, err)
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self._cache:
+            if self.tokenizer is None:
+                text = str(token)
+            elif token in self.special:
+                text = "∅"  # end-of-text padding and other special tokens
+            else:
+                text = self.tokenizer.decode([token]).replace("\n", "⏎").replace(" ", "·") or f"[{token}]"
+            self._cache[token] = text
+        return self._cache[token]
+
+    def shown_length(self, tokens: list[list[int]]) -> int:
+        """Positions to draw: trailing positions where every sample holds a special
+        token (end-of-text padding) are left out."""
+        length = len(tokens[0])
+        while length > 1 and all(row[length - 1] in self.special for row in tokens):
+            length -= 1
+        return length
+
+
+def _agreement_colour(count: int, samples: int) -> str:
+    """Hex colour of a cell: pale (1 sample) to deep blue (all samples agree)."""
+    import matplotlib
+
+    share = 0.0 if samples <= 1 else (count - 1) / (samples - 1)
+    r, g, b, _ = matplotlib.colormaps["YlGnBu"](0.08 + 0.82 * share)
+    return "#{:02x}{:02x}{:02x}".format(int(255 * r), int(255 * g), int(255 * b))
+
+
+def _candidate_label(i: int, candidate: dict[str, Any], chosen: int | None) -> str:
+    kept = candidate.get("kept_positions")
+    parts = [f"#{i + 1}{' ★' if i == chosen else ''}", f"answer {candidate.get('answer')}",
+             f"NFE {candidate.get('nfe')}"]
+    if kept is not None:
+        parts.append(f"remask, {len(kept)} kept")
+    return " · ".join(parts)
+
+
+def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> str:
+    tokens = _question_tokens(trace)
+    assert tokens is not None
+    agreement = token_agreement(tokens)
+    samples, shown = len(tokens), names.shown_length(tokens)
+    chosen = trace.get("chosen")
+    rows = []
+    for i, candidate in enumerate(trace["candidates"]):
+        kept = set(candidate.get("kept_positions") or [])
+        cells = []
+        for t in range(shown):
+            style = f"background:{_agreement_colour(agreement[i][t], samples)}"
+            if agreement[i][t] * 2 > samples + 1 or agreement[i][t] == samples:
+                style += ";color:#fff" if agreement[i][t] > 0.75 * samples else ""
+            if t in kept:
+                style += ";outline:2px solid #d62728;outline-offset:-2px"
+            tip = f"position {t}: {agreement[i][t]}/{samples} samples; token id {tokens[i][t]}" + (" (kept)" if t in kept else "")
+            cells.append(f'<td style="{style}" title="{html.escape(tip)}">{html.escape(names(tokens[i][t]))}</td>')
+        rows.append(f'<tr><th>{html.escape(_candidate_label(i, candidate, chosen))}</th>{"".join(cells)}</tr>')
+    legend = "".join(
+        f'<span style="background:{_agreement_colour(c, samples)};padding:2px 8px;margin-right:2px;'
+        f'{"color:#fff" if c > 0.75 * samples else ""}">{c}</span>' for c in range(1, samples + 1)
+    )
+    hidden = len(tokens[0]) - shown
+    note = f"<p>{hidden} trailing positions of end-of-text padding, held by every sample, are not shown.</p>" if hidden else ""
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif}} table{{border-collapse:collapse;font-family:monospace}}
+td{{border:1px solid #ddd;padding:2px 3px;text-align:center;min-width:1.1em}}
+th{{text-align:left;font-weight:normal;padding-right:8px;white-space:nowrap}}</style></head>
+<body><h3>{html.escape(title)}</h3>
+<p>Each generated token is coloured by how many of the {samples} samples hold the same token at
+that position: {legend}. Framed cells were kept from earlier samples (not remasked);
+★ marks the sample returned to the harness. Votes: {html.escape(json.dumps(trace.get("votes", {})))}.</p>
+{note}<table>{"".join(rows)}</table></body></html>
+"""
+
+
+def token_picture_png(title: str, trace: dict[str, Any], names: TokenNames, path: Path) -> None:
+    plt = _pyplot()
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Rectangle
+
+    tokens = _question_tokens(trace)
+    assert tokens is not None
+    agreement = token_agreement(tokens)
+    samples, shown = len(tokens), names.shown_length(tokens)
+    chosen = trace.get("chosen")
+    width = min(PICTURE_WIDTH, shown)
+    chunks = -(-shown // width)
+    grid_rows = chunks * (samples + 1) - 1  # a blank row between chunks
+    fig_w = 2.6 + 0.34 * width
+    fig, ax = plt.subplots(figsize=(fig_w, 1.0 + 0.3 * grid_rows))
+    colours = ListedColormap([_agreement_colour(c, samples) for c in range(1, samples + 1)])
+    norm = BoundaryNorm([c + 0.5 for c in range(0, samples + 1)], samples)
+    for chunk in range(chunks):
+        for i, candidate in enumerate(trace["candidates"]):
+            y = chunk * (samples + 1) + i
+            kept = set(candidate.get("kept_positions") or [])
+            for col in range(width):
+                t = chunk * width + col
+                if t >= shown:
+                    break
+                count = agreement[i][t]
+                ax.add_patch(Rectangle((col, y), 1, 1, facecolor=colours(norm(count)),
+                                       edgecolor="#d62728" if t in kept else "white",
+                                       linewidth=1.5 if t in kept else 0.5))
+                ax.text(col + 0.5, y + 0.55, names(tokens[i][t])[:4], ha="center", va="center", fontsize=7,
+                        family="monospace", color="white" if count > 0.75 * samples else "black")
+            ax.text(-0.3, y + 0.5, _candidate_label(i, candidate, chosen) if chunk == 0 else f"#{i + 1}",
+                    ha="right", va="center", fontsize=7)
+        ax.text(-0.3, chunk * (samples + 1) - 0.3, f"positions {chunk * width}–{min(shown, (chunk + 1) * width) - 1}",
+                ha="right", va="bottom", fontsize=6, color="grey") if chunks > 1 else None
+    ax.set_xlim(0, width)
+    ax.set_ylim(grid_rows, -0.5)
+    ax.set_axis_off()
+    mappable = plt.cm.ScalarMappable(norm=norm, cmap=colours)
+    bar = fig.colorbar(mappable, ax=ax, ticks=range(1, samples + 1), fraction=0.03, pad=0.01)
+    bar.set_label("samples holding the same token", fontsize=8)
+    ax.set_title(title + ("" if shown == len(tokens[0]) else f" (end padding from position {shown} not shown)"),
+                 fontsize=9)
+    fig.subplots_adjust(left=min(0.45, 2.4 / fig_w), right=0.95)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", text).strip("_")
+
+
+def write_token_pictures(runs: list[Run], questions: list[int] | None, out: Path,
+                         tokenizer: str | None) -> list[Path]:
+    """HTML and PNG token-consistency pictures of the chosen questions, every voting run."""
+    written: list[Path] = []
+    names_by_source: dict[str | None, TokenNames] = {}
+    for run in runs:
+        for task in run.tasks.values():
+            traced = {r["doc_id"]: trace for r, trace in task.traces()
+                      if _question_tokens(trace) is not None and len(trace["candidates"]) > 1}
+            if not traced:
+                continue
+            wanted = questions if questions is not None else sorted(traced)[:DEFAULT_QUESTIONS]
+            source = tokenizer or run.pretrained
+            names = names_by_source.setdefault(source, TokenNames(source))
+            for doc_id in wanted:
+                if doc_id not in traced:
+                    log.warning("%s %s: doc %s has no multi-sample trace", run.label, task.task, doc_id)
+                    continue
+                record = next(r for r in task.records if r["doc_id"] == doc_id)
+                verdict = "correct" if float(record.get("exact_match", 0)) > 0 else "incorrect"
+                title = (f"{run.label} · {task.task} · doc {doc_id} · target {record.get('target')} · "
+                         f"voted {record.get('filtered_resps', ['?'])[0]} ({verdict})")
+                stem = out / f"tokens_{_slug(run.label)}_{_slug(task.task)}_doc{doc_id}"
+                stem.with_suffix(".html").write_text(token_picture_html(title, traced[doc_id], names), encoding="utf-8")
+                token_picture_png(title, traced[doc_id], names, stem.with_suffix(".png"))
+                written += [stem.with_suffix(".html"), stem.with_suffix(".png")]
+    return written
+
+
+# ------------------------------------------------------------------- command
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dvoting report", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", help="lm-eval output folders (searched for results_*.json) or results files")
+    parser.add_argument("--baseline", default=None,
+                        help="the single-sample run for BPC: its label, results file, or 1-based position; "
+                             "default: the first run with strategy=single")
+    parser.add_argument("--out", default="dvoting_report", help="folder for report.md and the pictures")
+    parser.add_argument("--questions", default=None,
+                        help=f"comma-separated doc ids for token pictures (default: the first {DEFAULT_QUESTIONS}); "
+                             "'none' for no pictures")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer (hub id or folder) to show tokens as text; default: each run's checkpoint")
+    parser.add_argument("--metric", default="exact_match", help="the accuracy metric of the tasks")
+    return parser.parse_args(argv)
+
+
+def _parse_questions(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(f"dvoting report: --questions takes comma-separated doc ids, got {text!r}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        files = find_results(args.paths)
+    except FileNotFoundError as err:
+        print(f"dvoting report: {err}", file=sys.stderr)
+        return 1
+    runs = [load_run(path, args.metric) for path in files]
+    label_runs(runs)
+    baseline = pick_baseline(runs, args.baseline)
+    rows = build_rows(runs, baseline, args.metric)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    pictures = []
+    if plot_accuracy_vs_nfe(rows, baseline, out / "accuracy_vs_nfe.png"):
+        pictures.append("accuracy_vs_nfe.png")
+    if plot_consistency(rows, out / "consistency.png"):
+        pictures.append("consistency.png")
+    tokens = write_token_pictures(runs, _parse_questions(args.questions), out, args.tokenizer)
+
+    runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
+    table = markdown(rows, baseline)
+    missing = [f"{r.run.label} · {r.task.task}" for r in rows if not r.task.records]
+    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.metrics`); BPC in percentage points."]
+    if missing:
+        notes.append("No `--log_samples` records (NUPR and consistency unavailable) for: " + ", ".join(missing) + ".")
+    figures = "\n".join(f"![{name}]({name})" for name in pictures)
+    token_links = "\n".join(f"- [{p.name}]({p.name})" for p in tokens if p.suffix == ".html")
+    report = (f"# dVoting report\n\nRuns:\n\n{runs_list}\n\n{table}\n{' '.join(notes)}\n\n{figures}\n"
+              + (f"\n## Token consistency\n\n{token_links}\n" if token_links else ""))
+    (out / "report.md").write_text(report, encoding="utf-8")
+    print(table)
+    print(f"written: {out / 'report.md'}, {len(pictures)} plots, {len(tokens)} token pictures in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
