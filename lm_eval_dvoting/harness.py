@@ -22,7 +22,10 @@ Choices a user of the harness should know (also in the README):
 * A context longer than the model's maximum length minus L loses tokens from the
   left (with a warning); an empty context starts from the end-of-text token.
 * Samples are seeded from the model arg `seed`, the task, the document, the context
-  and the repeat index: results depend neither on `--batch_size` nor on order.
+  and the repeat index: results depend neither on `--batch_size` nor on order, nor
+  on the number of processes (`torchrun`/`accelerate launch`, see `gather_object`).
+* Characters the tokenizer does not know become its unknown token; lone surrogates
+  (invalid unicode) become U+FFFD, with one warning.
 """
 from __future__ import annotations
 
@@ -105,6 +108,7 @@ class DVotingEvalModel(TemplateLM):
         self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
         self._warned_sampling = False
         self.totals: Counter[str] = Counter()
+        self._unshared: Counter[str] = Counter()  # this rank's part of the totals not yet sent to rank 0
 
     # ---------------------------------------------------------------- set-up
 
@@ -139,7 +143,7 @@ class DVotingEvalModel(TemplateLM):
     def use_strategy(self, strategy: str) -> None:
         """Switch strategy on the loaded model (e.g. to compare them) and reset the totals."""
         self.settings = replace(self.settings, strategy=strategy)
-        self.totals = Counter()
+        self.totals, self._unshared = Counter(), Counter()
 
     @property
     def device(self) -> torch.device:
@@ -153,6 +157,35 @@ class DVotingEvalModel(TemplateLM):
     def world_size(self) -> int:
         return self._world_size
 
+    # Data parallel: lm-eval splits the documents by rank, pads the ranks to equal
+    # request counts by repeating a request (generate_until decodes such copies once),
+    # gathers the per-sample metrics with `gather_object` on every rank after all
+    # requests, then calls `get_model_info` on rank 0 only. The cost totals travel to
+    # rank 0 with that gather: no extra collective inside generate_until, which a rank
+    # whose requests all come from the `--use_cache` cache never even calls.
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.accelerator is None else self.accelerator.gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        if self.accelerator is None:
+            return [obj]
+        import torch.distributed as dist
+
+        gathered = [None] * self.world_size if self.rank == dst else None
+        dist.gather_object((obj, dict(self._unshared)), gathered, dst=dst)
+        self._unshared = Counter()
+        if gathered is None:
+            return None
+        for rank, (_, totals) in enumerate(gathered):
+            if rank != self.rank:
+                self.totals.update(totals)
+        return [item for item, _ in gathered]
+
+    def barrier(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.wait_for_everyone()
+
     @property
     def eot_token_id(self) -> int:
         return int(self.model.end_token_ids[0])
@@ -162,7 +195,7 @@ class DVotingEvalModel(TemplateLM):
         return str(self._tokenizer_source).replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
+        return self.tokenizer.encode(_encodable(string), add_special_tokens=bool(add_special_tokens))
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
@@ -229,12 +262,22 @@ class DVotingEvalModel(TemplateLM):
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         occurrences: Counter[int] = Counter()
+        first_of: dict[tuple[int, int], int] = {}  # (request, repeat index) -> its first position
+        copy_of: dict[int, int] = {}  # position of a padding copy -> the position it repeats
         prompts, settings, extracts, seeds, untils = [], [], [], [], []
-        for req in requests:
-            context, gen_kwargs = req.args
-            request_settings, until, kind = self._request_settings(gen_kwargs, req.task_name)
+        for position, req in enumerate(requests):
             repeat = occurrences[id(req)]  # `repeats: N` sends the same instance N times
             occurrences[id(req)] += 1
+            if getattr(req, "repeats", None):
+                # with several processes lm-eval pads a rank's list by repeating its last
+                # instance `repeats` times more: decode (and count) each repeat once
+                repeat %= req.repeats
+            if (id(req), repeat) in first_of:
+                copy_of[position] = first_of[id(req), repeat]
+                continue
+            first_of[id(req), repeat] = position
+            context, gen_kwargs = req.args
+            request_settings, until, kind = self._request_settings(gen_kwargs, req.task_name)
             prompts.append(self._prompt_ids(context, request_settings.gen_length))
             settings.append(request_settings)
             untils.append(until)
@@ -246,30 +289,33 @@ class DVotingEvalModel(TemplateLM):
 
             extracts.append(extract)
 
+        jobs = [p for p in range(len(requests)) if p not in copy_of]  # job j answers requests[jobs[j]]
         # longest prompts first, as lm-eval does, so padding stays small
-        order = sorted(range(len(requests)), key=lambda i: -(prompts[i].numel() + settings[i].gen_length))
+        order = sorted(range(len(jobs)), key=lambda j: -(prompts[j].numel() + settings[j].gen_length))
         texts: list[str | None] = [None] * len(requests)
-        bar = tqdm(total=len(requests), desc="dVoting generate_until", disable=disable_tqdm or self.rank != 0)
+        bar = tqdm(total=len(jobs), desc="dVoting generate_until", disable=disable_tqdm or self.rank != 0)
 
         def done(position: int, result: Any) -> None:
-            i = order[position]
-            text = self.generated_text(result.samples[result.chosen], untils[i])
-            texts[i] = self._costed(text, result, untils[i])
-            context, gen_kwargs = requests[i].args
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), texts[i])
+            j = order[position]
+            text = self.generated_text(result.samples[result.chosen], untils[j])
+            texts[jobs[j]] = self._costed(text, result, untils[j])
+            context, gen_kwargs = requests[jobs[j]].args
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), texts[jobs[j]])
             bar.update(1)
 
         drive(
             self.model,
-            [prompts[i] for i in order],
-            [settings[i] for i in order],
-            [extracts[i] for i in order],
-            [seeds[i] for i in order],
+            [prompts[j] for j in order],
+            [settings[j] for j in order],
+            [extracts[j] for j in order],
+            [seeds[j] for j in order],
             same_answer=_same_answer,
             max_rows=self.batch_rows,
             on_done=done,
         )
         bar.close()
+        for position, first in copy_of.items():
+            texts[position] = texts[first]
         return texts  # type: ignore[return-value]
 
     def _costed(self, text: str, result: Any, until: list[str]) -> CostedText:
@@ -290,6 +336,7 @@ class DVotingEvalModel(TemplateLM):
             "chosen": result.chosen,
         }
         self.totals.update(requests=1, nfe=result.nfe, samples=len(result.answers))
+        self._unshared.update(requests=1, nfe=result.nfe, samples=len(result.answers))
         return CostedText(text, nfe=result.nfe, n_samples=len(result.answers), votes=votes, trace=trace)
 
     # ------------------------------------------------------------ likelihood
@@ -344,6 +391,24 @@ class DVotingEvalModel(TemplateLM):
                 "totals": totals,
             }
         }
+
+
+def _encodable(text: str) -> str:
+    """`text` with lone surrogates (from broken data; no tokenizer accepts them) as U+FFFD.
+
+    Surrogate pairs become the character they encode; valid text is returned as it is.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        if not _encodable.warned:
+            log.warning("text with lone surrogates (invalid unicode): they are replaced by U+FFFD")
+            _encodable.warned = True
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+_encodable.warned = False
 
 
 def _same_answer(a: tuple[str, str], b: tuple[str, str]) -> bool:

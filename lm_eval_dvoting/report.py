@@ -267,7 +267,8 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
     ]
     for row in rows:
         task = row.task
-        levels = [level for level, _ in row.consistency]
+        # with one sample per question the level is trivially 1 (or 0): not shown
+        levels = [level for level, _ in row.consistency] if _max_samples(row) > 1 else []
         questions = len(task.records) or "–"
         bpc = "baseline" if row.run is baseline else _fmt(row.bpc)
         lines.append(
@@ -275,7 +276,11 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
             f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | {_fmt(row.nupr2, '.3f')} | "
             f"{_fmt(row.nupr3, '.3f')} | {_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
         )
-    parts = ["## Accuracy, cost and repetition", "", *lines, ""]
+    parts = ["## Accuracy, cost and repetition", "", *lines, "",
+             "NUPR@k: share of generation positions (end-of-text padding included) where at least k "
+             "samples hold the same token, averaged over questions with at least k samples. A dVoting "
+             "run's remask samples copy the kept positions, so its NUPR exceeds that of independent "
+             "samples (a majority run).", ""]
     voting = [row for row in rows if row.consistency and _max_samples(row) > 1]
     if voting:
         parts += ["## Voting consistency level, correct vs incorrect questions", "",
@@ -327,9 +332,10 @@ def plot_accuracy_vs_nfe(rows: list[Row], baseline: Run | None, path: Path) -> b
         for row in (r for r in points if r.task.task == task):
             x, y = row.task.mean_nfe, 100 * row.task.accuracy
             is_base = row.run is baseline
-            ax.scatter(x, y, s=70 if is_base else 50, marker="s" if is_base else "o", zorder=3)
-            note = row.run.label + (" (baseline)" if is_base else f"\nBPC {row.bpc:.2f}" if row.bpc is not None else "")
-            ax.annotate(note, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+            note = row.run.label + (" (baseline)" if is_base else f", BPC {row.bpc:.2f}" if row.bpc is not None else "")
+            ax.scatter(x, y, s=70 if is_base else 50, marker="s" if is_base else "o", zorder=3,
+                       label=f"{note}: {y:.1f}% at {x:.1f} NFE")
+        ax.legend(fontsize=8, loc="best")
         ax.set_xlabel("mean forward passes (NFE) per question")
         ax.set_ylabel("accuracy (%)")
         ax.set_title(f"{task}: accuracy vs NFE")
@@ -380,7 +386,7 @@ class TokenNames:
             try:
                 from .models.loading import load_tokenizer
 
-                self.tokenizer = load_tokenizer(source)
+                self.tokenizer = load_tokenizer(_tokenizer_only(source))
                 self.special = set(self.tokenizer.all_special_ids)
             except Exception as err:  # a missing or gated tokenizer only costs readability
                 log.warning("tokenizer %s not loaded (%s); the pictures show token ids", source, err)
@@ -404,6 +410,23 @@ class TokenNames:
         while length > 1 and all(row[length - 1] in self.special for row in tokens):
             length -= 1
         return length
+
+
+# what a tokenizer needs from a hub checkpoint (never the weights)
+_TOKENIZER_FILES = ["config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
+                    "vocab*", "merges.txt", "*.jinja"]
+
+
+def _tokenizer_only(source: str) -> str:
+    """A local folder for `source`: a hub id is fetched without its weights (the
+    checkpoint loader would fetch those too), folders and packaged names pass."""
+    from .models.loading import PACKAGED_CHECKPOINTS
+
+    if source in PACKAGED_CHECKPOINTS or Path(source).expanduser().is_dir() or source.count("/") != 1:
+        return source
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo_id=source, allow_patterns=_TOKENIZER_FILES)
 
 
 def _agreement_colour(count: int, samples: int) -> str:
@@ -436,8 +459,8 @@ def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> 
         cells = []
         for t in range(shown):
             style = f"background:{_agreement_colour(agreement[i][t], samples)}"
-            if agreement[i][t] * 2 > samples + 1 or agreement[i][t] == samples:
-                style += ";color:#fff" if agreement[i][t] > 0.75 * samples else ""
+            if agreement[i][t] > 0.75 * samples:  # dark cells: white text
+                style += ";color:#fff"
             if t in kept:
                 style += ";outline:2px solid #d62728;outline-offset:-2px"
             tip = f"position {t}: {agreement[i][t]}/{samples} samples; token id {tokens[i][t]}" + (" (kept)" if t in kept else "")
@@ -491,12 +514,14 @@ def token_picture_png(title: str, trace: dict[str, Any], names: TokenNames, path
                 ax.add_patch(Rectangle((col, y), 1, 1, facecolor=colours(norm(count)),
                                        edgecolor="#d62728" if t in kept else "white",
                                        linewidth=1.5 if t in kept else 0.5))
-                ax.text(col + 0.5, y + 0.55, names(tokens[i][t])[:4], ha="center", va="center", fontsize=7,
+                shown_text = names(tokens[i][t])[:5]
+                ax.text(col + 0.5, y + 0.55, shown_text, ha="center", va="center", fontsize=7 if len(shown_text) < 4 else 5,
                         family="monospace", color="white" if count > 0.75 * samples else "black")
             ax.text(-0.3, y + 0.5, _candidate_label(i, candidate, chosen) if chunk == 0 else f"#{i + 1}",
                     ha="right", va="center", fontsize=7)
-        ax.text(-0.3, chunk * (samples + 1) - 0.3, f"positions {chunk * width}–{min(shown, (chunk + 1) * width) - 1}",
-                ha="right", va="bottom", fontsize=6, color="grey") if chunks > 1 else None
+        if chunks > 1:
+            ax.text(-0.3, chunk * (samples + 1) - 0.3, f"positions {chunk * width}–{min(shown, (chunk + 1) * width) - 1}",
+                    ha="right", va="bottom", fontsize=6, color="grey")
     ax.set_xlim(0, width)
     ax.set_ylim(grid_rows, -0.5)
     ax.set_axis_off()

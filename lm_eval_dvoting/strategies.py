@@ -93,11 +93,11 @@ class StrategySettings:
             )
         if self.n < 1:
             raise ValueError(f"n (samples per question) must be >= 1, got {self.n}")
-        if self.alpha < 0:
+        if not self.alpha >= 0:  # `not >=` also refuses NaN
             raise ValueError(f"alpha (entropy threshold) must be >= 0, got {self.alpha}")
         if not 0 < self.tau <= 1:
             raise ValueError(f"tau (position-consistency share) must be in (0, 1], got {self.tau}")
-        if self.temperature is not None and self.temperature < 0:
+        if self.temperature is not None and not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.hex_samples not in (5, 25):
             raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples}")
@@ -204,7 +204,8 @@ def _plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | No
 
 def derive_seed(*parts: Any) -> int:
     """A 63-bit seed from any printable parts, stable across processes and platforms."""
-    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8")).digest()
+    # surrogatepass: a context with lone surrogates (broken data) still gets a seed
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 

@@ -373,6 +373,20 @@ def test_random_remasking_runs_and_is_seed_reproducible(llada):
     assert not torch.equal(first.tokens, low_confidence.tokens)
 
 
+def test_gumbel_sampling_is_llada_float64():
+    """Candidates at T > 0: argmax(exp(logits) / (-log u)^T) with u drawn in float64."""
+    from lm_eval_dvoting.decoding import _candidates
+
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for temperature in (0.3, 1.0):
+        got = _candidates(logits, temperature, torch.Generator().manual_seed(42))
+        u = torch.rand(logits.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(42))
+        expected = (logits.exp() / (-torch.log(u)) ** temperature).argmax(-1)
+        assert got.tolist() == expected.tolist()
+        assert (got != logits.argmax(-1)).any()  # the noise does something
+    assert _candidates(logits, 0.0, None).tolist() == logits.argmax(-1).tolist()
+
+
 def test_shared_generator_is_used_in_row_order(llada):
     ids, mask = _left_pad(_rows(2))
     kwargs = dict(gen_length=8, block_length=4, alpha=0.3, temperature=1.0)

@@ -174,9 +174,10 @@ def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    if str(dtype) not in _DTYPES:
+    name = str(dtype).removeprefix("torch.")  # `dtype=torch.bfloat16`, as written for HF models
+    if name not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; use one of float32, bfloat16, float16")
-    return _DTYPES[str(dtype)]
+    return _DTYPES[name]
 
 
 def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:

@@ -1,0 +1,123 @@
+"""The models and questions the benchmarks run on.
+
+* the demo model (`pretrained=tiny-arith`, or a folder given with `--demo`), with the
+  demo tokenizer and the first questions of `demo/arith_test.jsonl`; when the folder
+  has no weights yet, a random-weight LLaDA of the demo's shape (`demo/train.py`
+  defaults) stands in;
+* a random-weight LLaDA with LLaDA-8B's real vocabulary (126,464 rows in the output
+  head, mask id 126336, EOS 126081) at a reduced depth and width, with random prompts.
+  Its "answer" is the first generated token: random weights give no arithmetic, but
+  the answers still agree or disagree, which is all the strategies' control flow needs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from lm_eval_dvoting.answers import extract_answer
+from lm_eval_dvoting.demo import arith
+from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
+
+LLADA_VOCAB = 126_464
+LLADA_MASK_ID = 126_336
+LLADA_EOS_ID = 126_081
+
+
+@dataclass
+class Workload:
+    name: str
+    model: torch.nn.Module
+    prompts: list[torch.Tensor]
+    extract: Callable[[torch.Tensor], Any]
+    gen_length: int
+    description: str
+
+
+def _finish(model: LLaDAModel, config: dict[str, Any]) -> LLaDAModel:
+    model.eval().requires_grad_(False)
+    model.mask_token_id = int(config["mask_token_id"])
+    model.end_token_ids = (int(config["eos_token_id"]),)
+    model.max_length = int(config["max_sequence_length"])
+    model.family = "llada"
+    return model
+
+
+def demo_config() -> dict[str, Any]:
+    """The config `demo/train.py` writes with its default arguments."""
+    from lm_eval_dvoting.demo import train
+    from lm_eval_dvoting.demo.tokenizer import build_tokenizer
+
+    return train.model_config(train.parse_args([]), build_tokenizer())
+
+
+def random_llada(config: dict[str, Any], seed: int = 0, std: float = 0.02) -> LLaDAModel:
+    torch.manual_seed(seed)
+    model = LLaDAModel(LLaDAConfig.from_dict(config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0, std)
+    return _finish(model, config)
+
+
+def demo_workload(path: str, questions: int, gen_length: int = 32) -> Workload:
+    from lm_eval_dvoting.demo.tokenizer import build_tokenizer
+    from lm_eval_dvoting.models.loading import load_model, resolve_checkpoint
+
+    tokenizer = build_tokenizer()
+    try:
+        folder = resolve_checkpoint(path)
+        has_weights = any(folder.glob("*.safetensors"))
+    except Exception:  # noqa: BLE001 - any unreadable folder means: no trained demo yet
+        folder, has_weights = Path(path), False
+    if has_weights:
+        model = load_model(str(folder), device="cpu", dtype="float32")
+        trained = (folder / "TRAINING.md").exists() and "placeholder" not in (folder / "TRAINING.md").read_text()
+        description = f"demo checkpoint `{path}` ({folder}){'' if trained else ', TRAINING.md still a placeholder'}"
+    else:
+        model = random_llada(demo_config())
+        description = f"random-weight LLaDA of the demo's shape (no weights found at `{path}`)"
+    cfg = model.config
+    description += (f"; LLaDA d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
+                    f"MLP {cfg.mlp_hidden_size}, vocabulary {cfg.padded_vocab}")
+    rows = [json.loads(line) for line in arith.TEST_FILE.read_text().splitlines()[:questions]]
+    prompts = [torch.tensor(tokenizer(arith.format_prompt(r["question"]), add_special_tokens=False).input_ids)
+               for r in rows]
+    eos = tokenizer.eos_token_id
+
+    def extract(tokens: torch.Tensor) -> Any:
+        ids = tokens.tolist()
+        if eos in ids:
+            ids = ids[:ids.index(eos)]
+        return extract_answer(tokenizer.decode(ids), "number")
+
+    return Workload("demo", model, prompts, extract, gen_length, description)
+
+
+def real_vocab_config(d_model: int = 256, n_layers: int = 2, n_heads: int = 4, mlp: int = 768) -> dict[str, Any]:
+    return {
+        "model_type": "llada", "d_model": d_model, "n_heads": n_heads, "n_kv_heads": n_heads,
+        "n_layers": n_layers, "mlp_hidden_size": mlp, "vocab_size": LLADA_VOCAB,
+        "embedding_size": LLADA_VOCAB, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+        "weight_tying": False, "max_sequence_length": 4096,
+        "mask_token_id": LLADA_MASK_ID, "eos_token_id": LLADA_EOS_ID,
+    }
+
+
+def real_vocab_workload(questions: int, gen_length: int = 64, prompt_length: int = 48,
+                        d_model: int = 256, n_layers: int = 2) -> Workload:
+    config = real_vocab_config(d_model=d_model, n_layers=n_layers, mlp=3 * d_model)
+    model = random_llada(config, seed=1, std=0.05)
+    generator = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 126_000, (prompt_length,), generator=generator) for _ in range(questions)]
+
+    def extract(tokens: torch.Tensor) -> Any:
+        return int(tokens[0])
+
+    description = (f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} layers, "
+                   f"MLP {3 * d_model}; random prompts of {prompt_length} tokens; answer = first generated token")
+    return Workload("real-vocab", model, prompts, extract, gen_length, description)

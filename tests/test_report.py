@@ -1,0 +1,177 @@
+"""`dvoting report` on hand-made harness output folders, and on a real (tiny) run."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lm_eval_dvoting import report
+from lm_eval_dvoting.cli import main as dvoting_main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# Hand-made dVoting traces of four questions (tokens, answers, votes, correct?).
+# NUPR@2 per question: 3/4, 3/4, 3/4, 1 -> mean 0.8125
+# NUPR@3 per question: 1/4, (K=2: left out), 2/4, 1 -> mean 0.5833
+# consistency: 3/3, 1/2, 2/5, 1/5 -> mean 0.525; the first three are correct
+QUESTIONS = [
+    ([[1, 2, 3, 4], [1, 2, 5, 6], [1, 7, 5, 8]], ["7", "7", "7"], {"7": 3}, True),
+    ([[9, 9, 0, 0], [9, 8, 0, 0]], ["4", "5"], {"4": 1, "5": 1}, True),
+    ([[1, 2, 3, 4], [1, 2, 3, 5], [1, 2, 6, 7], [1, 8, 9, 10], [11, 12, 13, 14]],
+     ["3", "3", "1", None, None], {"3": 2, "1": 1}, True),
+    ([[5, 5, 5, 5]] * 5, ["2", "6", "8", None, None], {"2": 1, "6": 1, "8": 1}, False),
+]
+
+
+def _trace(tokens, answers, votes, kept_from=None):
+    candidates = [{"text": f"text {i}", "answer": a, "nfe": 4, "tokens": t,
+                   "kept_positions": [0] if kept_from is not None and i >= kept_from else None}
+                  for i, (t, a) in enumerate(zip(tokens, answers))]
+    return {"candidates": candidates, "votes": votes, "chosen": 0}
+
+
+def _write_run(folder: Path, date: str, strategy: str, accuracy: float, nfe: float, samples: float,
+               records: list[dict], pretrained: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    results = {
+        "results": {"dvoting_arith": {
+            "alias": "dvoting_arith", "exact_match,extract": accuracy, "exact_match_stderr,extract": 0.1,
+            "nfe,extract": nfe, "n_samples,extract": samples, "dvoting_trace,extract": len(records),
+        }},
+        "config": {"model": "dvoting-llada", "model_args": {"pretrained": pretrained, "strategy": strategy},
+                   "dvoting": {"pretrained": pretrained, "settings": {"strategy": strategy, "n": 5}}},
+    }
+    path = folder / f"results_{date}.json"
+    path.write_text(json.dumps(results))
+    with (folder / f"samples_dvoting_arith_{date}.jsonl").open("w") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+    return path
+
+
+def _record(doc_id, correct, trace):
+    return {"doc_id": doc_id, "target": "7", "filtered_resps": ["7" if correct else "2"],
+            "exact_match": float(correct), "nfe": 4.0, "n_samples": float(len(trace["candidates"])),
+            "dvoting_trace": trace}
+
+
+@pytest.fixture
+def outputs(tmp_path: Path, tiny_llada_dir: Path) -> Path:
+    model = tmp_path / "runs" / "tiny"
+    single = [_record(i, i < 2, _trace([tokens[0]], answers[:1], {answers[0]: 1} if answers[0] else {}))
+              for i, (tokens, answers, _, _) in enumerate(QUESTIONS)]
+    _write_run(model, "2026-01-01T00-00-00.000001", "single", 0.5, 32.0, 1.0, single, str(tiny_llada_dir))
+    voted = [_record(i, ok, _trace(tokens, answers, votes, kept_from=3))
+             for i, (tokens, answers, votes, ok) in enumerate(QUESTIONS)]
+    _write_run(model, "2026-01-01T00-00-01.000001", "dvoting", 0.75, 64.0, 3.75, voted, str(tiny_llada_dir))
+    return tmp_path / "runs"
+
+
+def test_report_table_and_files(outputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    assert dvoting_main(["report", str(outputs), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    # default baseline: the strategy=single run; BPC = (75 - 50) / (64 / 32) = 12.5
+    assert "| single | dvoting_arith | 4 | 50.00 | 32.0 | 1.00 | baseline | – | – | – |" in text
+    assert "| dvoting n=5 | dvoting_arith | 4 | 75.00 | 64.0 | 3.75 | 12.50 | 0.812 | 0.583 | 0.525 |" in text
+    # consistency levels: correct 1.0, 0.5, 0.4; incorrect 0.2
+    section = text.split("### dvoting n=5 · dvoting_arith")[1]
+    assert "| 1.00 | 1 (33%) | 0 (0%) |" in section
+    assert "| 0.50 | 1 (33%) | 0 (0%) |" in section
+    assert "| 0.20 | 0 (0%) | 1 (100%) |" in section
+    assert "| all | 3 | 1 |" in section
+    assert "### single" not in text  # one sample per question: no distribution
+    for name in ("accuracy_vs_nfe.png", "consistency.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    # token pictures: the first three questions with several samples, of the voting run only
+    pictures = sorted(p.name for p in out.glob("tokens_*"))
+    assert pictures == [f"tokens_dvoting_n=5_dvoting_arith_doc{i}.{ext}" for i in range(3) for ext in ("html", "png")]
+    page = (out / "tokens_dvoting_n=5_dvoting_arith_doc0.html").read_text()
+    assert "position 2: 2/3 samples" in page and "position 3: 1/3 samples" in page
+    assert "correct" in page and "Votes: {&quot;7&quot;: 3}" in page
+
+
+def test_token_picture_drops_shared_end_padding_and_frames_kept(outputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    report.main([str(outputs), "--out", str(out), "--questions", "1,2"])
+    page = (out / "tokens_dvoting_n=5_dvoting_arith_doc1.html").read_text()
+    # question 1 ends in two positions of token 0 (the tokenizer's end-of-text) in both samples
+    assert "2 trailing positions" in page and "position 2:" not in page
+    page = (out / "tokens_dvoting_n=5_dvoting_arith_doc2.html").read_text()
+    assert page.count("outline:2px") == 2  # samples 4 and 5 kept position 0
+    assert not (out / "tokens_dvoting_n=5_dvoting_arith_doc0.html").exists()
+    assert (out / "tokens_dvoting_n=5_dvoting_arith_doc2.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_baseline_choice(outputs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    # the dVoting run as baseline (by position): single's BPC = (50 - 75) / (32 / 64) = -50
+    report.main([str(outputs), "--out", str(out), "--baseline", "2", "--questions", "none"])
+    text = (out / "report.md").read_text()
+    assert "| single | dvoting_arith | 4 | 50.00 | 32.0 | 1.00 | -50.00 |" in text
+    assert "| dvoting n=5 | dvoting_arith | 4 | 75.00 | 64.0 | 3.75 | baseline |" in text
+    assert not list(out.glob("tokens_*"))
+    # by label, and results file given directly (no single run among them: no BPC)
+    dvoting_file = next(outputs.rglob("results_*00-00-01*.json"))
+    report.main([str(dvoting_file), "--out", str(out), "--questions", "none"])
+    assert "| dvoting n=5 | dvoting_arith | 4 | 75.00 | 64.0 | 3.75 | – |" in (out / "report.md").read_text()
+    with pytest.raises(SystemExit, match="names no run"):
+        report.main([str(outputs), "--out", str(out), "--baseline", "majority"])
+
+
+def test_missing_input_is_an_error(tmp_path: Path, capsys) -> None:
+    assert report.main([str(tmp_path), "--out", str(tmp_path / "r")]) == 1
+    assert "no lm-eval results" in capsys.readouterr().err
+
+
+def test_results_without_samples_still_report_accuracy_and_bpc(outputs: Path, tmp_path: Path) -> None:
+    for sample_file in outputs.rglob("samples_*.jsonl"):
+        sample_file.unlink()
+    out = tmp_path / "report"
+    report.main([str(outputs), "--out", str(out)])
+    text = (out / "report.md").read_text()
+    assert "| dvoting n=5 | dvoting_arith | – | 75.00 | 64.0 | 3.75 | 12.50 | – | – | – |" in text
+    assert "No `--log_samples` records" in text
+
+
+def test_report_on_a_real_harness_run(tiny_llada_dir: Path, tmp_path: Path) -> None:
+    """The trace travels from generate_until through the task's filters and
+    process_results into lm-eval's --log_samples files, and the report reads them."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    torch.set_num_threads(1)
+    manager = TaskManager(include_path=str(Path(__file__).resolve().parents[1] / "task_configs"),
+                          include_defaults=False)
+    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="dvoting", batch_size=16, device="cpu")
+    # saved as `lm_eval ... --log_samples --output_path out` saves them
+    tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
+    results = lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], limit=2, task_manager=manager,
+                                      log_samples=True, evaluation_tracker=tracker)
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    tracker.save_results_samples(task_name="dvoting_arith", samples=samples["dvoting_arith"])
+    assert results["results"]["dvoting_arith"]["dvoting_trace,extract"] == 2  # the aggregate: a count
+
+    records = [json.loads(line) for f in (tmp_path / "out").rglob("samples_*.jsonl")
+               for line in f.read_text().splitlines()]
+    assert len(records) == 2
+    for record in records:
+        trace = record["dvoting_trace"]
+        assert "dvoting_trace" in record["metrics"]
+        assert trace["votes"] is not None and 0 <= trace["chosen"] < len(trace["candidates"])
+        for candidate in trace["candidates"]:
+            assert len(candidate["tokens"]) == 32  # the task's max_gen_toks
+            assert set(candidate) >= {"text", "answer", "nfe", "kept_positions"}
+        assert sum(c["nfe"] for c in trace["candidates"]) == record["nfe"]
+
+    out = tmp_path / "report"
+    assert report.main([str(tmp_path / "out"), "--out", str(out), "--questions", "0"]) == 0
+    text = (out / "report.md").read_text()
+    assert "| dvoting n=5 | dvoting_arith | 2 |" in text
+    assert (out / "tokens_dvoting_n=5_dvoting_arith_doc0.png").read_bytes()[:8] == PNG_MAGIC
