@@ -297,7 +297,23 @@ def _extract_filter(kind: str) -> Callable[[list[list[Any]], list[dict]], list[l
 
     apply.__name__ = f"extract_{kind}"
     apply.__doc__ = f"lm-eval `custom` filter: each response -> its {kind!r} answer, or {INVALID!r}."
-    return apply
+    return _NamedFilter(apply)
+
+
+class _NamedFilter:
+    """A filter function that prints as its name: lm-eval writes `str(filter_fn)` into the
+    results' task configs, and a closure's repr holds a memory address that changes
+    from run to run (two runs of one command would not give identical results files)."""
+
+    def __init__(self, function: Callable[[list[list[Any]], list[dict]], list[list[str]]]) -> None:
+        self.function = function
+        self.__name__, self.__doc__ = function.__name__, function.__doc__
+
+    def __call__(self, resps: list[list[Any]], docs: list[dict]) -> list[list[str]]:
+        return self.function(resps, docs)
+
+    def __repr__(self) -> str:
+        return f"<filter {self.__name__}>"
 
 
 extract_number = _extract_filter("number")

@@ -45,7 +45,8 @@ def test_difficulty_knob():
     hard = arith.Difficulty(min_steps=5, max_steps=6, max_operand=20, max_value=99, operations=("+", "-", "*"))
     for problem in [arith.make_problem(random.Random(i), easy) for i in range(200)]:
         assert problem.steps == 1
-        assert all(int(n) <= 3 for n in re.findall(r"\d+", problem.question))
+        first, operand = map(int, re.findall(r"\d+", problem.question))
+        assert 1 <= first <= 5 and 1 <= operand <= 3
         assert 0 <= problem.answer <= 5
     hard_problems = arith.make_problems(0, 200, hard)
     assert {p.steps for p in hard_problems} == {5, 6}
@@ -55,7 +56,9 @@ def test_difficulty_knob():
         arith.Difficulty(min_steps=3, max_steps=2)
     with pytest.raises(ValueError):
         arith.Difficulty(operations=("/",))
-    with pytest.raises(ValueError):  # only 3 * 5 distinct one-step questions exist here
+    two_digit = arith.Difficulty(max_operand=9, max_value=99, min_start=10)
+    assert all(int(re.match(r"\d+", p.question).group()) >= 10 for p in arith.make_problems(0, 100, two_digit))
+    with pytest.raises(ValueError):  # only 5 * 3 * 2 distinct one-step questions exist here
         arith.make_problems(0, 200, easy)
 
 

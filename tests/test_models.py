@@ -260,6 +260,7 @@ def _write_dream_style_tokenizer(folder: Path) -> dict[str, int]:
     return vocab
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_load_tokenizer_falls_back_to_qwen2_for_dream(tmp_path: Path):
     from transformers import AutoTokenizer
 
@@ -276,6 +277,7 @@ def test_load_tokenizer_falls_back_to_qwen2_for_dream(tmp_path: Path):
     assert tokenizer.decode(ids, skip_special_tokens=True) == "cat the"
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers reading Dream's config.json
 def test_load_tokenizer_without_tokenizer_files_says_so(folder: Path):
     # the fixtures hold no tokenizer files: an error, not an empty Qwen2 tokenizer
     with pytest.raises(CheckpointError, match="tokenizer"):

@@ -40,6 +40,8 @@ def one_thread():
 
 PROMPT_LENGTH = 3
 TWO_WAY = {2, 5, 7, 9, 13}  # generation indices where two tokens tie
+THREE_WAY = {3, 10}  # ... and where three do
+UNCERTAIN = TWO_WAY | THREE_WAY
 
 
 def _region(q: int, g: int):
@@ -47,6 +49,8 @@ def _region(q: int, g: int):
         return (q,)  # the question id, read by ScriptedAnswers
     if g in TWO_WAY:
         return (20, 21)
+    if g in THREE_WAY:
+        return (22, 23, 24)
     return (1 + g % 15,)
 
 
@@ -144,12 +148,12 @@ def test_remask_tokens_matches_reference_on_random_samples():
         assert remask_tokens(samples, tau, M).tolist() == reference_remask(samples, tau, M), (samples, tau)
 
 
-@pytest.mark.parametrize("tau", [1.0, 0.6, 0.5])
+@pytest.mark.parametrize("tau", [1.0, 0.6, 1 / 3])
 def test_remask_samples_through_run_strategy(recorder, tau):
     model = _scripted()
     answers = ScriptedAnswers({10: ["a", "b", "c", "d", "e"]})  # never agree: all 5 samples
     (result,) = run_strategy(model, _prompts([10]), extract=answers, gen_length=16, block_length=4,
-                             n=5, tau=tau, seed=1)
+                             n=5, tau=tau, seed=2)
     mask = model.mask_token_id
     assert len(result.samples) == 5 and result.answers == ["a", "b", "c", "d", "e"]
     assert result.kept[:3] == [None, None, None]  # samples 1..3 fresh
@@ -160,19 +164,19 @@ def test_remask_samples_through_run_strategy(recorder, tau):
         assert result.kept[k] == kept
         assert result.samples[k][kept].tolist() == [expected_start[t] for t in kept]
         assert all(t < 12 for t in kept)  # the last quarter (12..15) is regenerated
-        assert set(range(12)) - set(TWO_WAY) <= set(kept)  # positions every sample agrees on
+        assert set(range(12)) - UNCERTAIN <= set(kept)  # positions every sample agrees on
     if tau == 1.0:
         # the samples did disagree at a two-way position outside the last quarter: it was masked
         assert not {2, 5, 7, 9} <= set(result.kept[3])
+    elif tau == 0.6:
+        # 3 samples over 2 tokens always have a 2/3 majority: kept
+        assert set(range(12)) - THREE_WAY <= set(result.kept[3])
     else:
-        # 3 samples over 2 tokens always have a 2/3 majority: every position before 12 is kept
+        # tau = 1/3: everything before 12 is kept; a three-way split 1-1-1 keeps sample 1's token
         assert result.kept[3] == list(range(12))
-    if tau == 0.5:
-        # a 2-2 split among samples 1..4 where samples 1 and 2 differ: sample 5 keeps sample 1's token
-        ties = [t for t in TWO_WAY if t < 12 and int((result.samples[:4, t] == 20).sum()) == 2
-                and int(result.samples[0, t]) != int(result.samples[1, t])]
-        assert ties
-        assert all(int(recorder.rows[4]["init"][t]) == int(result.samples[0, t]) for t in ties)
+        splits = [t for t in THREE_WAY if len(set(result.samples[:3, t].tolist())) == 3]
+        assert splits
+        assert all(int(recorder.rows[3]["init"][t]) == int(result.samples[0, t]) for t in splits)
 
 
 # --------------------------------------------------------------------- early stop
@@ -297,8 +301,8 @@ def test_dvoting_nfe_is_the_sum_of_sample_nfe():
     assert result.nfe == sum(result.sample_nfe)
     assert result.nfe == model.row_steps  # each row counted once per forward pass it was in
     assert model.calls[0] == 2  # samples 1 and 2 decode side by side
-    # the certain positions go together, the 5 two-way ties one per step (fallback)
-    assert result.sample_nfe[0] == 1 + len(TWO_WAY)
+    # the certain positions go together, the ties (entropy ln 2, ln 3) one per step (fallback)
+    assert result.sample_nfe[0] == 1 + len(UNCERTAIN)
     assert all(nfe >= 2 for nfe in result.sample_nfe[3:])  # remask samples: position 13 and more
 
 

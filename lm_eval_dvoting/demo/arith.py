@@ -8,10 +8,10 @@ running results and ends in the boxed answer::
     7+2=9. 9-5=4. 4+4=8. \\boxed{8}
 
 The difficulty knob (`Difficulty`) sets the number of steps (a range), the largest
-operand, the largest running result allowed, and the operations. Operations that
-would leave ``[0, max_value]`` are redrawn, so with the default ``max_value=9`` every
-running result is one digit: the solution has a fixed layout (7 characters per step)
-and the model's errors are arithmetic errors, not layout errors.
+operand, the range of the first number, the largest running result allowed, and the
+operations. Operations that would leave ``[0, max_value]`` are redrawn, so every
+running result stays non-negative and bounded (one digit with ``max_value=9``, at
+most two with the test set's ``max_value=99``).
 
 Problems are drawn from `random.Random(seed)`, so a seed fixes the whole stream.
 The shipped test set (``arith_test.jsonl``) uses `TEST_SEED`; training draws from
@@ -45,19 +45,25 @@ class Difficulty:
     max_operand: int = 9
     max_value: int = 9
     operations: tuple[str, ...] = ("+", "-")
+    min_start: int = 1  # the first number is drawn from [min_start, max_value]
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
             raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
         if not 1 <= self.max_operand <= self.max_value:
             raise ValueError(f"need 1 <= max_operand <= max_value, got {self.max_operand}, {self.max_value}")
+        if not 0 <= self.min_start <= self.max_value:
+            raise ValueError(f"need 0 <= min_start <= max_value, got {self.min_start}, {self.max_value}")
         unknown = set(self.operations) - set(_APPLY)
         if not self.operations or unknown:
             raise ValueError(f"operations must be a non-empty subset of + - *, got {self.operations}")
 
 
-# The difficulty of the shipped test set (see demo/tiny-arith/TRAINING.md for why).
-TEST_DIFFICULTY = Difficulty(min_steps=2, max_steps=4)
+# The difficulty of the shipped test set (see demo/tiny-arith/TRAINING.md for why):
+# chains of 2-4 additions/subtractions of one-digit numbers, starting from a two-digit
+# number, every running result in 0..99. (One-digit running results, the first
+# difficulty tried, was learned to 89% greedy accuracy in 2,000 steps: too easy.)
+TEST_DIFFICULTY = Difficulty(min_steps=2, max_steps=4, max_operand=9, max_value=99, min_start=10)
 
 
 @dataclass(frozen=True)
@@ -75,7 +81,7 @@ def make_problem(rng: random.Random, difficulty: Difficulty = TEST_DIFFICULTY) -
     """One problem drawn from `rng` at `difficulty`."""
     d = difficulty
     steps = rng.randint(d.min_steps, d.max_steps)
-    value = rng.randint(1, d.max_operand)
+    value = rng.randint(d.min_start, d.max_value)
     question, worked, open_sum = str(value), [], False
     for _ in range(steps):
         while True:  # redraw until the running result stays in [0, max_value]
@@ -124,10 +130,10 @@ def format_prompt(question: str) -> str:
     return f"{INSTRUCTION} {question}"
 
 
-def held_out_sets() -> tuple[list[Problem], list[Problem]]:
+def held_out_sets(difficulty: Difficulty = TEST_DIFFICULTY) -> tuple[list[Problem], list[Problem]]:
     """The test set (TEST_SEED) and a validation set (VALID_SEED) disjoint from it."""
-    test = make_problems(TEST_SEED, TEST_SIZE, TEST_DIFFICULTY)
-    valid = make_problems(VALID_SEED, 200, TEST_DIFFICULTY, exclude={p.question for p in test})
+    test = make_problems(TEST_SEED, TEST_SIZE, difficulty)
+    valid = make_problems(VALID_SEED, 200, difficulty, exclude={p.question for p in test})
     return test, valid
 
 

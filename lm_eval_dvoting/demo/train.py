@@ -25,6 +25,7 @@ checkpoint folder (config.json, model.safetensors, tokenizer) that `load_model` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -57,16 +58,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--mlp", type=int, default=352)
-    p.add_argument("--gen-length", type=int, default=32, help="answer length L (EOS-padded)")
+    p.add_argument("--gen-length", type=int, default=48, help="answer length L (EOS-padded)")
     p.add_argument("--train-min-steps", type=int, default=1, help="shortest chain in training")
     p.add_argument("--train-max-steps", type=int, default=arith.TEST_DIFFICULTY.max_steps)
     p.add_argument("--max-operand", type=int, default=arith.TEST_DIFFICULTY.max_operand)
     p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
+    p.add_argument("--min-start", type=int, default=arith.TEST_DIFFICULTY.min_start)
     p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--eval-size", type=int, default=200, help="validation problems per evaluation")
     p.add_argument("--ckpt-every", type=int, default=200)
     p.add_argument("--max-minutes", type=float, default=None, help="end this sitting after so many minutes")
+    p.add_argument("--stop-at", type=int, default=None, help="end this sitting at this step (the LR schedule still follows --steps)")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from the weights of this checkpoint folder (a curriculum stage's best/) instead of a random init")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1 is fastest on a CPU shared with other work)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -103,7 +108,22 @@ def model_config(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
 
 def train_difficulty(args: argparse.Namespace) -> arith.Difficulty:
     return arith.Difficulty(args.train_min_steps, args.train_max_steps, args.max_operand,
-                            args.max_value, tuple(args.operations))
+                            args.max_value, tuple(args.operations), args.min_start)
+
+
+def held_out_problems(args: argparse.Namespace) -> tuple[set[str], list[arith.Problem]]:
+    """Questions training never sees, and the validation problems logged during training.
+
+    Held out: the test and validation sets, and the sets the same seeds give at the
+    training's own number range (2-4 steps), so that an easier curriculum stage has
+    held-out problems of its own; those are its validation problems.
+    """
+    test, valid = arith.held_out_sets()
+    own = dataclasses.replace(arith.TEST_DIFFICULTY, max_operand=args.max_operand, max_value=args.max_value,
+                              operations=tuple(args.operations), min_start=args.min_start)
+    own_test, own_valid = arith.held_out_sets(own) if own != arith.TEST_DIFFICULTY else (test, valid)
+    questions = {p.question for p in test + valid + own_test + own_valid}
+    return questions, own_valid[: args.eval_size]
 
 
 def encode_batch(tokenizer, problems: list[arith.Problem], gen_length: int) -> dict[str, torch.Tensor]:
@@ -250,9 +270,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = model_config(args, tokenizer)
     mask_id = config["mask_token_id"]
 
-    test, valid = arith.held_out_sets()
-    held_out = {p.question for p in test} | {p.question for p in valid}
-    valid = valid[: args.eval_size]
+    held_out, valid = held_out_problems(args)
 
     torch.manual_seed(args.seed)
     model = LLaDAModel(LLaDAConfig.from_dict(config))
@@ -281,6 +299,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.set_rng_state(state["torch_rng"])
         step, best = state["step"], state["best"]
         print(f"resumed from {last} at step {step}")
+    elif args.init_from is not None:
+        from safetensors.torch import load_file
+
+        weights = load_file(str(args.init_from / "model.safetensors"))
+        model.load_state_dict(weights)
+        ema.load_state_dict(weights)
+        print(f"initialised from {args.init_from}")
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters; training to step {args.steps}; out {out}")
 
@@ -329,9 +354,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             window_t, window_loss, window_n = time.time(), 0.0, 0
         if step % args.ckpt_every == 0 or step == args.steps:
             checkpoint()
-        if args.max_minutes is not None and time.time() - began > args.max_minutes * 60:
+        if (args.max_minutes is not None and time.time() - began > args.max_minutes * 60) or step == args.stop_at:
             checkpoint()
-            print(f"sitting over after {args.max_minutes} minutes at step {step}; rerun to resume")
+            print(f"sitting over at step {step}; rerun the same command to resume")
             break
     log.close()
     return {"step": step, "loss": loss_value, "best": best, "model": model, "ema": ema}
