@@ -21,7 +21,7 @@ def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
     out = tmp_path / "cmp"
     code = compare.main([
         "--model_args", f"pretrained={tiny_llada_dir}", "--tasks", "dvoting_arith",
-        "--strategies", "single,majority,dvoting", "--limit", "2", "--out", str(out), "--device", "cpu",
+        "--strategies", "single,majority,dvoting", "--limit", "2", "--gen_kwargs", "max_gen_toks=32", "--out", str(out), "--device", "cpu",
     ])
     assert code == 0
     rows = json.loads((out / "compare.json").read_text())

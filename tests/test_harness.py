@@ -45,7 +45,7 @@ def _evaluate(lm, tasks, limit, **kwargs):
 )
 def test_each_strategy_runs_through_the_harness(tiny_llada_dir, strategy, samples, nfe):
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=16, device="cpu")
-    results = _evaluate(lm, ["dvoting_arith"], 3)
+    results = _evaluate(lm, ["dvoting_arith"], 3, gen_kwargs="max_gen_toks=32")
     figures = results["results"]["dvoting_arith"]
     assert 0.0 <= figures["exact_match,extract"] <= 1.0
     if samples is not None:
@@ -124,7 +124,7 @@ def test_lm_eval_cli_runs_the_plugin_model(tiny_llada_dir, tmp_path):
     command = [
         sys.executable, "-m", "lm_eval", "--model", "dvoting-llada",
         "--model_args", f"pretrained={tiny_llada_dir},strategy=single",
-        "--tasks", "dvoting_arith", "--limit", "2", "--device", "cpu",
+        "--tasks", "dvoting_arith", "--limit", "2", "--device", "cpu", "--gen_kwargs", "max_gen_toks=32",
         "--output_path", str(tmp_path / "out"),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")

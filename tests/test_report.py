@@ -152,7 +152,8 @@ def test_report_on_a_real_harness_run(tiny_llada_dir: Path, tmp_path: Path) -> N
     # saved as `lm_eval ... --log_samples --output_path out` saves them
     tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
     results = lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], limit=2, task_manager=manager,
-                                      log_samples=True, evaluation_tracker=tracker)
+                                      log_samples=True, evaluation_tracker=tracker,
+                                      gen_kwargs="max_gen_toks=32")
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     tracker.save_results_samples(task_name="dvoting_arith", samples=samples["dvoting_arith"])
@@ -166,7 +167,7 @@ def test_report_on_a_real_harness_run(tiny_llada_dir: Path, tmp_path: Path) -> N
         assert "dvoting_trace" in record["metrics"]
         assert trace["votes"] is not None and 0 <= trace["chosen"] < len(trace["candidates"])
         for candidate in trace["candidates"]:
-            assert len(candidate["tokens"]) == 32  # the task's max_gen_toks
+            assert len(candidate["tokens"]) == 32  # max_gen_toks
             assert set(candidate) >= {"text", "answer", "nfe", "kept_positions"}
         assert sum(c["nfe"] for c in trace["candidates"]) == record["nfe"]
 
