@@ -237,7 +237,7 @@ def export_checkpoint(model: LLaDAModel, config: dict[str, Any], tokenizer, fold
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tokenizer.save_pretrained(str(folder))
-    (folder / "training_state.json").write_text(json.dumps(note, indent=2) + "\n")
+    (folder / "training_state.json").write_text(json.dumps(note, indent=2, default=str) + "\n")
 
 
 def save_state(path: Path, **state: Any) -> None:
@@ -311,7 +311,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def checkpoint() -> None:
         save_state(last, model=model.state_dict(), ema=ema.state_dict(), optimizer=optimizer.state_dict(),
-                   torch_rng=torch.get_rng_state(), step=step, best=best, args=vars(args) | {"out": str(out)})
+                   torch_rng=torch.get_rng_state(), step=step, best=best,
+                   args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
 
     log = (out / "log.jsonl").open("a")
     began, window_t, window_loss, window_n = time.time(), time.time(), 0.0, 0
@@ -345,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if acc > best["acc"]:
                     best = {"acc": acc, "step": step, "which": which}
                     export_checkpoint(net, config, tokenizer, out / "best",
-                                      {"step": step, "weights": which, "valid_acc": acc, "args": vars(args) | {"out": str(out)}})
+                                      {"step": step, "weights": which, "valid_acc": acc, "args": vars(args)})
             record["best"] = best
             record["elapsed_min"] = round((time.time() - began) / 60, 2)
             print(json.dumps(record), flush=True)

@@ -275,8 +275,13 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
     tokenizer class reads the same files.
     """
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     folder = resolve_checkpoint(name_or_path)
+    verbosity = transformers_logging.get_verbosity()
+    # AutoTokenizer reads config.json and warns that model_type 'llada'/'Dream' is not a
+    # transformers model; we never build the model through transformers, so it is noise
+    transformers_logging.set_verbosity_error()
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except (ValueError, OSError, KeyError, AttributeError) as err:
@@ -295,3 +300,5 @@ def load_tokenizer(name_or_path: str | Path) -> Any:
         from transformers import Qwen2Tokenizer
 
         return Qwen2Tokenizer.from_pretrained(str(folder))
+    finally:
+        transformers_logging.set_verbosity(verbosity)
