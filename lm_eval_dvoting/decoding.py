@@ -120,7 +120,9 @@ class _StepLogits:
     """The logits of one forward pass, computed lazily at the positions asked for.
 
     Our own models expose `hidden_states` and `logits_from_hidden`: the head (a
-    vocabulary-sized matmul) then runs only on the block positions that can commit.
+    vocabulary-sized matmul) then runs only at the masked positions of the blocks that
+    can commit, and for all rows of a step in one call (`many`), so the head's weight
+    is read once per step rather than once per row.
     Any other module (e.g. a scripted test model) is run as `model(ids, mask)`.
     """
 
@@ -145,12 +147,33 @@ class _StepLogits:
             return self.full[row, columns].float()
         return self.model.logits_from_hidden(self.hidden[row, columns]).float()
 
+    def many(self, wanted: Sequence[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
+        """`at(row, columns)` for each (row, columns) pair, with one head call for all."""
+        if not wanted:
+            return []
+        if self.full is not None or len(wanted) == 1:
+            return [self.at(row, columns) for row, columns in wanted]
+        sizes = [int(columns.numel()) for _, columns in wanted]
+        rows = torch.cat([torch.full((n,), row, dtype=torch.long, device=columns.device)
+                          for n, (row, columns) in zip(sizes, wanted)])
+        logits = self.model.logits_from_hidden(self.hidden[rows, torch.cat([c for _, c in wanted])]).float()
+        return list(logits.split(sizes))
 
-def _candidates(logits64: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise."""
+
+def _candidates(logits64: torch.Tensor, temperature: float, generator: torch.Generator | None,
+                block_masked: torch.Tensor | None = None) -> torch.Tensor:
+    """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise.
+
+    `logits64` may hold only the masked positions of a block (`block_masked`, a
+    boolean over the whole block): the noise is still drawn for the whole block, so
+    the random stream is the same, and is then used at the masked positions only.
+    """
     if temperature == 0:
         return logits64.argmax(-1)
-    noise = torch.rand(logits64.shape, dtype=torch.float64, device=logits64.device, generator=generator)
+    shape = logits64.shape if block_masked is None else (block_masked.numel(), logits64.shape[-1])
+    noise = torch.rand(shape, dtype=torch.float64, device=logits64.device, generator=generator)
+    if block_masked is not None:
+        noise = noise[block_masked]
     gumbel = (-torch.log(noise)) ** temperature
     return (logits64.exp() / gumbel).argmax(-1)
 
@@ -221,69 +244,100 @@ class RowDecoder:
             return []
         ids, attention, width = self._batch()
         logits = _StepLogits(self.model, ids, attention, self.pass_positions)
-        for i, row in enumerate(self.active):
+        # Each row's first block and its masked positions are found before the head
+        # runs, so that the head runs once for all rows, at masked positions only.
+        # generation index g sits at column width - L + g; its prediction is read
+        # `shift` columns to the left (Dream)
+        offsets = [width - row.gen_length - self.shift for row in self.active]
+        plans = [self._fixed_schedule_plan(row) if row.steps is not None else self._entropy_threshold_plan(row)
+                 for row in self.active]
+        wanted = [(i, offsets[i] + plan[0] + plan[1].nonzero().squeeze(1))
+                  for i, plan in enumerate(plans) if plan is not None]
+        first_logits = iter(logits.many(wanted))
+        for i, (row, plan) in enumerate(zip(self.active, plans)):
             row.nfe += 1
-            # generation index g sits at column width - L + g; its prediction is read
-            # `shift` columns to the left (Dream)
-            offset = width - row.gen_length - self.shift
 
-            def block_logits(start: int, end: int, i: int = i, offset: int = offset) -> torch.Tensor:
-                columns = torch.arange(start + offset, end + offset, device=self.device)
-                block = logits.at(i, columns).double()
-                if self.mask_id < block.shape[-1]:
-                    block[:, self.mask_id] = float("-inf")  # never commit the mask token
-                return block
+            def masked_logits(start: int, masked: torch.Tensor, i: int = i) -> torch.Tensor:
+                """Float64 logits at the masked positions of the block at `start`."""
+                columns = offsets[i] + start + masked.nonzero().squeeze(1)
+                return self._suppress_mask(logits.at(i, columns))
 
+            first = None if plan is None else self._suppress_mask(next(first_logits))
             if row.steps is not None:
-                self._fixed_schedule_step(row, block_logits)
+                self._fixed_schedule_step(row, plan, first)
             else:
-                self._entropy_threshold_step(row, block_logits)
-        finished = [r for r in self.active if not self._has_masks(r)]
-        self.active = [r for r in self.active if self._has_masks(r)]
+                self._entropy_threshold_step(row, plan, first, masked_logits)
+        still_masked = [self._has_masks(r) for r in self.active]
+        finished = [r for r, masked in zip(self.active, still_masked) if not masked]
+        self.active = [r for r, masked in zip(self.active, still_masked) if masked]
         return finished
 
-    def _fixed_schedule_step(self, row: DecodeRow, block_logits: Callable[[int, int], torch.Tensor]) -> None:
+    def _suppress_mask(self, logits: torch.Tensor) -> torch.Tensor:
+        logits64 = logits.double()
+        if self.mask_id < logits64.shape[-1]:
+            logits64[:, self.mask_id] = float("-inf")  # never commit the mask token
+        return logits64
+
+    def _fixed_schedule_plan(self, row: DecodeRow) -> tuple[int, torch.Tensor] | None:
+        """The block start and its masked positions if this step commits in it, else None."""
         steps_per_block = row.steps // row.num_blocks
         start = row._block * row.block_length
-        end = start + row.block_length
-        block = row.tokens[start:end]
-        masked = block == self.mask_id
+        masked = row.tokens[start:start + row.block_length] == self.mask_id
         if row._step_in_block == 0:
             # LLaDA's get_num_transfer_tokens: even spread, remainder to the first steps
             count = int(masked.sum())
             base, remainder = divmod(count, steps_per_block)
             row._schedule = [base + 1 if s < remainder else base for s in range(steps_per_block)]
-        commit_count = row._schedule[row._step_in_block]
-        if commit_count:
-            logits64 = block_logits(start, end)
-            chosen = _candidates(logits64, row.temperature, row.generator)
+        return (start, masked) if row._schedule[row._step_in_block] else None
+
+    def _fixed_schedule_step(self, row: DecodeRow, plan: tuple[int, torch.Tensor] | None,
+                             logits64: torch.Tensor | None) -> None:
+        """Commit this step's share of the block, highest confidence first.
+
+        `logits64` holds the masked positions of the block only: the others can never
+        be picked (their confidence is -inf and the schedule never asks for more
+        tokens than the block has masks).
+        """
+        if plan is not None:
+            start, masked = plan
+            block = row.tokens[start:start + row.block_length]
+            chosen = torch.zeros_like(block)
+            chosen[masked] = _candidates(logits64, row.temperature, row.generator, masked)
+            confidence = torch.full(block.shape, float("-inf"), dtype=torch.float64, device=block.device)
             if row.remasking == "low_confidence":
                 probs = torch.softmax(logits64, dim=-1)
-                confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
+                confidence[masked] = probs.gather(-1, chosen[masked][:, None]).squeeze(-1)
             else:
-                confidence = torch.rand(block.shape, dtype=torch.float64, device=block.device,
-                                        generator=row.generator)
-            confidence = torch.where(masked, confidence, torch.full_like(confidence, float("-inf")))
-            picked = confidence.topk(commit_count).indices
+                noise = torch.rand(block.shape, dtype=torch.float64, device=block.device, generator=row.generator)
+                confidence[masked] = noise[masked]
+            picked = confidence.topk(row._schedule[row._step_in_block]).indices
             block[picked] = chosen[picked]
         row._step_in_block += 1
-        if row._step_in_block == steps_per_block:
+        if row._step_in_block == row.steps // row.num_blocks:
             row._block, row._step_in_block = row._block + 1, 0
 
-    def _entropy_threshold_step(self, row: DecodeRow, block_logits: Callable[[int, int], torch.Tensor]) -> None:
+    def _entropy_threshold_plan(self, row: DecodeRow) -> tuple[int, torch.Tensor]:
+        """The block holding the row's first mask, and that block's masked positions."""
+        first_mask = int((row.tokens == self.mask_id).int().argmax())
+        start = first_mask // row.block_length * row.block_length
+        return start, row.tokens[start:start + row.block_length] == self.mask_id
+
+    def _entropy_threshold_step(self, row: DecodeRow, plan: tuple[int, torch.Tensor], logits64: torch.Tensor,
+                                masked_logits: Callable[[int, torch.Tensor], torch.Tensor]) -> None:
+        """Commit the block's confident masks; a completed block hands on to the next.
+
+        `logits64` holds the masked positions of the block only (entropy, noise use
+        and commits concern masked positions alone).
+        """
+        start, masked = plan
         fallback_used = False
         while True:
-            masked_positions = (row.tokens == self.mask_id).nonzero()
-            if masked_positions.numel() == 0:
-                return
-            start = int(masked_positions[0]) // row.block_length * row.block_length
-            end = start + row.block_length
-            block = row.tokens[start:end]
-            masked = block == self.mask_id
-            logits64 = block_logits(start, end)
-            chosen = _candidates(logits64, row.temperature, row.generator)
-            entropy = torch.where(masked, _entropy(logits64), torch.full_like(logits64[:, 0], float("inf")))
-            commit = masked & (entropy < row.alpha)
+            block = row.tokens[start:start + row.block_length]
+            chosen = torch.zeros_like(block)
+            chosen[masked] = _candidates(logits64, row.temperature, row.generator, masked)
+            entropy = torch.full(block.shape, float("inf"), dtype=torch.float64, device=block.device)
+            entropy[masked] = _entropy(logits64)
+            commit = entropy < row.alpha  # inf (never) at positions that are not masked
             if not bool(commit.any()):
                 if fallback_used:
                     return
@@ -292,6 +346,10 @@ class RowDecoder:
             block[commit] = chosen[commit]
             if bool((block == self.mask_id).any()):
                 return  # the block is unfinished: the next step continues it
+            if not bool((row.tokens == self.mask_id).any()):
+                return
+            start, masked = self._entropy_threshold_plan(row)
+            logits64 = masked_logits(start, masked)
 
 
 def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,

@@ -154,3 +154,7 @@ def test_training_resumes_to_the_same_result(tmp_path):
     assert exported.family == "llada"
     log = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == 6 and "valid_acc_ema" in log[-1]
+    # a curriculum stage starts from an earlier stage's exported weights
+    stage = train.main(["--out", str(tmp_path / "c"), *MICRO, "--steps", "1", "--eval-every", "1",
+                        "--init-from", str(tmp_path / "a" / "best"), "--max-value", "9", "--min-start", "1"])
+    assert stage["step"] == 1 and (tmp_path / "c" / "best" / "training_state.json").exists()
