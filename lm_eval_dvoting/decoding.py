@@ -172,7 +172,7 @@ def _candidates(logits64: torch.Tensor, temperature: float, generator: torch.Gen
         return logits64.argmax(-1)
     shape = logits64.shape if block_masked is None else (block_masked.numel(), logits64.shape[-1])
     noise = torch.rand(shape, dtype=torch.float64, device=logits64.device, generator=generator)
-    if block_masked is not None:
+    if shape[0] != logits64.shape[0]:  # some block positions are not masked
         noise = noise[block_masked]
     gumbel = (-torch.log(noise)) ** temperature
     return (logits64.exp() / gumbel).argmax(-1)
@@ -181,8 +181,10 @@ def _candidates(logits64: torch.Tensor, temperature: float, generator: torch.Gen
 def _entropy(logits64: torch.Tensor) -> torch.Tensor:
     log_p = torch.log_softmax(logits64, dim=-1)
     p = log_p.exp()
-    # xlogy-style: positions with p = 0 (the suppressed mask token) contribute 0, not NaN
-    return -torch.where(p > 0, p * log_p, torch.zeros_like(p)).sum(-1)
+    # xlogy-style: entries with p = 0 (the suppressed mask token: 0 * -inf = NaN) contribute
+    # 0, not NaN; the same sums as torch.where(p > 0, p * log_p, 0) without its two extra
+    # vocabulary-sized temporaries
+    return -(p * log_p).nan_to_num_(nan=0.0).sum(-1)
 
 
 class RowDecoder:
@@ -333,17 +335,17 @@ class RowDecoder:
         fallback_used = False
         while True:
             block = row.tokens[start:start + row.block_length]
-            chosen = torch.zeros_like(block)
-            chosen[masked] = _candidates(logits64, row.temperature, row.generator, masked)
-            entropy = torch.full(block.shape, float("inf"), dtype=torch.float64, device=block.device)
-            entropy[masked] = _entropy(logits64)
-            commit = entropy < row.alpha  # inf (never) at positions that are not masked
+            positions = masked.nonzero().squeeze(1)  # the masked positions, in block order
+            chosen = _candidates(logits64, row.temperature, row.generator, masked)
+            entropy = _entropy(logits64)
+            commit = entropy < row.alpha
             if not bool(commit.any()):
                 if fallback_used:
                     return
+                # argmin takes the first minimum: the leftmost masked position, as over the whole block
                 commit[entropy.argmin()] = True
                 fallback_used = True
-            block[commit] = chosen[commit]
+            block[positions[commit]] = chosen[commit]
             if bool((block == self.mask_id).any()):
                 return  # the block is unfinished: the next step continues it
             if not bool((row.tokens == self.mask_id).any()):

@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
     p.add_argument("--mlp", type=int, default=352)
-    p.add_argument("--gen-length", type=int, default=48, help="answer length L (EOS-padded)")
+    p.add_argument("--gen-length", type=int, default=32, help="answer length L (EOS-padded)")
     p.add_argument("--train-min-steps", type=int, default=1, help="shortest chain in training")
     p.add_argument("--train-max-steps", type=int, default=arith.TEST_DIFFICULTY.max_steps)
     p.add_argument("--max-operand", type=int, default=arith.TEST_DIFFICULTY.max_operand)
