@@ -139,13 +139,16 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    for row in rows:
-        ax.scatter(row["mean_nfe"], row["accuracy"], s=50)
-        ax.annotate(row["strategy"], (row["mean_nfe"], row["accuracy"]),
-                    textcoords="offset points", xytext=(6, 4))
-    ax.set_xlabel("mean forward passes (NFE) per question")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    markers = "osD^vP*X"
+    for i, row in enumerate(rows):
+        # a legend, not annotations: points of cheap strategies sit close together
+        ax.scatter(row["mean_nfe"], row["accuracy"], s=60, marker=markers[i % len(markers)],
+                   label=f"{row['strategy']} ({row['accuracy']:.1f}%, {row['mean_nfe']:.0f} NFE)")
+    ax.set_xscale("log")  # costs span two orders of magnitude (dVoting ... HEX)
+    ax.set_xlabel("mean forward passes (NFE) per question, log scale")
     ax.set_ylabel("accuracy (%)")
+    ax.legend(fontsize=8, loc="best")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
