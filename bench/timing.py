@@ -27,7 +27,7 @@ class TimedModel(torch.nn.Module):
 
     `seconds`: time inside `hidden_states` + `logits_from_hidden`;
     `passes`: number of `hidden_states` calls (one per decoder step);
-    `head_seconds`: the part spent in the output head.
+    `head_seconds`, `head_calls`: the part spent in the output head, and its calls.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -43,6 +43,7 @@ class TimedModel(torch.nn.Module):
     def reset(self) -> None:
         self.seconds = 0.0
         self.head_seconds = 0.0
+        self.head_calls = 0
         self.passes = 0
 
     def _sync(self) -> None:
@@ -68,6 +69,7 @@ class TimedModel(torch.nn.Module):
         elapsed = time.perf_counter() - start
         self.seconds += elapsed
         self.head_seconds += elapsed
+        self.head_calls += 1
         return logits
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
