@@ -21,6 +21,18 @@ def require_shared(path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """Tiny models gain nothing from threads, and on a shared 2-core machine
+    oversubscribed threads make their matmuls many times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def llada_fixture() -> Path:
     return require_shared(FIXTURES / "llada")

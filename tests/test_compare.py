@@ -4,17 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from lm_eval_dvoting import compare
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):

@@ -23,14 +23,6 @@ FAMILIES = ["llada_fixture", "dream_fixture"]
 MASK = 250  # the fixtures' mask id
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=None)
 def _load(folder: str) -> nn.Module:
     return load_model(folder, device="cpu", dtype="float32")

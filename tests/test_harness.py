@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import DATA, REPO_ROOT, require_shared
 
@@ -19,14 +18,6 @@ from lm_eval_dvoting.costs import CostedText  # noqa: E402
 from lm_eval_dvoting.harness import LLaDAEvalModel  # noqa: E402
 
 TASKS = REPO_ROOT / "task_configs"
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _tasks(include: Path = TASKS) -> TaskManager:

@@ -27,16 +27,6 @@ from lm_eval_dvoting.models.loading import load_model
 FAMILIES = ["llada_fixture", "dream_fixture"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The tiny model's matmuls are far too small to gain from threads, and on a shared
-    # machine oversubscribed threads make them ~30x slower.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=None)
 def _load(folder: str) -> nn.Module:
     return load_model(folder)

@@ -21,14 +21,6 @@ from lm_eval_dvoting.models.loading import CheckpointError, load_model, load_tok
 FAMILIES = ["llada_fixture", "dream_fixture"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.lru_cache(maxsize=None)
 def _load(folder: str, dtype: str = "float32") -> nn.Module:
     return load_model(folder, device="cpu", dtype=dtype)

@@ -44,14 +44,6 @@ RUN_SPECIFIC_KEYS = ("date", "start_time", "end_time", "total_evaluation_time_se
 BATCH_SPECIFIC_CONFIG_KEYS = ("batch_size", "batch_sizes")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def single(tiny_llada_dir):
     """Greedy one-sample decoding: deterministic, so texts can be compared across inputs."""

@@ -30,14 +30,6 @@ from lm_eval_dvoting.strategies import (
 from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 PROMPT_LENGTH = 3
 TWO_WAY = {2, 5, 7, 9, 13}  # generation indices where two tokens tie
 THREE_WAY = {3, 10}  # ... and where three do
