@@ -41,7 +41,7 @@ from bench.naive import naive_entropy_step, naive_fixed_step  # noqa: E402
 from bench.timing import (PeakMemory, TimedModel, busy_processes, load_average,  # noqa: E402
                           machine_description)
 from bench.workloads import (LLADA_MASK_ID, LLADA_VOCAB, Workload, demo_workload,  # noqa: E402
-                             real_vocab_config, random_llada, real_vocab_workload)
+                             real_vocab_workload)
 from lm_eval_dvoting.decoding import DecodeRow, RowDecoder  # noqa: E402
 from lm_eval_dvoting.strategies import STRATEGIES, StrategySettings, drive  # noqa: E402
 

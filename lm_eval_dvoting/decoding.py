@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 REMASKING_RULES = ("low_confidence", "random")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from pathlib import Path
 
 import pytest
 import torch
