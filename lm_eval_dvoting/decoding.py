@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -250,24 +250,37 @@ class RowDecoder:
         # generation index g sits at column width - L + g; its prediction is read
         # `shift` columns to the left (Dream)
         offsets = [width - row.gen_length - self.shift for row in self.active]
-        plans = [self._fixed_schedule_plan(row) if row.steps is not None else self._entropy_threshold_plan(row)
-                 for row in self.active]
-        wanted = [(i, offsets[i] + plan[0] + plan[1].nonzero().squeeze(1))
-                  for i, plan in enumerate(plans) if plan is not None]
-        first_logits = iter(logits.many(wanted))
+        plans: list[tuple[int, torch.Tensor] | None] = []
+        wanted: list[tuple[int, torch.Tensor]] = []
+        cascades: list[_Cascade] = []
+        for i, row in enumerate(self.active):
+            if row.steps is not None:
+                plan = self._fixed_schedule_plan(row)
+                if plan is not None:
+                    wanted.append((i, offsets[i] + plan[0] + plan[1].nonzero().squeeze(1)))
+            else:
+                plan, cascade = None, _Cascade(i, row, row.tokens.tolist())
+                self._next_block(cascade)  # an active row has a mask left
+                cascades.append(cascade)
+                wanted.append((i, self._columns(cascade, offsets[i])))
+            plans.append(plan)
+        first_logits = dict(zip((i for i, _ in wanted), logits.many(wanted)))
+        for cascade in cascades:
+            cascade.logits = first_logits[cascade.index]
         for i, (row, plan) in enumerate(zip(self.active, plans)):
             row.nfe += 1
-
-            def masked_logits(start: int, masked: torch.Tensor, i: int = i) -> torch.Tensor:
-                """Float64 logits at the masked positions of the block at `start`."""
-                columns = offsets[i] + start + masked.nonzero().squeeze(1)
-                return self._suppress_mask(logits.at(i, columns))
-
-            first = None if plan is None else self._suppress_mask(next(first_logits))
             if row.steps is not None:
-                self._fixed_schedule_step(row, plan, first)
-            else:
-                self._entropy_threshold_step(row, plan, first, masked_logits)
+                first = first_logits.get(i)
+                self._fixed_schedule_step(row, plan, None if first is None else self._suppress_mask(first))
+        # Entropy-threshold rows commit in rounds: every row's current block in one
+        # round, and the rows whose block completed continue in the next block in the
+        # next round, from the same forward pass: one head call and one float64 pass
+        # per round for all rows, rather than one per row and block.
+        while cascades:
+            cascades = self._entropy_threshold_round(cascades)
+            found = logits.many([(c.index, self._columns(c, offsets[c.index])) for c in cascades])
+            for cascade, found_logits in zip(cascades, found):
+                cascade.logits = found_logits
         still_masked = [self._has_masks(r) for r in self.active]
         finished = [r for r, masked in zip(self.active, still_masked) if not masked]
         self.active = [r for r, masked in zip(self.active, still_masked) if masked]
@@ -317,40 +330,107 @@ class RowDecoder:
         if row._step_in_block == row.steps // row.num_blocks:
             row._block, row._step_in_block = row._block + 1, 0
 
-    def _entropy_threshold_plan(self, row: DecodeRow) -> tuple[int, torch.Tensor]:
-        """The block holding the row's first mask, and that block's masked positions."""
-        first_mask = int((row.tokens == self.mask_id).int().argmax())
-        start = first_mask // row.block_length * row.block_length
-        return start, row.tokens[start:start + row.block_length] == self.mask_id
+    def _next_block(self, cascade: _Cascade) -> bool:
+        """Point `cascade` at the block holding its row's first mask; False if none is left."""
+        try:
+            first_mask = cascade.tokens.index(self.mask_id)
+        except ValueError:
+            return False
+        length = cascade.row.block_length
+        cascade.start = first_mask // length * length
+        cascade.positions = [cascade.start + k for k, token in
+                             enumerate(cascade.tokens[cascade.start:cascade.start + length]) if token == self.mask_id]
+        return True
 
-    def _entropy_threshold_step(self, row: DecodeRow, plan: tuple[int, torch.Tensor], logits64: torch.Tensor,
-                                masked_logits: Callable[[int, torch.Tensor], torch.Tensor]) -> None:
-        """Commit the block's confident masks; a completed block hands on to the next.
+    def _columns(self, cascade: _Cascade, offset: int) -> torch.Tensor:
+        """The batch columns whose predictions are the cascade's masked positions."""
+        return torch.tensor([offset + p for p in cascade.positions], device=self.device)
 
-        `logits64` holds the masked positions of the block only (entropy, noise use
-        and commits concern masked positions alone).
+    def _entropy_threshold_round(self, cascades: list[_Cascade]) -> list[_Cascade]:
+        """Commit each row's confident masks in its block; return the rows that go on.
+
+        Every cascade's `logits` hold the masked positions of its block only (entropy,
+        noise use and commits concern masked positions alone). The float64 softmax,
+        entropy and candidates run once over all rows' positions (row by row the
+        numbers are those of a row alone: every operation works along the vocabulary);
+        the commit decisions, a handful of positions per row, are made on host lists.
+        A row whose block completes goes on to its next block in the next round; the
+        one-token fallback is used at most once per row and step.
         """
-        start, masked = plan
-        fallback_used = False
-        while True:
-            block = row.tokens[start:start + row.block_length]
-            positions = masked.nonzero().squeeze(1)  # the masked positions, in block order
-            chosen = _candidates(logits64, row.temperature, row.generator, masked)
-            entropy = _entropy(logits64)
-            commit = entropy < row.alpha
-            if not bool(commit.any()):
-                if fallback_used:
-                    return
-                # argmin takes the first minimum: the leftmost masked position, as over the whole block
-                commit[entropy.argmin()] = True
-                fallback_used = True
-            block[positions[commit]] = chosen[commit]
-            if bool((block == self.mask_id).any()):
-                return  # the block is unfinished: the next step continues it
-            if not bool((row.tokens == self.mask_id).any()):
-                return
-            start, masked = self._entropy_threshold_plan(row)
-            logits64 = masked_logits(start, masked)
+        sizes = [int(c.logits.shape[0]) for c in cascades]
+        logits64 = self._suppress_mask(torch.cat([c.logits for c in cascades]))
+        entropy = _entropy(logits64).tolist()
+        chosen = _many_candidates(logits64, cascades, sizes).tolist()
+        going_on: list[_Cascade] = []
+        begin = 0
+        for cascade, size in zip(cascades, sizes):
+            row, end = cascade.row, begin + size
+            row_entropy, row_chosen = entropy[begin:end], chosen[begin:end]
+            begin = end
+            commit = [k for k, value in enumerate(row_entropy) if value < row.alpha]
+            if not commit:
+                if cascade.fallback_used:
+                    continue
+                # the first minimum, as argmin over the block's masked positions
+                commit = [min(range(size), key=row_entropy.__getitem__)]
+                cascade.fallback_used = True
+            picked = [cascade.positions[k] for k in commit]
+            values = [row_chosen[k] for k in commit]
+            row.tokens[torch.tensor(picked, device=row.tokens.device)] = torch.tensor(
+                values, dtype=row.tokens.dtype, device=row.tokens.device)
+            for position, value in zip(picked, values):
+                cascade.tokens[position] = value
+            if len(commit) < size:
+                continue  # the block is unfinished: the next step continues it
+            if self._next_block(cascade):
+                going_on.append(cascade)
+        return going_on
+
+
+@dataclass(eq=False)
+class _Cascade:
+    """An entropy-threshold row within one step: its block and that block's logits."""
+
+    index: int  # the row's index in the step's batch
+    row: DecodeRow
+    tokens: list[int]  # host copy of row.tokens, kept in step with it
+    start: int = 0  # the block's first generation index
+    positions: list[int] = field(default_factory=list)  # the block's masked generation indices
+    logits: torch.Tensor | None = None  # float32, at `positions`
+    fallback_used: bool = False
+
+
+def _block_noise(cascade: _Cascade, vocab: int, device: torch.device) -> torch.Tensor:
+    """The row's float64 noise for its whole block, kept at the block's masked positions."""
+    length = cascade.row.block_length
+    noise = torch.rand((length, vocab), dtype=torch.float64, device=device, generator=cascade.row.generator)
+    if len(cascade.positions) == length:
+        return noise
+    return noise[torch.tensor([p - cascade.start for p in cascade.positions], device=device)]
+
+
+def _many_candidates(logits64: torch.Tensor, cascades: Sequence[_Cascade], sizes: Sequence[int]) -> torch.Tensor:
+    """`_candidates` for every cascade's slice of `logits64`, computed together.
+
+    Each row draws its noise from its own generator, in row order, for its whole
+    block (as `_candidates` does); rows of one temperature share the arithmetic.
+    """
+    chosen = logits64.argmax(-1)
+    by_temperature: dict[float, list[int]] = {}
+    for k, cascade in enumerate(cascades):
+        if cascade.row.temperature > 0:
+            by_temperature.setdefault(cascade.row.temperature, []).append(k)
+    if not by_temperature:
+        return chosen
+    bounds = [0]
+    for size in sizes:
+        bounds.append(bounds[-1] + size)
+    for temperature, members in by_temperature.items():
+        rows = torch.cat([torch.arange(bounds[k], bounds[k + 1], device=logits64.device) for k in members])
+        noise = torch.cat([_block_noise(cascades[k], logits64.shape[-1], logits64.device) for k in members])
+        gumbel = (-torch.log(noise)) ** temperature
+        chosen[rows] = (logits64[rows].exp() / gumbel).argmax(-1)
+    return chosen
 
 
 def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,

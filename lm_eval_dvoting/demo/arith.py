@@ -21,8 +21,10 @@ The prompt is the dVoting paper's GSM8K prompt (`format_prompt`).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
@@ -98,6 +100,37 @@ def make_problem(rng: random.Random, difficulty: Difficulty = TEST_DIFFICULTY) -
         value = result
     solution = " ".join(worked) + f" \\boxed{{{value}}}"
     return Problem(question=question + "=?", solution=solution, answer=value, steps=steps)
+
+
+def solution_orders(problem: Problem, max_value: int = TEST_DIFFICULTY.max_value) -> list[str]:
+    """Every worked solution of an addition/subtraction chain, one per valid order.
+
+    The first number stays first; the signed terms after it may be taken in any order
+    whose running results all stay in ``[0, max_value]`` (so ``7-5+4`` is also solved
+    as ``7-5=2. 2+4=6.`` or, reordered, ``7+4=11.`` only when 11 is allowed). The
+    question's own left-to-right order is always first. A chain with a
+    multiplication has one order: its own. Several orders are several reasoning
+    paths to one answer, which is what voting needs: samples that take different
+    paths make different mistakes.
+    """
+    body = problem.question.removesuffix("=?")
+    if "*" in body or "(" in body:
+        return [problem.solution]
+    first, *terms = re.findall(r"[+-]?\d+", body)
+    start = int(first)
+    orders: list[str] = []
+    for order in dict.fromkeys(itertools.permutations(terms)):  # equal terms: one order
+        value, worked = start, []
+        for term in order:
+            result = value + int(term)
+            if not 0 <= result <= max_value:
+                break
+            worked.append(f"{value}{term[0]}{term[1:]}={result}.")
+            value = result
+        else:
+            orders.append(" ".join(worked) + f" \\boxed{{{value}}}")
+    orders.sort(key=lambda s: s != problem.solution)  # the question's order first
+    return orders
 
 
 def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Iterator[Problem]:

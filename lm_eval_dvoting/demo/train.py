@@ -65,9 +65,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
     p.add_argument("--min-start", type=int, default=arith.TEST_DIFFICULTY.min_start)
     p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
+    p.add_argument("--solution-order", choices=("question", "any"), default="question",
+                   help="worked solutions in the question's order, or in any valid order of its terms "
+                        "(arith.solution_orders): several reasoning paths per problem")
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--eval-size", type=int, default=200, help="validation problems per evaluation")
     p.add_argument("--ckpt-every", type=int, default=200)
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="also export the raw and moving-average weights to OUT/snapshots/step-N-{model,ema} "
+                        "every N steps (0: off), to pick a checkpoint from the learning curve later")
+    p.add_argument("--snapshot-from", type=int, default=0, help="first step at which --snapshot-every exports")
     p.add_argument("--max-minutes", type=float, default=None, help="end this sitting after so many minutes")
     p.add_argument("--stop-at", type=int, default=None, help="end this sitting at this step (the LR schedule still follows --steps)")
     p.add_argument("--init-from", type=Path, default=None,
@@ -152,6 +159,9 @@ def training_problems(step: int, args, held_out: set[str]) -> list[arith.Problem
     while len(problems) < args.batch_size:
         problem = arith.make_problem(rng, difficulty)
         if problem.question not in held_out:
+            if args.solution_order == "any":  # one of the problem's valid orders, uniformly
+                orders = arith.solution_orders(problem, difficulty.max_value)
+                problem = dataclasses.replace(problem, solution=rng.choice(orders))
             problems.append(problem)
     return problems
 
@@ -353,6 +363,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             log.write(json.dumps(record) + "\n")
             log.flush()
             window_t, window_loss, window_n = time.time(), 0.0, 0
+        if args.snapshot_every and step >= args.snapshot_from and step % args.snapshot_every == 0:
+            for which, net in (("model", model), ("ema", ema)):
+                export_checkpoint(net, config, tokenizer, out / "snapshots" / f"step-{step}-{which}",
+                                  {"step": step, "weights": which, "args": vars(args)})
         if step % args.ckpt_every == 0 or step == args.steps:
             checkpoint()
         if (args.max_minutes is not None and time.time() - began > args.max_minutes * 60) or step == args.stop_at:

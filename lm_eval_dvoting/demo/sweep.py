@@ -1,0 +1,75 @@
+"""Choose the demo checkpoint from the learning curve, on validation problems only.
+
+    python -m lm_eval_dvoting.demo.sweep runs/sweep/snapshots/step-*-model --strategies single dvoting
+
+For every checkpoint folder, runs each strategy (temperature, steps and block length as
+the harness defaults: L = 32, blocks of 2) on the validation problems of
+`arith.held_out_sets` (seed ``VALID_SEED``, disjoint from the test set and from
+training) and prints one JSON line per checkpoint: accuracy and mean NFE per strategy.
+The test set is never read here, so choosing the shipped checkpoint with this table
+does not tune anything on the numbers the README reports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..answers import extract_answer
+from ..strategies import derive_seed, run_strategy
+from . import arith
+from .tokenizer import EOS
+
+GEN_LENGTH = 32
+
+
+def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arith.Problem],
+                     max_rows: int = 64) -> dict[str, dict[str, float]]:
+    """Accuracy and mean NFE of each strategy on `problems` for one checkpoint."""
+    from ..models.loading import load_model, load_tokenizer
+
+    model = load_model(checkpoint, device="cpu")
+    tokenizer = load_tokenizer(checkpoint)
+    enc = tokenizer([arith.format_prompt(p.question) for p in problems], add_special_tokens=False,
+                    padding=True, return_tensors="pt")
+
+    def extract(ids: torch.Tensor) -> str | None:
+        text = tokenizer.decode(ids.tolist(), skip_special_tokens=False).split(EOS)[0]
+        return extract_answer(text, "number")
+
+    seeds = [derive_seed("sweep", p.question) for p in problems]
+    scores: dict[str, dict[str, float]] = {}
+    for strategy in strategies:
+        began = time.perf_counter()
+        results = run_strategy(model, enc.input_ids, enc.attention_mask, strategy=strategy, extract=extract,
+                               gen_length=GEN_LENGTH, row_seeds=seeds, max_rows=max_rows)
+        right = [r.answers[r.chosen] == str(p.answer) for r, p in zip(results, problems)]
+        scores[strategy] = {"acc": round(sum(right) / len(right), 4),
+                            "nfe": round(sum(r.nfe for r in results) / len(results), 2),
+                            "seconds": round(time.perf_counter() - began, 1)}
+    return scores
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m lm_eval_dvoting.demo.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", help="checkpoint folders")
+    p.add_argument("--strategies", nargs="+", default=["single", "dvoting"])
+    p.add_argument("--limit", type=int, default=200, help="validation problems (at most 200)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    _, valid = arith.held_out_sets()
+    problems = valid[: args.limit]
+    for checkpoint in args.checkpoints:
+        scores = sweep_checkpoint(checkpoint, args.strategies, problems)
+        gain = {s: round(100 * (v["acc"] - scores["single"]["acc"]), 1)
+                for s, v in scores.items() if s != "single" and "single" in scores}
+        print(json.dumps({"checkpoint": str(Path(checkpoint)), "problems": len(problems)} | scores
+                         | {"points_over_single": gain}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
