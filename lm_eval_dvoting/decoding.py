@@ -31,6 +31,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .models.common import PrefixCache
+
 REMASKING_RULES = ("low_confidence", "random")
 
 
@@ -59,12 +61,17 @@ class DecodeRow:
     remasking: str = "low_confidence"
     generator: torch.Generator | None = None
     tag: Any = None
+    prefix_cache: bool = False  # Fast-dLLM's prefix key/value cache (`RowDecoder._cached_pass`)
     nfe: int = 0
     # fixed-schedule progress: the block being decoded, the step within it, and how
     # many tokens each of its steps commits
     _block: int = field(default=0, repr=False)
     _step_in_block: int = field(default=0, repr=False)
     _schedule: list[int] = field(default_factory=list, repr=False)
+    # prefix cache (when `prefix_cache`): per-layer keys and values of the
+    # prompt and finished blocks, and the block start they were made for
+    _cache: tuple[list[torch.Tensor], list[torch.Tensor]] | None = field(default=None, repr=False)
+    _cache_start: int | None = field(default=None, repr=False)
 
     @property
     def gen_length(self) -> int:
@@ -107,6 +114,26 @@ def validate_row_settings(
         raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
 
 
+def _accepts_cache(model: torch.nn.Module) -> bool:
+    forward = getattr(model, "hidden_states", None)
+    try:
+        return forward is not None and "cache" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _left_pad(sequences: Sequence[torch.Tensor], pad_id: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded ids, 0/1 attention mask and positions (0.. over the real tokens)."""
+    width = max(s.numel() for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
+    for i, sequence in enumerate(sequences):
+        ids[i, width - sequence.numel():] = sequence
+        attention[i, width - sequence.numel():] = 1
+    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
 def _accepts_position_ids(model: torch.nn.Module) -> bool:
     forward = getattr(model, "hidden_states", None) or model.forward
     try:
@@ -139,6 +166,13 @@ class _StepLogits:
         else:
             self.hidden = None
             self.full = model(ids, attention_mask, **kwargs)
+
+    @classmethod
+    def of_hidden(cls, model: torch.nn.Module, hidden: torch.Tensor) -> "_StepLogits":
+        """Logits of hidden states computed elsewhere (the prefix-cache path)."""
+        self = cls.__new__(cls)
+        self.model, self.hidden, self.full = model, hidden, None
+        return self
 
     def at(self, row: int, columns: torch.Tensor) -> torch.Tensor:
         """Float32 logits (len(columns), vocab) of batch row `row` at `columns`."""
@@ -195,6 +229,7 @@ class RowDecoder:
 
     def __init__(self, model: torch.nn.Module, pad_token_id: int | None = None) -> None:
         self.model = model
+        self.caches = _accepts_cache(model)
         self.mask_id = int(model.mask_token_id)
         self.shift = int(getattr(model, "logits_shift", 0))
         self.max_length = getattr(model, "max_length", None)
@@ -207,6 +242,11 @@ class RowDecoder:
     def add(self, row: DecodeRow) -> None:
         validate_row_settings(row.gen_length, row.block_length, row.steps, row.alpha,
                               row.temperature, row.remasking)
+        if row.prefix_cache and not self.caches:
+            raise ValueError(
+                f"prefix_cache needs one of this package's LLaDA/Dream models (hidden_states with a cache); "
+                f"{type(self.model).__name__} has none: run without prefix_cache"
+            )
         if self.shift and row.prompt.numel() == 0:
             raise ValueError("this model reads predictions one position to the left: the prompt must not be empty")
         total = row.prompt.numel() + row.gen_length
@@ -229,22 +269,87 @@ class RowDecoder:
 
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Left-padded ids and attention mask for the active rows, and their width."""
-        width = max(r.prompt.numel() + r.gen_length for r in self.active)
-        ids = torch.full((len(self.active), width), self.pad_id, dtype=torch.long, device=self.device)
-        attention = torch.zeros((len(self.active), width), dtype=torch.long, device=self.device)
-        for i, row in enumerate(self.active):
-            sequence = torch.cat([row.prompt, row.tokens])
-            ids[i, width - sequence.numel():] = sequence
-            attention[i, width - sequence.numel():] = 1
-        return ids, attention, width
+        ids, attention, _ = _left_pad([torch.cat([r.prompt, r.tokens]) for r in self.active], self.pad_id,
+                                      self.device)
+        return ids, attention, ids.shape[1]
+
+    def _block_start(self, row: DecodeRow) -> int:
+        """The first generation index of the block the row commits in next."""
+        if row.steps is not None:
+            return row._block * row.block_length
+        first_mask = row.tokens.tolist().index(self.mask_id)
+        return first_mask // row.block_length * row.block_length
+
+    def _cached_pass(self) -> tuple[_StepLogits, int]:
+        """One step's forward pass when some row uses Fast-dLLM's prefix cache.
+
+        A row entering a new block runs over its whole sequence, and the keys and
+        values of everything before the block (prompt and finished blocks) are kept;
+        while it stays in that block, it runs over the block and what follows only,
+        attending to the kept keys and values. The kept prefix is stale (it was
+        computed before the block's later commits), so outputs differ slightly from
+        the uncached decoder: an opt-in approximation, off by default. Rows without
+        the cache always run over their whole sequence.
+        Hidden states come back right-aligned in one (rows, width, d) tensor, so that
+        generation index g of a row sits at column width - L + g as without the cache.
+        """
+        rows = self.active
+        starts = [self._block_start(row) for row in rows]
+        kept = [i for i, row in enumerate(rows) if row.prefix_cache and row._cache_start == starts[i]]
+        fresh = [i for i, row in enumerate(rows) if not (row.prefix_cache and row._cache_start == starts[i])]
+        sequences = [torch.cat([row.prompt, row.tokens]) for row in rows]
+        width = max(s.numel() for s in sequences)
+        parts: list[tuple[list[int], torch.Tensor]] = []
+        if fresh:
+            ids, attention, positions = _left_pad([sequences[i] for i in fresh], self.pad_id, self.device)
+            record = PrefixCache()
+            hidden = self.model.hidden_states(ids, attention, positions, cache=record)
+            for local, i in enumerate(fresh):
+                if not rows[i].prefix_cache:
+                    continue
+                row, prefix = rows[i], rows[i].prompt.numel() + starts[i] - self.shift
+                first = ids.shape[1] - sequences[i].numel()
+                row._cache = ([k[local, :, first:first + prefix].clone() for k in record.new_keys],
+                              [v[local, :, first:first + prefix].clone() for v in record.new_values])
+                row._cache_start = starts[i]
+            parts.append((fresh, hidden))
+        if kept:
+            prefixes = [rows[i]._cache[0][0].shape[1] for i in kept]
+            ids, attention, positions = _left_pad([sequences[i][p:] for i, p in zip(kept, prefixes)],
+                                                  self.pad_id, self.device)
+            positions = positions + torch.tensor(prefixes, device=self.device)[:, None]
+            longest = max(prefixes)
+            cache = PrefixCache(mask=torch.zeros((len(kept), longest), dtype=torch.long, device=self.device))
+            for layer in range(len(rows[kept[0]]._cache[0])):
+                keys, values = [], []
+                for local, i in enumerate(kept):
+                    k, v = rows[i]._cache[0][layer], rows[i]._cache[1][layer]
+                    pad = longest - k.shape[1]
+                    keys.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                    values.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
+                    if layer == 0:
+                        cache.mask[local, pad:] = 1
+                cache.keys.append(torch.stack(keys))
+                cache.values.append(torch.stack(values))
+            parts.append((kept, self.model.hidden_states(ids, attention, positions, cache=cache)))
+        if len(parts) == 1 and parts[0][1].shape[1] == width:
+            return _StepLogits.of_hidden(self.model, parts[0][1]), width
+        first_hidden = parts[0][1]
+        hidden = first_hidden.new_zeros((len(rows), width, first_hidden.shape[-1]))
+        for members, part in parts:
+            hidden[torch.tensor(members, device=self.device), width - part.shape[1]:] = part
+        return _StepLogits.of_hidden(self.model, hidden), width
 
     @torch.no_grad()
     def step(self) -> list[DecodeRow]:
         """One forward pass for every active row, then each row's commits."""
         if not self.active:
             return []
-        ids, attention, width = self._batch()
-        logits = _StepLogits(self.model, ids, attention, self.pass_positions)
+        if any(row.prefix_cache for row in self.active):
+            logits, width = self._cached_pass()
+        else:
+            ids, attention, width = self._batch()
+            logits = _StepLogits(self.model, ids, attention, self.pass_positions)
         # Each row's first block and its masked positions are found before the head
         # runs, so that the head runs once for all rows, at masked positions only.
         # generation index g sits at column width - L + g; its prediction is read
@@ -283,6 +388,8 @@ class RowDecoder:
                 cascade.logits = found_logits
         still_masked = [self._has_masks(r) for r in self.active]
         finished = [r for r, masked in zip(self.active, still_masked) if not masked]
+        for row in finished:
+            row._cache = None  # free the kept keys and values
         self.active = [r for r, masked in zip(self.active, still_masked) if masked]
         return finished
 
@@ -457,6 +564,7 @@ def generate(
     remasking: str = "low_confidence",
     init_tokens: torch.Tensor | None = None,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    prefix_cache: bool = False,
 ) -> DecodeResult:
     """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
 
@@ -486,6 +594,7 @@ def generate(
             temperature=temperature,
             remasking=remasking,
             generator=g,
+            prefix_cache=prefix_cache,
         )
         for i, g in enumerate(_as_generators(generator, batch))
     ]

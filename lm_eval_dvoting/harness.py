@@ -71,6 +71,7 @@ class DVotingEvalModel(TemplateLM):
         steps: int | None = None,
         remasking: str = "low_confidence",
         hex_samples: int = 25,
+        prefix_cache: bool | str = False,
         seed: int = 1234,
         dtype: str | None = None,
         max_gen_toks: int = 256,
@@ -93,6 +94,7 @@ class DVotingEvalModel(TemplateLM):
             strategy=strategy, gen_length=int(max_gen_toks), block_length=block_length, n=int(n),
             alpha=float(alpha), temperature=None if temperature is None else float(temperature),
             tau=float(tau), steps=steps, remasking=remasking, hex_samples=int(hex_samples),
+            prefix_cache=_flag("prefix_cache", prefix_cache),
         )
         self.pretrained = pretrained or self.default_pretrained
         self.seed = int(seed)
@@ -391,6 +393,18 @@ class DVotingEvalModel(TemplateLM):
                 "totals": totals,
             }
         }
+
+
+def _flag(name: str, value: bool | str) -> bool:
+    """A boolean model arg given as a bool or as true/false text."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def _encodable(text: str) -> str:

@@ -80,6 +80,7 @@ class StrategySettings:
     steps: int | None = None  # default per strategy: L (single), L/2 (majority, hex)
     remasking: str = "low_confidence"
     hex_samples: int = 25
+    prefix_cache: bool = False  # Fast-dLLM's prefix key/value cache: faster, slightly different samples
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -241,6 +242,7 @@ def run_strategy(
     steps: int | None = None,
     remasking: str = "low_confidence",
     hex_samples: int = 25,
+    prefix_cache: bool = False,
     same_answer: SameAnswer | None = None,
     row_seeds: Sequence[int] | None = None,
     max_rows: int = 16,
@@ -253,11 +255,13 @@ def run_strategy(
     the strategy's default (single 0, majority/hex 0.9, dvoting 0.6). Each row's
     samples are seeded from `row_seeds[i]` (default: derived from `seed` and the row
     index). `max_rows` caps the rows decoded per forward pass; `on_done(i, result)`
-    is called as each question finishes.
+    is called as each question finishes. `prefix_cache` turns on Fast-dLLM's prefix
+    key/value cache (faster, slightly different samples; off by default).
     """
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
+        prefix_cache=prefix_cache,
     )
     batch = input_ids.shape[0]
     if attention_mask is None:
@@ -367,6 +371,7 @@ def drive(
                 temperature=spec.temperature,
                 remasking=settings_of[waiting.index].remasking,
                 generator=generator,
+                prefix_cache=settings_of[waiting.index].prefix_cache,
                 tag=spec,
             )
             waiting.wave_rows.append(row)

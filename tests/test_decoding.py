@@ -423,3 +423,60 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="maximum length"):
         generate(ScriptedModel(PEAKED.choices, max_length=10), torch.tensor([[5, 6, 7]]),
                  gen_length=8, block_length=4, alpha=0.3)
+
+
+# --------------------------------------------------------------------- prefix cache
+
+def _demo_prompts(count: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    from lm_eval_dvoting.demo import arith
+    from lm_eval_dvoting.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny-arith")
+    questions = [arith.format_prompt(p.question) for p in arith.held_out_sets()[1][:count]]
+    enc = tokenizer(questions, add_special_tokens=False, padding=True, return_tensors="pt")
+    return _load("tiny-arith"), enc.input_ids, enc.attention_mask
+
+
+@pytest.mark.parametrize("rule", [dict(steps=32), dict(alpha=0.3, temperature=0.6)], ids=["fixed", "entropy"])
+def test_prefix_cache_stays_close_to_the_exact_decoder(rule):
+    """An approximation: most demo answers are unchanged, the NFE is the same for the
+    fixed schedule, and every row decodes to the same tokens alone or in a batch."""
+    model, ids, mask = _demo_prompts(24)
+    seeds = lambda: [torch.Generator().manual_seed(i) for i in range(24)]  # noqa: E731
+    exact = generate(model, ids, mask, gen_length=32, block_length=2, generator=seeds(), **rule)
+    cached = generate(model, ids, mask, gen_length=32, block_length=2, generator=seeds(), prefix_cache=True,
+                      **rule)
+    same = sum(torch.equal(a, b) for a, b in zip(exact.tokens, cached.tokens))
+    assert same >= 18, f"only {same}/24 rows unchanged by the prefix cache"
+    if "steps" in rule:
+        assert torch.equal(exact.nfe, cached.nfe)
+    for i in (0, 5, 23):  # alone == inside the batch (prefixes and suffixes padded)
+        alone = generate(model, ids[i:i + 1], mask[i:i + 1], gen_length=32, block_length=2,
+                         generator=[torch.Generator().manual_seed(i)], prefix_cache=True, **rule)
+        assert torch.equal(alone.tokens[0], cached.tokens[i])
+
+
+def test_prefix_cache_is_used_within_a_block():
+    """With several steps per block, the block's later steps run over the suffix only."""
+    model, ids, mask = _demo_prompts(4)
+    lengths: list[int] = []
+    original = model.hidden_states
+
+    def spy(input_ids, attention_mask=None, position_ids=None, cache=None):
+        lengths.append(input_ids.shape[1])
+        return original(input_ids, attention_mask, position_ids, cache=cache)
+
+    model.hidden_states = spy
+    try:
+        generate(model, ids, mask, gen_length=32, block_length=8, steps=32, prefix_cache=True)
+    finally:
+        del model.hidden_states
+    full = ids.shape[1] + 32
+    assert lengths.count(full) == 4  # one full pass per block
+    assert sorted(set(lengths) - {full}) == [8, 16, 24, 32]  # the block and what follows
+
+
+def test_prefix_cache_needs_our_models():
+    scripted = ScriptedModel(gen_choices(2, lambda q, g: (1,)), vocab=8)
+    with pytest.raises(ValueError, match="prefix_cache"):
+        generate(scripted, torch.tensor([[1, 2]]), gen_length=2, block_length=2, steps=2, prefix_cache=True)

@@ -164,3 +164,17 @@ def test_stock_loglikelihood_task_runs_offline(tiny_llada_dir, tmp_path):
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), mc_num=4, batch_size=16, device="cpu")
     results = _evaluate(lm, ["arc_challenge_local"], 4, tm=_tasks(tmp_path))
     assert 0.0 <= results["results"]["arc_challenge_local"]["acc,none"] <= 1.0
+
+
+def test_prefix_cache_model_arg(tiny_llada_dir):
+    """`prefix_cache` is off by default, accepts true/false text, lands in the results'
+    config, and refuses anything else."""
+    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", device="cpu")
+    assert lm.get_model_info()["dvoting"]["settings"]["prefix_cache"] is False
+    cached = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", device="cpu",
+                            prefix_cache="True", max_gen_toks=32, block_length=8)
+    assert cached.get_model_info()["dvoting"]["settings"]["prefix_cache"] is True
+    text, = cached.generate_until([_Request("1+1=?", {"max_gen_toks": 32})])
+    assert text.nfe == 32
+    with pytest.raises(ValueError, match="prefix_cache must be true or false"):
+        LLaDAEvalModel(pretrained=str(tiny_llada_dir), prefix_cache="sometimes")

@@ -280,3 +280,30 @@ def test_load_tokenizer_plain(tiny_llada_dir: Path):
     tokenizer = load_tokenizer(tiny_llada_dir)
     text = "12+3=15"
     assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True).replace(" ", "") == text
+
+
+def test_prefix_cache_reproduces_the_full_pass(folder: Path):
+    """Keys/values of a prefix, kept from a full pass over left-padded rows, give the
+    suffix exactly the hidden states of that full pass (positions continued)."""
+    from lm_eval_dvoting.models.common import PrefixCache
+
+    model = _load(str(folder))
+    ids = torch.randint(0, 240, (3, 14), generator=torch.Generator().manual_seed(3))
+    attention = torch.ones_like(ids)
+    attention[1, :4] = 0
+    attention[2, :9] = 0  # this row's prefix is padding plus one real token
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    record = PrefixCache()
+    with torch.no_grad():
+        full = model.hidden_states(ids, attention, positions, cache=record)
+        assert torch.equal(full, model.hidden_states(ids, attention, positions))  # recording changes nothing
+        cut = 10
+        prefix = PrefixCache(keys=[k[:, :, :cut] for k in record.new_keys],
+                             values=[v[:, :, :cut] for v in record.new_values], mask=attention[:, :cut])
+        suffix = model.hidden_states(ids[:, cut:], attention[:, cut:], positions[:, cut:], cache=prefix)
+        torch.testing.assert_close(suffix, full[:, cut:], rtol=0, atol=1e-5)
+        # a stale prefix (other tokens) really changes the suffix: the cache is used
+        other = PrefixCache(keys=[k.flip(2)[:, :, :cut] for k in record.new_keys],
+                            values=[v.flip(2)[:, :, :cut] for v in record.new_values], mask=attention[:, :cut])
+        assert not torch.allclose(model.hidden_states(ids[:, cut:], attention[:, cut:], positions[:, cut:],
+                                                      cache=other), full[:, cut:], atol=1e-4)

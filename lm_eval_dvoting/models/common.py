@@ -7,6 +7,8 @@ the weights' dtype.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -76,3 +78,40 @@ def bidirectional_attention(
         k = k.repeat_interleave(groups, dim=1)
         v = v.repeat_interleave(groups, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=False)
+
+
+@dataclass
+class PrefixCache:
+    """Keys and values of a prefix, to attend to without recomputing them (Fast-dLLM's
+    prefix cache), and the keys and values of the pass that uses it.
+
+    `keys[l]` / `values[l]`: layer `l`'s rotated keys and values of the cached prefix,
+    (batch, kv_heads, prefix, head_dim); `mask` (batch, prefix) marks the real ones (a
+    row's prefix is left-padded to the longest). Empty lists: no prefix (a pass that
+    only records). After a pass, `new_keys[l]` / `new_values[l]` hold the pass's own
+    keys and values, from which a caller cuts the next prefix.
+    """
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+    mask: torch.Tensor | None = None
+    new_keys: list[torch.Tensor] = field(default_factory=list)
+    new_values: list[torch.Tensor] = field(default_factory=list)
+
+    def key_mask(self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The 0/1 mask over prefix + pass keys (None: attend everywhere)."""
+        if self.mask is None:
+            return attention_mask
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        return torch.cat([self.mask.to(attention_mask.dtype), attention_mask], dim=1)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               bias: torch.Tensor | None) -> torch.Tensor:
+        """Record this pass's keys/values, then attend over prefix + pass keys."""
+        self.new_keys.append(k)
+        self.new_values.append(v)
+        if self.keys:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        return bidirectional_attention(q, k, v, bias)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import (
+    PrefixCache,
     RMSNorm,
     apply_rotary,
     attention_bias,
@@ -62,13 +63,15 @@ class DreamAttention(nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor],
         bias: torch.Tensor | None,
         query_keep: torch.Tensor | None,
+        cache: PrefixCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        attended = bidirectional_attention(q, k, v, bias)
+        attended = bidirectional_attention(q, k, v, bias) if cache is None else cache.attend(layer, q, k, v, bias)
         if query_keep is not None:
             # Upstream Dream masks queries too (a 4-D mask `keep_q & keep_k`), which
             # makes a padded position's attention output zero. Zeroing explicitly gives
@@ -102,8 +105,10 @@ class DreamLayer(nn.Module):
         rotary: tuple[torch.Tensor, torch.Tensor],
         bias: torch.Tensor | None,
         query_keep: torch.Tensor | None,
+        cache: PrefixCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, bias, query_keep)
+        x = x + self.self_attn(self.input_layernorm(x), rotary, bias, query_keep, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -132,19 +137,26 @@ class DreamModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        cache: PrefixCache | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states (batch, length, width), before the output head."""
+        """Final-norm hidden states (batch, length, width), before the output head.
+
+        With `cache`, the tokens also attend to the cached prefix's keys and values
+        (give `position_ids` that continue the prefix's), and the pass's own keys and
+        values are recorded in it.
+        """
         cfg = self.config
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
         x = self.model.embed_tokens(input_ids)
         rotary = rotary_tables(position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta)
-        bias = attention_bias(attention_mask, x.dtype)
+        keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
+        bias = attention_bias(keys, x.dtype)
         query_keep = None
         if attention_mask is not None:
             query_keep = attention_mask.to(x.dtype)[:, None, :, None]
-        for layer in self.model.layers:
-            x = layer(x, rotary, bias, query_keep)
+        for index, layer in enumerate(self.model.layers):
+            x = layer(x, rotary, bias, query_keep, cache, index)
         return self.model.norm(x)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:

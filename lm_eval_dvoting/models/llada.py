@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .common import (
+    PrefixCache,
     RMSNorm,
     apply_rotary,
     attention_bias,
@@ -73,7 +74,8 @@ class LLaDABlock(nn.Module):
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, cfg.d_model, bias=cfg.include_bias)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None
+        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
+        cache: PrefixCache | None = None, layer: int = 0,
     ) -> torch.Tensor:
         batch, length, width = x.shape
         h = self.attn_norm(x)
@@ -81,7 +83,7 @@ class LLaDABlock(nn.Module):
         k = self.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        attended = bidirectional_attention(q, k, v, bias)
+        attended = bidirectional_attention(q, k, v, bias) if cache is None else cache.attend(layer, q, k, v, bias)
         x = x + self.attn_out(attended.transpose(1, 2).reshape(batch, length, width))
         h = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
@@ -124,16 +126,23 @@ class LLaDAModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        cache: PrefixCache | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states (batch, length, width), before the output head."""
+        """Final-norm hidden states (batch, length, width), before the output head.
+
+        With `cache`, the tokens also attend to the cached prefix's keys and values
+        (give `position_ids` that continue the prefix's), and the pass's own keys and
+        values are recorded in it.
+        """
         cfg, transformer = self.config, self.model.transformer
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
         x = transformer.wte(input_ids)
         rotary = rotary_tables(position_ids, cfg.d_model // cfg.n_heads, cfg.rope_theta)
-        bias = attention_bias(attention_mask, x.dtype)
-        for block in transformer.blocks:
-            x = block(x, rotary, bias)
+        keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
+        bias = attention_bias(keys, x.dtype)
+        for layer, block in enumerate(transformer.blocks):
+            x = block(x, rotary, bias, cache, layer)
         return transformer.ln_f(x)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
