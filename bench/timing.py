@@ -26,7 +26,8 @@ class TimedModel(torch.nn.Module):
     """`model` with its forward pass (hidden states and head) timed.
 
     `seconds`: time inside `hidden_states` + `logits_from_hidden`;
-    `passes`: number of `hidden_states` calls (one per decoder step);
+    `passes`: number of `hidden_states` calls (one per decoder step; two in a step where
+    the prefix cache runs some rows over their whole sequence and others over a suffix);
     `head_seconds`, `head_calls`: the part spent in the output head, and its calls.
     """
 
@@ -50,12 +51,15 @@ class TimedModel(torch.nn.Module):
         if self._cuda:
             torch.cuda.synchronize()
 
-    # the signature names position_ids so that the decoder passes them on
+    # the signature names position_ids and cache so that the decoder passes them on
     def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                      position_ids: torch.Tensor | None = None, cache: Any = None) -> torch.Tensor:
         self._sync()
         start = time.perf_counter()
-        hidden = self.inner.hidden_states(input_ids, attention_mask, position_ids)
+        if cache is None:  # a model without a prefix cache (bench/run.py's _FixedHidden) takes no `cache`
+            hidden = self.inner.hidden_states(input_ids, attention_mask, position_ids)
+        else:
+            hidden = self.inner.hidden_states(input_ids, attention_mask, position_ids, cache=cache)
         self._sync()
         self.seconds += time.perf_counter() - start
         self.passes += 1

@@ -5,7 +5,8 @@
   has no weights yet, a random-weight LLaDA of the demo's shape (`demo/train.py`
   defaults) stands in;
 * a random-weight LLaDA with LLaDA-8B's real vocabulary (126,464 rows in the output
-  head, mask id 126336, EOS 126081) at a reduced depth and width, with random prompts.
+  head, mask id 126336, EOS 126081) at a reduced depth and width, with random prompts;
+  and one at LLaDA-8B's real width (4096, 32 heads, MLP 12,288) and a reduced depth.
   Its "answer" is the first generated token: random weights give no arithmetic, but
   the answers still agree or disagree, which is all the strategies' control flow needs.
 """
@@ -35,6 +36,7 @@ class Workload:
     extract: Callable[[torch.Tensor], Any]
     gen_length: int
     description: str
+    targets: list[Any] | None = None  # the right answer per prompt, when there is one
 
 
 def _finish(model: LLaDAModel, config: dict[str, Any]) -> LLaDAModel:
@@ -56,11 +58,15 @@ def demo_config() -> dict[str, Any]:
 
 def random_llada(config: dict[str, Any], seed: int = 0, std: float = 0.02) -> LLaDAModel:
     torch.manual_seed(seed)
-    model = LLaDAModel(LLaDAConfig.from_dict(config))
+    with torch.device("meta"):  # no default initialisation: at LLaDA-8B's width it costs seconds
+        model = LLaDAModel(LLaDAConfig.from_dict(config))
+    model = model.to_empty(device="cpu")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0, std)
+            else:  # the norms' weights
+                p.fill_(1.0)
     return _finish(model, config)
 
 
@@ -95,7 +101,8 @@ def demo_workload(path: str, questions: int, gen_length: int = 32) -> Workload:
             ids = ids[:ids.index(eos)]
         return extract_answer(tokenizer.decode(ids), "number")
 
-    return Workload("demo", model, prompts, extract, gen_length, description)
+    targets = [str(r["answer"]) for r in rows]
+    return Workload("demo", model, prompts, extract, gen_length, description, targets)
 
 
 def real_vocab_config(d_model: int = 256, n_layers: int = 2, n_heads: int = 4, mlp: int = 768) -> dict[str, Any]:
@@ -109,9 +116,10 @@ def real_vocab_config(d_model: int = 256, n_layers: int = 2, n_heads: int = 4, m
 
 
 def real_vocab_workload(questions: int, gen_length: int = 64, prompt_length: int = 48,
-                        d_model: int = 256, n_layers: int = 2) -> Workload:
-    config = real_vocab_config(d_model=d_model, n_layers=n_layers, mlp=3 * d_model)
-    model = random_llada(config, seed=1, std=0.05)
+                        d_model: int = 256, n_layers: int = 2, n_heads: int = 4, name: str = "real-vocab",
+                        std: float = 0.05) -> Workload:
+    config = real_vocab_config(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp=3 * d_model)
+    model = random_llada(config, seed=1, std=std)
     generator = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 126_000, (prompt_length,), generator=generator) for _ in range(questions)]
 
@@ -119,5 +127,6 @@ def real_vocab_workload(questions: int, gen_length: int = 64, prompt_length: int
         return int(tokens[0])
 
     description = (f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} layers, "
-                   f"MLP {3 * d_model}; random prompts of {prompt_length} tokens; answer = first generated token")
-    return Workload("real-vocab", model, prompts, extract, gen_length, description)
+                   f"{n_heads} heads, MLP {3 * d_model}; random prompts of {prompt_length} tokens; answer = first "
+                   f"generated token")
+    return Workload(name, model, prompts, extract, gen_length, description)

@@ -302,11 +302,12 @@ class RowDecoder:
         parts: list[tuple[list[int], torch.Tensor]] = []
         if fresh:
             ids, attention, positions = _left_pad([sequences[i] for i in fresh], self.pad_id, self.device)
-            record = PrefixCache()
+            # keep a prefix only where a later step of the same block can use it
+            keep = [(local, i) for local, i in enumerate(fresh) if rows[i].prefix_cache and (
+                rows[i].steps is None or rows[i]._step_in_block + 1 < rows[i].steps // rows[i].num_blocks)]
+            record = PrefixCache() if keep else None
             hidden = self.model.hidden_states(ids, attention, positions, cache=record)
-            for local, i in enumerate(fresh):
-                if not rows[i].prefix_cache:
-                    continue
+            for local, i in keep:
                 row, prefix = rows[i], rows[i].prompt.numel() + starts[i] - self.shift
                 first = ids.shape[1] - sequences[i].numel()
                 row._cache = ([k[local, :, first:first + prefix].clone() for k in record.new_keys],
