@@ -158,3 +158,53 @@ def test_training_resumes_to_the_same_result(tmp_path):
     stage = train.main(["--out", str(tmp_path / "c"), *MICRO, "--steps", "1", "--eval-every", "1",
                         "--init-from", str(tmp_path / "a" / "best"), "--max-value", "9", "--min-start", "1"])
     assert stage["step"] == 1 and (tmp_path / "c" / "best" / "training_state.json").exists()
+
+
+def test_solution_orders_are_valid_worked_solutions():
+    """Every order works the same terms (the first number first), keeps running results
+    in range and ends in the right answer; the question's own order comes first."""
+    counts = []
+    for problem in arith.make_problems(4, 300):
+        orders = arith.solution_orders(problem)
+        counts.append(len(orders))
+        assert orders[0] == problem.solution
+        assert len(set(orders)) == len(orders)
+        terms = sorted(re.findall(r"[+-]\d+", problem.question))
+        for order in orders:
+            assert order.endswith(f"\\boxed{{{problem.answer}}}")
+            steps = re.findall(r"(\d+)([+-])(\d+)=(\d+)\.", order)
+            assert len(steps) == problem.steps
+            assert steps[0][0] == re.match(r"\d+", problem.question).group()
+            assert sorted(op + b for _, op, b, _ in steps) == terms
+            for (a, op, b, result), nxt in zip(steps, steps[1:] + [None]):
+                assert _evaluate(f"{a}{op}{b}") == int(result) and 0 <= int(result) <= 9
+                if nxt is not None:
+                    assert nxt[0] == result  # running results chain
+    assert max(counts) > 1 and min(counts) == 1  # some problems have several paths, some one
+    # equal terms give one order, and a multiplication keeps its own order
+    assert arith.solution_orders(arith.Problem("5+2+2=?", "5+2=7. 7+2=9. \\boxed{9}", 9, 2)) == [
+        "5+2=7. 7+2=9. \\boxed{9}"]
+    product = arith.Problem("(2+1)*3=?", "2+1=3. 3*3=9. \\boxed{9}", 9, 2)
+    assert arith.solution_orders(product) == [product.solution]
+
+
+def test_training_can_mix_solution_orders():
+    args = train.parse_args(["--solution-order", "any", "--batch-size", "64"])
+    held_out, _ = train.held_out_problems(args)
+    batch = train.training_problems(3, args, held_out)
+    assert batch == train.training_problems(3, args, held_out)  # a function of (seed, step)
+    assert all(p.solution in arith.solution_orders(p) for p in batch)
+    assert any(p.solution != arith.solution_orders(p)[0] for p in batch)  # not always the question's order
+    plain = train.training_problems(3, train.parse_args(["--batch-size", "64"]), held_out)
+    assert all(p.solution == arith.solution_orders(p)[0] for p in plain)
+
+
+def test_sweep_scores_checkpoints_on_validation_problems(capsys):
+    from lm_eval_dvoting.demo import sweep
+
+    torch.set_num_threads(1)
+    sweep.main(["tiny-arith", "--strategies", "single", "dvoting", "--limit", "12"])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["problems"] == 12 and line["single"]["nfe"] == 32.0
+    assert 0 <= line["single"]["acc"] <= 1 and 0 < line["dvoting"]["nfe"] <= 5 * 32
+    assert line["points_over_single"]["dvoting"] == round(100 * (line["dvoting"]["acc"] - line["single"]["acc"]), 1)

@@ -111,7 +111,7 @@ def solution_orders(problem: Problem, max_value: int = TEST_DIFFICULTY.max_value
     question's own left-to-right order is always first. A chain with a
     multiplication has one order: its own. Several orders are several reasoning
     paths to one answer, which is what voting needs: samples that take different
-    paths make different mistakes.
+    paths make different mistakes. (`problem.solution` is not read: only the question.)
     """
     body = problem.question.removesuffix("=?")
     if "*" in body or "(" in body:
@@ -129,8 +129,7 @@ def solution_orders(problem: Problem, max_value: int = TEST_DIFFICULTY.max_value
             value = result
         else:
             orders.append(" ".join(worked) + f" \\boxed{{{value}}}")
-    orders.sort(key=lambda s: s != problem.solution)  # the question's order first
-    return orders
+    return orders  # permutations() yields the question's own order first
 
 
 def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Iterator[Problem]:
