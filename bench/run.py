@@ -484,10 +484,11 @@ def write_report(args, facts, load_before, load_after, busy, all_cells, descript
                 f"{r['naive_s'] / r['ours_block_mean_s']:.0f}x | {r['noise_draw_s'] * 1e3:.1f} ms |")
         lines += [
             "",
-            "The last column is the cost of `torch.rand((32, 126464), float64, generator)` alone: the decoder",
-            "must draw the noise for the whole block from the row's generator (the random stream is part of",
-            "the semantics: `test_gumbel_sampling_is_llada_float64`), so at T > 0 that draw is a floor that no",
-            "restructuring removes.",
+            "The last column is the cost of `torch.rand((32, 126464), float64, generator)` alone, the noise of",
+            "a whole block. The fixed schedule needs it at every masked position of the block (the noisy",
+            "candidates' confidence decides what commits); the entropy rule decides from the un-noised logits",
+            "and draws noise only for the positions it commits, so its first-step cost is mostly the float64",
+            "entropy over the block.",
             "",
         ]
     noise_ns = ""
@@ -514,33 +515,30 @@ ANALYSIS = """
   cores are slower still (the other processes hold them). The target belongs to a GPU, where a
   batch-16 pass costs little more than a batch-1 pass. Answers are identical across batch sizes
   (the token digests of every sample of every question match).
-- **Decoder share at the real vocabulary (target 2).** The reduced model (2 layers, width 256)
-  makes a forward pass very cheap, while the decoder's float64 work per committable position is
-  proportional to the vocabulary and not to the model size: drawing the block's float64 Gumbel
-  noise from the row's generator alone costs several ns per vocabulary entry{noise_ns}, of the order of the output head's own cost per position at width 256. The noise must
-  be drawn for the whole block from the row's generator (the random stream is fixed by the
-  semantics), so at T > 0 the share cannot go below that floor on this CPU; at T = 0
-  (`single`) there is no noise and the share is lowest. With LLaDA-8B's width (4096) and
-  32 layers, the forward pass per position grows by orders of magnitude and the decoder's
-  time per position does not change.
+- **Decoder share at the real vocabulary (target 2).** The decoder's float64 work per
+  committable position (softmax, entropy, and at T > 0 the Gumbel noise: the fixed schedule
+  needs it at every masked position of the block, the entropy rule only where it commits)
+  is proportional to the vocabulary, not to the model. At LLaDA-8B's width (`real-shape`) the
+  forward pass dwarfs it even with one layer of 32, and the full model only adds layers; at
+  width 256 (`real-vocab`, shown for reference) the forward pass is so small that the same
+  float64 work is a large share: drawing the block's noise alone costs several ns per
+  vocabulary entry{noise_ns}.
 - **dVoting vs majority per forward pass (target 1).** dVoting's entropy rule commits several
-  tokens per pass and hands the same step on to the next block, so one forward pass of dVoting
-  carries more commit work (more blocks scored, each with its own output-head call for the
-  continuation and its float64 work: `head calls/pass` > 1) than one of the fixed schedule; its
-  low NFE on a trained model is exactly that. On the random real-vocabulary model the hand-on
-  happens every second step and commits nothing (the block was finished by the one-token
-  fallback, which may not be used twice in a step), yet it still pays a memory-bound head call
-  (the 126,464 x 256 weight is read again for one row) and a float64 noise draw. The draw is kept
-  because the per-seed random stream is part of the decoder's behaviour; scoring the entropy
-  first and drawing noise only when something can commit would save it but change the tokens a
-  seed gives. Batching the hand-on head calls of all rows into one call would help at batch > 1
-  (not at batch 1). With
-  few questions (16, or 4 at the real vocabulary) dVoting also fills fewer rows per pass at batch
-  4 and 16 (`rows/pass`): its samples come in dependent waves (2 fresh, then one at a time) and
-  the last questions have nothing to run beside them; that tail shrinks with more questions.
-  On the random real-vocabulary model no sample ever drops below the entropy threshold
-  (one token per pass, five samples, no early stop), which is dVoting's worst case.
-- Not done: the opt-in prefix KV cache (Fast-dLLM style).
+  tokens per pass and hands the same step on to the next block, so one of its passes carries
+  more commit work than one of the fixed schedule. The hand-on is done in rounds: all rows
+  whose block completed continue together, with one output-head call and one float64 pass
+  per round (`head calls/pass` counts the rounds). Its samples are also short (few passes
+  each), so the per-sample bookkeeping (answer extraction, remasking, the waves of the plan)
+  weighs more per pass than for majority's long samples. With few questions dVoting also
+  fills fewer rows per pass at batch 4 and 16 (`rows/pass`): its samples come in dependent
+  waves (2 fresh, then one at a time) and the last questions have nothing to run beside them;
+  that tail shrinks with more questions. On the random-weight models no sample ever drops
+  below the entropy threshold (one token per pass, five samples, no early stop), which is
+  dVoting's worst case.
+- **Prefix cache.** Fast-dLLM's prefix cache saves the prompt and finished blocks' share of a
+  pass on the steps after a block's first. The demo's prompts are short and its blocks are 2
+  tokens, so the saving is small here; majority (16 steps for 16 blocks: one step per block)
+  never reuses a prefix, and dVoting usually finishes a block in its first step.
 """.splitlines()
 
 

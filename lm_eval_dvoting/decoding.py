@@ -22,6 +22,15 @@ between steps, so a slot freed by a finished row is refilled at once.
 Cost: the forward pass runs once per step for all active rows; the output head,
 softmax, entropy and noise are computed only at the positions of the block(s) that
 can be committed in that step, never over the whole sequence times the vocabulary.
+The fixed schedule draws the block's noise at all its masked positions (the noisy
+candidates decide, through their confidence, which positions commit); the entropy
+rule decides from the un-noised logits, so it draws noise only for the positions it
+commits.
+
+Random streams: every draw comes from the row's generator, so a seed fixes a row's
+tokens whatever the batch. The stream is not the release's (which draws noise over
+the whole batch x sequence x vocabulary at every step); the distribution of every
+committed token is.
 """
 from __future__ import annotations
 
@@ -457,33 +466,37 @@ class RowDecoder:
     def _entropy_threshold_round(self, cascades: list[_Cascade]) -> list[_Cascade]:
         """Commit each row's confident masks in its block; return the rows that go on.
 
-        Every cascade's `logits` hold the masked positions of its block only (entropy,
-        noise use and commits concern masked positions alone). The float64 softmax,
-        entropy and candidates run once over all rows' positions (row by row the
-        numbers are those of a row alone: every operation works along the vocabulary);
-        the commit decisions, a handful of positions per row, are made on host lists.
-        A row whose block completes goes on to its next block in the next round; the
-        one-token fallback is used at most once per row and step.
+        Every cascade's `logits` hold the masked positions of its block only. The rule
+        needs only the entropy of the un-noised logits to decide *which* positions
+        commit, so the float64 entropy runs once over all rows' positions, the
+        decisions (a handful of positions per row) are made on host lists, and the
+        candidates (argmax, or at T > 0 float64 Gumbel-max) are computed at the
+        committed positions only (`_committed_candidates`). Row by row the numbers are
+        those of a row alone: every operation works along the vocabulary. A row whose
+        block completes goes on to its next block in the next round; the one-token
+        fallback is used at most once per row and step.
         """
         sizes = [int(c.logits.shape[0]) for c in cascades]
         logits64 = self._suppress_mask(torch.cat([c.logits for c in cascades]))
         entropy = _entropy(logits64).tolist()
-        chosen = _many_candidates(logits64, cascades, sizes).tolist()
-        going_on: list[_Cascade] = []
+        commits: list[list[int]] = []  # per cascade: committed indices into its positions
         begin = 0
         for cascade, size in zip(cascades, sizes):
-            row, end = cascade.row, begin + size
-            row_entropy, row_chosen = entropy[begin:end], chosen[begin:end]
-            begin = end
-            commit = [k for k, value in enumerate(row_entropy) if value < row.alpha]
-            if not commit:
-                if cascade.fallback_used:
-                    continue
+            row_entropy = entropy[begin:begin + size]
+            begin += size
+            commit = [k for k, value in enumerate(row_entropy) if value < cascade.row.alpha]
+            if not commit and not cascade.fallback_used:
                 # the first minimum, as argmin over the block's masked positions
                 commit = [min(range(size), key=row_entropy.__getitem__)]
                 cascade.fallback_used = True
+            commits.append(commit)
+        chosen = _committed_candidates(logits64, cascades, sizes, commits)
+        going_on: list[_Cascade] = []
+        for cascade, size, commit, values in zip(cascades, sizes, commits, chosen):
+            if not commit:
+                continue  # nothing confident and the fallback already used in this step
+            row = cascade.row
             picked = [cascade.positions[k] for k in commit]
-            values = [row_chosen[k] for k in commit]
             row.tokens[torch.tensor(picked, device=row.tokens.device)] = torch.tensor(
                 values, dtype=row.tokens.dtype, device=row.tokens.device)
             for position, value in zip(picked, values):
@@ -508,37 +521,43 @@ class _Cascade:
     fallback_used: bool = False
 
 
-def _block_noise(cascade: _Cascade, vocab: int, device: torch.device) -> torch.Tensor:
-    """The row's float64 noise for its whole block, kept at the block's masked positions."""
-    length = cascade.row.block_length
-    noise = torch.rand((length, vocab), dtype=torch.float64, device=device, generator=cascade.row.generator)
-    if len(cascade.positions) == length:
-        return noise
-    return noise[torch.tensor([p - cascade.start for p in cascade.positions], device=device)]
+def _committed_candidates(logits64: torch.Tensor, cascades: Sequence[_Cascade], sizes: Sequence[int],
+                          commits: Sequence[list[int]]) -> list[list[int]]:
+    """The token committed at each of `commits` (per cascade, indices into its slice).
 
-
-def _many_candidates(logits64: torch.Tensor, cascades: Sequence[_Cascade], sizes: Sequence[int]) -> torch.Tensor:
-    """`_candidates` for every cascade's slice of `logits64`, computed together.
-
-    Each row draws its noise from its own generator, in row order, for its whole
-    block (as `_candidates` does); rows of one temperature share the arithmetic.
+    Temperature 0: the argmax. T > 0: LLaDA's float64 Gumbel-max, argmax(exp(logits) /
+    (-log u)^T), with u drawn from the row's generator for the committed positions
+    only, one vocabulary-sized row of noise per position in block order. (The
+    entropy rule decides what commits before any candidate is drawn, so noise at
+    positions that do not commit would never be used: not drawing it saves the
+    decoder's largest float64 cost and leaves every committed token's distribution
+    as it is.) Rows of one temperature share the arithmetic.
     """
-    chosen = logits64.argmax(-1)
-    by_temperature: dict[float, list[int]] = {}
-    for k, cascade in enumerate(cascades):
-        if cascade.row.temperature > 0:
-            by_temperature.setdefault(cascade.row.temperature, []).append(k)
-    if not by_temperature:
-        return chosen
-    bounds = [0]
-    for size in sizes:
-        bounds.append(bounds[-1] + size)
+    begins = [0]
+    for size in sizes[:-1]:
+        begins.append(begins[-1] + size)
+    flat = [begin + k for begin, commit in zip(begins, commits) for k in commit]
+    if not flat:
+        return [[] for _ in commits]
+    picked = logits64[torch.tensor(flat, device=logits64.device)]
+    chosen = picked.argmax(-1)
+    by_temperature: dict[float, list[tuple[int, int, _Cascade]]] = {}
+    offset = 0
+    for cascade, commit in zip(cascades, commits):
+        if commit and cascade.row.temperature > 0:
+            by_temperature.setdefault(cascade.row.temperature, []).append((offset, len(commit), cascade))
+        offset += len(commit)
     for temperature, members in by_temperature.items():
-        rows = torch.cat([torch.arange(bounds[k], bounds[k + 1], device=logits64.device) for k in members])
-        noise = torch.cat([_block_noise(cascades[k], logits64.shape[-1], logits64.device) for k in members])
-        gumbel = (-torch.log(noise)) ** temperature
-        chosen[rows] = (logits64[rows].exp() / gumbel).argmax(-1)
-    return chosen
+        rows = torch.cat([torch.arange(o, o + n, device=logits64.device) for o, n, _ in members])
+        noise = torch.cat([torch.rand((n, picked.shape[-1]), dtype=torch.float64, device=logits64.device,
+                                      generator=cascade.row.generator) for _, n, cascade in members])
+        chosen[rows] = (picked[rows].exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+    values = chosen.tolist()
+    out, offset = [], 0
+    for commit in commits:
+        out.append(values[offset:offset + len(commit)])
+        offset += len(commit)
+    return out
 
 
 def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,

@@ -27,8 +27,12 @@ GEN_LENGTH = 32
 
 
 def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arith.Problem],
-                     max_rows: int = 64) -> dict[str, dict[str, float]]:
-    """Accuracy and mean NFE of each strategy on `problems` for one checkpoint."""
+                     max_rows: int = 64, salt: str = "sweep") -> dict[str, dict[str, float]]:
+    """Accuracy and mean NFE of each strategy on `problems` for one checkpoint.
+
+    Every question's samples are seeded from (`salt`, question): another salt draws
+    other samples, to tell the sampling noise from a checkpoint's real behaviour.
+    """
     from ..models.loading import load_model, load_tokenizer
 
     model = load_model(checkpoint, device="cpu")
@@ -40,7 +44,7 @@ def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arit
         text = tokenizer.decode(ids.tolist(), skip_special_tokens=False).split(EOS)[0]
         return extract_answer(text, "number")
 
-    seeds = [derive_seed("sweep", p.question) for p in problems]
+    seeds = [derive_seed(salt, p.question) for p in problems]
     scores: dict[str, dict[str, float]] = {}
     for strategy in strategies:
         began = time.perf_counter()
@@ -59,15 +63,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("checkpoints", nargs="+", help="checkpoint folders")
     p.add_argument("--strategies", nargs="+", default=["single", "dvoting"])
     p.add_argument("--limit", type=int, default=200, help="validation problems (at most 200)")
+    p.add_argument("--salt", default="sweep", help="seeds the samples (with each question)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     _, valid = arith.held_out_sets()
     problems = valid[: args.limit]
     for checkpoint in args.checkpoints:
-        scores = sweep_checkpoint(checkpoint, args.strategies, problems)
+        scores = sweep_checkpoint(checkpoint, args.strategies, problems, salt=args.salt)
         gain = {s: round(100 * (v["acc"] - scores["single"]["acc"]), 1)
                 for s, v in scores.items() if s != "single" and "single" in scores}
-        print(json.dumps({"checkpoint": str(Path(checkpoint)), "problems": len(problems)} | scores
+        print(json.dumps({"checkpoint": str(Path(checkpoint)), "problems": len(problems), "salt": args.salt} | scores
                          | {"points_over_single": gain}), flush=True)
 
 
