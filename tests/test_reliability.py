@@ -403,6 +403,15 @@ def test_same_command_twice_gives_identical_files(tiny_llada_dir, tmp_path):
     print("CLI timings (s):", {k: round(v, 1) for k, v in timings.items()})
 
 
+def _same_up_to_rounding(a, b) -> bool:
+    """Equal structures; floats equal to within a few units in the last place."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_up_to_rounding(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+    return a == b
+
+
 @pytest.mark.slow
 def test_two_cpu_processes_match_one(tiny_llada_dir, tmp_path):
     """`torchrun --nproc_per_node 2` (gloo, CPU): the same results, each request counted once."""
@@ -414,7 +423,9 @@ def test_two_cpu_processes_match_one(tiny_llada_dir, tmp_path):
                    launcher=torchrun, timeout=400)
     one_results, one_samples = _read_outputs(tmp_path / "one")
     two_results, two_samples = _read_outputs(tmp_path / "two")
-    assert one_results["results"] == two_results["results"]
+    # equal, floats to the last bits: lm-eval gathers the ranks' per-sample values in
+    # another order, so a standard error can differ in its last bit
+    assert _same_up_to_rounding(one_results["results"], two_results["results"])
     assert one_results["config"]["dvoting"] == two_results["config"]["dvoting"]  # totals included
     assert two_results["config"]["dvoting"]["totals"]["requests"] == limit
     assert [s["doc_id"] for s in two_samples] == list(range(limit))
