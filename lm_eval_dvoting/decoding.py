@@ -377,11 +377,23 @@ class RowDecoder:
                 plan, cascade = None, _Cascade(i, row, row.tokens.tolist())
                 self._next_block(cascade)  # an active row has a mask left
                 cascades.append(cascade)
-                wanted.append((i, self._columns(cascade, offsets[i])))
+                columns = self._columns(cascade, offsets[i])
+                if len(cascade.positions) == 1 and (ahead_positions := self._positions_after(cascade)):
+                    # the block's last mask commits in this step (the fallback sees to
+                    # it), so the step surely goes on to the next block: its positions
+                    # join this head call instead of costing a call (a read of the
+                    # head's weights) of their own
+                    cascade.ahead_positions = ahead_positions
+                    ahead = torch.tensor([offsets[i] + p for p in ahead_positions], device=self.device)
+                    columns = torch.cat([columns, ahead])
+                wanted.append((i, columns))
             plans.append(plan)
         first_logits = dict(zip((i for i, _ in wanted), logits.many(wanted)))
         for cascade in cascades:
-            cascade.logits = first_logits[cascade.index]
+            found = first_logits[cascade.index]
+            cascade.logits = found[:len(cascade.positions)]
+            if cascade.ahead_positions:
+                cascade.ahead_logits = found[len(cascade.positions):]
         for i, (row, plan) in enumerate(zip(self.active, plans)):
             row.nfe += 1
             if row.steps is not None:
@@ -393,9 +405,17 @@ class RowDecoder:
         # per round for all rows, rather than one per row and block.
         while cascades:
             cascades = self._entropy_threshold_round(cascades)
-            found = logits.many([(c.index, self._columns(c, offsets[c.index])) for c in cascades])
-            for cascade, found_logits in zip(cascades, found):
+            needed = []
+            for cascade in cascades:
+                if cascade.ahead_positions and cascade.ahead_positions == cascade.positions:
+                    cascade.logits, cascade.ahead_logits = cascade.ahead_logits, None
+                else:
+                    needed.append(cascade)
+            found = logits.many([(c.index, self._columns(c, offsets[c.index])) for c in needed])
+            for cascade, found_logits in zip(needed, found):
                 cascade.logits = found_logits
+            for cascade in cascades:
+                cascade.ahead_positions = []
         still_masked = [self._has_masks(r) for r in self.active]
         finished = [r for r, masked in zip(self.active, still_masked) if not masked]
         for row in finished:
@@ -459,9 +479,21 @@ class RowDecoder:
                              enumerate(cascade.tokens[cascade.start:cascade.start + length]) if token == self.mask_id]
         return True
 
+    def _positions_after(self, cascade: _Cascade) -> list[int]:
+        """The masked positions of the block `_next_block` will find once the current
+        block's masks are committed (empty when none is left after it)."""
+        length, tokens = cascade.row.block_length, cascade.tokens
+        after = cascade.start + length
+        try:
+            first_mask = tokens.index(self.mask_id, after)
+        except ValueError:
+            return []
+        start = first_mask // length * length
+        return [start + k for k, token in enumerate(tokens[start:start + length]) if token == self.mask_id]
+
     def _columns(self, cascade: _Cascade, offset: int) -> torch.Tensor:
         """The batch columns whose predictions are the cascade's masked positions."""
-        return torch.tensor([offset + p for p in cascade.positions], device=self.device)
+        return torch.tensor([offset + p for p in cascade.positions], dtype=torch.long, device=self.device)
 
     def _entropy_threshold_round(self, cascades: list[_Cascade]) -> list[_Cascade]:
         """Commit each row's confident masks in its block; return the rows that go on.
@@ -519,6 +551,10 @@ class _Cascade:
     positions: list[int] = field(default_factory=list)  # the block's masked generation indices
     logits: torch.Tensor | None = None  # float32, at `positions`
     fallback_used: bool = False
+    # the next block's masked positions and their logits, computed ahead with the first
+    # head call when the current block surely completes in this step
+    ahead_positions: list[int] = field(default_factory=list)
+    ahead_logits: torch.Tensor | None = None
 
 
 def _committed_candidates(logits64: torch.Tensor, cascades: Sequence[_Cascade], sizes: Sequence[int],

@@ -480,3 +480,27 @@ def test_prefix_cache_needs_our_models():
     scripted = ScriptedModel(gen_choices(2, lambda q, g: (1,)), vocab=8)
     with pytest.raises(ValueError, match="prefix_cache"):
         generate(scripted, torch.tensor([[1, 2]]), gen_length=2, block_length=2, steps=2, prefix_cache=True)
+
+
+def test_a_surely_completed_block_hands_on_without_another_head_call(llada):
+    """alpha = 0: every commit is the one-token fallback, so a block of 2 completes on its
+    second step and the step goes on to the next block, where nothing may commit. The
+    next block's logits come with the step's one head call; the tokens are unchanged."""
+    calls = []
+    original = llada.logits_from_hidden
+
+    def spy(hidden):
+        calls.append(hidden.shape[0])
+        return original(hidden)
+
+    ids, mask = _left_pad(_rows(1))
+    llada.logits_from_hidden = spy
+    try:
+        result = generate(llada, ids, mask, gen_length=8, block_length=2, alpha=0.0, temperature=0.0)
+    finally:
+        del llada.logits_from_hidden
+    assert int(result.nfe[0]) == 8  # one token per pass
+    assert len(calls) == 8  # one head call per pass
+    assert calls == [2, 3, 2, 3, 2, 3, 2, 1]  # 2 masks; 1 mask + the next block's 2 ahead; ...; the last one
+    reference = reference_entropy_threshold(llada, ids[0][mask[0].bool()], 8, 2, 0.0)
+    assert result.tokens[0].tolist() == reference[0].tolist()
