@@ -1,6 +1,6 @@
 """Throughput and decoder-overhead benchmarks; writes BENCHMARKS.md.
 
-    .venv/bin/python bench/run.py                       # the full run (about 6-9 minutes on 2 busy cores)
+    .venv/bin/python bench/run.py                       # the full run (about 10 minutes on 2 quiet cores)
     .venv/bin/python bench/run.py --demo runs/tiny-arith/best --out /tmp/B.md
     .venv/bin/python bench/run.py --quick               # a smoke run (seconds)
 
@@ -10,8 +10,10 @@ questions per second, mean NFE per question, seconds per forward pass, the decod
 own share of the wall time (everything but the forward pass: batching, float64
 softmax/entropy/noise, commit rules, the strategy's bookkeeping), and peak memory.
 The cells are run in an interleaved order and repeated (`--repeats`); the table shows
-medians. Two models: the demo model (`--demo`), and a random-weight LLaDA with the
-real vocabulary (126,464) at reduced depth and width.
+medians. Three models: the demo model (`--demo`); a random-weight LLaDA with the real
+vocabulary (126,464) at reduced depth and width; and one at LLaDA-8B's width with one
+layer (`--real-shape-layers`), the model of the decoder-share target. Then the demo's
+strategies without and with the opt-in prefix cache: accuracy, NFE and speed.
 
 Part 2, one decoding step at the real vocabulary and sequence 400 (prompt 144 +
 generation 256, block 32): the decoder's own time per step (forward pass excluded)
