@@ -467,29 +467,30 @@ class RowDecoder:
         if row._step_in_block == row.steps // row.num_blocks:
             row._block, row._step_in_block = row._block + 1, 0
 
+    def _masked_block(self, tokens: list[int], length: int, after: int = 0) -> tuple[int, list[int]] | None:
+        """The start of the block holding the first mask at or after `after`, and that
+        block's masked positions; None when no mask is left there."""
+        try:
+            first_mask = tokens.index(self.mask_id, after)
+        except ValueError:
+            return None
+        start = first_mask // length * length
+        return start, [start + k for k, token in enumerate(tokens[start:start + length]) if token == self.mask_id]
+
     def _next_block(self, cascade: _Cascade) -> bool:
         """Point `cascade` at the block holding its row's first mask; False if none is left."""
-        try:
-            first_mask = cascade.tokens.index(self.mask_id)
-        except ValueError:
+        found = self._masked_block(cascade.tokens, cascade.row.block_length)
+        if found is None:
             return False
-        length = cascade.row.block_length
-        cascade.start = first_mask // length * length
-        cascade.positions = [cascade.start + k for k, token in
-                             enumerate(cascade.tokens[cascade.start:cascade.start + length]) if token == self.mask_id]
+        cascade.start, cascade.positions = found
         return True
 
     def _positions_after(self, cascade: _Cascade) -> list[int]:
         """The masked positions of the block `_next_block` will find once the current
         block's masks are committed (empty when none is left after it)."""
-        length, tokens = cascade.row.block_length, cascade.tokens
-        after = cascade.start + length
-        try:
-            first_mask = tokens.index(self.mask_id, after)
-        except ValueError:
-            return []
-        start = first_mask // length * length
-        return [start + k for k, token in enumerate(tokens[start:start + length]) if token == self.mask_id]
+        length = cascade.row.block_length
+        found = self._masked_block(cascade.tokens, length, cascade.start + length)
+        return [] if found is None else found[1]
 
     def _columns(self, cascade: _Cascade, offset: int) -> torch.Tensor:
         """The batch columns whose predictions are the cascade's masked positions."""
