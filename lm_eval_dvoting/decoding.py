@@ -35,6 +35,7 @@ committed token is.
 from __future__ import annotations
 
 import inspect
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -286,8 +287,8 @@ class RowDecoder:
         """The first generation index of the block the row commits in next."""
         if row.steps is not None:
             return row._block * row.block_length
-        first_mask = row.tokens.tolist().index(self.mask_id)
-        return first_mask // row.block_length * row.block_length
+        start, _ = self._masked_block(row.tokens.tolist(), row.block_length)  # an active row has a mask
+        return start
 
     def _cached_pass(self) -> tuple[_StepLogits, int]:
         """One step's forward pass when some row uses Fast-dLLM's prefix cache.
@@ -304,8 +305,9 @@ class RowDecoder:
         """
         rows = self.active
         starts = [self._block_start(row) for row in rows]
-        kept = [i for i, row in enumerate(rows) if row.prefix_cache and row._cache_start == starts[i]]
-        fresh = [i for i, row in enumerate(rows) if not (row.prefix_cache and row._cache_start == starts[i])]
+        reuses = [row.prefix_cache and row._cache_start == start for row, start in zip(rows, starts)]
+        kept = [i for i, reuse in enumerate(reuses) if reuse]
+        fresh = [i for i, reuse in enumerate(reuses) if not reuse]
         sequences = [torch.cat([row.prompt, row.tokens]) for row in rows]
         width = max(s.numel() for s in sequences)
         parts: list[tuple[list[int], torch.Tensor]] = []
@@ -570,9 +572,7 @@ def _committed_candidates(logits64: torch.Tensor, cascades: Sequence[_Cascade], 
     decoder's largest float64 cost and leaves every committed token's distribution
     as it is.) Rows of one temperature share the arithmetic.
     """
-    begins = [0]
-    for size in sizes[:-1]:
-        begins.append(begins[-1] + size)
+    begins = [0, *itertools.accumulate(sizes[:-1])]
     flat = [begin + k for begin, commit in zip(begins, commits) for k in commit]
     if not flat:
         return [[] for _ in commits]
