@@ -199,6 +199,50 @@ def test_training_can_mix_solution_orders():
     assert all(p.solution == arith.solution_orders(p)[0] for p in plain)
 
 
+def test_commuted_additions_keep_the_layout_and_the_results():
+    """Only additions turn round; every step stays true and every running result and
+    the answer stay at the same character positions (what dVoting's remasking compares)."""
+    rng = random.Random(0)
+    flipped = 0
+    for problem in arith.make_problems(5, 200):
+        for order in arith.solution_orders(problem):
+            commuted = arith.commute_additions(order, rng)
+            assert len(commuted) == len(order) and commuted.endswith(f"\\boxed{{{problem.answer}}}")
+            steps = re.findall(r"(\d)([+-])(\d)=(\d)\.", commuted)
+            originals = re.findall(r"(\d)([+-])(\d)=(\d)\.", order)
+            for (a, op, b, result), (a0, op0, b0, result0) in zip(steps, originals, strict=True):
+                assert op == op0 and result == result0 and _evaluate(f"{a}{op}{b}") == int(result)
+                assert (a, b) == (a0, b0) or (op == "+" and (a, b) == (b0, a0))
+                flipped += (a, b) != (a0, b0)
+            assert [i for i, c in enumerate(commuted) if c in "=."] == [i for i, c in enumerate(order) if c in "=."]
+    assert flipped > 100
+    args = train.parse_args(["--solution-order", "commuted", "--batch-size", "64"])
+    held_out, _ = train.held_out_problems(args)
+    batch = train.training_problems(3, args, held_out)
+    assert batch == train.training_problems(3, args, held_out)
+    assert any(p.solution not in arith.solution_orders(p) for p in batch)  # some addition turned round
+
+
+def test_a_larger_validation_set_extends_the_same_stream():
+    test, valid = arith.held_out_sets()
+    test_big, valid_big = arith.held_out_sets(valid_size=arith.VALID_SIZE + 100)
+    assert test_big == test and valid_big[: len(valid)] == valid and len(valid_big) == len(valid) + 100
+    assert not {p.question for p in valid_big} & {p.question for p in test}
+    args = train.parse_args(["--valid-size", str(arith.VALID_SIZE + 100)])
+    held_out, _ = train.held_out_problems(args)
+    assert {p.question for p in valid_big} <= held_out  # training never sees the extension either
+
+
+def test_training_logs_voting_strategies_along_the_curve(tmp_path):
+    torch.set_num_threads(1)
+    train.main(["--out", str(tmp_path), *MICRO, "--steps", "1", "--eval-every", "1", "--eval-size", "3",
+                "--eval-strategies", "dvoting", "--ema", "0"])
+    record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
+    scores = record["valid_strategies_model"]["dvoting"]
+    assert 0 <= scores["acc"] <= 1 and 1 <= scores["nfe"] <= 5 * 32
+    assert "valid_strategies_ema" not in record  # --ema 0: no moving average to score
+
+
 def test_sweep_scores_checkpoints_on_validation_problems(capsys):
     from lm_eval_dvoting.demo import sweep
 

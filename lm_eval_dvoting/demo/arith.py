@@ -33,6 +33,7 @@ INSTRUCTION = "Please answer the question step by step and put the answer in \\b
 TEST_SEED = 20260310
 VALID_SEED = 20260311
 TEST_SIZE = 500
+VALID_SIZE = 200
 TEST_FILE = Path(__file__).resolve().parent / "arith_test.jsonl"
 
 _APPLY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -132,6 +133,20 @@ def solution_orders(problem: Problem, max_value: int = TEST_DIFFICULTY.max_value
     return orders  # permutations() yields the question's own order first
 
 
+def commute_additions(solution: str, rng: random.Random) -> str:
+    """`solution` with each addition step written either way round, by a coin flip each.
+
+    ``4+3=7.`` may become ``3+4=7.``: the same layout and the same running results at
+    the same positions, but a different fact to recall. Samples that differ this way
+    stay aligned position by position, which is what dVoting's remasking compares.
+    """
+    def flip(match: re.Match) -> str:
+        left, right, result = match.groups()
+        return f"{right}+{left}={result}." if rng.random() < 0.5 else match.group(0)
+
+    return re.sub(r"\b(\d+)\+(\d+)=(\d+)\.", flip, solution)
+
+
 def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Iterator[Problem]:
     """An endless, reproducible stream of problems."""
     rng = random.Random(seed)
@@ -162,10 +177,15 @@ def format_prompt(question: str) -> str:
     return f"{INSTRUCTION} {question}"
 
 
-def held_out_sets(difficulty: Difficulty = TEST_DIFFICULTY) -> tuple[list[Problem], list[Problem]]:
-    """The test set (TEST_SEED) and a validation set (VALID_SEED) disjoint from it."""
+def held_out_sets(difficulty: Difficulty = TEST_DIFFICULTY,
+                  valid_size: int = VALID_SIZE) -> tuple[list[Problem], list[Problem]]:
+    """The test set (TEST_SEED) and a validation set (VALID_SEED) disjoint from it.
+
+    A larger `valid_size` extends the same validation stream: its first 200 problems
+    are always the same, so logs made with 200 and with 1,000 compare.
+    """
     test = make_problems(TEST_SEED, TEST_SIZE, difficulty)
-    valid = make_problems(VALID_SEED, 200, difficulty, exclude={p.question for p in test})
+    valid = make_problems(VALID_SEED, valid_size, difficulty, exclude={p.question for p in test})
     return test, valid
 
 

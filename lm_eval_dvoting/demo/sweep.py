@@ -27,16 +27,22 @@ GEN_LENGTH = 32
 
 
 def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arith.Problem],
+                     max_rows: int = 64, salt: str = "sweep", device: str = "cpu") -> dict[str, dict[str, float]]:
+    """Accuracy and mean NFE of each strategy on `problems` for one checkpoint folder."""
+    from ..models.loading import load_model, load_tokenizer
+
+    model = load_model(checkpoint, device=device)
+    return score_strategies(model, load_tokenizer(checkpoint), strategies, problems, max_rows, salt)
+
+
+@torch.no_grad()
+def score_strategies(model, tokenizer, strategies: list[str], problems: list[arith.Problem],
                      max_rows: int = 64, salt: str = "sweep") -> dict[str, dict[str, float]]:
-    """Accuracy and mean NFE of each strategy on `problems` for one checkpoint.
+    """Accuracy and mean NFE of each strategy on `problems` for a loaded model.
 
     Every question's samples are seeded from (`salt`, question): another salt draws
     other samples, to tell the sampling noise from a checkpoint's real behaviour.
     """
-    from ..models.loading import load_model, load_tokenizer
-
-    model = load_model(checkpoint, device="cpu")
-    tokenizer = load_tokenizer(checkpoint)
     enc = tokenizer([arith.format_prompt(p.question) for p in problems], add_special_tokens=False,
                     padding=True, return_tensors="pt")
 
@@ -62,14 +68,16 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", help="checkpoint folders")
     p.add_argument("--strategies", nargs="+", default=["single", "dvoting"])
-    p.add_argument("--limit", type=int, default=200, help="validation problems (at most 200)")
+    p.add_argument("--limit", type=int, default=arith.VALID_SIZE,
+                   help="validation problems (the first LIMIT of the validation stream)")
     p.add_argument("--salt", default="sweep", help="seeds the samples (with each question)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--max-rows", type=int, default=64, help="rows decoded per forward pass")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    _, valid = arith.held_out_sets()
-    problems = valid[: args.limit]
+    _, problems = arith.held_out_sets(valid_size=args.limit)
     for checkpoint in args.checkpoints:
-        scores = sweep_checkpoint(checkpoint, args.strategies, problems, salt=args.salt)
+        scores = sweep_checkpoint(checkpoint, args.strategies, problems, args.max_rows, args.salt, args.device)
         gain = {s: round(100 * (v["acc"] - scores["single"]["acc"]), 1)
                 for s, v in scores.items() if s != "single" and "single" in scores}
         print(json.dumps({"checkpoint": str(Path(checkpoint)), "problems": len(problems), "salt": args.salt} | scores

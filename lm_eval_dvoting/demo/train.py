@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from ..models.llada import LLaDAConfig, LLaDAModel
 from . import arith
+from .sweep import score_strategies
 from .tokenizer import EOS, MASK, build_tokenizer
 
 
@@ -65,11 +66,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
     p.add_argument("--min-start", type=int, default=arith.TEST_DIFFICULTY.min_start)
     p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
-    p.add_argument("--solution-order", choices=("question", "any"), default="question",
-                   help="worked solutions in the question's order, or in any valid order of its terms "
-                        "(arith.solution_orders): several reasoning paths per problem")
+    p.add_argument("--solution-order", choices=("question", "any", "commuted"), default="question",
+                   help="worked solutions in the question's order; in any valid order of its terms "
+                        "(arith.solution_orders): several reasoning paths per problem; or 'commuted': "
+                        "any order, and each addition written either way round (arith.commute_additions)")
     p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--valid-size", type=int, default=arith.VALID_SIZE,
+                   help="validation problems held out of training (the first of them are evaluated)")
     p.add_argument("--eval-size", type=int, default=200, help="validation problems per evaluation")
+    p.add_argument("--eval-strategies", nargs="*", default=[], metavar="STRATEGY",
+                   help="strategies also scored on the validation problems at each evaluation "
+                        "(e.g. dvoting majority): how much voting adds, along the learning curve")
     p.add_argument("--ckpt-every", type=int, default=200)
     p.add_argument("--snapshot-every", type=int, default=0,
                    help="also export the raw and moving-average weights to OUT/snapshots/step-N-{model,ema} "
@@ -125,10 +132,11 @@ def held_out_problems(args: argparse.Namespace) -> tuple[set[str], list[arith.Pr
     training's own number range (2-4 steps), so that an easier curriculum stage has
     held-out problems of its own; those are its validation problems.
     """
-    test, valid = arith.held_out_sets()
+    test, valid = arith.held_out_sets(valid_size=args.valid_size)
     own = dataclasses.replace(arith.TEST_DIFFICULTY, max_operand=args.max_operand, max_value=args.max_value,
                               operations=tuple(args.operations), min_start=args.min_start)
-    own_test, own_valid = arith.held_out_sets(own) if own != arith.TEST_DIFFICULTY else (test, valid)
+    own_test, own_valid = (arith.held_out_sets(own, args.valid_size) if own != arith.TEST_DIFFICULTY
+                           else (test, valid))
     questions = {p.question for p in test + valid + own_test + own_valid}
     return questions, own_valid[: args.eval_size]
 
@@ -159,9 +167,11 @@ def training_problems(step: int, args, held_out: set[str]) -> list[arith.Problem
     while len(problems) < args.batch_size:
         problem = arith.make_problem(rng, difficulty)
         if problem.question not in held_out:
-            if args.solution_order == "any":  # one of the problem's valid orders, uniformly
-                orders = arith.solution_orders(problem, difficulty.max_value)
-                problem = dataclasses.replace(problem, solution=rng.choice(orders))
+            if args.solution_order != "question":  # one of the problem's valid orders, uniformly
+                solution = rng.choice(arith.solution_orders(problem, difficulty.max_value))
+                if args.solution_order == "commuted":
+                    solution = arith.commute_additions(solution, rng)
+                problem = dataclasses.replace(problem, solution=solution)
             problems.append(problem)
     return problems
 
@@ -353,6 +363,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 acc = scores["acc"]
                 record[f"valid_acc_{which}"] = acc
                 record[f"valid_by_steps_{which}"] = {k: v for k, v in scores.items() if k != "acc"}
+                if args.eval_strategies:
+                    net.eval()
+                    record[f"valid_strategies_{which}"] = score_strategies(
+                        net, tokenizer, args.eval_strategies, valid, max_rows=len(valid) if device.type == "cuda" else 64)
+                    net.train()
                 if acc > best["acc"]:
                     best = {"acc": acc, "step": step, "which": which}
                     export_checkpoint(net, config, tokenizer, out / "best",
