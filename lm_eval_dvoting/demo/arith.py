@@ -17,6 +17,10 @@ Problems are drawn from `random.Random(seed)`, so a seed fixes the whole stream.
 The shipped test set (``arith_test.jsonl``) uses `TEST_SEED`; training draws from
 other seeds and skips every question of the test and validation sets.
 
+Other valid worked solutions of a problem, several reasoning paths to one answer, come
+from `solution_orders` (the terms in another order) and `commute_additions` (``4+3``
+written ``3+4``); the shipped model was trained on both.
+
 The prompt is the dVoting paper's GSM8K prompt (`format_prompt`).
 """
 from __future__ import annotations
@@ -63,9 +67,9 @@ class Difficulty:
 
 
 # The difficulty of the shipped test set (see demo/tiny-arith/TRAINING.md for why):
-# chains of 2-4 additions/subtractions of one-digit numbers, starting from a two-digit
-# number, every running result in 0..99. (One-digit running results, the first
-# difficulty tried, was learned to 89% greedy accuracy in 2,000 steps: too easy.)
+# chains of 2-4 additions/subtractions of one-digit numbers, starting from 1-9, every
+# running result in 0..9. (A two-digit version, running results in 0..99, was tried
+# first and stayed below 10% greedy accuracy within the CPU training budget.)
 TEST_DIFFICULTY = Difficulty(min_steps=2, max_steps=4, max_operand=9, max_value=9, min_start=1)
 
 
