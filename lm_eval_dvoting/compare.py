@@ -98,7 +98,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
         seconds = time.perf_counter() - started
         task_results = results["results"][args.tasks]
         key = accuracy_key(task_results)
-        totals = lm.get_model_info()["dvoting"]["totals"]
+        info = lm.get_model_info()["dvoting"]
+        totals = info["totals"]
         rows.append({
             "strategy": strategy,
             "accuracy": 100 * task_results[key],
@@ -107,7 +108,8 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
             "seconds": seconds,
             "questions": totals.get("requests", 0),
             "metric": key,
-            "settings": lm.get_model_info()["dvoting"]["settings"],
+            # what the requests ran with (the task's max_gen_toks), not the model args' defaults
+            "settings": info["settings_used"] or [info["settings"]],
         })
     return rows
 

@@ -111,6 +111,8 @@ class DVotingEvalModel(TemplateLM):
         self._warned_sampling = False
         self.totals: Counter[str] = Counter()
         self._unshared: Counter[str] = Counter()  # this rank's part of the totals not yet sent to rank 0
+        # the settings requests really ran with (a task's max_gen_toks sets their length)
+        self._settings_used: list[StrategySettings] = []
 
     # ---------------------------------------------------------------- set-up
 
@@ -146,6 +148,7 @@ class DVotingEvalModel(TemplateLM):
         """Switch strategy on the loaded model (e.g. to compare them) and reset the totals."""
         self.settings = replace(self.settings, strategy=strategy)
         self.totals, self._unshared = Counter(), Counter()
+        self._settings_used = []
 
     @property
     def device(self) -> torch.device:
@@ -280,6 +283,8 @@ class DVotingEvalModel(TemplateLM):
             first_of[id(req), repeat] = position
             context, gen_kwargs = req.args
             request_settings, until, kind = self._request_settings(gen_kwargs, req.task_name)
+            if request_settings not in self._settings_used:
+                self._settings_used.append(request_settings)
             prompts.append(self._prompt_ids(context, request_settings.gen_length))
             settings.append(request_settings)
             untils.append(until)
@@ -371,13 +376,12 @@ class DVotingEvalModel(TemplateLM):
     # ----------------------------------------------------------- reporting
 
     def get_model_info(self) -> dict[str, Any]:
-        """Lands in the results' `config`: the resolved settings and the cost totals."""
-        settings = asdict(self.settings)
-        settings.update(
-            block_length=self.settings.resolved_block_length,
-            temperature=self.settings.resolved_temperature,
-            steps=self.settings.resolved_steps,
-        )
+        """Lands in the results' `config`: the resolved settings and the cost totals.
+
+        ``settings`` are the model args' (generation length: ``max_gen_toks``'s default);
+        ``settings_used`` lists the settings requests really ran with since the model was
+        made or its strategy switched, with the task's ``max_gen_toks`` as their length.
+        """
         totals = dict(self.totals)
         if totals.get("requests"):
             totals["mean_nfe"] = totals["nfe"] / totals["requests"]
@@ -389,10 +393,20 @@ class DVotingEvalModel(TemplateLM):
                 "seed": self.seed,
                 "mc_num": self.mc_num,
                 "batch_rows": self.batch_rows,
-                "settings": settings,
+                "settings": _resolved(self.settings),
+                "settings_used": [_resolved(s) for s in self._settings_used],
                 "totals": totals,
             }
         }
+
+
+def _resolved(settings: StrategySettings) -> dict[str, Any]:
+    """`settings` as a dict, with the per-strategy defaults filled in."""
+    return asdict(settings) | {
+        "block_length": settings.resolved_block_length,
+        "temperature": settings.resolved_temperature,
+        "steps": settings.resolved_steps,
+    }
 
 
 def _flag(name: str, value: bool | str) -> bool:

@@ -20,6 +20,8 @@ def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
     by_name = {r["strategy"]: r for r in rows}
     assert by_name["single"]["mean_nfe"] == 32 and by_name["single"]["mean_samples"] == 1
     assert by_name["majority"]["mean_nfe"] == 5 * 16
+    # the settings the requests ran with: the task's length, the strategy's steps
+    assert [(s["gen_length"], s["steps"]) for s in by_name["majority"]["settings"]] == [(32, 16)]
     assert all(r["questions"] == 2 for r in rows)
     table = (out / "compare.md").read_text()
     assert "| dvoting |" in table and "BPC vs single" in table

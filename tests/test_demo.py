@@ -252,3 +252,21 @@ def test_sweep_scores_checkpoints_on_validation_problems(capsys):
     assert line["problems"] == 12 and line["single"]["nfe"] == 32.0
     assert 0 <= line["single"]["acc"] <= 1 and 0 < line["dvoting"]["nfe"] <= 5 * 32
     assert line["points_over_single"]["dvoting"] == round(100 * (line["dvoting"]["acc"] - line["single"]["acc"]), 1)
+
+
+def test_shipped_model_shows_what_the_readme_says(tmp_path):
+    """The README's first command, without HEX and majority (the slow ones): on the first
+    100 test problems the shipped model is in the demo's band and dVoting beats a single
+    greedy sample by at least 5 points with fewer forward passes than majority voting."""
+    from lm_eval_dvoting import compare
+
+    torch.set_num_threads(1)
+    out = tmp_path / "cmp"
+    assert compare.main(["--model_args", "pretrained=tiny-arith", "--tasks", "dvoting_arith",
+                         "--strategies", "single,dvoting", "--limit", "100", "--out", str(out),
+                         "--device", "cpu"]) == 0
+    rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())}
+    single, dvoting = rows["single"], rows["dvoting"]
+    assert 30 <= single["accuracy"] <= 85
+    assert dvoting["accuracy"] >= single["accuracy"] + 5
+    assert dvoting["mean_nfe"] < 5 * 16  # majority voting: 5 samples of L/2 = 16 steps

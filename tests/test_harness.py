@@ -47,6 +47,12 @@ def test_each_strategy_runs_through_the_harness(tiny_llada_dir, strategy, sample
         assert figures["nfe,extract"] == nfe
     info = results["config"]["dvoting"]
     assert info["settings"]["strategy"] == strategy
+    # the model args say L = 256; the requests ran with the task's max_gen_toks
+    assert info["settings"]["gen_length"] == 256
+    [used] = info["settings_used"]
+    assert used["strategy"] == strategy and used["gen_length"] == 32 and used["block_length"] == 2
+    if nfe is not None and strategy != "hex":
+        assert used["steps"] * samples == nfe
     assert info["totals"]["requests"] == 3
     assert info["totals"]["nfe"] == pytest.approx(3 * figures["nfe,extract"])
 
