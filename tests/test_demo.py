@@ -270,3 +270,44 @@ def test_shipped_model_shows_what_the_readme_says(tmp_path):
     assert 30 <= single["accuracy"] <= 85
     assert dvoting["accuracy"] >= single["accuracy"] + 5
     assert dvoting["mean_nfe"] < 5 * 16  # majority voting: 5 samples of L/2 = 16 steps
+
+
+class _Oracle(torch.nn.Module):
+    """Logits that put all mass on the right token, `shift` positions to the left of it."""
+
+    def __init__(self, ids: torch.Tensor, vocab: int, shift: int, read_with: int | None = None) -> None:
+        super().__init__()
+        self.ids, self.vocab, self.shift = ids, vocab, shift
+        self.logits_shift = shift if read_with is None else read_with  # what the loss reads
+
+    def forward(self, noisy, attention_mask, position_ids):
+        logits = torch.zeros(*self.ids.shape, self.vocab)
+        targets = torch.roll(self.ids, -self.shift, dims=1)  # position j predicts j + shift
+        return logits.scatter(2, targets[..., None], 50.0)
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_the_loss_reads_each_prediction_where_the_family_puts_it(shift):
+    """LLaDA predicts position i at i; Dream at i-1. A model that is right under its own
+    convention has (almost) no loss; the same logits read the other way are wrong."""
+    args = train.parse_args(["--batch-size", "8", "--family", "dream" if shift else "llada"])
+    tokenizer = build_tokenizer()
+    batch = train.training_batch(0, args, tokenizer, set())
+    vocab = len(tokenizer)
+    right = train.diffusion_loss(_Oracle(batch["input_ids"], vocab, shift), batch, 0, args, 1, "cpu")
+    assert right.item() < 1e-6
+    wrong = _Oracle(batch["input_ids"], vocab, 1 - shift, read_with=shift)  # the other family's logits
+    assert train.diffusion_loss(wrong, batch, 0, args, 1, "cpu").item() > 1.0
+
+
+def test_dream_format_training_exports_a_dream_checkpoint(tmp_path):
+    from lm_eval_dvoting.models.loading import load_model
+
+    torch.set_num_threads(1)
+    MICRO_DREAM = [a if a != "16" else "32" for a in MICRO]  # Dream heads need an even head width
+    train.main(["--out", str(tmp_path), *MICRO_DREAM, "--family", "dream", "--steps", "2", "--eval-every", "2"])
+    config = json.loads((tmp_path / "best" / "config.json").read_text())
+    assert config["model_type"] == "Dream" and config["mask_token_id"] == 1
+    model = load_model(tmp_path / "best")
+    assert model.family == "dream" and model.logits_shift == 1
+    assert any(name.endswith("o_proj.weight") for name, _ in model.named_parameters())

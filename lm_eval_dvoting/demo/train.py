@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..models.dream import DreamConfig, DreamModel
 from ..models.llada import LLaDAConfig, LLaDAModel
 from . import arith
 from .sweep import score_strategies
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--ema", type=float, default=0.995, help="decay of the weight moving average (0: off)")
     p.add_argument("--pad-weight", type=float, default=0.2, help="loss weight of padding after the first EOS")
+    p.add_argument("--family", choices=("llada", "dream"), default="llada",
+                   help="checkpoint format: LLaDA, or Dream (Qwen2 parameter names; the prediction for "
+                        "position i is read from the logits at i-1, so the loss is too)")
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
@@ -98,7 +102,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --------------------------------------------------------------------------- data
 
 def model_config(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
+    """The checkpoint's config.json, in the official format of `--family`."""
     vocab = len(tokenizer)
+    special = {
+        "mask_token_id": tokenizer.convert_tokens_to_ids(MASK),
+        "eos_token_id": tokenizer.convert_tokens_to_ids(EOS),
+        "pad_token_id": tokenizer.convert_tokens_to_ids(EOS),
+    }
+    if args.family == "dream":
+        return {
+            "model_type": "Dream",
+            "architectures": ["DreamModel"],
+            "hidden_size": args.d_model,
+            "num_attention_heads": args.n_heads,
+            "num_key_value_heads": args.n_heads,
+            "num_hidden_layers": args.n_layers,
+            "intermediate_size": args.mlp,
+            "vocab_size": (vocab + 7) // 8 * 8,  # Dream's vocab_size is its embedding size
+            "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 256,
+            "bos_token_id": special["eos_token_id"],
+        } | special
     return {
         "model_type": "llada",
         "architectures": ["LLaDAModelLM"],
@@ -114,10 +140,18 @@ def model_config(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
         "weight_tying": False,
         "include_bias": False,
         "max_sequence_length": 256,
-        "mask_token_id": tokenizer.convert_tokens_to_ids(MASK),
-        "eos_token_id": tokenizer.convert_tokens_to_ids(EOS),
-        "pad_token_id": tokenizer.convert_tokens_to_ids(EOS),
-    }
+    } | special
+
+
+def build_model(config: dict[str, Any]) -> LLaDAModel | DreamModel:
+    """A fresh model for `config`, with the attributes the decoder reads (as `load_model` sets them)."""
+    if config["model_type"] == "Dream":
+        model, shift = DreamModel(DreamConfig.from_dict(config)), 1
+    else:
+        model, shift = LLaDAModel(LLaDAConfig.from_dict(config)), 0
+    model.mask_token_id, model.end_token_ids, model.logits_shift = (
+        config["mask_token_id"], (config["eos_token_id"],), shift)
+    return model
 
 
 def train_difficulty(args: argparse.Namespace) -> arith.Difficulty:
@@ -188,6 +222,7 @@ def diffusion_loss(model, batch, step: int, args, mask_id: int, device) -> torch
     ids, attn = batch["input_ids"], batch["attention_mask"]
     n, length = ids.shape
     L, start = args.gen_length, batch["prompt_width"]
+    shift = model.logits_shift  # Dream: the prediction for position i sits at i-1
     eps = 1e-3
     # stratified t ~ U(eps, 1]: one ratio per sequence, spread evenly over the batch
     t = eps + (1 - eps) * ((torch.randperm(n, generator=gen) + torch.rand(n, generator=gen)) / n)
@@ -198,7 +233,7 @@ def diffusion_loss(model, batch, step: int, args, mask_id: int, device) -> torch
     noisy[:, start:][masked] = mask_id
     # positions count real tokens only, as the decoder numbers them
     positions_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(noisy.to(device), attn.to(device), positions_ids.to(device))[:, start:].float()
+    logits = model(noisy.to(device), attn.to(device), positions_ids.to(device))[:, start - shift:start - shift + L].float()
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, start:].reshape(-1).to(device),
                          reduction="none").view(n, L)
     per_token = ce * (masked.to(device) * weight.to(device)) / t[:, None].to(device)
@@ -212,11 +247,13 @@ def lr_at(step: int, args) -> float:
     return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def init_weights(model: LLaDAModel, n_layers: int) -> None:
+def init_weights(model: LLaDAModel | DreamModel, n_layers: int) -> None:
     """GPT-2 style: N(0, 0.02), the residual branches' output projections scaled down."""
     for name, param in model.named_parameters():
         if param.dim() == 2:
-            residual_out = ".blocks." in name and name.endswith(("attn_out.weight", "ff_out.weight"))
+            # LLaDA names its output head ff_out too, outside the blocks
+            residual_out = (".blocks." in name or ".layers." in name) and name.endswith(
+                ("attn_out.weight", "ff_out.weight", "o_proj.weight", "down_proj.weight"))
             torch.nn.init.normal_(param, std=0.02 / math.sqrt(2 * n_layers) if residual_out else 0.02)
 
 
@@ -293,17 +330,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     held_out, valid = held_out_problems(args)
 
     torch.manual_seed(args.seed)
-    model = LLaDAModel(LLaDAConfig.from_dict(config))
+    model = build_model(config)
     init_weights(model, args.n_layers)
     model.to(device).train()
-    model.mask_token_id, model.end_token_ids, model.logits_shift = mask_id, (config["eos_token_id"],), 0
-    ema = LLaDAModel(LLaDAConfig.from_dict(config)).to(device)
+    ema = build_model(config).to(device)
     ema.load_state_dict(model.state_dict())
     ema.requires_grad_(False)
-    ema.mask_token_id, ema.end_token_ids, ema.logits_shift = mask_id, (config["eos_token_id"],), 0
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        (decay if param.dim() == 2 and "wte" not in name else no_decay).append(param)
+        is_embedding = "wte" in name or "embed_tokens" in name
+        (decay if param.dim() == 2 and not is_embedding else no_decay).append(param)
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(0.9, 0.98))
