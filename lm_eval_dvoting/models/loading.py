@@ -31,8 +31,10 @@ OFFICIAL_IDS = {
     "dream": {"vocab_size": 152064, "mask": 151666, "eos": 151643, "end_of_turn": 151645},
 }
 
-# The demo checkpoint shipped inside the package, reachable as `pretrained=tiny-arith`.
-PACKAGED_CHECKPOINTS = {"tiny-arith": Path(__file__).resolve().parents[1] / "demo" / "tiny-arith"}
+_DEMO = Path(__file__).resolve().parents[1] / "demo"
+# The demo checkpoints shipped inside the package: `pretrained=tiny-arith` (LLaDA format) and
+# `pretrained=tiny-arith-dream` (Dream format, for `dvoting-dream`).
+PACKAGED_CHECKPOINTS = {"tiny-arith": _DEMO / "tiny-arith", "tiny-arith-dream": _DEMO / "tiny-arith-dream"}
 
 _HUB_FILES = [
     "config.json",
@@ -82,7 +84,7 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
     if looks_local:
         raise CheckpointError(
             f"no checkpoint folder at {key!r}: give an existing folder holding config.json and "
-            "model.safetensors, a hub id such as 'GSAI-ML/LLaDA-8B-Instruct', or 'tiny-arith'"
+            "model.safetensors, a hub id such as 'GSAI-ML/LLaDA-8B-Instruct', or 'tiny-arith' / 'tiny-arith-dream'"
         )
     from huggingface_hub import snapshot_download
 
@@ -224,7 +226,7 @@ def load_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
 ) -> nn.Module:
-    """Load LLaDA or Dream from a hub id, a local folder, or the packaged 'tiny-arith'.
+    """Load LLaDA or Dream from a hub id, a local folder, or a packaged demo name (`PACKAGED_CHECKPOINTS`).
 
     Returns an eval-mode `torch.nn.Module` whose `forward(input_ids, attention_mask=None)`
     gives raw logits (batch, length, vocab); it carries `mask_token_id`, `end_token_ids`,
