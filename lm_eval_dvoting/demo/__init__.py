@@ -5,6 +5,7 @@ training script of the tiny masked-diffusion model shipped as ``pretrained=tiny-
 - `tokenizer`: the character-level tokenizer in transformers' format;
 - `train`: ``python -m lm_eval_dvoting.demo.train --help``.
 
-The shipped checkpoint lives in ``demo/tiny-arith/`` (see its TRAINING.md) and the
-held-out test set of the ``dvoting_arith`` task in ``demo/arith_test.jsonl``.
+The shipped checkpoints live in ``demo/tiny-arith/`` (LLaDA format) and
+``demo/tiny-arith-dream/`` (Dream format), each with its TRAINING.md; the held-out test
+set of the ``dvoting_arith`` task is ``demo/arith_test.jsonl``.
 """
