@@ -1,10 +1,12 @@
-"""Train the tiny masked-diffusion model shipped as ``pretrained=tiny-arith``.
+"""Train the tiny masked-diffusion models shipped as ``pretrained=tiny-arith`` (and -dream).
 
     python -m lm_eval_dvoting.demo.train --out runs/tiny-arith            # train (or resume)
     python -m lm_eval_dvoting.demo.train --out runs/tiny-arith --max-minutes 30  # one sitting
 
-The model is a LLaDA (`models.llada.LLaDAModel`) trained with LLaDA's supervised
-masked-diffusion objective: per sequence a mask ratio ``t ~ U(eps, 1]`` (stratified
+(The shipped checkpoints' exact commands are in ``demo/tiny-arith*/TRAINING.md``.)
+The model is a LLaDA (`models.llada.LLaDAModel`), or with ``--family dream`` a Dream
+(`models.dream.DreamModel`, whose prediction for position i sits at i-1), trained with
+LLaDA's supervised masked-diffusion objective: per sequence a mask ratio ``t ~ U(eps, 1]`` (stratified
 over the batch), every answer token masked with probability ``t``, the prompt never
 masked, cross-entropy on the masked positions divided by ``t`` and normalised by the
 answer length. End-of-text padding after the first end-of-text token is down-weighted
