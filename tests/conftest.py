@@ -1,4 +1,10 @@
-"""Shared test helpers: where ../shared lies, and skipping cleanly without it."""
+"""Shared test helpers: the project's test fixtures, where ../shared lies, and skipping
+cleanly without it.
+
+The official-format checkpoints and their expected logits (tests/fixtures/official-tiny,
+about 2 MB) ship with the project, so every fidelity test runs in a plain clone. Only
+tests that need the real benchmark files (../shared/data) skip without ../shared.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,12 +12,15 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The design folder, data and fixtures live beside the checkout, not in it; a user's
-# clone has no such folder, and the tests that need it skip with this reason.
+# Tiny random checkpoints in the official LLaDA, Dream, LLaDA-MoE and LLaDA2 formats with
+# the logits the upstream code computed for them (see its README.md): part of the project.
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "official-tiny"
+# The benchmark data live beside the checkout, not in it; a user's clone has no such
+# folder, and the tests that need it skip with this reason.
 SHARED = REPO_ROOT.parent / "shared"
-FIXTURES = SHARED / "fixtures" / "official-tiny"
 DATA = SHARED / "data"
-NO_SHARED_REASON = f"needs the project's shared folder at {SHARED} (absent in a plain clone)"
+NO_SHARED_REASON = (f"needs the real benchmark data files in {DATA} (the project's shared folder, "
+                    "absent in a plain clone)")
 
 
 def require_shared(path: Path) -> Path:
@@ -19,6 +28,16 @@ def require_shared(path: Path) -> Path:
     if not path.exists():
         pytest.skip(NO_SHARED_REASON)
     return path
+
+
+def fixture_folder(family: str) -> Path:
+    """The project's official-format checkpoint folder of `family`; missing is an error."""
+    folder = FIXTURES / family
+    if not (folder / "model.safetensors").exists():
+        # never a skip: these ship with the project, so a missing one is a broken checkout
+        raise FileNotFoundError(f"test fixture {folder} is missing; it is part of the project "
+                                "(git checkout tests/fixtures)")
+    return folder
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -35,12 +54,22 @@ def one_torch_thread():
 
 @pytest.fixture
 def llada_fixture() -> Path:
-    return require_shared(FIXTURES / "llada")
+    return fixture_folder("llada")
 
 
 @pytest.fixture
 def dream_fixture() -> Path:
-    return require_shared(FIXTURES / "dream")
+    return fixture_folder("dream")
+
+
+@pytest.fixture
+def llada_moe_fixture() -> Path:
+    return fixture_folder("llada_moe")
+
+
+@pytest.fixture
+def llada2_fixture() -> Path:
+    return fixture_folder("llada2")
 
 
 @pytest.fixture

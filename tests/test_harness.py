@@ -7,15 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lm_eval  # a hard dependency: missing, it must fail loudly, not skip
 import pytest
+from lm_eval.tasks import TaskManager
 
 from conftest import DATA, REPO_ROOT, require_shared
-
-lm_eval = pytest.importorskip("lm_eval")
-from lm_eval.tasks import TaskManager  # noqa: E402
-
-from lm_eval_dvoting.costs import CostedText  # noqa: E402
-from lm_eval_dvoting.harness import LLaDAEvalModel  # noqa: E402
+from lm_eval_dvoting.costs import CostedText
+from lm_eval_dvoting.harness import LLaDAEvalModel
 
 TASKS = REPO_ROOT / "task_configs"
 

@@ -33,7 +33,9 @@ def run_hooked(code: str, **env_extra: str) -> str:
 
 
 def test_models_match_pyproject_entry_points() -> None:
-    tomllib = pytest.importorskip("tomllib")
+    # the one conditional import: tomllib is in the standard library from Python 3.11 only,
+    # and requires-python is >=3.10 (no TOML reader is a dependency there)
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert meta["entry-points"]["lm_eval.models"] == plugin.MODELS
     assert meta["entry-points"]["lm_eval.tasks"] == {"dvoting": "lm_eval_dvoting.plugin:TASK_DIR"}

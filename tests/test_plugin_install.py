@@ -18,11 +18,10 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
+import hatchling  # noqa: F401 - the [test] extra; building the package offline needs it
 import pytest
 
 from conftest import REPO_ROOT
-
-pytest.importorskip("hatchling", reason="building the package offline needs hatchling")
 
 PROBE_TASK = "dvoting_plugin_probe"
 PROBE_YAML = textwrap.dedent(
@@ -214,7 +213,7 @@ def test_disable_env_turns_hook_off(installed: Env) -> None:
 def test_accelerate_launch_uses_same_interpreter(installed: Env, tmp_path: Path) -> None:
     if installed.mode != "wheel":
         pytest.skip("one install mode is enough: this checks accelerate, not the install")
-    pytest.importorskip("accelerate")
+    import accelerate  # noqa: F401 - a hard dependency: missing, it must fail loudly
     script = tmp_path / "probe.py"
     script.write_text("import sys\nfrom lm_eval.api.registry import get_model\n"
                       "print(sys.executable, get_model('dvoting-llada').__name__)\n")

@@ -22,15 +22,16 @@ import torch
 
 from conftest import REPO_ROOT
 
-lm_eval = pytest.importorskip("lm_eval")
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
+# hard dependencies are imported, not importorskip'ped: missing, they must fail loudly
+import lm_eval
+from lm_eval.api.instance import Instance
+from lm_eval.tasks import TaskManager
 
-import lm_eval_dvoting.harness as harness  # noqa: E402
-from lm_eval_dvoting.costs import CostedText  # noqa: E402
-from lm_eval_dvoting.harness import LLaDAEvalModel  # noqa: E402
-from lm_eval_dvoting.models.loading import CheckpointError, load_model, parse_dtype  # noqa: E402
-from lm_eval_dvoting.strategies import StrategySettings, derive_seed  # noqa: E402
+import lm_eval_dvoting.harness as harness
+from lm_eval_dvoting.costs import CostedText
+from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.models.loading import CheckpointError, load_model, parse_dtype
+from lm_eval_dvoting.strategies import StrategySettings, derive_seed
 
 TASKS = REPO_ROOT / "task_configs"
 ARITH = {"until": [], "max_gen_toks": 32, "dvoting_answer": "number"}
