@@ -36,17 +36,32 @@ _DEMO = Path(__file__).resolve().parents[1] / "demo"
 # `pretrained=tiny-arith-dream` (Dream format, for `dvoting-dream`).
 PACKAGED_CHECKPOINTS = {"tiny-arith": _DEMO / "tiny-arith", "tiny-arith-dream": _DEMO / "tiny-arith-dream"}
 
+# What a hub load fetches: data files only, named exactly (a wildcard such as `tokenizer*`
+# would also admit a repo's `tokenization_*.py`/`tokenizer_*.py` code, which we never run).
 _HUB_FILES = [
     "config.json",
     "generation_config.json",
     "*.safetensors",
     "model.safetensors.index.json",
-    "tokenizer*",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",  # sentencepiece
     "special_tokens_map.json",
+    "added_tokens.json",
     "vocab.json",
+    "vocab.txt",
     "merges.txt",
+    "chat_template.json",
     "*.jinja",
 ]
+
+
+def hub_patterns(subfolder: str | None = None) -> list[str]:
+    """The `allow_patterns` of a hub load: `_HUB_FILES`, inside `subfolder` when given."""
+    if not subfolder:
+        return list(_HUB_FILES)
+    prefix = subfolder.strip("/")
+    return [f"{prefix}/{pattern}" for pattern in _HUB_FILES]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -63,13 +78,33 @@ class CheckpointError(ValueError):
     """A checkpoint folder that cannot be used as it is; the message says why and what to do."""
 
 
-def resolve_checkpoint(name_or_path: str | Path) -> Path:
+def resolve_checkpoint(
+    name_or_path: str | Path, revision: str | None = None, subfolder: str | None = None
+) -> Path:
     """A local folder for `name_or_path`: a packaged name, an existing folder, or a hub id.
 
     Hub ids are fetched with `huggingface_hub.snapshot_download`, restricted to the
-    config, weights and tokenizer files (no Python files are ever downloaded).
+    config, weights and tokenizer data files (no Python files are ever downloaded), at
+    `revision` (branch, tag or commit; default the repo's main) and inside `subfolder`
+    when given; offline (`HF_HUB_OFFLINE=1`) the revision is resolved from the local hub
+    cache. A local folder or packaged name has no revisions or hub subfolders, so
+    `revision`/`subfolder` are refused for them.
     """
     key = str(name_or_path)
+    path = Path(key).expanduser()
+    is_local = key in PACKAGED_CHECKPOINTS or path.is_dir()
+    if is_local and revision:
+        raise CheckpointError(
+            f"revision={revision!r} applies to hub ids only, but pretrained={key!r} is a "
+            f"{'packaged checkpoint' if key in PACKAGED_CHECKPOINTS else 'local folder'}, which has no "
+            "revisions: drop revision, or check that revision out into a folder and pass the folder"
+        )
+    if is_local and subfolder:
+        raise CheckpointError(
+            f"subfolder={subfolder!r} applies to hub ids only, but pretrained={key!r} is a local "
+            f"folder or packaged checkpoint: drop subfolder and pass the folder itself "
+            f"(pretrained={key.rstrip('/')}/{subfolder.strip('/')})"
+        )
     if key in PACKAGED_CHECKPOINTS:
         folder = PACKAGED_CHECKPOINTS[key]
         if not (folder / "config.json").exists():
@@ -77,7 +112,6 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
                 f"the packaged checkpoint {key!r} is missing from {folder}; reinstall the package"
             )
         return folder
-    path = Path(key).expanduser()
     if path.is_dir():
         return path
     looks_local = key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1
@@ -88,13 +122,36 @@ def resolve_checkpoint(name_or_path: str | Path) -> Path:
         )
     from huggingface_hub import snapshot_download
 
+    at = f" at revision {revision!r}" if revision else ""
     try:
-        return Path(snapshot_download(repo_id=key, allow_patterns=_HUB_FILES))
+        snapshot = Path(snapshot_download(repo_id=key, revision=revision, allow_patterns=hub_patterns(subfolder)))
     except Exception as err:  # network, auth, offline mode: all end the same way for a user
         raise CheckpointError(
-            f"could not fetch {key!r} from the Hugging Face hub ({type(err).__name__}: {err}); "
-            "check the id and your network, or pass a local folder"
+            f"could not fetch {key!r}{at} from the Hugging Face hub ({type(err).__name__}: {err}); "
+            "check the id, the revision and your network, or pass a local folder"
         ) from err
+    if not subfolder:
+        return snapshot
+    folder = snapshot / subfolder.strip("/")
+    if not (folder / "config.json").exists():
+        raise CheckpointError(
+            f"subfolder={subfolder!r} of {key!r}{at} holds no config.json ({folder}); "
+            "check the subfolder name on the hub page of the repo"
+        )
+    return folder
+
+
+def hub_revision(folder: str | Path) -> str | None:
+    """The commit a hub-cache folder was loaded from (its `snapshots/<commit>` name), else None.
+
+    `snapshot_download` returns `.../models--org--name/snapshots/<commit>`; a subfolder load
+    lies below it. A local folder or packaged checkpoint has no revision: None.
+    """
+    path = Path(folder)
+    for part in (path, *path.parents):
+        if part.parent.name == "snapshots" and part.parent.parent.name.startswith("models--"):
+            return part.name
+    return None
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -225,14 +282,18 @@ def load_model(
     name_or_path: str | Path,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    revision: str | None = None,
+    subfolder: str | None = None,
 ) -> nn.Module:
     """Load LLaDA or Dream from a hub id, a local folder, or a packaged demo name (`PACKAGED_CHECKPOINTS`).
 
-    Returns an eval-mode `torch.nn.Module` whose `forward(input_ids, attention_mask=None)`
-    gives raw logits (batch, length, vocab); it carries `mask_token_id`, `end_token_ids`,
-    `logits_shift`, `max_length`, `family` and `source`.
+    `revision`/`subfolder` select a hub id's branch, tag or commit and folder inside the
+    repo (see `resolve_checkpoint`). Returns an eval-mode `torch.nn.Module` whose
+    `forward(input_ids, attention_mask=None)` gives raw logits (batch, length, vocab); it
+    carries `mask_token_id`, `end_token_ids`, `logits_shift`, `max_length`, `family` and
+    `source` (the folder it was read from).
     """
-    folder = resolve_checkpoint(name_or_path)
+    folder = resolve_checkpoint(name_or_path, revision=revision, subfolder=subfolder)
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
     target = resolve_device(device)
@@ -269,17 +330,18 @@ def load_model(
     return model
 
 
-def load_tokenizer(name_or_path: str | Path) -> Any:
+def load_tokenizer(name_or_path: str | Path, revision: str | None = None, subfolder: str | None = None) -> Any:
     """The checkpoint's tokenizer through transformers, never with remote code.
 
-    Dream's tokenizer config names a custom class (a renamed Qwen2 tokenizer); when
-    transformers cannot build the named class without remote code, the Qwen2
-    tokenizer class reads the same files.
+    `revision`/`subfolder` as for `load_model` (a hub id's branch, tag or commit). Dream's
+    tokenizer config names a custom class (a renamed Qwen2 tokenizer); when transformers
+    cannot build the named class without remote code, the Qwen2 tokenizer class reads
+    the same files.
     """
     from transformers import AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
-    folder = resolve_checkpoint(name_or_path)
+    folder = resolve_checkpoint(name_or_path, revision=revision, subfolder=subfolder)
     verbosity = transformers_logging.get_verbosity()
     # AutoTokenizer reads config.json and warns that model_type 'llada'/'Dream' is not a
     # transformers model; we never build the model through transformers, so it is noise
