@@ -28,8 +28,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma-separated, from {', '.join(STRATEGIES)}")
     parser.add_argument("--limit", type=float, default=None, help="documents per task (as lm_eval --limit)")
-    parser.add_argument("--batch_size", default="16", help="rows decoded per forward pass, or 'auto'")
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--batch_size", default=None,
+                        help=f"rows decoded per forward pass, or 'auto' (default {DEFAULT_BATCH_SIZE})")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda, cuda:1, ... (default: CUDA when there is one, else the CPU)")
     parser.add_argument("--gen_kwargs", default=None, help="as lm_eval --gen_kwargs")
     parser.add_argument("--apply_chat_template", action="store_true")
     parser.add_argument("--out", default="dvoting_compare", help="folder for table, JSON and plot")
@@ -40,6 +42,27 @@ def _parse_model_args(text: str) -> dict[str, Any]:
     from lm_eval.utils import simple_parse_args_string
 
     return simple_parse_args_string(text) if text else {}
+
+
+DEFAULT_BATCH_SIZE = 16
+
+
+def model_kwargs(model_args: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """`--model_args` plus `--device`/`--batch_size`: each given in either place, or in both alike.
+
+    (Passing both as keywords used to fail with "got multiple values for keyword argument".)
+    """
+    merged = dict(model_args)
+    for key in ("device", "batch_size"):
+        value = getattr(args, key)
+        if value is None:
+            continue
+        if key in merged and str(merged[key]) != str(value):
+            raise SystemExit(f"dvoting compare: {key}={merged[key]!r} in --model_args conflicts with "
+                             f"--{key} {value}: give {key} in one place only")
+        merged[key] = value
+    merged.setdefault("batch_size", DEFAULT_BATCH_SIZE)
+    return merged
 
 
 def accuracy_key(task_results: dict[str, Any]) -> str:
@@ -89,7 +112,7 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
     unknown = sorted(set(strategies) - set(STRATEGIES))
     if unknown:
         raise SystemExit(f"dvoting compare: unknown strategies {unknown}; choose from {', '.join(STRATEGIES)}")
-    lm = model_class(**model_args, batch_size=args.batch_size, device=args.device)
+    lm = model_class(**model_kwargs(model_args, args))
     rows = []
     for strategy in strategies:
         lm.use_strategy(strategy)

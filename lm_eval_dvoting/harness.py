@@ -29,9 +29,12 @@ Choices a user of the harness should know (also in the README):
 """
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
+import numbers
 import os
+import sys
 from collections import Counter
 from dataclasses import asdict, replace
 from typing import Any
@@ -43,7 +46,7 @@ from tqdm import tqdm
 from .answers import answers_equivalent, extract_answer, infer_answer_kind
 from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
-from .models.loading import load_model, load_tokenizer, resolve_device
+from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
 from .strategies import StrategySettings, derive_seed, drive
 
 log = logging.getLogger(__name__)
@@ -72,7 +75,7 @@ class DVotingEvalModel(TemplateLM):
         remasking: str = "low_confidence",
         hex_samples: int = 25,
         prefix_cache: bool | str = False,
-        seed: int = 1234,
+        seed: int | None = None,
         dtype: str | None = None,
         max_gen_toks: int = 256,
         max_length: int | None = None,
@@ -80,35 +83,53 @@ class DVotingEvalModel(TemplateLM):
         batch_size: int | str = 1,
         max_batch_size: int | None = None,
         device: str | None = None,
+        # HFLM's habits (`--model hf`): honoured, or refused with their own message
+        revision: str | None = None,
+        subfolder: str | None = None,
+        trust_remote_code: bool | str = False,
+        use_fast_tokenizer: bool | str = True,
+        add_bos_token: bool | str = False,
         **unknown: Any,
     ) -> None:
         super().__init__()
-        if unknown:
-            accepted = [p for p in inspect.signature(DVotingEvalModel.__init__).parameters
-                        if p not in ("self", "unknown")]
-            raise ValueError(
-                f"unknown model args {sorted(unknown)}; accepted model args are: {', '.join(accepted)}"
-            )
+        _refuse_unknown_args(unknown)
+        hf_args = _hflm_args(trust_remote_code, use_fast_tokenizer, add_bos_token)
         # Validates every setting once, at construction, with the default length.
         self.settings = StrategySettings(
-            strategy=strategy, gen_length=int(max_gen_toks), block_length=block_length, n=int(n),
-            alpha=float(alpha), temperature=None if temperature is None else float(temperature),
-            tau=float(tau), steps=steps, remasking=remasking, hex_samples=int(hex_samples),
+            strategy=strategy, gen_length=_whole_number("max_gen_toks", max_gen_toks, 1),
+            block_length=None if block_length is None else _whole_number("block_length", block_length, 1),
+            n=_whole_number("n", n, 1), alpha=_real_number("alpha", alpha),
+            temperature=None if temperature is None else _real_number("temperature", temperature),
+            tau=_real_number("tau", tau), steps=None if steps is None else _whole_number("steps", steps, 1),
+            remasking=remasking, hex_samples=_whole_number("hex_samples", hex_samples),
             prefix_cache=_flag("prefix_cache", prefix_cache),
         )
         self.pretrained = pretrained or self.default_pretrained
-        self.seed = int(seed)
-        self.mc_num = int(mc_num)
+        # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
+        self.seed, self.seed_source = sampling_seed(seed)
+        self.mc_num = _whole_number("mc_num", mc_num, 1)
+        max_length = None if max_length is None else _whole_number("max_length", max_length, 1)
         self._setup_processes(device)
-        self.model = load_model(self.pretrained, device=self._device, dtype=dtype)
+        # one resolution of the checkpoint, so config, weights and tokenizer come from the
+        # same snapshot (a hub branch that moves between two look-ups cannot mix them)
+        folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
+        self.revision = hub_revision(folder)  # the hub commit loaded; None for a local folder
+        self.subfolder = subfolder or None
+        # the tokenizer first: it is cheap, and add_bos_token is checked against it
+        self.tokenizer = load_tokenizer(tokenizer or folder)
+        self._tokenizer_source = tokenizer or self.pretrained
+        self.add_bos_token = _bos_setting(hf_args["add_bos_token"], self.tokenizer, tokenizer or self.pretrained)
+        self.model = load_model(folder, device=self._device, dtype=dtype)
         if self.model.family != self.family:
             log.warning("checkpoint %s is a %s model, loaded by dvoting-%s", self.pretrained,
                         self.model.family, self.family)
-        self.tokenizer = load_tokenizer(tokenizer or self.pretrained)
-        self._tokenizer_source = tokenizer or self.pretrained
+        if max_length is not None and max_length > self.model.max_length:
+            # longer prompts would be refused by the decoder mid-run, after other requests' work
+            raise ValueError(f"max_length {max_length} exceeds the model's maximum length {self.model.max_length}: "
+                             f"give max_length <= {self.model.max_length}, or leave it out for the model's")
         self.max_length = int(max_length or self.model.max_length)
         self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
-        self._warned_sampling = False
+        self._ignored_sampling: set[tuple[Any, ...]] = set()  # task sampling values reported as unused
         self.totals: Counter[str] = Counter()
         self._unshared: Counter[str] = Counter()  # this rank's part of the totals not yet sent to rank 0
         # the settings requests really ran with (a task's max_gen_toks sets their length)
@@ -135,19 +156,32 @@ class DVotingEvalModel(TemplateLM):
     def _parse_batch_size(self, batch_size: int | str, max_batch_size: int | None) -> int:
         if str(batch_size).startswith("auto"):
             rows = AUTO_BATCH_ROWS["cuda" if self._device.type == "cuda" else "cpu"]
-            return min(rows, int(max_batch_size)) if max_batch_size else rows
+            return min(rows, _whole_number("max_batch_size", max_batch_size, 1)) if max_batch_size else rows
         try:
-            rows = int(batch_size)
+            rows = _whole_number("batch_size", batch_size, 1)
         except ValueError:
             raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}") from None
         if rows < 1:
             raise ValueError(f"batch_size must be >= 1, got {rows}")
         return rows
 
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
+        """What lm-eval calls with the model args and its run-wide `device`/`batch_size` (`merge_run_args`)."""
+        return cls(**merge_run_args(dict(arg_dict), additional_config or {}))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
+        """As `create_from_arg_obj`, from lm-eval's `key=value,...` model args text."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
     def use_strategy(self, strategy: str) -> None:
         """Switch strategy on the loaded model (e.g. to compare them) and reset the totals."""
         self.settings = replace(self.settings, strategy=strategy)
         self.totals, self._unshared = Counter(), Counter()
+        self._ignored_sampling = set()
         self._settings_used = []
 
     @property
@@ -200,7 +234,13 @@ class DVotingEvalModel(TemplateLM):
         return str(self._tokenizer_source).replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        return self.tokenizer.encode(_encodable(string), add_special_tokens=bool(add_special_tokens))
+        ids = self.tokenizer.encode(_encodable(string), add_special_tokens=bool(add_special_tokens))
+        # add_bos_token (HFLM's model arg) applies when the caller does not decide, and never
+        # doubles a BOS that the text (e.g. a chat template) already starts with
+        bos = self.tokenizer.bos_token_id
+        if add_special_tokens is None and self.add_bos_token and ids[:1] != [bos]:
+            ids = [bos, *ids]
+        return ids
 
     def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
@@ -222,7 +262,7 @@ class DVotingEvalModel(TemplateLM):
         until = [until] if isinstance(until, str) else list(until)
         settings = self.settings
         if "max_gen_toks" in kwargs:
-            length = int(kwargs["max_gen_toks"])
+            length = _whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
             block = settings.block_length if settings.block_length is not None else max(1, length // 16)
             if length % block:
                 raise ValueError(
@@ -230,16 +270,59 @@ class DVotingEvalModel(TemplateLM):
                     "set --gen_kwargs max_gen_toks=... or the model arg block_length to fit"
                 )
             settings = replace(settings, gen_length=length)
-        if kwargs.get("do_sample") and float(kwargs.get("temperature") or 0) > 0:
-            if settings.strategy == "single":
-                settings = replace(settings, temperature=float(kwargs["temperature"]))
-            elif not self._warned_sampling:
-                log.warning("task %s asks for sampling; strategy=%s sets its own temperature "
-                            "(model arg temperature=%s), so the task's is ignored",
-                            task_name, settings.strategy, settings.resolved_temperature)
-                self._warned_sampling = True
+        settings = self._task_sampling(settings, kwargs, task_name)
         kind = infer_answer_kind(task_name, kwargs.get("dvoting_answer"))
         return settings, until, kind
+
+    def _task_sampling(self, settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None) -> StrategySettings:
+        """A task's (or `--gen_kwargs`') `do_sample`/`temperature`: used by `strategy=single`, else reported.
+
+        `strategy=single` samples at the task's temperature when `do_sample` is true and the
+        temperature above 0 (as HF generate does), so `gsm8k-cot-self-consistency` works as
+        the harness's own majority baseline. Every other value is not used: the strategy
+        samples at its own temperature (the model arg `temperature`). Such a value is
+        reported once per run and per distinct value, never per request: a request for
+        sampling or for a temperature as a WARNING; the greedy request every stock task
+        carries by default (`do_sample: false`) only at INFO, as voting strategies sample by
+        design.
+        """
+        asked = {key: kwargs[key] for key in ("do_sample", "temperature") if key in kwargs}
+        if not asked:
+            return settings
+        do_sample = asked.get("do_sample") is not None and _flag("do_sample", asked["do_sample"])
+        try:
+            temperature = float(asked.get("temperature") or 0)
+        except (TypeError, ValueError):
+            raise ValueError(f"generation kwarg temperature must be a number, got {asked['temperature']!r} "
+                             f"(task {task_name})") from None
+        single = settings.strategy == "single"
+        if do_sample and temperature > 0:
+            return replace(settings, temperature=temperature)
+        runs_at = settings.resolved_temperature
+        greedy_ask = not do_sample and temperature == 0
+        if single and greedy_ask and runs_at == 0:
+            return settings  # asked for greedy decoding, and that is what runs
+        key = (settings.strategy, tuple(sorted((k, str(v)) for k, v in asked.items())))
+        if key in self._ignored_sampling:
+            return settings
+        self._ignored_sampling.add(key)
+        if not single:
+            why = f"strategy={settings.strategy} samples at its own temperature {runs_at}"
+        elif not do_sample and temperature > 0:
+            why = (f"strategy=single samples only with do_sample=true (as HF generate does), "
+                   f"so it runs at temperature {runs_at}")
+        elif do_sample:
+            why = f"do_sample=true needs a temperature above 0; strategy=single runs at temperature {runs_at}"
+        else:
+            why = f"the model arg temperature={runs_at} is used"
+        message = (f"generation kwargs {asked} (task {task_name}: its YAML or --gen_kwargs) are not used: "
+                   f"{why}; set the model arg temperature (--model_args temperature=...) to choose it"
+                   + (", or pass do_sample=true with the temperature" if single else ""))
+        if greedy_ask:
+            log.info(message)
+        else:
+            log.warning(message)
+        return settings
 
     def _prompt_ids(self, context: str, gen_length: int) -> torch.Tensor:
         ids = self.tok_encode(context) if context else []
@@ -390,11 +473,20 @@ class DVotingEvalModel(TemplateLM):
             "dvoting": {
                 "pretrained": self.pretrained,
                 "family": self.model.family,
+                # hub commit loaded (None: a local folder or packaged checkpoint)
+                "revision": self.revision,
+                "subfolder": self.subfolder,
                 "seed": self.seed,
+                # "model_args" (the model arg seed), "lm-eval --seed" (the run's torch seed) or "default"
+                "seed_source": self.seed_source,
                 "mc_num": self.mc_num,
                 "batch_rows": self.batch_rows,
+                # outputs in bfloat16/float16 can depend on the batch (README, Reproducibility):
+                # dtype, device and batch_rows are what a rerun must repeat
+                "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                "device": str(self._device),
                 "settings": _resolved(self.settings),
-                "settings_used": [_resolved(s) for s in self._settings_used],
+                "settings_used": [_resolved(s) | {"seed": self.seed} for s in self._settings_used],
                 "totals": totals,
             }
         }
@@ -419,6 +511,186 @@ def _flag(name: str, value: bool | str) -> bool:
     if text in ("false", "0", "no"):
         return False
     raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _whole_number(name: str, value: Any, minimum: int | None = None) -> int:
+    """A whole-number model arg: 5, "5" and 5.0 give 5; 2.5, "abc", True, inf are refused.
+
+    `int()` would truncate 2.5 to 2 silently and fail on "abc" with a bare message.
+    """
+    number: Any = value
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            number = int(text)
+        except ValueError:
+            try:
+                number = float(text)
+            except ValueError:
+                number = None
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    allowed = "a whole number" + ("" if minimum is None else f" >= {minimum}")
+    if isinstance(number, bool) or not isinstance(number, numbers.Integral) or (minimum is not None and number < minimum):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}: give e.g. {name}={max(minimum or 0, 1)}, "
+                         f"or leave {name} out for its default")
+    return int(number)
+
+
+def _real_number(name: str, value: Any) -> float:
+    """A real-valued model arg from a number or its text; "abc" and True are refused.
+
+    Range checks (finite, >= 0, ...) are StrategySettings' and name the allowed values.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}: give e.g. {name}=0.5, "
+                         f"or leave {name} out for its default") from None
+
+
+# ------------------------------------------------------------- run controls
+
+DEFAULT_SEED = 1234  # lm-eval's default torch seed: a run without --seed samples as it always did
+
+
+def sampling_seed(seed: int | str | None) -> tuple[int, str]:
+    """The sampling seed and where it came from; the one place the run's seed is read.
+
+    1. The model arg `seed`, when given: ``(seed, "model_args")``.
+    2. Else the torch seed that lm-eval's `simple_evaluate` set from `--seed` (its third
+       value, `torch_random_seed`, default 1234) just before it built this model, read as
+       `torch.initial_seed()`: ``(seed, "lm-eval --seed")``. This is what `lm_eval --seed`,
+       `python -m lm_eval`, `dvoting eval` and `simple_evaluate(model="dvoting-llada")` do.
+    3. Else ``(1234, "default")``: a model built directly in Python, by `dvoting compare`, or
+       by `simple_evaluate(torch_random_seed=None)` (`--seed 0,None,None,1234`). torch's
+       initial seed is not used then: unseeded it is random per process, and a run with no
+       seed must still repeat exactly.
+    """
+    if seed is not None:
+        return _whole_number("seed", seed), "model_args"
+    if _lm_eval_seeded_torch():
+        return int(torch.initial_seed()), "lm-eval --seed"
+    return DEFAULT_SEED, "default"
+
+
+def _lm_eval_seeded_torch() -> bool:
+    """Whether this model is being built inside lm-eval's `simple_evaluate` after it seeded torch.
+
+    `simple_evaluate` seeds torch (`set_torch_seed(torch_random_seed)`) and then creates the
+    model from its name, so while the model is built its frame is on the stack with the
+    seed it used as the local `torch_random_seed` (None: torch was left unseeded).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "simple_evaluate" and frame.f_globals.get("__name__") == "lm_eval.evaluator":
+            return frame.f_locals.get("torch_random_seed") is not None
+        frame = frame.f_back
+    return False
+
+
+# What lm-eval's CLI hands every model (`create_from_arg_*`'s additional config) when the
+# flag is not on the command line, and the flag's spellings.
+_CLI_DEFAULTS: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "device": ("cuda:0", ("--device",)),
+    "batch_size": (1, ("--batch_size", "-b")),
+}
+
+
+def _on_command_line(flags: tuple[str, ...]) -> bool:
+    """Whether one of `flags` was typed on this process's command line (`--flag v`, `--flag=v`)."""
+    for arg in sys.argv[1:]:
+        for flag in flags:
+            if arg == flag or arg.startswith(flag + "=") or (len(flag) == 2 and arg.startswith(flag)):
+                return True
+    return False
+
+
+def merge_run_args(model_args: dict[str, Any], run_args: dict[str, Any]) -> dict[str, Any]:
+    """Model args plus lm-eval's run-wide `device`/`batch_size`/`max_batch_size`, without clashes.
+
+    lm-eval passes its `--device` (default `cuda:0`, even on a machine without a GPU) and
+    `--batch_size` (default 1) to every model as keyword arguments beside the model args,
+    so `--model_args device=cpu` used to end in "got multiple values for keyword argument".
+    Here a value given in the model args wins over lm-eval's default; the same value in both
+    places is fine; two different values that the user both typed are an error. lm-eval's
+    default device (`cuda:0` with no `--device` on the command line) is dropped, so the model
+    picks CUDA when there is one and the CPU otherwise, silently. In the Python API
+    (`simple_evaluate(device="cuda:0")`) that value cannot be told from the CLI's default and
+    is treated the same way.
+    """
+    merged = dict(model_args)
+    for key, value in run_args.items():
+        if value is None:
+            continue
+        default, flags = _CLI_DEFAULTS.get(key, (None, ()))
+        is_default = flags != () and str(value) == str(default) and not _on_command_line(flags)
+        if key not in merged:
+            if not (key == "device" and is_default):
+                merged[key] = value
+        elif str(merged[key]) != str(value) and not is_default:
+            raise ValueError(
+                f"{key}={merged[key]!r} in --model_args conflicts with --{key} {value}: "
+                f"give {key} in one place only"
+            )
+    return merged
+
+
+# HFLM model args this plugin refuses, with what to do instead (a false/empty value is accepted)
+_REFUSED_HFLM_ARGS = {
+    "parallelize": "splitting one model across GPUs is not supported; run data parallel instead "
+                   "(accelerate launch -m lm_eval ... or torchrun, one model per GPU; README "
+                   "'Several processes / GPUs')",
+    "peft": "adapters are not supported; merge the adapter into the base weights, save them as "
+            "safetensors beside config.json and pass that folder as pretrained",
+    "delta": "delta weights are not supported; add them to the base weights, save the result as "
+             "safetensors beside config.json and pass that folder as pretrained",
+}
+
+
+def _refuse_unknown_args(unknown: dict[str, Any]) -> None:
+    """Refused HFLM args get their own message; other unknown args the closest accepted name."""
+    for name, reason in _REFUSED_HFLM_ARGS.items():
+        value = unknown.pop(name, None)
+        if value not in (None, "", False, "false", "False", "none", "None", 0):
+            raise ValueError(f"model arg {name}={value!r}: {reason}")
+    if not unknown:
+        return
+    accepted = [p for p in inspect.signature(DVotingEvalModel.__init__).parameters
+                if p not in ("self", "unknown")]
+    hints = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, accepted, n=1)
+        hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    raise ValueError(f"unknown model args {', '.join(hints)}; accepted model args are: {', '.join(accepted)}")
+
+
+def _hflm_args(trust_remote_code: bool | str, use_fast_tokenizer: bool | str, add_bos_token: bool | str) -> dict[str, bool]:
+    """HFLM's tokenizer/loading flags, checked before any model work."""
+    if _flag("trust_remote_code", trust_remote_code):
+        # `--trust_remote_code` adds this model arg; accepted so LLaDA/Dream recipes run as
+        # they are, but there is nothing to trust: the architectures are this package's code
+        log.warning("trust_remote_code=True has no effect: dvoting models are built by this plugin's own "
+                    "code from the checkpoint's config and weights; no downloaded code is ever run")
+    if not _flag("use_fast_tokenizer", use_fast_tokenizer):
+        raise ValueError(
+            "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) tokenizers, so a slow one "
+            "cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the same files)"
+        )
+    return {"add_bos_token": _flag("add_bos_token", add_bos_token)}
+
+
+def _bos_setting(add_bos: bool, tokenizer: Any, source: Any) -> bool:
+    """`add_bos_token=true` needs a tokenizer with a BOS token (LLaDA has one, Dream does not)."""
+    if add_bos and tokenizer.bos_token_id is None:
+        raise ValueError(
+            f"add_bos_token=True, but the tokenizer of {source} has no BOS token: drop add_bos_token "
+            "(prompts are encoded without special tokens; a chat template adds its own)"
+        )
+    return add_bos
 
 
 def _encodable(text: str) -> str:
