@@ -46,6 +46,7 @@ from tqdm import tqdm
 from .answers import answers_equivalent, extract_answer, infer_answer_kind
 from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
+from .result_cache import bind as bind_result_cache, generation_key_args
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
 from .strategies import StrategySettings, derive_seed, drive
 
@@ -221,6 +222,11 @@ class DVotingEvalModel(TemplateLM):
                 self.totals.update(totals)
         return [item for item, _ in gathered]
 
+    def set_cache_hook(self, cache_hook: Any) -> None:
+        """`--use_cache`: results keyed on this run's settings and on each document and repeat
+        (result_cache.py); lm-eval's own request-only lookup is bypassed."""
+        self.cache_hook = bind_result_cache(self, cache_hook)
+
     def barrier(self) -> None:
         if self.accelerator is not None:
             self.accelerator.wait_for_everyone()
@@ -380,6 +386,7 @@ class DVotingEvalModel(TemplateLM):
             extracts.append(extract)
 
         jobs = [p for p in range(len(requests)) if p not in copy_of]  # job j answers requests[jobs[j]]
+        repeat_of = {position: repeat for (_, repeat), position in first_of.items()}
         # longest prompts first, as lm-eval does, so padding stays small
         order = sorted(range(len(jobs)), key=lambda j: -(prompts[j].numel() + settings[j].gen_length))
         texts: list[str | None] = [None] * len(requests)
@@ -389,8 +396,9 @@ class DVotingEvalModel(TemplateLM):
             j = order[position]
             text = self.generated_text(result.samples[result.chosen], untils[j])
             texts[jobs[j]] = self._costed(text, result, untils[j])
-            context, gen_kwargs = requests[jobs[j]].args
-            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), texts[jobs[j]])
+            # keyed on the repeat too: each repeat has its own seed (result_cache.py)
+            self.cache_hook.add_partial("generate_until", generation_key_args(requests[jobs[j]], repeat_of[jobs[j]]),
+                                        texts[jobs[j]])
             bar.update(1)
 
         drive(
