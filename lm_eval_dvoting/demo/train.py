@@ -300,9 +300,28 @@ def export_checkpoint(model: LLaDAModel, config: dict[str, Any], tokenizer, fold
 
 
 def save_state(path: Path, **state: Any) -> None:
+    """The resumable training state: tensors, plain numbers, strings, lists and dicts only,
+    so that `load_state` can read it with `weights_only=True`."""
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     tmp.replace(path)
+
+
+def load_state(path: Path, device: torch.device) -> dict[str, Any]:
+    """The state `save_state` wrote, read with `torch.load(weights_only=True)`.
+
+    `weights_only=True` unpickles tensors and plain containers only, never arbitrary Python
+    objects, so a tampered `last.pt` cannot run code; a file holding anything else is refused.
+    """
+    import pickle
+
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise SystemExit(
+            f"{path} holds more than tensors and plain values, so it is not loaded (weights_only=True): "
+            f"it was not written by this script, or was tampered with; delete it to start afresh ({err})"
+        ) from None
 
 
 def evaluate(checkpoint: str, args: argparse.Namespace) -> dict[str, float]:
@@ -348,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     step, best = 0, {"acc": -1.0, "step": None, "which": None}
     last = out / "last.pt"
     if last.exists():
-        state = torch.load(last, map_location=device, weights_only=False)
+        state = load_state(last, device)
         if state["args"]["steps"] != args.steps or state["args"]["seed"] != args.seed:
             print(f"warning: {last} was made with different --steps/--seed; continuing with the new ones")
         model.load_state_dict(state["model"])
