@@ -24,7 +24,7 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
     one vote: ``$``, ``%``, units and LaTeX spacing are ignored (GSM8K states
     percentages and money as bare numbers: "50%" is the answer ``50``); commas are
     thousands separators only in the ``1,000`` pattern (``"1,000" -> "1000"``);
-    the sign is kept (``-3`` is not ``3``; a hyphen directly after a digit or
+    the sign is kept (``-3`` is not ``3``, ``-$3`` is ``-3``; a hyphen directly after a digit or
     letter, as in ``10-20``, is a range/subtraction, not a sign); values are exact
     rationals, so ``18``, ``18.0``, ``18.00`` all become ``"18"``, ``0.50`` and
     ``.5`` become ``"0.5"``, and fractions (``3/4``, ``\\frac{3}{4}``,
@@ -174,6 +174,9 @@ def _clean_numeric_text(text: str) -> str:
     text = text.replace("{,}", ",")  # `1{,}000`
     text = re.sub(r"\\[!,;: ]", "", text)  # LaTeX spacing, e.g. `1,\!000`
     text = text.replace("\\$", "$").replace("\\%", "%")
+    # `-$5` is minus five dollars: the sign goes to the number, as in `-5` (a hyphen
+    # after a digit, letter, `)` or `.` stays an operator, `10-$5`; `- $5` is a list item)
+    text = re.sub(r"(?<![\w).])-\$", "$-", text)
 
     # `\frac{3}{4}` -> `3/4` so one rule reads both spellings of a fraction
     def frac(m: re.Match[str]) -> str:
