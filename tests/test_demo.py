@@ -235,13 +235,30 @@ def test_a_larger_validation_set_extends_the_same_stream():
     assert {p.question for p in valid_big} <= held_out  # training never sees the extension either
 
 
-def test_training_logs_voting_strategies_along_the_curve(tmp_path):
+def test_training_logs_voting_strategies_along_the_curve(tmp_path, monkeypatch):
     torch.set_num_threads(1)
-    train.main(["--out", str(tmp_path), *MICRO, "--steps", "1", "--eval-every", "1", "--eval-size", "3",
-                "--eval-strategies", "dvoting", "--ema", "0"])
+    calls = []
+
+    def scorer(net, tokenizer, strategies, problems, **kwargs):
+        """The real scorer (sweep.score_strategies), recording what it was asked and gave."""
+        scores = score_strategies(net, tokenizer, strategies, problems, **kwargs)
+        calls.append((list(strategies), [p.question for p in problems], scores))
+        return scores
+
+    from lm_eval_dvoting.demo.sweep import score_strategies
+
+    monkeypatch.setattr(train, "score_strategies", scorer)
+    argv = ["--out", str(tmp_path), *MICRO, "--steps", "1", "--eval-every", "1", "--eval-size", "3",
+            "--eval-strategies", "dvoting", "--ema", "0"]
+    train.main(argv)
     record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
-    scores = record["valid_strategies_model"]["dvoting"]
-    assert 0 <= scores["acc"] <= 1 and 1 <= scores["nfe"] <= 5 * 32
+    # one evaluation (step 1, the model's weights), on the run's 3 validation problems, logged as scored
+    _, valid = train.held_out_problems(train.parse_args(argv))
+    [(strategies, questions, scores)] = calls
+    assert strategies == ["dvoting"] and questions == [p.question for p in valid] and len(questions) == 3
+    assert record["valid_strategies_model"] == scores
+    dvoting = scores["dvoting"]
+    assert dvoting["acc"] in {round(k / 3, 4) for k in range(4)} and 2 <= dvoting["nfe"] <= 5 * 32
     assert "valid_strategies_ema" not in record  # --ema 0: no moving average to score
 
 
@@ -252,7 +269,22 @@ def test_sweep_scores_checkpoints_on_validation_problems(capsys):
     sweep.main(["tiny-arith", "--strategies", "single", "dvoting", "--limit", "12"])
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["problems"] == 12 and line["single"]["nfe"] == 32.0
-    assert 0 <= line["single"]["acc"] <= 1 and 0 < line["dvoting"]["nfe"] <= 5 * 32
+    assert 0 < line["dvoting"]["nfe"] <= 5 * 32
+    # single is greedy: its accuracy is the plain decoder's on the same 12 problems
+    from lm_eval_dvoting.answers import extract_answer
+    from lm_eval_dvoting.decoding import generate
+    from lm_eval_dvoting.models.loading import load_model, load_tokenizer
+
+    _, problems = arith.held_out_sets(valid_size=12)
+    tokenizer = load_tokenizer("tiny-arith")
+    enc = tokenizer([arith.format_prompt(p.question) for p in problems], add_special_tokens=False,
+                    padding=True, return_tensors="pt")
+    out = generate(load_model("tiny-arith"), enc.input_ids, enc.attention_mask, gen_length=32,
+                   block_length=2, steps=32)
+    texts = [tokenizer.decode(t.tolist(), skip_special_tokens=False).split(EOS)[0] for t in out.tokens]
+    right = [extract_answer(t, "number") == str(p.answer) for t, p in zip(texts, problems)]
+    assert 0 < sum(right) < 12  # neither all right nor all wrong: the comparison says something
+    assert line["single"]["acc"] == round(sum(right) / 12, 4)
     assert line["points_over_single"]["dvoting"] == round(100 * (line["dvoting"]["acc"] - line["single"]["acc"]), 1)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from conftest import DATA, REPO_ROOT, require_shared
+from lm_eval_dvoting.answers import extract_answer
 from lm_eval_dvoting.costs import CostedText
 from lm_eval_dvoting.harness import LLaDAEvalModel
 
@@ -36,7 +38,12 @@ def test_each_strategy_runs_through_the_harness(tiny_llada_dir, strategy, sample
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=16, device="cpu")
     results = _evaluate(lm, ["dvoting_arith"], 3, gen_kwargs="max_gen_toks=32")
     figures = results["results"]["dvoting_arith"]
-    assert 0.0 <= figures["exact_match,extract"] <= 1.0
+    # the score is the returned texts' answers against the targets, as logged
+    records = results["samples"]["dvoting_arith"]
+    answers = [r["filtered_resps"][0] for r in records]
+    assert answers == [extract_answer(r["resps"][0][0], "number") or "[invalid]" for r in records]
+    right = sum(answer == r["target"] for answer, r in zip(answers, records))
+    assert figures["exact_match,extract"] == pytest.approx(right / 3)
     if samples is not None:
         assert figures["n_samples,extract"] == samples
     else:
@@ -167,7 +174,13 @@ def test_stock_loglikelihood_task_runs_offline(tiny_llada_dir, tmp_path):
     (tmp_path / "arc_challenge_local.yaml").write_text(ARC_LOCAL.format(path=arc))
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), mc_num=4, batch_size=16, device="cpu")
     results = _evaluate(lm, ["arc_challenge_local"], 4, tm=_tasks(tmp_path))
-    assert 0.0 <= results["results"]["arc_challenge_local"]["acc,none"] <= 1.0
+    right = []
+    for record in results["samples"]["arc_challenge_local"]:
+        scores = [resp[0][0] for resp in record["resps"]]  # one (loglikelihood, is_greedy) per choice
+        # a log-likelihood (bound) of a continuation: finite, at most 0, and it tells choices apart
+        assert all(math.isfinite(x) and x <= 0 for x in scores) and len(set(scores)) > 1, scores
+        right.append(scores.index(max(scores)) == int(record["target"]))
+    assert results["results"]["arc_challenge_local"]["acc,none"] == pytest.approx(sum(right) / len(right))
 
 
 def test_prefix_cache_model_arg(tiny_llada_dir):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lm_eval_dvoting import report
+from lm_eval_dvoting.answers import vote
 from lm_eval_dvoting.cli import main as dvoting_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -165,7 +166,10 @@ def test_report_on_a_real_harness_run(tiny_llada_dir: Path, tmp_path: Path) -> N
     for record in records:
         trace = record["dvoting_trace"]
         assert "dvoting_trace" in record["metrics"]
-        assert trace["votes"] is not None and 0 <= trace["chosen"] < len(trace["candidates"])
+        # the votes are the candidates' answers counted; the chosen one carries the winner
+        result = vote([c["answer"] for c in trace["candidates"]], "number")
+        assert trace["votes"] == dict(result.counts)
+        assert trace["chosen"] == (0 if result.winner_index is None else result.winner_index)
         for candidate in trace["candidates"]:
             assert len(candidate["tokens"]) == 32  # max_gen_toks
             assert set(candidate) >= {"text", "answer", "nfe", "kept_positions"}

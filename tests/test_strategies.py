@@ -425,9 +425,21 @@ def test_results_come_back_in_question_order_and_on_done():
 
 
 def test_derive_seed_is_stable():
-    assert derive_seed(0, 1) == derive_seed(0, 1)
+    """The same parts give the same seed in other processes (Python salts `hash()` per
+    process, so a seed built on it would not be), other parts or another order give other
+    seeds, and seeds spread over the 63 bits a torch generator takes."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from lm_eval_dvoting.strategies import derive_seed; print(derive_seed(0, 1), derive_seed('x', 3, None))"
+    runs = [subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONHASHSEED=salt),
+                           capture_output=True, text=True, check=True).stdout.split() for salt in ("1", "2")]
+    assert runs[0] == runs[1] == [str(derive_seed(0, 1)), str(derive_seed("x", 3, None))]
     assert derive_seed(0, 1) != derive_seed(1, 0)
-    assert 0 <= derive_seed("x", 3) < 2**63
+    seeds = {derive_seed("task", doc, repeat) for doc in range(200) for repeat in range(5)}
+    assert len(seeds) == 1000  # no collisions between documents and repeats
+    assert 2**62 <= max(seeds) < 2**63 and min(seeds) < 2**61
 
 
 # --------------------------------------------------------------------- settings

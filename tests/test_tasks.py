@@ -165,10 +165,25 @@ def test_arc_numeric_labels_map_to_letters(data_dir: Path, offline_tasks: dict[s
         assert docs[r["id"]]["answer"] == "ABCD"[int(r["answerKey"]) - 1]
 
 
+def test_gpqa_option_order_is_the_same_in_every_process(utils: Any) -> None:
+    """Seeded by SHA-256 of the Record ID, not by `hash()` (salted per process)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('u', sys.argv[1]); "
+            "u = importlib.util.module_from_spec(spec); spec.loader.exec_module(u); "
+            "print([u.gpqa_option_order(f'rec{i}') for i in range(8)])")
+    here = str([utils.gpqa_option_order(f"rec{i}") for i in range(8)])
+    for salt in ("1", "2"):
+        run = subprocess.run([sys.executable, "-c", code, str(TASK_CONFIGS / "utils.py")], capture_output=True,
+                             text=True, check=True, env=dict(os.environ, PYTHONHASHSEED=salt))
+        assert run.stdout.strip() == here
+    assert len(set(here.split("], ["))) > 1  # the orders differ between records
+
+
 def test_gpqa_shuffle_is_fixed_and_balanced(offline_tasks: dict[str, Any], utils: Any) -> None:
     gpqa_utils = utils
-    # seeded by SHA-256 of the Record ID: the same in every process and run
-    assert gpqa_utils.gpqa_option_order("recABC") == gpqa_utils.gpqa_option_order("recABC")
     assert sorted(gpqa_utils.gpqa_option_order("recABC")) == [0, 1, 2, 3]
     for name in ("dvoting_gpqa_diamond", "dvoting_gpqa_main"):
         docs = _docs(offline_tasks["tasks"][name])
