@@ -14,16 +14,20 @@ Choices a user of the harness should know (also in the README):
   to L/16 and must divide L.
 * The strategy owns the sampling temperature. A task's `do_sample`/`temperature`
   apply to `strategy=single` only (so the harness's self-consistency tasks work as
-  a majority-voting baseline); voting strategies ignore them with one warning.
+  a majority-voting baseline); a value the strategy does not use gets one warning per
+  run (`_task_sampling`).
 * Each text is cut at the first end-of-text/end-of-turn token, then at the task's
   `until` strings, *before* its answer is extracted, so what is voted is what the
   task's filters see. The answer kind comes from the task's `dvoting_answer` gen kwarg,
   else from the task name (`answers.infer_answer_kind`).
 * A context longer than the model's maximum length minus L loses tokens from the
   left (with a warning); an empty context starts from the end-of-text token.
-* Samples are seeded from the model arg `seed`, the task, the document, the context
+* Samples are seeded from the run's seed (the model arg `seed`, else lm-eval's
+  `--seed` torch seed, else 1234: `sampling_seed`), the task, the document, the context
   and the repeat index: results depend neither on `--batch_size` nor on order, nor
   on the number of processes (`torchrun`/`accelerate launch`, see `gather_object`).
+* lm-eval's run-wide `device`/`batch_size` and the same model args merge without clashes
+  (`merge_run_args`); HFLM's model args are honoured or refused by name (README table).
 * Characters the tokenizer does not know become its unknown token; lone surrogates
   (invalid unicode) become U+FFFD, with one warning.
 """
@@ -49,8 +53,11 @@ from .likelihood import rolling_loglikelihood, score_requests
 from .result_cache import bind as bind_result_cache, generation_key_args
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
 from .strategies import StrategySettings, derive_seed, drive
+from .task_costs import RunCosts, install as _install_task_costs
 
 log = logging.getLogger(__name__)
+# every task a dvoting model runs reports its cost per question (mean NFE, samples)
+_install_task_costs()
 
 # gen_kwargs this model understands; anything else is rejected with this list
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "dvoting_answer")
@@ -97,12 +104,12 @@ class DVotingEvalModel(TemplateLM):
         hf_args = _hflm_args(trust_remote_code, use_fast_tokenizer, add_bos_token)
         # Validates every setting once, at construction, with the default length.
         self.settings = StrategySettings(
-            strategy=strategy, gen_length=_whole_number("max_gen_toks", max_gen_toks, 1),
-            block_length=None if block_length is None else _whole_number("block_length", block_length, 1),
-            n=_whole_number("n", n, 1), alpha=_real_number("alpha", alpha),
+            strategy=strategy, gen_length=_whole_number("max_gen_toks", max_gen_toks),
+            block_length=None if block_length is None else _whole_number("block_length", block_length),
+            n=_whole_number("n", n), alpha=_real_number("alpha", alpha),
             temperature=None if temperature is None else _real_number("temperature", temperature),
-            tau=_real_number("tau", tau), steps=None if steps is None else _whole_number("steps", steps, 1),
-            remasking=remasking, hex_samples=_whole_number("hex_samples", hex_samples),
+            tau=_real_number("tau", tau), steps=None if steps is None else _whole_number("steps", steps),
+            remasking=remasking, hex_samples=_whole_number("hex_samples", hex_samples, allowed="25 or 5"),
             prefix_cache=_flag("prefix_cache", prefix_cache),
         )
         self.pretrained = pretrained or self.default_pretrained
@@ -111,6 +118,8 @@ class DVotingEvalModel(TemplateLM):
         self.mc_num = _whole_number("mc_num", mc_num, 1)
         max_length = None if max_length is None else _whole_number("max_length", max_length, 1)
         self._setup_processes(device)
+        # parsed before the checkpoint is read: a bad batch size fails at once
+        self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
         # one resolution of the checkpoint, so config, weights and tokenizer come from the
         # same snapshot (a hub branch that moves between two look-ups cannot mix them)
         folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
@@ -129,12 +138,12 @@ class DVotingEvalModel(TemplateLM):
             raise ValueError(f"max_length {max_length} exceeds the model's maximum length {self.model.max_length}: "
                              f"give max_length <= {self.model.max_length}, or leave it out for the model's")
         self.max_length = int(max_length or self.model.max_length)
-        self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
         self._ignored_sampling: set[tuple[Any, ...]] = set()  # task sampling values reported as unused
         self.totals: Counter[str] = Counter()
         self._unshared: Counter[str] = Counter()  # this rank's part of the totals not yet sent to rank 0
         # the settings requests really ran with (a task's max_gen_toks sets their length)
         self._settings_used: list[StrategySettings] = []
+        self._run_costs: RunCosts | None = None  # the last evaluation's cost ledger (task_costs.py)
 
     # ---------------------------------------------------------------- set-up
 
@@ -184,6 +193,14 @@ class DVotingEvalModel(TemplateLM):
         self.totals, self._unshared = Counter(), Counter()
         self._ignored_sampling = set()
         self._settings_used = []
+        self._run_costs = None
+
+    def begin_cost_run(self) -> RunCosts:
+        """A fresh cost ledger for the evaluation starting now (called by lm-eval's `evaluate`,
+        as patched by task_costs.py); `get_model_info` reports it afterwards."""
+        self._run_costs = RunCosts()
+        self._computed_before = Counter(self.totals)
+        return self._run_costs
 
     @property
     def device(self) -> torch.device:
@@ -213,14 +230,17 @@ class DVotingEvalModel(TemplateLM):
         import torch.distributed as dist
 
         gathered = [None] * self.world_size if self.rank == dst else None
-        dist.gather_object((obj, dict(self._unshared)), gathered, dst=dst)
+        run_part = self._run_costs.take_unsent() if self._run_costs is not None else None
+        dist.gather_object((obj, dict(self._unshared), run_part), gathered, dst=dst)
         self._unshared = Counter()
         if gathered is None:
             return None
-        for rank, (_, totals) in enumerate(gathered):
+        for rank, (_, totals, part) in enumerate(gathered):
             if rank != self.rank:
                 self.totals.update(totals)
-        return [item for item, _ in gathered]
+                if part is not None and self._run_costs is not None:
+                    self._run_costs.merge(part)
+        return [item for item, _, _ in gathered]
 
     def set_cache_hook(self, cache_hook: Any) -> None:
         """`--use_cache`: results keyed on this run's settings and on each document and repeat
@@ -302,7 +322,7 @@ class DVotingEvalModel(TemplateLM):
             raise ValueError(f"generation kwarg temperature must be a number, got {asked['temperature']!r} "
                              f"(task {task_name})") from None
         single = settings.strategy == "single"
-        if do_sample and temperature > 0:
+        if single and do_sample and temperature > 0:
             return replace(settings, temperature=temperature)
         runs_at = settings.resolved_temperature
         greedy_ask = not do_sample and temperature == 0
@@ -355,6 +375,7 @@ class DVotingEvalModel(TemplateLM):
         return text
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        _sanitise_requests(requests)
         occurrences: Counter[int] = Counter()
         first_of: dict[tuple[int, int], int] = {}  # (request, repeat index) -> its first position
         copy_of: dict[int, int] = {}  # position of a padding copy -> the position it repeats
@@ -395,7 +416,7 @@ class DVotingEvalModel(TemplateLM):
         def done(position: int, result: Any) -> None:
             j = order[position]
             text = self.generated_text(result.samples[result.chosen], untils[j])
-            texts[jobs[j]] = self._costed(text, result, untils[j])
+            texts[jobs[j]] = self._costed(text, result, untils[j], settings[j])
             # keyed on the repeat too: each repeat has its own seed (result_cache.py)
             self.cache_hook.add_partial("generate_until", generation_key_args(requests[jobs[j]], repeat_of[jobs[j]]),
                                         texts[jobs[j]])
@@ -416,7 +437,12 @@ class DVotingEvalModel(TemplateLM):
             texts[position] = texts[first]
         return texts  # type: ignore[return-value]
 
-    def _costed(self, text: str, result: Any, until: list[str]) -> CostedText:
+    def _costed(self, text: str, result: Any, until: list[str], settings: StrategySettings | None = None) -> CostedText:
+        """The response: the voted text with its request's cost, trace and settings.
+
+        The settings travel with the text (and so into `--use_cache`), so that a rerun
+        served from the cache reports the same `settings_used` and totals (task_costs.py).
+        """
         votes = {answer[1]: count for answer, count in result.votes}
         trace = {
             "candidates": [
@@ -435,7 +461,9 @@ class DVotingEvalModel(TemplateLM):
         }
         self.totals.update(requests=1, nfe=result.nfe, samples=len(result.answers))
         self._unshared.update(requests=1, nfe=result.nfe, samples=len(result.answers))
-        return CostedText(text, nfe=result.nfe, n_samples=len(result.answers), votes=votes, trace=trace)
+        used = None if settings is None else _resolved(settings) | {"seed": self.seed}
+        return CostedText(text, nfe=result.nfe, n_samples=len(result.answers), votes=votes, trace=trace,
+                          settings=used)
 
     # ------------------------------------------------------------ likelihood
 
@@ -451,7 +479,12 @@ class DVotingEvalModel(TemplateLM):
             self.cache_hook.add_partial("loglikelihood", string_pair, result)
         return results
 
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        _sanitise_requests(requests)
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        _sanitise_requests(requests)
         scores = []
         for req in tqdm(requests, desc="dVoting loglikelihood_rolling", disable=disable_tqdm or self.rank != 0):
             (text,) = req.args
@@ -469,14 +502,16 @@ class DVotingEvalModel(TemplateLM):
     def get_model_info(self) -> dict[str, Any]:
         """Lands in the results' `config`: the resolved settings and the cost totals.
 
-        ``settings`` are the model args' (generation length: ``max_gen_toks``'s default);
-        ``settings_used`` lists the settings requests really ran with since the model was
-        made or its strategy switched, with the task's ``max_gen_toks`` as their length.
+        ``settings`` are the model args' (generation length: ``max_gen_toks``'s default).
+        After an evaluation (lm-eval's `evaluate`) the rest describes the responses its
+        results are built on, computed or read from `--use_cache` alike (task_costs.py):
+        ``settings_used`` the settings they ran with (the task's ``max_gen_toks`` as their
+        length), ``totals`` their cost (``questions``, ``requests`` (one per repeat), ``nfe``,
+        ``samples``, and ``mean_nfe``/``mean_samples`` per request), ``tasks`` the same sums
+        per task, and ``computed`` the part of the totals this run decoded (the rest came
+        from the cache). Before any evaluation (`generate_until` called directly) they count
+        the requests computed since the model was made or its strategy switched.
         """
-        totals = dict(self.totals)
-        if totals.get("requests"):
-            totals["mean_nfe"] = totals["nfe"] / totals["requests"]
-            totals["mean_samples"] = totals["samples"] / totals["requests"]
         return {
             "dvoting": {
                 "pretrained": self.pretrained,
@@ -494,10 +529,27 @@ class DVotingEvalModel(TemplateLM):
                 "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
                 "device": str(self._device),
                 "settings": _resolved(self.settings),
-                "settings_used": [_resolved(s) | {"seed": self.seed} for s in self._settings_used],
-                "totals": totals,
+                **self._cost_report(),
             }
         }
+
+    def _cost_report(self) -> dict[str, Any]:
+        """``settings_used``, ``totals``, ``tasks`` and ``computed`` for `get_model_info`."""
+        figures = ("requests", "nfe", "samples")
+        if self._run_costs is None:
+            totals: dict[str, Any] = {key: self.totals[key] for key in figures}
+            used = [_resolved(s) | {"seed": self.seed} for s in self._settings_used]
+            tasks: dict[str, Any] = {}
+            computed = dict(totals)
+        else:
+            totals = self._run_costs.totals()
+            used = self._run_costs.settings_used()
+            tasks = self._run_costs.by_task()
+            computed = {key: self.totals[key] - self._computed_before[key] for key in figures}
+        if totals["requests"] and "mean_nfe" not in totals:
+            totals["mean_nfe"] = totals["nfe"] / totals["requests"]
+            totals["mean_samples"] = totals["samples"] / totals["requests"]
+        return {"settings_used": used, "totals": totals, "tasks": tasks, "computed": computed}
 
 
 def _resolved(settings: StrategySettings) -> dict[str, Any]:
@@ -521,7 +573,7 @@ def _flag(name: str, value: bool | str) -> bool:
     raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
-def _whole_number(name: str, value: Any, minimum: int | None = None) -> int:
+def _whole_number(name: str, value: Any, minimum: int | None = None, allowed: str | None = None) -> int:
     """A whole-number model arg: 5, "5" and 5.0 give 5; 2.5, "abc", True, inf are refused.
 
     `int()` would truncate 2.5 to 2 silently and fail on "abc" with a bare message.
@@ -538,10 +590,10 @@ def _whole_number(name: str, value: Any, minimum: int | None = None) -> int:
                 number = None
     if isinstance(number, float) and number.is_integer():
         number = int(number)
-    allowed = "a whole number" + ("" if minimum is None else f" >= {minimum}")
+    allowed = allowed or "a whole number" + ("" if minimum is None else f" >= {minimum}")
     if isinstance(number, bool) or not isinstance(number, numbers.Integral) or (minimum is not None and number < minimum):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}: give e.g. {name}={max(minimum or 0, 1)}, "
-                         f"or leave {name} out for its default")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}: give {name} as such a number, "
+                         f"or leave it out for its default")
     return int(number)
 
 
@@ -717,6 +769,28 @@ def _encodable(text: str) -> str:
 
 
 _encodable.warned = False
+
+
+def _sanitise_requests(requests: list[Any]) -> None:
+    """Lone surrogates in a request's text become U+FFFD in the request itself, before any model work.
+
+    lm-eval 0.4.13 hashes each request's context for `--log_samples` (`prompt_hash`,
+    utf-8 without error handling) and writes it to the samples file only after every
+    request has been answered, so text no encoder accepts (a prompt function or template
+    that emits a lone surrogate) would lose the whole run there. Rewritten here, the
+    request is scored, hashed, cached and logged as the text the model really saw.
+    """
+    for req in requests:
+        args = req.args
+        clean = tuple(_encodable(a) if isinstance(a, str) else a for a in args)
+        if clean != args:
+            arguments = getattr(req, "arguments", None)
+            if arguments is None:  # a stand-in for lm-eval's Instance with a plain `args`
+                req.args = clean
+            else:  # Instance: `args` is a read-only view of `arguments`
+                req.arguments = clean if isinstance(arguments, tuple) else clean[0]
+            log.warning("task %s, document %s: its request text holds lone surrogates (invalid unicode); "
+                        "they are replaced by U+FFFD before the model runs", req.task_name, req.doc_id)
 
 
 def _same_answer(a: tuple[str, str], b: tuple[str, str]) -> bool:
