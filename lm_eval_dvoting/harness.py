@@ -1,6 +1,7 @@
 """The lm-eval LM classes `dvoting-llada` and `dvoting-dream`.
 
-This is the only module that imports lm_eval. It parses model args, tokenizes (with
+This is the only module that imports lm_eval (besides result_cache.py, which binds
+`--use_cache` to the run's settings). It parses model args, tokenizes (with
 the chat template when `--apply_chat_template` is given), hands token ids to a
 strategy (strategies.py), and returns each voted text as a `CostedText` carrying
 the request's cost (`nfe`, `n_samples`, `votes`, `trace`). Registration with lm-eval

@@ -14,6 +14,7 @@ compares what a user reads: the per-task results and every logged sample.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import shutil
@@ -301,3 +302,20 @@ def test_cached_values_are_the_costed_texts(tmp_path):
         [record] = [v for k, v in meta.items() if k.startswith("fingerprint:")]
     assert record["fingerprint"]["strategy"] == "dvoting" and record["pretrained"] == "tiny-arith"
     json.dumps(record)  # plain data, readable by anyone inspecting the file
+
+
+def test_weight_digests_are_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    """A digest stored for a file's size, times and inode is reused without reading the file;
+    a rewrite (even of the same size) is hashed again."""
+    monkeypatch.setattr(result_cache, "_DIGESTS", {})
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"a" * 1000)
+    memo: dict[str, Any] = {}
+    real = result_cache.file_digest(file, memo)
+    assert real == hashlib.sha256(b"a" * 1000).hexdigest()
+    [key] = memo
+    memo[key] = memo[key] | {"sha256": "remembered"}  # as a later process reads it from the cache file
+    monkeypatch.setattr(result_cache, "_DIGESTS", {})
+    assert result_cache.file_digest(file, memo) == "remembered"
+    file.write_bytes(b"b" * 1000)
+    assert result_cache.file_digest(file, memo) == hashlib.sha256(b"b" * 1000).hexdigest()
