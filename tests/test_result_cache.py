@@ -319,3 +319,26 @@ def test_weight_digests_are_remembered_until_the_file_changes(tmp_path, monkeypa
     assert result_cache.file_digest(file, memo) == "remembered"
     file.write_bytes(b"b" * 1000)
     assert result_cache.file_digest(file, memo) == hashlib.sha256(b"b" * 1000).hexdigest()
+
+
+def test_loglikelihoods_are_bound_to_the_configuration_too(tmp_path, monkeypatch):
+    """Multiple choice (loglikelihood requests): another mc_num is not answered from the
+    cache, the same one is answered wholly from it."""
+    scored: list[int] = []
+    real = harness.score_requests
+
+    def counting(model, pairs, *args, **kwargs):
+        scored.append(len(pairs))
+        return real(model, pairs, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "score_requests", counting)
+    cache = tmp_path / "cache"
+    mc = dict(tasks=("dvoting_arith_mc",))
+    written = _evaluate("mc_num=4", 2, cache, **mc)
+    replayed = _evaluate("mc_num=8", 2, cache, **mc)
+    fresh = _evaluate("mc_num=8", 2, **mc)
+    assert _scored(written) != _scored(fresh)
+    assert _scored(replayed) == _scored(fresh)
+    assert scored == [8, 8, 8]  # 2 questions x 4 choices each time
+    assert _scored(_evaluate("mc_num=4", 2, cache, **mc)) == _scored(written)
+    assert scored == [8, 8, 8]  # nothing scored again
