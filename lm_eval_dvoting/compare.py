@@ -129,7 +129,7 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
             "mean_nfe": totals.get("mean_nfe", float("nan")),
             "mean_samples": totals.get("mean_samples", float("nan")),
             "seconds": seconds,
-            "questions": totals.get("requests", 0),
+            "questions": totals.get("questions", totals.get("requests", 0)),
             "metric": key,
             # what the requests ran with (the task's max_gen_toks), not the model args' defaults
             "settings": info["settings_used"] or [info["settings"]],

@@ -1,10 +1,11 @@
 """The lm-eval LM classes `dvoting-llada` and `dvoting-dream`.
 
 This is the only module that imports lm_eval (besides result_cache.py, which binds
-`--use_cache` to the run's settings). It parses model args, tokenizes (with
-the chat template when `--apply_chat_template` is given), hands token ids to a
-strategy (strategies.py), and returns each voted text as a `CostedText` carrying
-the request's cost (`nfe`, `n_samples`, `votes`, `trace`). Registration with lm-eval
+`--use_cache` to the run's settings, and task_costs.py, which makes every task report
+its cost per question; installed when this module is imported). It parses model args,
+tokenizes (with the chat template when `--apply_chat_template` is given), hands token
+ids to a strategy (strategies.py), and returns each voted text as a `CostedText` carrying
+the request's cost and settings (`nfe`, `n_samples`, `votes`, `trace`, `settings`). Registration with lm-eval
 is done by the plugin hook (plugin.py), by "module:Class" string.
 
 Choices a user of the harness should know (also in the README):

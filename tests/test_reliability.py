@@ -332,10 +332,12 @@ def test_resume_from_cache_recomputes_nothing_that_finished(tiny_llada_dir, tmp_
     uninterrupted = _evaluate(model(), 4, log_samples=True)
     assert after_resume["results"] == uninterrupted["results"]
     assert after_resume["samples"] == uninterrupted["samples"]
-    # config differs only where it must: the cache path, and totals of what this run computed
+    # config differs only where it must: the cache path, and what this run computed itself;
+    # the totals are those of all four responses, two of them read from the cache
     assert after_resume["config"]["use_cache"] == cache
-    assert after_resume["config"]["dvoting"]["totals"]["requests"] == 2
+    assert after_resume["config"]["dvoting"]["totals"] == uninterrupted["config"]["dvoting"]["totals"]
     assert uninterrupted["config"]["dvoting"]["totals"]["requests"] == 4
+    assert after_resume["config"]["dvoting"]["computed"]["requests"] == 2
 
     # 3. a third run finds everything cached and computes nothing
     third = model()
