@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -116,10 +117,11 @@ def validate_row_settings(
                 f"steps {steps} must be a positive multiple of the number of blocks "
                 f"({gen_length} / {block_length} = {num_blocks})"
             )
-    if alpha is not None and alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    # `not ... >= 0` also refuses NaN; temperature=inf would turn the Gumbel noise into inf/0 (garbage samples)
+    if alpha is not None and not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}: e.g. 0.3 (inf commits every masked position at once)")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample")
     if remasking not in REMASKING_RULES:
         raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
 
@@ -597,6 +599,35 @@ def _committed_candidates(logits64: torch.Tensor, cascades: Sequence[_Cascade], 
     return out
 
 
+def check_prompt_batch(input_ids: Any, attention_mask: Any = None) -> torch.Tensor:
+    """Refuse prompts that would be misread; return the attention mask (all ones if None).
+
+    `input_ids` must be a 2-D integer tensor of token ids >= 0 (a float tensor would be
+    cast to ids silently, a 1-D one read as a batch of one-token prompts), and
+    `attention_mask` a 0/1 tensor of the same shape.
+    """
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}: "
+                        "use torch.tensor(ids, dtype=torch.long)")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, length), got shape {tuple(input_ids.shape)}: "
+                         "for one prompt pass input_ids[None]")
+    if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}: "
+                         "tokenize the text and pass the ids as torch.long")
+    if input_ids.numel() and int(input_ids.min()) < 0:
+        raise ValueError(f"input_ids must be token ids >= 0, got {int(input_ids.min())}: "
+                         "mark padding with attention_mask, not with negative ids")
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
+    if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (prompt token)")
+    return attention_mask
+
+
 def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,
                    batch: int) -> list[torch.Generator | None]:
     if generator is None or isinstance(generator, torch.Generator):
@@ -631,11 +662,8 @@ def generate(
     rows in order, or one per row (then a row's tokens do not depend on the batch).
     """
     validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking)
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be (batch, length), got shape {tuple(input_ids.shape)}")
+    attention_mask = check_prompt_batch(input_ids, attention_mask)
     batch = input_ids.shape[0]
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
     if init_tokens is None:
         init_tokens = torch.full((batch, gen_length), int(model.mask_token_id), dtype=torch.long)
     if tuple(init_tokens.shape) != (batch, gen_length):

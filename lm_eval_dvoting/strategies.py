@@ -20,13 +20,15 @@ batch size nor on which questions run beside it.
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Hashable, Sequence
 
 import torch
 
 from .answers import tally
-from .decoding import DecodeRow, RowDecoder
+from .decoding import REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch
 
 STRATEGIES = ("single", "majority", "hex", "dvoting")
 HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
@@ -66,6 +68,27 @@ def remask_tokens(samples: torch.Tensor, tau: float, mask_id: int) -> torch.Tens
 # ----------------------------------------------------------------------- settings
 
 
+def require_whole(name: str, value: Any, minimum: int | None, what_to_do: str) -> None:
+    """Raise a ValueError unless `value` is an int (not a bool), >= `minimum` if one is given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        allowed = "a whole number" + ("" if minimum is None else f" >= {minimum}")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}: {what_to_do}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}: {what_to_do}")
+
+
+def require_real(name: str, value: Any, allowed: str, ok: Callable[[float], bool], what_to_do: str,
+                 allow_inf: bool = False) -> None:
+    """Raise a ValueError unless `value` is a real number (not a bool), finite unless
+    `allow_inf`, for which `ok` holds (NaN never passes: every comparison with it is False)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number ({allowed}), got {value!r}: {what_to_do}")
+    if math.isinf(value) and not allow_inf:
+        raise ValueError(f"{name} must be finite ({allowed}), got {value}: {what_to_do}")
+    if not ok(value):
+        raise ValueError(f"{name} must be {allowed}, got {value}: {what_to_do}")
+
+
 @dataclass(frozen=True)
 class StrategySettings:
     """Everything that decides a strategy's samples (each is a model arg in the harness)."""
@@ -83,25 +106,41 @@ class StrategySettings:
     prefix_cache: bool = False  # Fast-dLLM's prefix key/value cache: faster, slightly different samples
 
     def __post_init__(self) -> None:
+        # Every check runs before any model work; each message names the setting, its
+        # value, what is allowed and what to do (the model args have the same names).
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        require_whole("gen_length", self.gen_length, None,
+                      "set max_gen_toks (model arg or --gen_kwargs) to the answer length in tokens, e.g. 256")
         if self.gen_length <= 0:
-            raise ValueError(f"gen_length must be positive, got {self.gen_length}")
+            raise ValueError(f"gen_length must be positive, got {self.gen_length}: set max_gen_toks (model arg or "
+                             "--gen_kwargs) to the answer length in tokens, e.g. 256")
+        if self.block_length is not None:
+            # 0 would divide by zero below; a negative one "divides" the length
+            require_whole("block_length", self.block_length, 1,
+                          f"leave it out (default gen_length/16) or give a divisor of {self.gen_length}")
         if self.gen_length % self.resolved_block_length:
             raise ValueError(
                 f"block_length {self.resolved_block_length} does not divide the generation length "
                 f"{self.gen_length}; choose a block length that divides it"
             )
-        if self.n < 1:
-            raise ValueError(f"n (samples per question) must be >= 1, got {self.n}")
-        if not self.alpha >= 0:  # `not >=` also refuses NaN
-            raise ValueError(f"alpha (entropy threshold) must be >= 0, got {self.alpha}")
-        if not 0 < self.tau <= 1:
-            raise ValueError(f"tau (position-consistency share) must be in (0, 1], got {self.tau}")
-        if self.temperature is not None and not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.hex_samples not in (5, 25):
-            raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples}")
+        require_whole("n (samples per question)", self.n, 1, "e.g. n=5 (the default)")
+        if self.steps is not None:
+            require_whole("steps", self.steps, 1, "leave it out (default: gen_length for single, gen_length/2 "
+                          "for majority and hex) or give the forward passes per sample")
+        # alpha=inf is allowed: every entropy is finite, so it commits every masked position at once
+        require_real("alpha (entropy threshold)", self.alpha, ">= 0", lambda a: a >= 0,
+                     "e.g. alpha=0.3 (the default)", allow_inf=True)
+        require_real("tau (position-consistency share)", self.tau, "in (0, 1]", lambda t: 0 < t <= 1,
+                     "e.g. tau=1.0 (the default: keep a position only when every earlier sample agrees)")
+        if self.temperature is not None:
+            require_real("temperature", self.temperature, ">= 0", lambda t: t >= 0,
+                         "use 0 for greedy decoding or e.g. 0.6-1.0 to sample; leave it out for the "
+                         "strategy's default")
+        if self.remasking not in REMASKING_RULES:
+            raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {self.remasking!r}")
+        if isinstance(self.hex_samples, bool) or self.hex_samples not in (5, 25) or not isinstance(self.hex_samples, int):
+            raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples!r}")
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
             raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
 
@@ -263,10 +302,10 @@ def run_strategy(
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
         prefix_cache=prefix_cache,
     )
+    attention_mask = check_prompt_batch(input_ids, attention_mask)
     batch = input_ids.shape[0]
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
     if row_seeds is None:
+        require_whole("seed", seed, None, "give an integer seed, e.g. seed=0")
         row_seeds = [derive_seed(seed, i) for i in range(batch)]
     prompts = [input_ids[i][attention_mask[i].bool()] for i in range(batch)]
     return drive(model, prompts, settings, extract, row_seeds, same_answer=same_answer,
@@ -291,8 +330,13 @@ def drive(
     wave enters as soon as its previous one is complete.
     """
     count = len(prompts)
+    # max_rows < 1 would never admit a row: the loop below would spin forever
+    require_whole("max_rows", max_rows, 1, "give the number of rows decoded per forward pass, e.g. 16")
     settings_of = list(settings) if isinstance(settings, Sequence) else [settings] * count
     extract_of = list(extract) if isinstance(extract, Sequence) else [extract] * count
+    if len(seeds) != count or len(settings_of) != count or len(extract_of) != count:
+        raise ValueError(f"got {count} prompts but {len(seeds)} seeds, {len(settings_of)} settings and "
+                         f"{len(extract_of)} extractors: give one of each per prompt (or one settings/extract for all)")
     decoder = RowDecoder(model)
     mask_id = decoder.mask_id
     device = decoder.device

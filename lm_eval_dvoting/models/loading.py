@@ -12,6 +12,7 @@ The returned module exposes what the sampler needs:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -159,9 +160,32 @@ def read_config(folder: Path) -> dict[str, Any]:
     if not config_file.exists():
         raise CheckpointError(f"{config_file} does not exist: a checkpoint folder needs its config.json")
     try:
-        return json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{config_file} is not valid JSON: {err}") from err
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{config_file} holds a JSON {type(config).__name__} ({json.dumps(config)[:40]}), not an object: a "
+            "checkpoint config is an object with model_type, vocab_size and the layer sizes; download it again"
+        )
+    return config
+
+
+def check_config_fields(family: str, config: dict[str, Any], config_file: Path) -> None:
+    """Refuse a config without the sizes the architecture needs (named), before any weight is read."""
+    config_class = LLaDAConfig if family == "llada" else DreamConfig
+    required = [f.name for f in dataclasses.fields(config_class)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if config.get(name) is None]
+    bad = [f"{name}={config[name]!r}" for name in required if name not in missing
+           and (isinstance(config[name], bool) or not isinstance(config[name], int) or config[name] < 1)]
+    if missing or bad:
+        problems = ([f"lacks {', '.join(missing)}"] if missing else []) + (
+            [f"has {', '.join(bad)} (each must be a whole number >= 1)"] if bad else [])
+        raise CheckpointError(
+            f"{config_file} {'; '.join(problems)}: a {family} config needs {', '.join(required)}; "
+            "use the checkpoint's original config.json (download it again)"
+        )
 
 
 def model_family(config: dict[str, Any], config_file: Path) -> str:
@@ -274,8 +298,27 @@ def _read_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -
             raise CheckpointError(
                 f"cannot read weight file {file} ({err}); it is corrupt or truncated: download it again"
             ) from err
-        state.update({name: t.to(dtype) for name, t in tensors.items()})
+        for name, tensor in tensors.items():
+            state[name] = tensor.to(dtype)
+            # a corrupt file of the right size loads "fine" and decodes garbage: one pass per
+            # tensor at load (cheap next to reading it), none per step
+            if state[name].is_floating_point() and not bool(torch.isfinite(state[name]).all()):
+                _refuse_non_finite(file, name, tensor, state[name], dtype)
     return state
+
+
+def _refuse_non_finite(file: Path, name: str, stored: torch.Tensor, loaded: torch.Tensor, dtype: torch.dtype) -> None:
+    """The error for a weight tensor holding NaN/inf: corrupt in the file, or overflowing `dtype`."""
+    bad = int((~torch.isfinite(loaded)).sum())
+    if stored.is_floating_point() and bool(torch.isfinite(stored).all()):
+        raise CheckpointError(
+            f"weight file {file}: tensor {name!r} overflows {dtype} ({bad} of {loaded.numel()} values become "
+            f"inf; largest magnitude {float(stored.abs().max()):.4g}): load it with dtype=bfloat16 or float32"
+        )
+    raise CheckpointError(
+        f"weight file {file}: tensor {name!r} holds {bad} NaN/inf value(s) of {stored.numel()}; the file is "
+        "corrupt: download it again"
+    )
 
 
 def load_model(
@@ -296,6 +339,7 @@ def load_model(
     folder = resolve_checkpoint(name_or_path, revision=revision, subfolder=subfolder)
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
+    check_config_fields(family, config, folder / "config.json")
     target = resolve_device(device)
     torch_dtype = parse_dtype(dtype, target)
     check_device_dtype(target, torch_dtype)
