@@ -29,7 +29,11 @@ ran (`Task.apply_filters`, called once per task on every rank in lm-eval 0.4.13'
 Only responses that carry cost are counted, so other lm-eval models and log-likelihood
 tasks are left exactly as they were. `install()` patches lm-eval once; the harness
 module calls it when it is imported, which every way of running a dvoting model does
-(`lm_eval` CLI, `python -m lm_eval`, `simple_evaluate`, `dvoting compare`).
+(`lm_eval` CLI, `python -m lm_eval`, `simple_evaluate`, `dvoting compare`). The run
+ledger needs lm-eval's `evaluate` looked up in `lm_eval.evaluator` at call time (as
+`simple_evaluate` and `lm_eval.evaluate` do); code that bound `evaluate` itself before
+the harness was imported still gets the per-task metrics, but `get_model_info` then
+falls back to counting the requests this model computed.
 """
 from __future__ import annotations
 
