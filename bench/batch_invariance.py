@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pretrained", default="tiny-arith")
     p.add_argument("--limit", type=int, default=100, help="documents of dvoting_arith")
-    p.add_argument("--dtypes", default="bfloat16,float16,float32", help="model dtypes (float32 is the control)")
+    p.add_argument("--dtypes", default="bfloat16,float32,float16", help="model dtypes (float32 is the control)")
     p.add_argument("--strategies", default="single,majority,dvoting")
     p.add_argument("--seeds", default="1,2,3", help="model arg `seed`")
     p.add_argument("--batch-sizes", default="1,8,32", help="--batch_size values; the first is the reference")
@@ -75,6 +75,7 @@ def run_cell(pretrained: str, dtype: str, strategy: str, seed: int, batch_size: 
         "mean_nfe": task["nfe,extract"],
         "mean_samples": task["n_samples,extract"],
         "texts": [str(r["resps"][0][0]) for r in records],
+        "nfes": [r["nfe"] for r in records],  # per question, summed over its samples
         "scores": [r["exact_match"] for r in records],
         "seconds": time.perf_counter() - started,
         "config_dvoting": results["config"].get("dvoting"),
@@ -102,7 +103,8 @@ def markdown(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         f"Model `pretrained={args.pretrained}` on `{TASK}` (first {args.limit} documents), CPU, "
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread. "
         f"Each cell is one `lm_eval` run (`--batch_size B`, model args `dtype`, `strategy`, `seed`). "
-        f"*differ* = questions whose returned text differs from the `--batch_size {ref}` run (of {args.limit}); "
+        f"*differ* = questions whose returned text or NFE differs from the `--batch_size {ref}` run "
+        f"(of {args.limit}); "
         f"*score flips* = questions whose score differs from it.",
         "",
         "| dtype | strategy | seed | " + " | ".join(f"accuracy b{b}" for b in sizes) + " | "
@@ -115,13 +117,16 @@ def markdown(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
     for dtype in dtypes:
         for strategy in strategies:
             worst_acc = worst_nfe = 0.0
-            differing = 0
+            differing = measured = 0
             for seed in seeds:
                 row = [cells.get(_key(dtype, strategy, seed, b)) for b in sizes]
                 if any(c is None for c in row):
                     continue
                 base = row[0]
-                differ = [sum(a != b for a, b in zip(base["texts"], c["texts"])) for c in row[1:]]
+                measured += 1
+                # a question differs when its returned text or its cost (NFE) does
+                differ = [sum(ta != tb or na != nb for ta, tb, na, nb in
+                              zip(base["texts"], c["texts"], base["nfes"], c["nfes"])) for c in row[1:]]
                 flips = [sum(a != b for a, b in zip(base["scores"], c["scores"])) for c in row[1:]]
                 accs, nfes = [c["accuracy"] for c in row], [c["mean_nfe"] for c in row]
                 worst_acc = max(worst_acc, max(accs) - min(accs))
@@ -132,9 +137,12 @@ def markdown(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                     + " | ".join(f"{n:.2f}" for n in nfes) + " | " + " | ".join(map(str, differ)) + " | "
                     + " | ".join(map(str, flips)) + " |"
                 )
-            summary.append(f"- {dtype}, {strategy}: accuracy moves by up to {worst_acc:.1f} points and mean NFE "
+            if not measured:
+                summary.append(f"- {dtype}, {strategy}: not measured")
+                continue
+            summary.append(f"- {dtype}, {strategy} ({measured} seeds): accuracy moves by up to {worst_acc:.1f} points and mean NFE "
                            f"by up to {worst_nfe:.2f} across batch sizes {args.batch_sizes}; up to {differing} of "
-                           f"{args.limit} questions return another text than at batch size {ref}.")
+                           f"{args.limit} questions return another text or cost than at batch size {ref}.")
     return "\n".join(lines + ["", "Largest movement per dtype and strategy (over the seeds):", "", *summary, ""])
 
 
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             for seed in (int(s) for s in _split(args.seeds)):
                 for batch_size in (int(b) for b in _split(args.batch_sizes)):
                     key = _key(dtype, strategy, seed, batch_size)
-                    if key in cells:
+                    if key in cells and "nfes" in cells[key]:
                         continue
                     cells[key] = run_cell(args.pretrained, dtype, strategy, seed, batch_size, args.limit)
                     print(f"{key}: accuracy {cells[key]['accuracy']:.1f}, mean NFE {cells[key]['mean_nfe']:.2f}, "

@@ -16,7 +16,12 @@ positions of a row's leftmost unfinished block may be committed. Two commit rule
 
 Rows are independent: each has its own prompt length, generation length, block
 length, rule, temperature and random generator, so a row decodes to the same tokens
-alone or inside any batch. `RowDecoder` lets a caller (the strategies) add rows
+alone or inside any batch in float32 (tested; the attention kernel sums a padded row
+in another order, so logits may move by ~1e-7 relative, which has flipped no decision in
+any test or in docs/batch_invariance.md). In bfloat16/float16 the same reordering moves
+a row's numbers by one unit in the last place (2^-8 relative in bfloat16; on a GPU
+kernels are also chosen by shape), which flips decisions at near-ties; everything from the logits on
+(softmax, entropy, confidence, Gumbel noise) runs in float64 whatever the model dtype. `RowDecoder` lets a caller (the strategies) add rows
 between steps, so a slot freed by a finished row is refilled at once.
 
 Cost: the forward pass runs once per step for all active rows; the output head,

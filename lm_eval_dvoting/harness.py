@@ -26,12 +26,22 @@ Choices a user of the harness should know (also in the README):
   left (with a warning); an empty context starts from the end-of-text token.
 * Samples are seeded from the run's seed (the model arg `seed`, else lm-eval's
   `--seed` torch seed, else 1234: `sampling_seed`), the task, the document, the context
-  and the repeat index: results depend neither on `--batch_size` nor on order, nor
-  on the number of processes (`torchrun`/`accelerate launch`, see `gather_object`).
+  and the repeat index: no random draw depends on `--batch_size`, on order or on the
+  number of processes (`torchrun`/`accelerate launch`, see `gather_object`). In float32
+  on a CPU the results do not either (tested). In bfloat16/float16 a row's logits change
+  in the last bit with the padding of the rows beside it (the CPU attention kernel's
+  summation order), which flips near-tie decisions: a few questions in a hundred may
+  change with `--batch_size` (docs/batch_invariance.md); `get_model_info` records
+  `dtype`, `device` and `batch_rows` so a run can be repeated exactly.
 * lm-eval's run-wide `device`/`batch_size` and the same model args merge without clashes
   (`merge_run_args`); HFLM's model args are honoured or refused by name (README table).
-* Characters the tokenizer does not know become its unknown token; lone surrogates
-  (invalid unicode) become U+FFFD, with one warning.
+* Characters the tokenizer does not know become its unknown token. Lone surrogates
+  (invalid unicode, from a prompt template or function) become U+FFFD in the request
+  itself before any model work (`_sanitise_requests`, one warning per document), so
+  lm-eval's `--log_samples` hashing and logging, which run after all generation and
+  would fail on them, see the text the model saw.
+* Model args are validated before the checkpoint is read: whole numbers by
+  `_whole_number` (5, "5", 5.0; not 2.5, "abc", True), ranges by `StrategySettings`.
 """
 from __future__ import annotations
 

@@ -14,8 +14,10 @@ A strategy is a small coroutine per question: it yields *waves* of samples to dr
 receives their tokens back. `run_strategy` drives many questions through one
 `RowDecoder`, refilling a row's slot as soon as it finishes, so prompts that stop
 early leave the batch at once. Every sample draws from its own generator, seeded
-from the question's seed and the sample's index: results depend neither on the
-batch size nor on which questions run beside it.
+from the question's seed and the sample's index: no draw depends on the batch size
+or on which questions run beside it (nor, in float32, do the results; in bfloat16 and
+float16 the logits can change in the last bit with the batch's padding, see
+decoding.py).
 """
 from __future__ import annotations
 
