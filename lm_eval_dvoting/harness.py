@@ -539,7 +539,7 @@ class DVotingEvalModel(TemplateLM):
                 # outputs in bfloat16/float16 can depend on the batch (README, Reproducibility):
                 # dtype, device and batch_rows are what a rerun must repeat
                 "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-                "device": str(self._device),
+                "device": "cpu" if self._device.type == "cpu" else str(self._device),  # a CPU rank is "cpu:0"
                 "settings": _resolved(self.settings),
                 **self._cost_report(),
             }

@@ -232,7 +232,7 @@ def test_cuda_requested_without_cuda_falls_back_to_cpu(tiny_llada_dir):
     assert parameter.device.type == "cpu" and parameter.dtype == torch.bfloat16
     (text,) = lm.generate_until([_Request("1+1=?", {"max_gen_toks": 16})])
     assert text.nfe == 16  # bf16 runs (slowly) on the CPU
-    # lm-eval's default device "cuda:0" (no --device): the same fallback, float32
+    # "cuda:0" given to the class directly (not lm-eval's default): the same fallback, float32
     with pytest.warns(UserWarning, match="CUDA is not available"):
         lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), device="cuda:0")
     assert next(lm.model.parameters()).dtype == torch.float32
