@@ -34,7 +34,7 @@ explained. Entries of other configurations are kept, never read.
 The fingerprint holds everything that decides outputs (`fingerprint` lists it): the
 checkpoint's identity (a hub id with the commit loaded, else the sha256 of its config and
 weight files), the tokenizer files' sha256, every resolved strategy setting, the seed,
-`mc_num`, dtype, device type, `max_length`, `add_bos_token`, the plugin's version, and in
+`mc_num`, dtype, device type, `max_length`, `add_bos_token`, the plugin's version and code, and in
 bfloat16/float16 also the batch rows (where outputs may depend on the batch). Not in it:
 library versions (torch, transformers, lm-eval) and the machine, and what is in the
 request itself (the prompt, few-shot examples, chat template output, `--gen_kwargs`).
@@ -206,13 +206,24 @@ def tokenizer_identity(tokenizer: Any, memo: dict[str, Any] | None = None) -> st
                      "tokenizer); run without --use_cache")
 
 
+def plugin_code_digest() -> str:
+    """sha256 over the plugin's own Python files.
+
+    The version number alone would let an edited (editable-install) or patched copy of the
+    plugin replay results its older code wrote; any change to the code gets new entries.
+    """
+    package = Path(__file__).resolve().parent
+    files = sorted(package.rglob("*.py"))
+    return _files_digest(files, package, None)
+
+
 def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that decides this model's outputs for a given request, flat and by model-arg name.
 
     checkpoint, tokenizer, the resolved strategy settings (strategy, `max_gen_toks` (the
     default length; a task's own is in the request), block_length, n, alpha, temperature,
     tau, steps, remasking, hex_samples, prefix_cache), seed, mc_num, dtype, device (its
-    type), max_length, add_bos_token, the plugin version, and `batch_rows` in bfloat16/float16.
+    type), max_length, add_bos_token, the plugin version and code, and `batch_rows` in bfloat16/float16.
     """
     settings = lm.settings
     resolved = dataclasses.asdict(settings) | {
@@ -224,6 +235,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
     identity = {
         "plugin_version": __version__,
+        "plugin_code": plugin_code_digest(),
         "checkpoint": checkpoint_identity(lm, memo),
         "tokenizer": tokenizer_identity(lm.tokenizer, memo),
         "add_bos_token": bool(getattr(lm, "add_bos_token", False)),

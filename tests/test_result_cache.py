@@ -203,6 +203,19 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
     assert result_cache.fingerprint(copy)["checkpoint"] == result_cache.fingerprint(lm)["checkpoint"]
 
 
+def test_an_edit_to_the_plugins_code_changes_the_fingerprint(tmp_path, monkeypatch):
+    """A patched or edited (editable-install) plugin must not replay what older code wrote."""
+    package = Path(result_cache.__file__).resolve().parent
+    copy = tmp_path / "lm_eval_dvoting"
+    shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__", "demo"))
+    monkeypatch.setattr(result_cache, "__file__", str(copy / "result_cache.py"))
+    before = result_cache.plugin_code_digest()
+    (copy / "strategies.py").write_text((copy / "strategies.py").read_text() + "\n# edited\n")
+    assert result_cache.plugin_code_digest() != before
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    assert result_cache.fingerprint(lm)["plugin_code"] == result_cache.plugin_code_digest()
+
+
 def test_a_cache_hook_not_from_lm_evals_caching_lm_is_refused(tmp_path):
     """Without the CachingLM to answer for, a cache could not be bound to the settings: refused."""
     from lm_eval.api.model import CacheHook
