@@ -37,7 +37,7 @@ Choices a user of the harness should know (also in the README):
   (`merge_run_args`); HFLM's model args are honoured or refused by name (README table).
 * Characters the tokenizer does not know become its unknown token. Lone surrogates
   (invalid unicode, from a prompt template or function) become U+FFFD in the request
-  itself before any model work (`_sanitise_requests`, one warning per document), so
+  itself before any model work (`sanitise_requests`, one warning per document), so
   lm-eval's `--log_samples` hashing and logging, which run after all generation and
   would fail on them, see the text the model saw.
 * Model args are validated before the checkpoint is read: whole numbers by
@@ -387,7 +387,7 @@ class DVotingEvalModel(TemplateLM):
         return text
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
-        _sanitise_requests(requests)
+        sanitise_requests(requests)
         occurrences: Counter[int] = Counter()
         first_of: dict[tuple[int, int], int] = {}  # (request, repeat index) -> its first position
         copy_of: dict[int, int] = {}  # position of a padding copy -> the position it repeats
@@ -492,11 +492,11 @@ class DVotingEvalModel(TemplateLM):
         return results
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        _sanitise_requests(requests)
+        sanitise_requests(requests)
         return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-        _sanitise_requests(requests)
+        sanitise_requests(requests)
         scores = []
         for req in tqdm(requests, desc="dVoting loglikelihood_rolling", disable=disable_tqdm or self.rank != 0):
             (text,) = req.args
@@ -783,7 +783,7 @@ def _encodable(text: str) -> str:
 _encodable.warned = False
 
 
-def _sanitise_requests(requests: list[Any]) -> None:
+def sanitise_requests(requests: list[Any]) -> None:
     """Lone surrogates in a request's text become U+FFFD in the request itself, before any model work.
 
     lm-eval 0.4.13 hashes each request's context for `--log_samples` (`prompt_hash`,

@@ -341,6 +341,11 @@ class ResultCache:
 
     def serve(self, attr: str, requests: list[Any], **kwargs: Any) -> list[Any]:
         """lm-eval's call for one request type: cached results, the rest computed by the model."""
+        from .harness import sanitise_requests
+
+        # before the keys: a request answered from the cache never reaches the model, and its
+        # text must still be what lm-eval's --log_samples hashing can encode
+        sanitise_requests(requests)
         ident = self.current_id()
         if attr == "generate_until":
             key_args = [generation_key_args(r, k) for r, k in zip(requests, repeat_indices(requests))]

@@ -325,9 +325,17 @@ ODD_DOCS = [
 ]
 
 
+def _samples(out: Path) -> list[dict[str, Any]]:
+    (samples_file,) = out.rglob("samples_probe_odd_*.jsonl")
+    return sorted((json.loads(line) for line in samples_file.read_text(encoding="utf-8").splitlines()),
+                  key=lambda r: r["doc_id"])
+
+
 def test_lm_eval_cli_log_samples_over_odd_text_keeps_the_run(tmp_path):
     """`python -m lm_eval ... --log_samples` over prompts with lone surrogates, an empty
-    question, emoji, right-to-left text and NUL: the run finishes and writes every sample."""
+    question, emoji, right-to-left text and NUL: the run finishes and writes every sample;
+    so does a rerun answered entirely from its `--use_cache` (whose requests never reach
+    the model)."""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "odd_data.py").write_text(ODD_LOADER)
@@ -336,19 +344,23 @@ def test_lm_eval_cli_log_samples_over_odd_text_keeps_the_run(tmp_path):
         f"include: {REPO_ROOT / 'task_configs' / 'dvoting_arith.yaml'}\ntask: probe_odd\ntag: []\n"
         "custom_dataset: !function odd_data.load\ndoc_to_text: !function odd_data.to_text\n"
     )
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "lm_eval", "--model", "dvoting-llada",
-               "--model_args", "pretrained=tiny-arith,strategy=single", "--tasks", "probe_odd",
-               "--include_path", str(tasks), "--device", "cpu", "--log_samples", "--output_path", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+
+    def lm_eval_run(out: Path) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "lm_eval", "--model", "dvoting-llada",
+                   "--model_args", "pretrained=tiny-arith,strategy=single", "--tasks", "probe_odd",
+                   "--include_path", str(tasks), "--device", "cpu", "--log_samples", "--output_path", str(out),
+                   "--use_cache", str(tmp_path / "cache")]
+        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return run
+
+    out = tmp_path / "out"
+    run = lm_eval_run(out)
     # one warning per affected document, before the model ran
     assert "task probe_odd, document 0: its request text holds lone surrogates" in run.stderr
     assert "task probe_odd, document 5: its request text holds lone surrogates" in run.stderr
-    (samples_file,) = out.rglob("samples_probe_odd_*.jsonl")
-    records = sorted((json.loads(line) for line in samples_file.read_text(encoding="utf-8").splitlines()),
-                     key=lambda r: r["doc_id"])
+    records = _samples(out)
     assert [r["doc_id"] for r in records] == list(range(len(ODD_DOCS)))
     prompts = [r["arguments"]["gen_args_0"]["arg_0"] for r in records]
     assert "lone \ufffd surrogate" in prompts[0] and "low \ufffd surrogate" in prompts[5]
@@ -358,3 +370,7 @@ def test_lm_eval_cli_log_samples_over_odd_text_keeps_the_run(tmp_path):
     (results_file,) = out.rglob("results_*.json")
     results = json.loads(results_file.read_text(encoding="utf-8"))
     assert results["results"]["probe_odd"]["nfe,extract"] == 32
+    # the rerun answers every request from the cache and logs the same samples
+    lm_eval_run(tmp_path / "again")
+    assert [(r["arguments"], r["resps"], r["prompt_hash"]) for r in _samples(tmp_path / "again")] == [
+        (r["arguments"], r["resps"], r["prompt_hash"]) for r in records]
