@@ -1,0 +1,186 @@
+"""Mutation testing of the scoring core with mutmut 3 (docs/MUTATION.md).
+
+    .venv/bin/python tools/mutation.py                     # all six modules, one after another
+    .venv/bin/python tools/mutation.py answers metrics     # some of them
+    .venv/bin/python tools/mutation.py strategies --max-children 2
+
+For each module it runs mutmut against that module's fast test files only (MODULES
+below), then prints the mutation score (killed / total), every surviving mutant with its
+diff, and the file that lists the survivors judged equivalent (docs/mutation_equivalent.md).
+Survivors listed there are reported as such, not as failures; the exit status is 1 when
+any other mutant survived.
+
+Why a wrapper rather than a bare `mutmut run` (which also works, with pyproject.toml's
+[tool.mutmut] settings: all six modules against all their tests): mutmut keeps one
+`mutants/` folder and resets every result when the test selection changes, and a run over
+all modules costs the slowest module's tests for every function. So each module gets its
+own test selection and its own results folder, `.mutation/<module>/`, moved to `mutants/`
+for the run and back afterwards; a rerun only tests mutants of functions that changed.
+
+Not part of CI: it is slow (minutes per module on 2 cores; see docs/MUTATION.md).
+This script must not import lm_eval_dvoting: mutmut puts the mutated copy first on
+sys.path, and a module imported before that would be the un-mutated one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = "lm_eval_dvoting"
+RESULTS = REPO / ".mutation"
+EQUIVALENT_FILE = REPO / "docs" / "mutation_equivalent.md"
+KILLS = "tests/test_mutation_kills.py"
+
+# module -> the fast test files that exercise it (mutmut then runs, per mutant, only those
+# of their tests that call the mutated function)
+MODULES: dict[str, list[str]] = {
+    "answers": ["tests/test_answers.py", "tests/test_properties.py", KILLS],
+    "metrics": ["tests/test_metrics.py", KILLS],
+    "strategies": ["tests/test_strategies.py", "tests/test_properties.py", KILLS],
+    "decoding": ["tests/test_decoding.py", KILLS],
+    "likelihood": ["tests/test_likelihood.py", KILLS],
+    "harness": ["tests/test_harness.py", "tests/test_harness_conventions.py", KILLS],
+}
+
+
+def equivalent_mutants(path: Path = EQUIVALENT_FILE) -> dict[str, str]:
+    """Mutant name -> reason, from the `- `name`: reason` lines of the equivalents file."""
+    if not path.exists():
+        return {}
+    found = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^\s*[-*]\s+`([^`]+)`\s*[:—-]\s*(.+)$", line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def _run_one(module: str, max_children: int) -> None:
+    """In a fresh interpreter (mutmut's state is global): run mutmut on one module inside
+    the `mutants/` folder the parent prepared, and write summary.json there."""
+    from mutmut.__main__ import _run
+    from mutmut.configuration import config
+    from mutmut.mutation.data import SourceFileMutationData
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    cfg = config()
+    source = f"{PACKAGE}/{module}.py"
+    cfg.only_mutate = [source]
+    cfg.pytest_add_cli_args_test_selection = list(MODULES[module])
+    try:
+        _run([], max_children)
+    except SystemExit as stop:  # mutmut exits on a failing clean run; keep what it saved
+        if stop.code not in (None, 0):
+            print(f"mutmut stopped with exit status {stop.code}", file=sys.stderr)
+            raise
+    data = SourceFileMutationData(path=Path(source))
+    data.load()
+    statuses = {name: status_by_exit_code[code] for name, code in data.exit_code_by_key.items()}
+    survivors = sorted(name for name, status in statuses.items() if status != "killed")
+    summary = {
+        "module": module,
+        "tests": MODULES[module],
+        "total": len(statuses),
+        "killed": sum(status == "killed" for status in statuses.values()),
+        "status": statuses,
+        "diffs": {name: get_diff_for_mutant(name, path=Path(source)) for name in survivors},
+    }
+    Path("mutants", "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+
+
+def run_module(module: str, max_children: int) -> dict:
+    """Run mutmut on `module` in its own results folder and return its summary."""
+    mutants, kept = REPO / "mutants", RESULTS / module
+    if mutants.exists():
+        raise SystemExit(f"{mutants} exists (a bare `mutmut run`, or an interrupted run of this "
+                         "script): delete it or move it to .mutation/<module>/ first")
+    RESULTS.mkdir(exist_ok=True)
+    if kept.exists():
+        kept.rename(mutants)
+    try:
+        # run from the repository root: mutmut reads pyproject.toml and the paths from there
+        done = subprocess.run([sys.executable, __file__, "--one", module,
+                               "--max-children", str(max_children)], cwd=REPO)
+    finally:
+        if mutants.exists():
+            mutants.rename(kept)
+    summary_file = kept / "summary.json"
+    if done.returncode != 0 or not summary_file.exists():
+        raise SystemExit(f"mutmut failed on {module} (exit status {done.returncode}); "
+                         f"its output is above, its files in {kept}")
+    return json.loads(summary_file.read_text(encoding="utf-8"))
+
+
+def report(summaries: list[dict]) -> int:
+    """Print scores and survivors; return the number of survivors not listed as equivalent."""
+    equivalent = equivalent_mutants()
+    unexplained = 0
+    print("\nMutation score per module (killed / total; survivors listed as equivalent in "
+          f"{EQUIVALENT_FILE.relative_to(REPO)} in brackets)")
+    for summary in summaries:
+        survivors = [name for name, status in summary["status"].items() if status != "killed"]
+        listed = [name for name in survivors if name in equivalent]
+        total, killed = summary["total"], summary["killed"]
+        score = 100.0 * killed / total if total else 100.0
+        print(f"  {summary['module']:<11} {killed:>4} / {total:<4} = {score:5.1f} %"
+              f"   survivors: {len(survivors)} ({len(listed)} equivalent)")
+    for summary in summaries:
+        for name in sorted(summary["status"]):
+            status = summary["status"][name]
+            if status == "killed" or name in equivalent:
+                continue
+            unexplained += 1
+            print(f"\n--- {name}: {status}")
+            print(summary["diffs"].get(name, "(no diff)"))
+    print(f"\nSurvivors judged equivalent, one reason each: {EQUIVALENT_FILE}")
+    print(f"Survivors not listed there: {unexplained}")
+    return unexplained
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("modules", nargs="*", metavar="MODULE",
+                        help=f"modules of {PACKAGE} to mutate (default: all of "
+                             f"{', '.join(MODULES)})")
+    parser.add_argument("--max-children", type=int, default=1,
+                        help="mutants tested at once (default 1: the machine is shared)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the scores of the last runs without running mutmut")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        _run_one(args.one, args.max_children)
+        return 0
+    unknown = [m for m in args.modules if m not in MODULES]
+    if unknown:
+        parser.error(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
+    if args.max_children < 1:
+        parser.error(f"--max-children must be at least 1, got {args.max_children}")
+    if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
+        try:
+            import mutmut  # noqa: F401
+        except ImportError:
+            parser.error("mutmut is not installed: pip install -e '.[mutation]'")
+    os.chdir(REPO)
+    summaries = []
+    for module in args.modules or list(MODULES):
+        if args.report_only:
+            summary_file = RESULTS / module / "summary.json"
+            if summary_file.exists():
+                summaries.append(json.loads(summary_file.read_text(encoding="utf-8")))
+            continue
+        summaries.append(run_module(module, args.max_children))
+    return 1 if report(summaries) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
