@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lm_eval_dvoting.answers import extract_answer, infer_answer_kind
 from lm_eval_dvoting.metrics import (
     benefit_per_cost,
     consistency_from_votes,
@@ -47,3 +48,31 @@ def test_metric_errors_name_the_empty_input():
         nupr_at_k([[], []], 1)
     with pytest.raises(ValueError, match=r"^samples have no positions$"):
         nupr_at_k(torch.zeros(3, 0, dtype=torch.long), 1)
+
+
+# ---- answers.py ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task, kind", [
+    ("leaderboard_math_hard", "math"),
+    ("leaderboard_gpqa_main", "choice"),
+    ("leaderboard-mmlu-pro", "choice"),
+    ("my.minerva.copy", "math"),
+])
+def test_answer_kind_from_a_benchmark_name_inside_the_task_name(task, kind):
+    """The task name is split at every non-alphanumeric character, so a benchmark name
+    after a prefix (lm-eval's `leaderboard_*` groups) still decides the answer kind
+    (the vote then groups `\\frac{1}{2}` with `0.5`, or letters with letters)."""
+    assert infer_answer_kind(task) == kind
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 3 / 4", "0.75"),
+    ("The answer is 1.5/3", "0.5"),
+    ("#### 4.5 / 1.5", "3"),
+    ("so it is -3/4", "-0.75"),
+])
+def test_fraction_answers_with_spaces_or_decimals(text, expected):
+    """A fraction written with spaces around the slash or with decimal parts is still
+    one number (`1.5/3` is 0.5, not "no answer"), so such samples vote for it."""
+    assert extract_answer(text, "number") == expected
