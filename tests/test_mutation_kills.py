@@ -76,3 +76,79 @@ def test_fraction_answers_with_spaces_or_decimals(text, expected):
     """A fraction written with spaces around the slash or with decimal parts is still
     one number (`1.5/3` is 0.5, not "no answer"), so such samples vote for it."""
     assert extract_answer(text, "number") == expected
+
+
+@pytest.mark.parametrize("decimal", [
+    "0.000000000000000000001073741824",  # 1 / 5**30
+    "0.000000000000000000000536870912",  # 1 / (2 * 5**30)
+    "0.0000000000000000000000000000001",  # 1 / 10**31
+])
+def test_long_terminating_decimals_stay_decimals(decimal):
+    """A terminating decimal with more digits than a float holds comes back exactly as
+    written, not as a `p/q` fraction: the canonical form is computed in integers."""
+    assert extract_answer(f"The answer is {decimal}", "number") == decimal
+
+
+def test_en_dash_minus_sign_makes_a_negative_number():
+    """An en dash before a number (a common typeset minus) is a minus sign."""
+    assert extract_answer("The answer is \u20135", "number") == "-5"
+    assert extract_answer("The answer is \u22125", "number") == "-5"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (r"The answer is -\$5", "-5"),  # minus five dollars, LaTeX-escaped dollar sign
+    (r"The answer is \$-5", "-5"),
+    (r"The change is 10\%, so the answer is \%-3", "-3"),  # a sign right after `\%`
+])
+def test_latex_escaped_dollar_and_percent_keep_the_sign(text, expected):
+    """`\\$` and `\\%` read as the plain signs, so a minus next to them stays the
+    number's sign (the vote must not split `-5` from `5` by how the dollar was typed)."""
+    assert extract_answer(text, "number") == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    (r"\boxed{\frac{1,000}{3}}", "1000/3"),
+    (r"\boxed{\frac{3}{1,000}}", "0.003"),
+])
+def test_latex_fraction_with_thousands_separators(text, expected):
+    """A `\\frac` whose numerator or denominator has thousands commas is one fraction."""
+    assert extract_answer(text, "number") == expected
+
+
+def test_a_latex_fraction_with_zero_denominator_is_left_as_written():
+    """`\\frac{5}{0}` has no value: it is left as written (its digits read as plain
+    numbers, so the first number after "The answer is" is 5), never a crash, and the
+    text around it is kept."""
+    assert extract_answer(r"The answer is \frac{5}{0}", "number") == "5"
+    assert extract_answer(r"The answer is \frac{5}{0} or 7", "number") == "5"
+
+
+def test_answer_phrase_reads_only_its_own_line():
+    """The number after "The answer is" is read on the same line only (module rule 2);
+    a phrase whose line has no number falls through to the last number in the text,
+    not to a number on a later line."""
+    assert extract_answer("The answer is below.\n7\nCheck: 9", "number") == "9"
+    assert extract_answer("The answer is 4 apples.\nThen 7 more\nin all 11", "number") == "4"
+
+
+def test_whole_number_latex_fraction_divided_again():
+    """`\\frac{4}{2}` is the whole number 2, so `\\frac{4}{2}/3` reads as the fraction 2/3."""
+    assert extract_answer(r"The answer is \frac{4}{2}/3", "number") == "2/3"
+
+
+@pytest.mark.parametrize("text, kind, expected", [
+    # the last non-empty box counts: an empty last box falls back to the earlier one
+    (r"\boxed{5} and then \boxed{}", "number", "5"),
+    # a generation cut off right after the command (with or without spaces): no box,
+    # no crash; the answer phrase decides
+    ("The answer is 7. \\boxed", "number", "7"),
+    ("The answer is 7. \\boxed  ", "number", "7"),
+    # `\fboxsep` is another command, not a box: the scan goes on to the real `\fbox`
+    (r"\setlength{\fboxsep}{2pt}\fbox{5} so 9", "number", "5"),
+    # the brace-less form takes the next token, whatever letter it is
+    (r"so \boxed X", "math", "X"),
+])
+def test_boxed_answer_edge_cases(text, kind, expected):
+    """Boxes are found left to right, the last non-empty one wins, commands that merely
+    start with `\\boxed`/`\\fbox` are skipped, and text ending at the command is safe."""
+    assert extract_answer(text, kind) == expected
