@@ -4,10 +4,13 @@ or scored answer, an NFE count, a seed, a stop decision or a metric.
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from lm_eval_dvoting.answers import extract_answer, infer_answer_kind
+from lm_eval_dvoting import answers
+from lm_eval_dvoting.answers import answers_equivalent, extract_answer, infer_answer_kind, normalize_math
 from lm_eval_dvoting.metrics import (
     benefit_per_cost,
     consistency_from_votes,
@@ -152,3 +155,70 @@ def test_boxed_answer_edge_cases(text, kind, expected):
     """Boxes are found left to right, the last non-empty one wins, commands that merely
     start with `\\boxed`/`\\fbox` are skipped, and text ending at the command is safe."""
     assert extract_answer(text, kind) == expected
+
+
+def test_adjacent_boxes_are_both_found():
+    """`\\boxed{1}\\boxed{2}`: the scan resumes right after the first box's closing brace,
+    so a box that follows at once is found and, being last, is the answer."""
+    assert extract_answer(r"\boxed{1}\boxed{2}", "number") == "2"
+    assert extract_answer(r"\fbox{1}\fbox{2}", "number") == "2"
+
+
+
+@pytest.mark.parametrize("raw, normal", [
+    (r"\displaystyle \frac{1}{2}", r"\frac{1}{2}"),
+    ("$X + 1$", "X + 1"),
+    ("x  +\n 1", "x + 1"),
+    ("5 .", "5"),
+    ("x = 5X.", "x = 5X"),
+])
+def test_normalize_math_spellings(raw, normal):
+    """Spellings that never change a LaTeX answer's value are removed, so equal answers
+    are equal strings (and vote together without math-verify): `\\displaystyle`,
+    surrounding `$`, runs of whitespace, a final period; letters are kept."""
+    assert normalize_math(raw) == normal
+
+
+@pytest.fixture
+def fresh_math_cache():
+    """math-verify results are cached per process; each test here needs its own calls."""
+    answers._parse_math.cache_clear()
+    answers._math_equivalent.cache_clear()
+    yield
+    answers._parse_math.cache_clear()
+    answers._math_equivalent.cache_clear()
+
+
+def test_math_verify_runs_with_its_timeout_in_the_main_thread(monkeypatch, fresh_math_cache):
+    """In the main thread math-verify gets its 5 s timeouts, so a pathological answer
+    cannot hang an evaluation."""
+    import math_verify
+
+    seen = {}
+    real_parse, real_verify = math_verify.parse, math_verify.verify
+
+    def parse(text, **kwargs):
+        seen.setdefault("parse", kwargs.get("parsing_timeout"))
+        return real_parse(text, **kwargs)
+
+    def verify(gold, pred, **kwargs):
+        seen["verify"] = kwargs.get("timeout_seconds")
+        return real_verify(gold, pred, **kwargs)
+
+    monkeypatch.setattr(math_verify, "parse", parse)
+    monkeypatch.setattr(math_verify, "verify", verify)
+    assert answers_equivalent(r"\frac{13}{26}", "0.5", "math")
+    assert seen == {"parse": 5, "verify": 5}
+
+
+def test_math_equivalence_works_in_a_worker_thread(fresh_math_cache):
+    """math-verify's timeout needs SIGALRM, which only the main thread may set; in a
+    worker thread (a harness worker) the comparison runs without it and still finds
+    `\\frac{13}{26}` = 0.5, instead of failing into "not equivalent"."""
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(
+        same=answers_equivalent(r"\frac{13}{26}", "0.5", "math"),
+        different=answers_equivalent(r"\frac{13}{26}", "0.25", "math")))
+    worker.start()
+    worker.join()
+    assert result == {"same": True, "different": False}

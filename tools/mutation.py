@@ -73,9 +73,12 @@ def equivalent_mutants(path: Path = EQUIVALENT_FILE) -> dict[str, str]:
     return found
 
 
-def _run_one(module: str, max_children: int) -> None:
+def _run_one(module: str, max_children: int, retest: list[str]) -> None:
     """In a fresh interpreter (mutmut's state is global): run mutmut on one module inside
-    the `mutants/` folder the parent prepared, and write summary.json there."""
+    the `mutants/` folder the parent prepared, and write summary.json there.
+
+    `retest`: mutants to test again although they have a result (mutmut keeps a result
+    until the mutated function changes, so survivors would not see new tests)."""
     from mutmut.__main__ import _run
     from mutmut.configuration import config
     from mutmut.mutation.data import SourceFileMutationData
@@ -87,7 +90,7 @@ def _run_one(module: str, max_children: int) -> None:
     cfg.only_mutate = [source]
     cfg.pytest_add_cli_args_test_selection = list(MODULES[module])
     try:
-        _run([], max_children)
+        _run(retest, max_children)
     except SystemExit as stop:  # mutmut exits on a failing clean run; keep what it saved
         if stop.code not in (None, 0):
             print(f"mutmut stopped with exit status {stop.code}", file=sys.stderr)
@@ -114,16 +117,27 @@ def run_module(module: str, max_children: int) -> dict:
         raise SystemExit(f"{mutants} exists (a bare `mutmut run`, or an interrupted run of this "
                          "script): delete it or move it to .mutation/<module>/ first")
     RESULTS.mkdir(exist_ok=True)
+    summary_file = kept / "summary.json"
+    earlier = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.exists() else None
     if kept.exists():
         kept.rename(mutants)
     try:
         # run from the repository root: mutmut reads pyproject.toml and the paths from there
-        done = subprocess.run([sys.executable, __file__, "--one", module,
-                               "--max-children", str(max_children)], cwd=REPO)
+        command = [sys.executable, __file__, "--one", module, "--max-children", str(max_children)]
+        # new mutants (functions changed since) and the ones not reached last time
+        done = subprocess.run(command, cwd=REPO)
+        if done.returncode == 0 and earlier is not None:
+            # the earlier survivors, against the tests as they are now
+            retest = [name for name, status in earlier["status"].items()
+                      if status not in DETECTED and status != "not checked"]
+            current = json.loads((mutants / "summary.json").read_text(encoding="utf-8"))["status"]
+            retest = [name for name in retest if current.get(name) not in (None, *DETECTED)]
+            if retest:
+                print(f"Testing the {len(retest)} earlier survivors of {module} again")
+                done = subprocess.run(command + retest, cwd=REPO)
     finally:
         if mutants.exists():
             mutants.rename(kept)
-    summary_file = kept / "summary.json"
     if done.returncode != 0 or not summary_file.exists():
         raise SystemExit(f"mutmut failed on {module} (exit status {done.returncode}); "
                          f"its output is above, its files in {kept}")
@@ -174,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        _run_one(args.one, args.max_children)
+        _run_one(args.one, args.max_children, args.modules)  # here: mutant names to retest
         return 0
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
