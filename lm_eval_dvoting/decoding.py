@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
+from torch import nn
 
 from .models.common import PrefixCache
 
@@ -604,12 +605,13 @@ def _committed_candidates(logits64: torch.Tensor, cascades: Sequence[_Cascade], 
     return out
 
 
-def check_prompt_batch(input_ids: Any, attention_mask: Any = None) -> torch.Tensor:
+def check_prompt_batch(input_ids: Any, attention_mask: Any = None, model: nn.Module | None = None) -> torch.Tensor:
     """Refuse prompts that would be misread; return the attention mask (all ones if None).
 
     `input_ids` must be a 2-D integer tensor of token ids >= 0 (a float tensor would be
-    cast to ids silently, a 1-D one read as a batch of one-token prompts), and
-    `attention_mask` a 0/1 tensor of the same shape.
+    cast to ids silently, a 1-D one read as a batch of one-token prompts), below the
+    `model`'s embedding size when a model is given, and `attention_mask` a 0/1 tensor of
+    the same shape.
     """
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}: "
@@ -623,6 +625,10 @@ def check_prompt_batch(input_ids: Any, attention_mask: Any = None) -> torch.Tens
     if input_ids.numel() and int(input_ids.min()) < 0:
         raise ValueError(f"input_ids must be token ids >= 0, got {int(input_ids.min())}: "
                          "mark padding with attention_mask, not with negative ids")
+    rows = _embedding_rows(model)
+    if rows is not None and input_ids.numel() and int(input_ids.max()) >= rows:
+        raise ValueError(f"input_ids must be token ids < {rows} (the model's embedding size), got "
+                         f"{int(input_ids.max())}: encode the prompt with this checkpoint's tokenizer")
     if attention_mask is None:
         return torch.ones_like(input_ids)
     if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
@@ -631,6 +637,14 @@ def check_prompt_batch(input_ids: Any, attention_mask: Any = None) -> torch.Tens
     if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (prompt token)")
     return attention_mask
+
+
+def _embedding_rows(model: nn.Module | None) -> int | None:
+    """How many token ids the model's input embedding holds (None without a model)."""
+    if model is None:
+        return None
+    embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return None if embedding is None else embedding.num_embeddings
 
 
 def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,
@@ -667,7 +681,7 @@ def generate(
     rows in order, or one per row (then a row's tokens do not depend on the batch).
     """
     validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking)
-    attention_mask = check_prompt_batch(input_ids, attention_mask)
+    attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
     if init_tokens is None:
         init_tokens = torch.full((batch, gen_length), int(model.mask_token_id), dtype=torch.long)

@@ -570,6 +570,7 @@ def _resolved(settings: StrategySettings) -> dict[str, Any]:
         "block_length": settings.resolved_block_length,
         "temperature": settings.resolved_temperature,
         "steps": settings.resolved_steps,
+        "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
     }
 
 
@@ -792,6 +793,7 @@ def sanitise_requests(requests: list[Any]) -> None:
     that emits a lone surrogate) would lose the whole run there. Rewritten here, the
     request is scored, hashed, cached and logged as the text the model really saw.
     """
+    rewritten = []
     for req in requests:
         args = req.args
         clean = tuple(_encodable(a) if isinstance(a, str) else a for a in args)
@@ -801,8 +803,11 @@ def sanitise_requests(requests: list[Any]) -> None:
                 req.args = clean
             else:  # Instance: `args` is a read-only view of `arguments`
                 req.arguments = clean if isinstance(arguments, tuple) else clean[0]
-            log.warning("task %s, document %s: its request text holds lone surrogates (invalid unicode); "
-                        "they are replaced by U+FFFD before the model runs", req.task_name, req.doc_id)
+            rewritten.append(f"task {req.task_name}, document {req.doc_id}")
+    if rewritten:  # one warning per call, not one per document: a broken template hits them all
+        shown = "; ".join(rewritten[:5]) + ("; ..." if len(rewritten) > 5 else "")
+        log.warning("%d request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the "
+                    "model runs: %s", len(rewritten), shown)
 
 
 def _same_answer(a: tuple[str, str], b: tuple[str, str]) -> bool:

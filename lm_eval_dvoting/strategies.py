@@ -166,6 +166,18 @@ class StrategySettings:
             return self.steps
         return self.gen_length if self.strategy == "single" else self.gen_length // 2
 
+    @property
+    def steps_run(self) -> int | list[int] | None:
+        """The denoising steps a fixed-schedule sample really takes (`steps` rounded up to a
+        multiple of the block count); for hex one value per block size (L/32 .. L/2); None
+        for dVoting, whose entropy rule follows no schedule."""
+        if self.strategy == "dvoting":
+            return None
+        if self.strategy == "hex":
+            return [_fixed_steps(self.resolved_steps, self.gen_length, self.gen_length // d)
+                    for d in HEX_BLOCK_DIVISORS]
+        return _fixed_steps(self.resolved_steps, self.gen_length, self.resolved_block_length)
+
 
 @dataclass(frozen=True)
 class SampleSpec:
@@ -304,7 +316,7 @@ def run_strategy(
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
         prefix_cache=prefix_cache,
     )
-    attention_mask = check_prompt_batch(input_ids, attention_mask)
+    attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
     if row_seeds is None:
         require_whole("seed", seed, None, "give an integer seed, e.g. seed=0")

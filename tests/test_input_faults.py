@@ -188,6 +188,20 @@ def test_whole_number_model_args_accept_their_usual_spellings():
     assert isinstance(lm.settings.steps, int)
 
 
+def test_the_results_record_the_steps_the_schedule_really_runs():
+    """steps=9 over 2 blocks runs 10 (equal steps per block): the results say 10, not only 9."""
+    from lm_eval_dvoting.harness import _resolved
+    from lm_eval_dvoting.strategies import _plan
+
+    settings = StrategySettings(strategy="majority", gen_length=32, block_length=16, steps=9)
+    wave = next(_plan(settings, mask_id=0, same_answer=None))
+    assert {spec.steps for spec in wave} == {10}
+    assert _resolved(settings)["steps"] == 9 and _resolved(settings)["steps_run"] == 10
+    hex_settings = StrategySettings(strategy="hex", gen_length=64, steps=3)
+    assert _resolved(hex_settings)["steps_run"] == [32, 16, 8, 4, 4]  # >= 1 step per block, equal per block
+    assert _resolved(StrategySettings(strategy="dvoting"))["steps_run"] is None
+
+
 def test_steps_zero_is_no_longer_recorded_as_run():
     """steps=0 used to be accepted, run with one step per block and recorded as 0."""
     with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
@@ -249,16 +263,18 @@ BAD_IDS = [
     (torch.tensor([[5.7, 6.2, 7.0]]), r"input_ids must hold integer token ids, got dtype torch.float32"),
     (torch.tensor([[True, False]]), r"input_ids must hold integer token ids, got dtype torch.bool"),
     (torch.tensor([[5, -1, 7]]), r"input_ids must be token ids >= 0, got -1"),
+    # the demo's embedding has 104 rows; id 104 used to end in torch's bare IndexError
+    (torch.tensor([[5, 104, 7]]), r"input_ids must be token ids < 104 \(the model's embedding size\), got 104"),
 ]
 
 
-@pytest.mark.parametrize("ids, pattern", BAD_IDS, ids=["1-D", "float", "bool", "negative"])
+@pytest.mark.parametrize("ids, pattern", BAD_IDS, ids=["1-D", "float", "bool", "negative", "too large"])
 def test_generate_refuses_misreadable_input_ids(demo_model, ids, pattern):
     with pytest.raises(ValueError, match=pattern):
         generate(demo_model, ids, gen_length=4, block_length=2, steps=2)
 
 
-@pytest.mark.parametrize("ids, pattern", BAD_IDS, ids=["1-D", "float", "bool", "negative"])
+@pytest.mark.parametrize("ids, pattern", BAD_IDS, ids=["1-D", "float", "bool", "negative", "too large"])
 def test_run_strategy_refuses_misreadable_input_ids(demo_model, ids, pattern):
     with pytest.raises(ValueError, match=pattern):
         run_strategy(demo_model, ids, strategy="single", extract=lambda t: None, gen_length=4, block_length=2)
@@ -357,9 +373,9 @@ def test_lm_eval_cli_log_samples_over_odd_text_keeps_the_run(tmp_path):
 
     out = tmp_path / "out"
     run = lm_eval_run(out)
-    # one warning per affected document, before the model ran
-    assert "task probe_odd, document 0: its request text holds lone surrogates" in run.stderr
-    assert "task probe_odd, document 5: its request text holds lone surrogates" in run.stderr
+    # one warning for the run, naming the affected documents, before the model ran
+    assert "2 request(s) hold lone surrogates" in run.stderr  # one warning naming both documents
+    assert "task probe_odd, document 0; task probe_odd, document 5" in run.stderr
     records = _samples(out)
     assert [r["doc_id"] for r in records] == list(range(len(ODD_DOCS)))
     prompts = [r["arguments"]["gen_args_0"]["arg_0"] for r in records]
