@@ -17,6 +17,8 @@ from lm_eval_dvoting.metrics import (
     consistency_level,
     nupr_at_k,
 )
+from lm_eval_dvoting.strategies import remask_tokens, run_strategy
+from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 
 # ---- metrics.py ----------------------------------------------------------------------
 
@@ -222,3 +224,76 @@ def test_math_equivalence_works_in_a_worker_thread(fresh_math_cache):
     worker.start()
     worker.join()
     assert result == {"same": True, "different": False}
+
+
+def test_math_answers_equal_after_normalisation_are_equivalent(fresh_math_cache):
+    """Answers that differ only in spellings `normalize_math` removes are one answer,
+    even where math-verify cannot read them (`\\text{red}`)."""
+    assert answers_equivalent(r"\left(1, 2\right)", "(1, 2)", "math")
+    assert answers_equivalent(r"\displaystyle \text{red}", r"\text{red}", "math")
+
+
+def test_math_answers_over_1000_characters_are_compared_as_strings(fresh_math_cache):
+    """math-verify gets answers of up to 1000 characters; longer ones (runaway
+    generations) are compared as strings only, so they never cost sympy seconds."""
+    at_limit, over_limit = "0" * 999 + "5", "0" * 1000 + "5"
+    assert len(at_limit) == 1000 and len(over_limit) == 1001
+    assert answers_equivalent(at_limit, "5", "math")  # math-verify reads 000...05 as 5
+    assert not answers_equivalent(over_limit, "5", "math")
+    assert not answers_equivalent("5", over_limit, "math")
+
+
+
+# ---- strategies.py -------------------------------------------------------------------
+
+
+def test_remask_keeps_a_position_whose_share_is_within_float_error_of_tau():
+    """A share equal to tau up to float rounding (tau = 0.5 + 1e-12) keeps the position:
+    the comparison allows 1e-12, so tau=2/3 typed as 0.6666666666666666 still keeps
+    positions two of three samples agree on. A share clearly below tau is masked."""
+    samples = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 9, 5, 6, 7, 8]])
+    mask = 0
+    assert remask_tokens(samples, 0.5 + 1e-12, mask).tolist() == [1, 2, 3, 4, 5, 6, 0, 0]
+    assert remask_tokens(samples, 0.5 + 1e-9, mask).tolist() == [1, 2, 3, 0, 5, 6, 0, 0]
+
+
+
+def _scripted_model() -> ScriptedModel:
+    """Prompts of 3 tokens; generation index 0 writes the question id (for ScriptedAnswers)."""
+    return ScriptedModel(gen_choices(3, lambda q, g: (q,) if g == 0 else ((20, 21) if g % 3 == 0 else (1 + g % 15,))))
+
+
+def test_dvoting_early_stop_groups_answers_with_same_answer():
+    """dVoting's early stop counts "18.0" and "18" as one answer when `same_answer` says
+    so: two agreeing samples of five stop the question after sample 2 (2 draws, not 5),
+    and the vote and NFE are those of the two samples."""
+    same = lambda a, b: float(a) == float(b)  # noqa: E731
+    answers = ScriptedAnswers({14: ["18.0", "18", "18", "7", "7"]})
+    (result,) = run_strategy(_scripted_model(), torch.tensor([[14, 5, 6]]), strategy="dvoting",
+                             extract=answers, gen_length=16, block_length=4, n=5, seed=3, same_answer=same)
+    assert result.answers == ["18.0", "18"]
+    assert result.votes == [("18.0", 2)] and result.chosen == 0
+    assert result.nfe == sum(result.sample_nfe) and len(result.sample_nfe) == 2
+    # without the grouping the two spellings disagree, and dVoting draws on
+    answers = ScriptedAnswers({14: ["18.0", "18", "18", "7", "7"]})
+    (plain,) = run_strategy(_scripted_model(), torch.tensor([[14, 5, 6]]), strategy="dvoting",
+                            extract=answers, gen_length=16, block_length=4, n=5, seed=3)
+    assert len(plain.answers) > 2
+
+
+def test_dvoting_checks_the_early_stop_before_every_sample_from_the_third():
+    """Fresh samples after the first two are drawn one at a time, each after an early-stop
+    check: with n=7 and every sample answering "7", the check before sample 4 stops
+    (3 of 7 agree, none disagree), so exactly 3 samples are drawn and paid for."""
+    answers = ScriptedAnswers({16: ["7"] * 7})
+    (result,) = run_strategy(_scripted_model(), torch.tensor([[16, 5, 6]]), strategy="dvoting",
+                             extract=answers, gen_length=16, block_length=4, n=7, seed=3)
+    assert result.answers == ["7", "7", "7"]
+    assert len(result.sample_nfe) == 3 and result.nfe == sum(result.sample_nfe)
+
+
+def test_max_rows_below_one_is_refused_before_any_model_work():
+    """max_rows=0 would never admit a row (the decoding loop would spin forever): it is
+    refused up front, with the setting's name, value and what to give instead."""
+    with pytest.raises(ValueError, match=r"^max_rows must be >= 1, got 0: give the number of rows"):
+        run_strategy(None, torch.tensor([[1, 2]]), extract=lambda t: None, gen_length=16, max_rows=0)
