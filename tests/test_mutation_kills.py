@@ -17,7 +17,7 @@ from lm_eval_dvoting.metrics import (
     consistency_level,
     nupr_at_k,
 )
-from lm_eval_dvoting.strategies import remask_tokens, run_strategy
+from lm_eval_dvoting.strategies import StrategySettings, drive, remask_tokens, run_strategy
 from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 
 # ---- metrics.py ----------------------------------------------------------------------
@@ -297,3 +297,62 @@ def test_max_rows_below_one_is_refused_before_any_model_work():
     refused up front, with the setting's name, value and what to give instead."""
     with pytest.raises(ValueError, match=r"^max_rows must be >= 1, got 0: give the number of rows"):
         run_strategy(None, torch.tensor([[1, 2]]), extract=lambda t: None, gen_length=16, max_rows=0)
+
+
+
+def test_drive_takes_settings_and_extractors_per_question():
+    """`drive` accepts one StrategySettings and one extractor per question (requests with
+    different lengths, strategies or answer kinds decode side by side): each question
+    gets its own sample count, length and answers."""
+    settings = [StrategySettings(strategy="single", gen_length=8, block_length=4),
+                StrategySettings(strategy="majority", gen_length=16, block_length=4, n=3)]
+    extract = [lambda tokens: "first", lambda tokens: f"second-{len(tokens)}"]
+    prompts = [torch.tensor([17, 5, 6]), torch.tensor([18, 5, 6])]
+    first, second = drive(_scripted_model(), prompts, settings, extract, seeds=[1, 2])
+    assert tuple(first.samples.shape) == (1, 8) and first.answers == ["first"]
+    assert tuple(second.samples.shape) == (3, 16) and second.answers == ["second-16"] * 3
+
+
+@pytest.mark.parametrize("seeds, settings, extract, counts", [
+    ([1], StrategySettings(strategy="single", gen_length=8), lambda t: None, "1 seeds, 2 settings and 2 extractors"),
+    ([1, 2], [StrategySettings(strategy="single", gen_length=8)], lambda t: None,
+     "2 seeds, 1 settings and 2 extractors"),
+    ([1, 2], StrategySettings(strategy="single", gen_length=8), [lambda t: None],
+     "2 seeds, 2 settings and 1 extractors"),
+])
+def test_drive_refuses_per_question_lists_of_the_wrong_length(seeds, settings, extract, counts):
+    """One seed, settings and extractor per prompt: a list of another length is refused
+    before any decoding, naming every count (not silently zipped short)."""
+    prompts = [torch.tensor([17, 5, 6]), torch.tensor([18, 5, 6])]
+    with pytest.raises(ValueError, match=f"^got 2 prompts but {counts}: give one of each per prompt"):
+        drive(_scripted_model(), prompts, settings, extract, seeds)
+
+
+def test_max_rows_caps_the_rows_of_every_forward_pass():
+    """`max_rows` is the most rows one forward pass decodes (the memory bound a user
+    sets): ten samples with max_rows=3 never put more than 3 rows through the model."""
+    model = _scripted_model()
+    run_strategy(model, torch.tensor([[19, 5, 6], [20, 5, 6]]), strategy="majority", extract=lambda t: None,
+                 gen_length=8, block_length=4, n=5, seed=0, max_rows=3)
+    assert max(model.calls) == 3
+
+
+def test_on_done_receives_each_question_result():
+    """`on_done(i, result)` reports every question once, with the result `run_strategy`
+    returns for it (a caller may log or cache it as soon as it is ready)."""
+    reported = {}
+    results = run_strategy(_scripted_model(), torch.tensor([[19, 5, 6], [20, 5, 6]]), strategy="majority",
+                           extract=lambda t: int(t[0]), gen_length=8, block_length=4, n=2, seed=0,
+                           on_done=lambda i, result: reported.setdefault(i, result))
+    assert sorted(reported) == [0, 1]
+    assert all(reported[i] is results[i] for i in (0, 1))
+    assert [r.answers for r in results] == [[19, 19], [20, 20]]
+
+
+def test_questions_fill_the_free_rows_of_the_first_forward_pass():
+    """Questions decode side by side: with room for 16 rows, three single-sample
+    questions all enter the first forward pass (not one question per pass)."""
+    model = _scripted_model()
+    run_strategy(model, torch.tensor([[19, 5, 6], [20, 5, 6], [21, 5, 6]]), strategy="single",
+                 extract=lambda t: None, gen_length=8, block_length=4, seed=0, max_rows=16)
+    assert model.calls[0] == 3
