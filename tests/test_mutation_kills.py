@@ -356,3 +356,48 @@ def test_questions_fill_the_free_rows_of_the_first_forward_pass():
     run_strategy(model, torch.tensor([[19, 5, 6], [20, 5, 6], [21, 5, 6]]), strategy="single",
                  extract=lambda t: None, gen_length=8, block_length=4, seed=0, max_rows=16)
     assert model.calls[0] == 3
+
+
+def test_remask_sample_with_nothing_left_to_decode_costs_no_forward_pass():
+    """With gen_length=2 the always-regenerated last quarter is empty, so once three
+    fresh samples agree on every token, dVoting's remask samples keep all positions: they
+    are complete without decoding, cost 0 NFE, and still count in the vote."""
+    answers = ScriptedAnswers({22: ["1", "2", "3", "4", "5"]})  # never agree: no early stop
+    (result,) = run_strategy(_scripted_model(), torch.tensor([[22, 5, 6]]), strategy="dvoting",
+                             extract=answers, gen_length=2, block_length=2, n=5, seed=0)
+    assert result.answers == ["1", "2", "3", "4", "5"]
+    assert result.sample_nfe == [1, 1, 1, 0, 0] and result.nfe == 3
+    assert result.kept == [None, None, None, [0, 1], [0, 1]]
+
+
+def test_prefix_cache_setting_reaches_the_decoder():
+    """`prefix_cache=True` is passed on to every sample's decoding: a model without the
+    cache support is refused with a message naming the setting, not silently run exact."""
+    with pytest.raises(ValueError, match="prefix_cache needs one of this package's"):
+        run_strategy(_scripted_model(), torch.tensor([[19, 5, 6]]), strategy="single", extract=lambda t: None,
+                     gen_length=8, block_length=4, prefix_cache=True)
+
+
+def test_remasking_rule_reaches_every_sample(monkeypatch):
+    """The `remasking` setting (e.g. "random") is the rule every sample decodes with."""
+    import lm_eval_dvoting.strategies as strategies
+
+    rules = []
+    real_row = strategies.DecodeRow
+
+    def recording_row(**kwargs):
+        rules.append(kwargs["remasking"])
+        return real_row(**kwargs)
+
+    monkeypatch.setattr(strategies, "DecodeRow", recording_row)
+    run_strategy(_scripted_model(), torch.tensor([[19, 5, 6]]), strategy="majority", extract=lambda t: None,
+                 gen_length=8, block_length=4, n=3, remasking="random")
+    assert rules == ["random"] * 3
+
+
+def test_infinite_temperature_is_refused():
+    """temperature=inf would turn every sample into uniform noise: it is refused up front
+    (only alpha may be infinite), naming the setting and the allowed values."""
+    with pytest.raises(ValueError, match=r"^temperature must be finite \(>= 0\), got inf: use 0 for greedy"):
+        StrategySettings(temperature=float("inf"))
+    assert StrategySettings(alpha=float("inf")).alpha == float("inf")
