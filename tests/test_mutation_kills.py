@@ -401,3 +401,43 @@ def test_infinite_temperature_is_refused():
     with pytest.raises(ValueError, match=r"^temperature must be finite \(>= 0\), got inf: use 0 for greedy"):
         StrategySettings(temperature=float("inf"))
     assert StrategySettings(alpha=float("inf")).alpha == float("inf")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"n": "5"}, "n (samples per question) must be a whole number >= 1, got '5': e.g. n=5 (the default)"),
+    ({"n": True}, "n (samples per question) must be a whole number >= 1, got True: e.g. n=5 (the default)"),
+    ({"gen_length": 2.5}, "gen_length must be a whole number, got 2.5: set max_gen_toks (model arg or "
+                          "--gen_kwargs) to the answer length in tokens, e.g. 256"),
+    ({"alpha": "0.3"}, "alpha (entropy threshold) must be a number (>= 0), got '0.3': e.g. alpha=0.3 (the default)"),
+    ({"tau": True}, "tau (position-consistency share) must be a number (in (0, 1]), got True: e.g. tau=1.0"),
+    ({"steps": 0}, "steps must be >= 1, got 0: leave it out (default: gen_length for single"),
+])
+def test_settings_of_the_wrong_type_get_the_full_message(setting, message):
+    """A setting of the wrong type (a string, a bool, a fraction where a count belongs)
+    fails with a ValueError naming it, its value, what is allowed and what to do."""
+    with pytest.raises(ValueError) as error:
+        StrategySettings(**setting)
+    assert str(error.value).startswith(message)
+
+
+def test_run_strategy_defaults_seed_0_and_16_rows_per_pass():
+    """The documented defaults: without `seed` the samples are those of seed=0 (and a
+    different seed draws differently), and at most 16 rows share a forward pass."""
+    prompt = torch.tensor([[23, 5, 6]])
+    kwargs = dict(strategy="majority", extract=lambda t: None, gen_length=16, block_length=4, n=17)
+    model = _scripted_model()
+    default = run_strategy(model, prompt, **kwargs)[0].samples
+    assert max(model.calls) == 16
+    assert torch.equal(default, run_strategy(_scripted_model(), prompt, seed=0, **kwargs)[0].samples)
+    assert not torch.equal(default, run_strategy(_scripted_model(), prompt, seed=1, **kwargs)[0].samples)
+
+
+def test_steps_setting_sets_the_forward_passes_per_sample():
+    """`steps` is the number of forward passes a fixed-schedule sample takes (here 2
+    instead of single's default of gen_length = 8), and NFE counts them."""
+    (result,) = run_strategy(_scripted_model(), torch.tensor([[19, 5, 6]]), strategy="single",
+                             extract=lambda t: None, gen_length=8, block_length=4, steps=2)
+    assert result.sample_nfe == [2] and result.nfe == 2
+    (default,) = run_strategy(_scripted_model(), torch.tensor([[19, 5, 6]]), strategy="single",
+                              extract=lambda t: None, gen_length=8, block_length=4)
+    assert default.nfe == 8
