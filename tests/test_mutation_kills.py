@@ -441,3 +441,74 @@ def test_steps_setting_sets_the_forward_passes_per_sample():
     (default,) = run_strategy(_scripted_model(), torch.tensor([[19, 5, 6]]), strategy="single",
                               extract=lambda t: None, gen_length=8, block_length=4)
     assert default.nfe == 8
+
+
+def test_left_padding_masked_out_decodes_as_the_unpadded_prompt():
+    """The attention mask says which prompt tokens are real: a left-padded row decodes
+    exactly like its unpadded prompt (same samples), never reading the padding."""
+    kwargs = dict(strategy="majority", extract=lambda t: int(t[0]), gen_length=8, block_length=4, n=2)
+    padded = torch.tensor([[7, 19, 5, 6], [7, 20, 5, 6]])
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1]])
+    results = run_strategy(_scripted_model(), padded, mask, row_seeds=[11, 12], **kwargs)
+    plain = run_strategy(_scripted_model(), torch.tensor([[19, 5, 6], [20, 5, 6]]), row_seeds=[11, 12], **kwargs)
+    assert [r.answers for r in results] == [[19, 19], [20, 20]]
+    assert all(torch.equal(a.samples, b.samples) for a, b in zip(results, plain))
+
+
+def test_a_seed_that_is_not_a_whole_number_is_refused():
+    """`seed="1"` (a string from a config) is refused with the argument's name and a fix."""
+    with pytest.raises(ValueError, match=r"^seed must be a whole number, got '1': give an integer seed, e\.g\. seed=0$"):
+        run_strategy(_scripted_model(), torch.tensor([[19, 5, 6]]), extract=lambda t: None, gen_length=8,
+                     block_length=4, seed="1")
+
+
+_GEN_FIX = "set max_gen_toks (model arg or --gen_kwargs) to the answer length in tokens, e.g. 256"
+_TAU_FIX = "e.g. tau=1.0 (the default: keep a position only when every earlier sample agrees)"
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"strategy": "foo"}, "strategy must be one of ('single', 'majority', 'hex', 'dvoting'), got 'foo'"),
+    ({"gen_length": 0}, f"gen_length must be positive, got 0: {_GEN_FIX}"),
+    ({"gen_length": -3}, f"gen_length must be positive, got -3: {_GEN_FIX}"),
+    ({"block_length": 0}, "block_length must be >= 1, got 0: leave it out (default gen_length/16) or give a "
+                          "divisor of 256"),
+    ({"block_length": "4"}, "block_length must be a whole number >= 1, got '4': leave it out (default "
+                            "gen_length/16) or give a divisor of 256"),
+    ({"gen_length": 256, "block_length": 3}, "block_length 3 does not divide the generation length 256; choose a "
+                                             "block length that divides it"),
+    ({"n": 0}, "n (samples per question) must be >= 1, got 0: e.g. n=5 (the default)"),
+    ({"steps": "2"}, "steps must be a whole number >= 1, got '2': leave it out (default: gen_length for single, "
+                     "gen_length/2 for majority and hex) or give the forward passes per sample"),
+    ({"alpha": -0.1}, "alpha (entropy threshold) must be >= 0, got -0.1: e.g. alpha=0.3 (the default)"),
+    ({"alpha": float("nan")}, "alpha (entropy threshold) must be >= 0, got nan: e.g. alpha=0.3 (the default)"),
+    ({"tau": 0}, f"tau (position-consistency share) must be in (0, 1], got 0: {_TAU_FIX}"),
+    ({"tau": 1.5}, f"tau (position-consistency share) must be in (0, 1], got 1.5: {_TAU_FIX}"),
+    ({"temperature": -1}, "temperature must be >= 0, got -1: use 0 for greedy decoding or e.g. 0.6-1.0 to sample; "
+                          "leave it out for the strategy's default"),
+    ({"remasking": "x"}, "remasking must be one of ('low_confidence', 'random'), got 'x'"),
+    ({"hex_samples": 10}, "hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got 10"),
+    ({"hex_samples": True}, "hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got True"),
+    ({"hex_samples": 5.0}, "hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got 5.0"),
+    ({"strategy": "hex", "gen_length": 48, "block_length": 3},
+     "hex needs a generation length divisible by 32 (block sizes L/32..L/2), got 48"),
+])
+def test_every_bad_setting_gets_its_full_message(setting, message):
+    """Each bad strategy setting is refused before any model work with a message that
+    names the setting, its value, what is allowed and what to do (the model args have
+    the same names, so the message points at what to change)."""
+    with pytest.raises(ValueError) as error:
+        StrategySettings(**setting)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("setting", [
+    {"gen_length": 1}, {"gen_length": 8, "block_length": 1}, {"tau": 1.0}, {"tau": 1e-9},
+    {"temperature": 0}, {"alpha": 0}, {"n": 1}, {"steps": 1}, {"hex_samples": 5},
+])
+def test_the_smallest_allowed_settings_are_accepted(setting):
+    """The boundaries of the checks are inclusive where the message says so: one token,
+    blocks of one, tau of 1 (or just above 0), temperature and alpha 0, one sample,
+    one step, HEX's 5 samples."""
+    settings = StrategySettings(**setting)
+    for name, value in setting.items():
+        assert getattr(settings, name) == value
