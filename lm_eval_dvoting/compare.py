@@ -123,13 +123,15 @@ def compare(args: argparse.Namespace) -> list[dict[str, Any]]:
         key = accuracy_key(task_results)
         info = lm.get_model_info()["dvoting"]
         totals = info["totals"]
+        questions = totals.get("questions") or 0
         rows.append({
             "strategy": strategy,
             "accuracy": 100 * task_results[key],
-            "mean_nfe": totals.get("mean_nfe", float("nan")),
-            "mean_samples": totals.get("mean_samples", float("nan")),
+            # per question (document, all its repeats), as the column says; totals' means are per request
+            "mean_nfe": totals["nfe"] / questions if questions else float("nan"),
+            "mean_samples": totals["samples"] / questions if questions else float("nan"),
             "seconds": seconds,
-            "questions": totals.get("questions", totals.get("requests", 0)),
+            "questions": questions,
             "metric": key,
             # what the requests ran with (the task's max_gen_toks), not the model args' defaults
             "settings": info["settings_used"] or [info["settings"]],

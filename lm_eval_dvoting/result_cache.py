@@ -35,8 +35,9 @@ The fingerprint holds everything that decides outputs (`fingerprint` lists it): 
 checkpoint's identity (a hub id with the commit loaded, else the sha256 of its config and
 weight files), the tokenizer files' sha256, every resolved strategy setting, the seed,
 `mc_num`, dtype, device type, `max_length`, `add_bos_token`, the plugin's version and code, and in
-bfloat16/float16 also the batch rows (where outputs may depend on the batch). Not in it:
-library versions (torch, transformers, lm-eval) and the machine, and what is in the
+bfloat16/float16 or on an accelerator also the batch rows (where outputs may depend on the
+batch: `batch_dependent`). Not in it: library versions (torch, transformers, lm-eval,
+math-verify, sympy) and the machine, and what is in the
 request itself (the prompt, few-shot examples, chat template output, `--gen_kwargs`).
 
 Weight files are hashed for real (sha256 of the bytes, streamed once: 0.7 GB/s on the 2-core
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -206,11 +208,13 @@ def tokenizer_identity(tokenizer: Any, memo: dict[str, Any] | None = None) -> st
                      "tokenizer); run without --use_cache")
 
 
+@functools.lru_cache(maxsize=1)
 def plugin_code_digest() -> str:
     """sha256 over the plugin's own Python files.
 
     The version number alone would let an edited (editable-install) or patched copy of the
     plugin replay results its older code wrote; any change to the code gets new entries.
+    Computed once per process: the code that runs is the code imported at its start.
     """
     package = Path(__file__).resolve().parent
     files = sorted(package.rglob("*.py"))
@@ -223,7 +227,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     checkpoint, tokenizer, the resolved strategy settings (strategy, `max_gen_toks` (the
     default length; a task's own is in the request), block_length, n, alpha, temperature,
     tau, steps, remasking, hex_samples, prefix_cache), seed, mc_num, dtype, device (its
-    type), max_length, add_bos_token, the plugin version and code, and `batch_rows` in bfloat16/float16.
+    type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where `batch_dependent`.
     """
     settings = lm.settings
     resolved = dataclasses.asdict(settings) | {
@@ -246,9 +250,16 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
         "mc_num": int(lm.mc_num),
         **resolved,
     }
-    if dtype in BATCH_DEPENDENT_DTYPES:
+    if batch_dependent(lm):
         identity["batch_rows"] = int(lm.batch_rows)
     return identity
+
+
+def batch_dependent(lm: Any) -> bool:
+    """Whether outputs may move with the rows sharing a forward pass: bfloat16/float16, or any
+    dtype on an accelerator, whose kernels are chosen by shape (README, Reproducibility)."""
+    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+    return dtype in BATCH_DEPENDENT_DTYPES or lm.device.type != "cpu"
 
 
 def fingerprint_id(identity: dict[str, Any]) -> str:
@@ -398,6 +409,11 @@ def bind(lm: Any, hook: Any) -> Any:
             "could not be bound to this run's settings (an lm-eval other than 0.4.x?); run without --use_cache"
         )
     cache = ResultCache(lm, hook.dbdict)
+    if batch_dependent(lm):
+        log.warning("--use_cache in %s on %s: a resumed run may differ from an uninterrupted one at "
+                    "near-tie decisions, as a change of --batch_size may (the requests sharing a forward "
+                    "pass differ); each stored result is exact for its configuration (README, Reproducibility)",
+                    str(next(lm.model.parameters()).dtype).removeprefix("torch."), lm.device.type)
     for attr in REQUEST_TYPES:
         setattr(wrapper, attr, _server(cache, attr))
     return cache

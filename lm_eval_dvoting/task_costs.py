@@ -40,11 +40,14 @@ from __future__ import annotations
 import contextvars
 import functools
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .costs import CostedText
+
+log = logging.getLogger(__name__)
 
 # the per-question metrics added to every task whose responses carry cost
 COST_METRICS = ("nfe", "n_samples")
@@ -91,7 +94,7 @@ def _carries_cost(response: Any) -> bool:
 
 def _carrying(value: Any, cost: dict[str, Any]) -> Any:
     """`value` (a filtered response) carrying its question's `cost`, or `value` itself when
-    its type cannot carry attributes (then that question reports no cost)."""
+    its type cannot carry attributes (then the task reports no cost metric: `_after_filters`)."""
     if isinstance(value, str):
         carried = CostedText(value, **getattr(value, "__dict__", {}))
     elif isinstance(value, list):
@@ -194,17 +197,31 @@ def _after_filters(task: Any) -> None:
             costs[id(instance)] = cost
     if not costs:
         return  # another model's plain responses, or log-likelihoods: nothing to report
+    task_name = instances[0].task_name or getattr(task, "task_name", "?")
+    carried: dict[int, dict[str, Any]] = {}
+    uncarried: dict[str, str] = {}  # filter -> the type of a value it output that cannot carry cost
     for instance in instances:
         cost = costs.get(id(instance))
         if cost is None:
             continue
         figures = {key: cost[key] for key in ("requests", "nfe", "n_samples")}
-        for key, value in list(instance.filtered_resps.items()):
-            instance.filtered_resps[key] = _carrying(value, figures)
-    _add_cost_metrics(task)
+        carried[id(instance)] = {}
+        for key, value in instance.filtered_resps.items():
+            carried[id(instance)][key] = _carrying(value, figures)
+            if not hasattr(carried[id(instance)][key], "question_cost"):
+                uncarried.setdefault(key, type(value).__name__)
+    if uncarried:
+        # a mean over only the questions whose value could carry it would be silently wrong
+        log.warning("task %s: filter(s) %s output %s, which cannot carry the cost, so the task reports "
+                    "no nfe/n_samples metrics; its sums are in results['config']['dvoting']['tasks']",
+                    task_name, sorted(uncarried), sorted(set(uncarried.values())))
+    else:
+        for instance in instances:
+            instance.filtered_resps.update(carried.get(id(instance), {}))
+        _add_cost_metrics(task)
     ledger = _ACTIVE.get()
     if ledger is not None:
-        ledger.add(instances[0].task_name or getattr(task, "task_name", "?"), instances, costs)
+        ledger.add(task_name, instances, costs)
 
 
 def _add_cost_metrics(task: Any) -> None:

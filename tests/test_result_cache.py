@@ -190,6 +190,9 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
     changed["batch_rows in bfloat16"] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
     lm.model.to(torch.float32)
     assert result_cache.fingerprint_id(result_cache.fingerprint(lm)) == base  # ... in float32 they do not
+    lm._device = torch.device("cuda", 0)  # ... except on an accelerator, whose kernels go by shape
+    assert result_cache.fingerprint(lm)["batch_rows"] == lm.batch_rows
+    lm._device = torch.device("cpu")
     # the tokenizer's files: a chat template edited in a copy of the checkpoint
     folder = tmp_path / "ckpt"
     shutil.copytree(PACKAGED_CHECKPOINTS["tiny-arith"], folder)
@@ -209,11 +212,16 @@ def test_an_edit_to_the_plugins_code_changes_the_fingerprint(tmp_path, monkeypat
     copy = tmp_path / "lm_eval_dvoting"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__", "demo"))
     monkeypatch.setattr(result_cache, "__file__", str(copy / "result_cache.py"))
+    result_cache.plugin_code_digest.cache_clear()  # once per process: a new process here
     before = result_cache.plugin_code_digest()
     (copy / "strategies.py").write_text((copy / "strategies.py").read_text() + "\n# edited\n")
-    assert result_cache.plugin_code_digest() != before
-    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
-    assert result_cache.fingerprint(lm)["plugin_code"] == result_cache.plugin_code_digest()
+    result_cache.plugin_code_digest.cache_clear()
+    try:
+        assert result_cache.plugin_code_digest() != before
+        lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+        assert result_cache.fingerprint(lm)["plugin_code"] == result_cache.plugin_code_digest()
+    finally:
+        result_cache.plugin_code_digest.cache_clear()
 
 
 def test_a_cache_hook_not_from_lm_evals_caching_lm_is_refused(tmp_path):

@@ -196,6 +196,49 @@ def test_each_task_of_a_group_reports_its_own_cost(tmp_path):
     assert lengths == [16, 32]  # the two lengths the requests ran with
 
 
+INT_FILTER = """
+import re
+
+
+def to_int(resps, docs):
+    # the boxed number as an int where it is even, else the text: a value of another type
+    # for some questions only, as a user's custom or map filter may output
+    def one(text):
+        found = re.findall(r"boxed\\{(-?\\d+)\\}", text)
+        return int(found[-1]) if found and int(found[-1]) % 2 == 0 else text
+    return [[one(r) for r in rs] for rs in resps]
+
+
+def score(doc, results):
+    return {"exact_match": float(str(results[0]) == str(doc["target"]))}
+"""
+
+
+def test_a_filter_whose_values_cannot_carry_the_cost_reports_none_rather_than_a_partial_mean(tmp_path, caplog):
+    """A custom filter that outputs ints for some questions: a mean over only the questions
+    whose value could carry the cost would be silently wrong, so the task reports no cost
+    metric (with a warning) and the run's ledger keeps its whole sums."""
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "int_filter.py").write_text(INT_FILTER)
+    (folder / "arith_int.yaml").write_text(
+        f"include: {TASKS / 'dvoting_arith.yaml'}\ntask: arith_int\ntag: []\n"
+        "process_results: !function int_filter.score\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+        "filter_list:\n  - name: int\n    filter:\n      - function: custom\n"
+        "        filter_fn: !function int_filter.to_int\n      - function: take_first\n"
+    )
+    results = _evaluate("strategy=single", ["arith_int"], folder, limit=6)
+    values = [r["filtered_resps"] for r in _samples(results, "arith_int", "int")]
+    flat = [v[0] if isinstance(v, list) else v for v in values]
+    assert any(isinstance(v, int) for v in flat) and any(isinstance(v, str) for v in flat)  # mixed
+    figures = results["results"]["arith_int"]
+    assert "exact_match,int" in figures and "nfe,int" not in figures and "n_samples,int" not in figures
+    assert any("cannot carry the cost" in r.getMessage() for r in caplog.records)
+    assert results["config"]["dvoting"]["tasks"]["arith_int"] == {
+        "questions": 6, "requests": 6, "nfe": 6 * 32, "samples": 6}
+
+
 # ------------------------------------------------------------------ --use_cache
 
 
