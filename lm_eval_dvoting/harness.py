@@ -171,6 +171,13 @@ class DVotingEvalModel(TemplateLM):
             self._device = self.accelerator.device
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes
+            if device is not None and torch.device(device).type != self._device.type:
+                # each rank runs where accelerate puts it; a device asked for elsewhere is not honoured
+                raise ValueError(
+                    f"device {device!r} was asked for, but under torchrun/accelerate each rank runs on the "
+                    f"device accelerate gives it ({self._device}): drop --device/device=, or for the CPU "
+                    "set ACCELERATE_USE_CPU=1"
+                )
         else:
             self._device = resolve_device(device)
             self._rank, self._world_size = 0, 1

@@ -380,3 +380,19 @@ def test_model_arg_device_works_with_compare(tmp_path):
     assert rows[0]["questions"] == 2
     with pytest.raises(SystemExit, match="device='cpu' in --model_args conflicts with --device cuda"):
         compare.main(["--model_args", "pretrained=tiny-arith,device=cpu", "--device", "cuda", *common])
+
+
+def test_a_device_that_data_parallel_would_not_honour_is_refused(monkeypatch):
+    """Under torchrun/accelerate each rank runs where accelerate puts it: a different device
+    asked for (e.g. --device cuda on CPU ranks, or cpu on GPU ranks) is refused, not ignored."""
+    import accelerate
+
+    class OneOfTwoCpuRanks:
+        device, process_index, num_processes = torch.device("cpu"), 0, 2
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(accelerate, "Accelerator", OneOfTwoCpuRanks)
+    with pytest.raises(ValueError, match=r"device 'cuda:1' was asked for, but under torchrun/accelerate .* \(cpu\)"):
+        LLaDAEvalModel(pretrained="tiny-arith", device="cuda:1")
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")  # the same device: fine
+    assert (lm.device.type, lm.world_size) == ("cpu", 2)
