@@ -144,6 +144,7 @@ def test_whole_number_latex_fraction_divided_again():
 @pytest.mark.parametrize("text, kind, expected", [
     # the last non-empty box counts: an empty last box falls back to the earlier one
     (r"\boxed{5} and then \boxed{}", "number", "5"),
+    (r"\boxed{5}, not 7 \boxed{}", "number", "5"),
     # a generation cut off right after the command (with or without spaces): no box,
     # no crash; the answer phrase decides
     ("The answer is 7. \\boxed", "number", "7"),
