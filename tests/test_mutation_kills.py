@@ -528,7 +528,9 @@ def test_derive_seed_is_the_documented_hash_and_takes_lone_surrogates():
         digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8", "surrogatepass")).digest()
         return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
-    for parts in [(0, 0), (1234, 7), ("doc", 3, "repeat", 1)]:
+    # (0, 1) and (1, 0) give odd seeds: the lowest bit is kept too
+    for parts in [(0, 0), (0, 1), (1, 0), (1234, 7), ("doc", 3, "repeat", 1)]:
         assert derive_seed(*parts) == reference(*parts)
     assert derive_seed(0, 0) != derive_seed(0, 1)
+    assert derive_seed(0, 1) % 2 == 1
     assert derive_seed("broken \ud800 text", 0) == reference("broken \ud800 text", 0)
