@@ -641,8 +641,8 @@ def sampling_seed(seed: int | str | None) -> tuple[int, str]:
 
     1. The model arg `seed`, when given: ``(seed, "model_args")``.
     2. Else the torch seed that lm-eval's `simple_evaluate` set from `--seed` (its third
-       value, `torch_random_seed`, default 1234) just before it built this model, read as
-       `torch.initial_seed()`: ``(seed, "lm-eval --seed")``. This is what `lm_eval --seed`,
+       value, `torch_random_seed`, default 1234) just before it built this model:
+       ``(seed, "lm-eval --seed")``. This is what `lm_eval --seed`,
        `python -m lm_eval`, `dvoting eval` and `simple_evaluate(model="dvoting-llada")` do.
     3. Else ``(1234, "default")``: a model built directly in Python, by `dvoting compare`, or
        by `simple_evaluate(torch_random_seed=None)` (`--seed 0,None,None,1234`). torch's
@@ -651,25 +651,29 @@ def sampling_seed(seed: int | str | None) -> tuple[int, str]:
     """
     if seed is not None:
         return _whole_number("seed", seed), "model_args"
-    if _lm_eval_seeded_torch():
-        return int(torch.initial_seed()), "lm-eval --seed"
+    harness_seed = _lm_eval_torch_seed()
+    if harness_seed is not None:
+        return harness_seed, "lm-eval --seed"
     return DEFAULT_SEED, "default"
 
 
-def _lm_eval_seeded_torch() -> bool:
-    """Whether this model is being built inside lm-eval's `simple_evaluate` after it seeded torch.
+def _lm_eval_torch_seed() -> int | None:
+    """The torch seed lm-eval's `simple_evaluate` set, when this model is built inside it.
 
     `simple_evaluate` seeds torch (`set_torch_seed(torch_random_seed)`) and then creates the
     model from its name, so while the model is built its frame is on the stack with the
-    seed it used as the local `torch_random_seed` (None: torch was left unseeded).
+    seed it used as the local `torch_random_seed` (None: torch was left unseeded). The
+    value is read there rather than from `torch.initial_seed()`, which anything run in
+    between (a task's own code) could have reseeded.
     """
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name == "simple_evaluate" and frame.f_globals.get("__name__") == "lm_eval.evaluator":
-            return frame.f_locals.get("torch_random_seed") is not None
+            seed = frame.f_locals.get("torch_random_seed")
+            return None if seed is None else int(seed)
         frame = frame.f_back
-    return False
+    return None
 
 
 # What lm-eval's CLI hands every model (`create_from_arg_*`'s additional config) when the
