@@ -37,7 +37,7 @@ Choices a user of the harness should know (also in the README):
   (`merge_run_args`); HFLM's model args are honoured or refused by name (README table).
 * Characters the tokenizer does not know become its unknown token. Lone surrogates
   (invalid unicode, from a prompt template or function) become U+FFFD in the request
-  itself before any model work (`sanitise_requests`, one warning per document), so
+  itself before any model work (`sanitise_requests`, one warning per call), so
   lm-eval's `--log_samples` hashing and logging, which run after all generation and
   would fail on them, see the text the model saw.
 * Model args are validated before the checkpoint is read: whole numbers by
@@ -62,7 +62,7 @@ from tqdm import tqdm
 from .answers import answers_equivalent, extract_answer, infer_answer_kind
 from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
-from .result_cache import bind as bind_result_cache, generation_key_args
+from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
 from .strategies import StrategySettings, derive_seed, drive
 from .task_costs import RunCosts, install as _install_task_costs
@@ -187,12 +187,9 @@ class DVotingEvalModel(TemplateLM):
             rows = AUTO_BATCH_ROWS["cuda" if self._device.type == "cuda" else "cpu"]
             return min(rows, _whole_number("max_batch_size", max_batch_size, 1)) if max_batch_size else rows
         try:
-            rows = _whole_number("batch_size", batch_size, 1)
+            return _whole_number("batch_size", batch_size, 1)
         except ValueError:
             raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}") from None
-        if rows < 1:
-            raise ValueError(f"batch_size must be >= 1, got {rows}")
-        return rows
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
@@ -220,6 +217,11 @@ class DVotingEvalModel(TemplateLM):
         self._run_costs = RunCosts()
         self._computed_before = Counter(self.totals)
         return self._run_costs
+
+    @property
+    def dtype_name(self) -> str:
+        """The loaded weights' dtype, e.g. "bfloat16" (what decides batch dependence)."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     @property
     def device(self) -> torch.device:
@@ -395,17 +397,12 @@ class DVotingEvalModel(TemplateLM):
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         sanitise_requests(requests)
-        occurrences: Counter[int] = Counter()
         first_of: dict[tuple[int, int], int] = {}  # (request, repeat index) -> its first position
         copy_of: dict[int, int] = {}  # position of a padding copy -> the position it repeats
         prompts, settings, extracts, seeds, untils = [], [], [], [], []
-        for position, req in enumerate(requests):
-            repeat = occurrences[id(req)]  # `repeats: N` sends the same instance N times
-            occurrences[id(req)] += 1
-            if getattr(req, "repeats", None):
-                # with several processes lm-eval pads a rank's list by repeating its last
-                # instance `repeats` times more: decode (and count) each repeat once
-                repeat %= req.repeats
+        # `repeats: N` sends the same instance N times; lm-eval's padding copies for data
+        # parallel repeat the first ones: decode (and count) each repeat once
+        for position, (req, repeat) in enumerate(zip(requests, repeat_indices(requests))):
             if (id(req), repeat) in first_of:
                 copy_of[position] = first_of[id(req), repeat]
                 continue
@@ -545,7 +542,7 @@ class DVotingEvalModel(TemplateLM):
                 "batch_rows": self.batch_rows,
                 # outputs in bfloat16/float16 can depend on the batch (README, Reproducibility):
                 # dtype, device and batch_rows are what a rerun must repeat
-                "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                "dtype": self.dtype_name,
                 "device": "cpu" if self._device.type == "cpu" else str(self._device),  # a CPU rank is "cpu:0"
                 "settings": _resolved(self.settings),
                 **self._cost_report(),

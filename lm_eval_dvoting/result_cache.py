@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import __version__
+from .models.loading import TOKENIZER_FILES, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,6 @@ KEY_PREFIX = "dvoting:"
 META_TABLE = "dvoting_meta"
 # dtypes whose outputs may depend on the rows sharing a forward pass (README, Reproducibility)
 BATCH_DEPENDENT_DTYPES = ("bfloat16", "float16")
-# the tokenizer's data files (what a hub load fetches for it, loading.py's _HUB_FILES)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                   "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "chat_template.json")
 _CHUNK = 1 << 24
 
 # digests computed in this process: (real path, stat signature) -> sha256
@@ -173,8 +171,6 @@ def checkpoint_identity(lm: Any, memo: dict[str, Any] | None = None) -> str:
     source = getattr(lm.model, "source", None)
     if source is None:
         return "parameters:" + _parameters_digest(lm.model)
-    from .models.loading import weight_files
-
     folder = Path(source)
     files = [folder / "config.json", *weight_files(folder)]
     files += [folder / "generation_config.json"] if (folder / "generation_config.json").exists() else []
@@ -236,7 +232,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
         "steps": settings.resolved_steps,
     }
     resolved["max_gen_toks"] = resolved.pop("gen_length")
-    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+    dtype = lm.dtype_name
     identity = {
         "plugin_version": __version__,
         "plugin_code": plugin_code_digest(),
@@ -258,8 +254,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
 def batch_dependent(lm: Any) -> bool:
     """Whether outputs may move with the rows sharing a forward pass: bfloat16/float16, or any
     dtype on an accelerator, whose kernels are chosen by shape (README, Reproducibility)."""
-    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
-    return dtype in BATCH_DEPENDENT_DTYPES or lm.device.type != "cpu"
+    return lm.dtype_name in BATCH_DEPENDENT_DTYPES or lm.device.type != "cpu"
 
 
 def fingerprint_id(identity: dict[str, Any]) -> str:
@@ -413,7 +408,7 @@ def bind(lm: Any, hook: Any) -> Any:
         log.warning("--use_cache in %s on %s: a resumed run may differ from an uninterrupted one at "
                     "near-tie decisions, as a change of --batch_size may (the requests sharing a forward "
                     "pass differ); each stored result is exact for its configuration (README, Reproducibility)",
-                    str(next(lm.model.parameters()).dtype).removeprefix("torch."), lm.device.type)
+                    lm.dtype_name, lm.device.type)
     for attr in REQUEST_TYPES:
         setattr(wrapper, attr, _server(cache, attr))
     return cache

@@ -219,19 +219,16 @@ def _plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | No
     temperature = settings.resolved_temperature
     fresh = torch.full((length,), mask_id, dtype=torch.long)
     if settings.strategy == "single":
-        yield [SampleSpec(fresh, block, _fixed_steps(settings.resolved_steps, length, block), None, temperature)]
+        yield [SampleSpec(fresh, block, settings.steps_run, None, temperature)]
         return
     if settings.strategy == "majority":
-        steps = _fixed_steps(settings.resolved_steps, length, block)
-        yield [SampleSpec(fresh, block, steps, None, temperature) for _ in range(settings.n)]
+        yield [SampleSpec(fresh, block, settings.steps_run, None, temperature) for _ in range(settings.n)]
         return
     if settings.strategy == "hex":
         seeds = settings.hex_samples // len(HEX_BLOCK_DIVISORS)
         specs = []
-        for divisor in HEX_BLOCK_DIVISORS:
-            hex_block = length // divisor
-            steps = _fixed_steps(settings.resolved_steps, length, hex_block)
-            specs += [SampleSpec(fresh, hex_block, steps, None, temperature) for _ in range(seeds)]
+        for divisor, steps in zip(HEX_BLOCK_DIVISORS, settings.steps_run):
+            specs += [SampleSpec(fresh, length // divisor, steps, None, temperature) for _ in range(seeds)]
         yield specs
         return
     # dVoting

@@ -39,11 +39,8 @@ PACKAGED_CHECKPOINTS = {"tiny-arith": _DEMO / "tiny-arith", "tiny-arith-dream": 
 
 # What a hub load fetches: data files only, named exactly (a wildcard such as `tokenizer*`
 # would also admit a repo's `tokenization_*.py`/`tokenizer_*.py` code, which we never run).
-_HUB_FILES = [
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "model.safetensors.index.json",
+# The tokenizer's data files (also what the result cache hashes as the tokenizer's identity).
+TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "tokenizer.model",  # sentencepiece
@@ -53,6 +50,13 @@ _HUB_FILES = [
     "vocab.txt",
     "merges.txt",
     "chat_template.json",
+)
+_HUB_FILES = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    *TOKENIZER_FILES,
     "*.jinja",
 ]
 
