@@ -95,6 +95,7 @@ class DVotingEvalModel(TemplateLM):
         remasking: str = "low_confidence",
         hex_samples: int = 25,
         prefix_cache: bool | str = False,
+        decoder: str | None = None,
         seed: int | None = None,
         dtype: str | None = None,
         max_gen_toks: int = 256,
@@ -122,7 +123,7 @@ class DVotingEvalModel(TemplateLM):
             temperature=None if temperature is None else _real_number("temperature", temperature),
             tau=_real_number("tau", tau), steps=None if steps is None else _whole_number("steps", steps),
             remasking=remasking, hex_samples=_whole_number("hex_samples", hex_samples, allowed="25 or 5"),
-            prefix_cache=_flag("prefix_cache", prefix_cache),
+            prefix_cache=_flag("prefix_cache", prefix_cache), decoder=decoder,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
@@ -203,9 +204,16 @@ class DVotingEvalModel(TemplateLM):
 
         return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
-    def use_strategy(self, strategy: str) -> None:
-        """Switch strategy on the loaded model (e.g. to compare them) and reset the totals."""
-        self.settings = replace(self.settings, strategy=strategy)
+    def use_strategy(self, strategy: str, seed: int | None = None, **overrides: Any) -> None:
+        """Switch strategy on the loaded model (e.g. to compare them) and reset the totals.
+
+        `overrides` replace other settings too (e.g. `decoder="entropy"`, `temperature=0.6`;
+        checked as at construction); `seed`, when given, becomes the sampling seed of the
+        evaluations that follow (`dvoting compare --seeds K`)."""
+        self.settings = replace(self.settings, strategy=strategy, **overrides)
+        if seed is not None:
+            self.seed = _whole_number("seed", seed)
+            self.seed_source = "use_strategy"
         self.totals, self._unshared = Counter(), Counter()
         self._ignored_sampling = set()
         self._settings_used = []
@@ -575,6 +583,7 @@ def _resolved(settings: StrategySettings) -> dict[str, Any]:
         "temperature": settings.resolved_temperature,
         "steps": settings.resolved_steps,
         "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
+        "decoder": settings.resolved_decoder,
     }
 
 

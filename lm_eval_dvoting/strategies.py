@@ -2,6 +2,8 @@
 
 * `single`   one sample, fixed schedule, `steps = L`, temperature 0.
 * `majority` `n` fresh samples, fixed schedule, `steps = L/2`, temperature 0.9, vote.
+  (`decoder="entropy"` gives either of these dVoting's entropy-threshold decoder
+  instead of the fixed schedule: the ablation rows of `dvoting compare`.)
 * `hex`      block sizes L/32..L/2 x `hex_samples/5` seeds, `steps = L/2`, vote
              (`hex_samples=25`: temperature 0.9; `hex_samples=5`: the original HEX at 0).
 * `dvoting`  ALGORITHM.md section 2: samples 1..floor(n/2)+1 fresh, later ones keep the
@@ -33,6 +35,11 @@ from .answers import tally
 from .decoding import REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch
 
 STRATEGIES = ("single", "majority", "hex", "dvoting")
+# How a sample is decoded: LLaDA's fixed schedule (`steps` forward passes, a fixed number
+# of tokens committed per step) or dVoting's entropy threshold (every masked position of
+# the block whose entropy is below `alpha` per step, at least one). `decoder=entropy` on
+# `single`/`majority` is the ablation that tells dVoting's decoder from its voting.
+DECODERS = ("fixed", "entropy")
 HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
 
 Answer = Hashable
@@ -106,6 +113,7 @@ class StrategySettings:
     remasking: str = "low_confidence"
     hex_samples: int = 25
     prefix_cache: bool = False  # Fast-dLLM's prefix key/value cache: faster, slightly different samples
+    decoder: str | None = None  # "fixed" | "entropy"; default: entropy for dvoting, fixed for the others
 
     def __post_init__(self) -> None:
         # Every check runs before any model work; each message names the setting, its
@@ -143,8 +151,28 @@ class StrategySettings:
             raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {self.remasking!r}")
         if isinstance(self.hex_samples, bool) or self.hex_samples not in (5, 25) or not isinstance(self.hex_samples, int):
             raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples!r}")
+        self._check_decoder()
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
             raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
+
+    def _check_decoder(self) -> None:
+        if self.decoder is not None and self.decoder not in DECODERS:
+            raise ValueError(f"decoder must be one of {DECODERS} (or left out for the strategy's own), "
+                             f"got {self.decoder!r}")
+        if self.strategy == "hex" and self.decoder == "entropy":
+            raise ValueError("decoder=entropy does not apply to strategy=hex: HEX is defined by its fixed "
+                             "schedules over block sizes L/32..L/2; leave decoder out for hex")
+        if self.strategy == "dvoting" and self.decoder == "fixed":
+            raise ValueError("decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
+                             "entropy threshold (alpha); leave decoder out for dvoting, or compare with "
+                             "strategy=majority,decoder=entropy")
+
+    @property
+    def resolved_decoder(self) -> str:
+        """"entropy" (dVoting's threshold rule) or "fixed" (LLaDA's schedule of `steps`)."""
+        if self.decoder is not None:
+            return self.decoder
+        return "entropy" if self.strategy == "dvoting" else "fixed"
 
     @property
     def resolved_block_length(self) -> int:
@@ -170,8 +198,9 @@ class StrategySettings:
     def steps_run(self) -> int | list[int] | None:
         """The denoising steps a fixed-schedule sample really takes (`steps` rounded up to a
         multiple of the block count); for hex one value per block size (L/32 .. L/2); None
-        for dVoting, whose entropy rule follows no schedule."""
-        if self.strategy == "dvoting":
+        for the entropy decoder (dVoting's, or `decoder=entropy`), which follows no
+        schedule and ignores `steps`."""
+        if self.resolved_decoder == "entropy":
             return None
         if self.strategy == "hex":
             return [_fixed_steps(self.resolved_steps, self.gen_length, self.gen_length // d)
@@ -218,11 +247,13 @@ def _plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | No
     length, block = settings.gen_length, settings.resolved_block_length
     temperature = settings.resolved_temperature
     fresh = torch.full((length,), mask_id, dtype=torch.long)
+    # fixed schedule: `steps_run` passes, no threshold; entropy decoder: no schedule, `alpha`
+    alpha = settings.alpha if settings.resolved_decoder == "entropy" else None
     if settings.strategy == "single":
-        yield [SampleSpec(fresh, block, settings.steps_run, None, temperature)]
+        yield [SampleSpec(fresh, block, settings.steps_run, alpha, temperature)]
         return
     if settings.strategy == "majority":
-        yield [SampleSpec(fresh, block, settings.steps_run, None, temperature) for _ in range(settings.n)]
+        yield [SampleSpec(fresh, block, settings.steps_run, alpha, temperature) for _ in range(settings.n)]
         return
     if settings.strategy == "hex":
         seeds = settings.hex_samples // len(HEX_BLOCK_DIVISORS)
@@ -293,6 +324,7 @@ def run_strategy(
     remasking: str = "low_confidence",
     hex_samples: int = 25,
     prefix_cache: bool = False,
+    decoder: str | None = None,
     same_answer: SameAnswer | None = None,
     row_seeds: Sequence[int] | None = None,
     max_rows: int = 16,
@@ -306,12 +338,13 @@ def run_strategy(
     samples are seeded from `row_seeds[i]` (default: derived from `seed` and the row
     index). `max_rows` caps the rows decoded per forward pass; `on_done(i, result)`
     is called as each question finishes. `prefix_cache` turns on Fast-dLLM's prefix
-    key/value cache (faster, slightly different samples; off by default).
+    key/value cache (faster, slightly different samples; off by default). `decoder`
+    ("fixed" | "entropy") overrides the strategy's decoder (`StrategySettings.decoder`).
     """
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
-        prefix_cache=prefix_cache,
+        prefix_cache=prefix_cache, decoder=decoder,
     )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]

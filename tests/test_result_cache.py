@@ -163,6 +163,7 @@ def test_a_new_configuration_is_reported_with_the_settings_that_differ(tmp_path,
 OTHER_SETTINGS = {
     "strategy": "majority", "gen_length": 64, "block_length": 4, "n": 7, "alpha": 0.5, "temperature": 0.9,
     "tau": 0.5, "steps": 8, "remasking": "random", "hex_samples": 5, "prefix_cache": True,
+    "decoder": "entropy",  # tried on strategy=single (dvoting's own decoder is the entropy one)
 }
 
 
@@ -173,6 +174,14 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
     changed = {}
     for name, value in OTHER_SETTINGS.items():
         original = lm.settings
+        if name == "decoder":
+            lm.settings = dataclasses.replace(original, strategy="single")
+            single = result_cache.fingerprint_id(result_cache.fingerprint(lm))
+            lm.settings = dataclasses.replace(original, strategy="single", decoder=value)
+            changed[name] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
+            assert changed[name] != single
+            lm.settings = original
+            continue
         lm.settings = dataclasses.replace(original, **{name: value})
         changed[name] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
         lm.settings = original
