@@ -75,13 +75,44 @@ def test_shipped_test_set_is_seeded_and_held_out():
     assert len(rows) >= 500
     test, valid = arith.held_out_sets()
     assert [json.loads(p.to_json()) for p in test] == rows  # regenerable from TEST_SEED
-    questions = {r["question"] for r in rows}
-    assert len(questions) == len(rows)
-    assert not questions & {p.question for p in valid}
-    args = train.parse_args(["--out", "unused"])
-    held_out = questions | {p.question for p in valid}
+    forms = {arith.canonical_form(r["question"]) for r in rows}
+    assert len(forms) == len(rows)  # no two test problems are reorderings of one another
+    assert not forms & {arith.canonical_form(p.question) for p in valid}
+    args = train.parse_args(["--out", "unused", "--solution-order", "commuted"])
+    held_out, _ = train.held_out_problems(args)
+    assert forms <= held_out
     sample = [p for step in range(0, 2000, 40) for p in train.training_problems(step, args, held_out)]
-    assert len(sample) >= 3000 and not questions & {p.question for p in sample}
+    assert len(sample) >= 3000 and not forms & {arith.canonical_form(p.question) for p in sample}
+    # the trained texts too: no trained solution is a worked solution of a test problem
+    test_solutions = {commuted for r in rows for order in arith.solution_orders(arith.Problem(**r))
+                      for commuted in _all_commutations(order)}
+    assert not test_solutions & {p.solution for p in sample}
+
+
+def _all_commutations(solution: str) -> set[str]:
+    """`solution` with every subset of its additions turned round."""
+    texts = {solution}
+    for match in re.finditer(r"\b(\d+)\+(\d+)=", solution):
+        a, b = match.groups()
+        texts |= {t[: match.start()] + f"{b}+{a}=" + t[match.end():] for t in texts}
+    return texts
+
+
+def test_canonical_form_makes_reorderings_one_problem():
+    same = ["4+3-2=?", "4-2+3=?", "3+4-2=?", "3-2+4=?"]
+    assert {arith.canonical_form(q) for q in same} == {("+3", "+4", "-2")}
+    assert arith.canonical_form("4+3-2=?") != arith.canonical_form("4-3+2=?")  # other signs
+    assert arith.canonical_form("4+3=?") != arith.canonical_form("4+3+0=?")
+    assert arith.canonical_form("(2+1)*3=?") != arith.canonical_form("(1+2)*3=?")  # no reordering with *
+    # a test problem's form is never drawn for training, whatever order or steps it comes in
+    args = train.parse_args(["--out", "unused", "--solution-order", "commuted", "--batch-size", "256"])
+    held_out, _ = train.held_out_problems(args)
+    twins = [p for step in range(40) for p in
+             [arith.make_problem(random.Random(step * 7919 + i)) for i in range(200)]
+             if arith.canonical_form(p.question) in held_out]
+    assert len(twins) > 100  # the generator does produce held-out forms; the filter must drop them
+    trained = {arith.canonical_form(p.question) for step in range(40) for p in train.training_problems(step, args, held_out)}
+    assert not trained & held_out
 
 
 def test_task_loader_reads_the_shipped_set():
@@ -229,10 +260,11 @@ def test_a_larger_validation_set_extends_the_same_stream():
     test, valid = arith.held_out_sets()
     test_big, valid_big = arith.held_out_sets(valid_size=arith.VALID_SIZE + 100)
     assert test_big == test and valid_big[: len(valid)] == valid and len(valid_big) == len(valid) + 100
-    assert not {p.question for p in valid_big} & {p.question for p in test}
+    valid_forms = {arith.canonical_form(p.question) for p in valid_big}
+    assert not valid_forms & {arith.canonical_form(p.question) for p in test}
     args = train.parse_args(["--valid-size", str(arith.VALID_SIZE + 100)])
     held_out, _ = train.held_out_problems(args)
-    assert {p.question for p in valid_big} <= held_out  # training never sees the extension either
+    assert valid_forms <= held_out  # training never sees the extension either
 
 
 def test_training_logs_voting_strategies_along_the_curve(tmp_path, monkeypatch):

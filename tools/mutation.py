@@ -57,7 +57,7 @@ MODULES: dict[str, list[str]] = {
     "decoding": ["tests/test_decoding.py", KILLS],
     "likelihood": ["tests/test_likelihood.py", KILLS],
     "harness": ["tests/test_harness.py", "tests/test_harness_conventions.py", "tests/test_properties.py",
-                KILLS],
+                "tests/test_input_faults.py", "tests/test_run_controls.py", KILLS],
 }
 
 

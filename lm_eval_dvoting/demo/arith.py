@@ -15,7 +15,10 @@ most two with the test set's ``max_value=99``).
 
 Problems are drawn from `random.Random(seed)`, so a seed fixes the whole stream.
 The shipped test set (``arith_test.jsonl``) uses `TEST_SEED`; training draws from
-other seeds and skips every question of the test and validation sets.
+other seeds and skips every problem *equivalent* to one of the test or validation sets:
+problems are compared by `canonical_form` (the multiset of signed terms, the first
+number counted as ``+first``), not by their text, so no reordering of a held-out
+problem is ever trained on.
 
 Other valid worked solutions of a problem, several reasoning paths to one answer, come
 from `solution_orders` (the terms in another order) and `commute_additions` (``4+3``
@@ -34,8 +37,11 @@ from pathlib import Path
 from typing import Iterator
 
 INSTRUCTION = "Please answer the question step by step and put the answer in \\boxed{}."
-TEST_SEED = 20260310
-VALID_SEED = 20260311
+# Fresh seeds for the canonically held-out sets (2026-11-24); the sets of seeds
+# 20260310/20260311 compared questions by text, and 375 of those 500 test problems had a
+# reordered twin in training.
+TEST_SEED = 20261124
+VALID_SEED = 20261125
 TEST_SIZE = 500
 VALID_SIZE = 200
 TEST_FILE = Path(__file__).resolve().parent / "arith_test.jsonl"
@@ -151,6 +157,24 @@ def commute_additions(solution: str, rng: random.Random) -> str:
     return re.sub(r"\b(\d+)\+(\d+)=(\d+)\.", flip, solution)
 
 
+def canonical_form(question: str) -> tuple[str, ...]:
+    """What makes two problems the same problem: the sorted multiset of signed terms.
+
+    ``4+3-2=?``, ``4-2+3=?``, ``3+4-2=?`` and ``3-2+4=?`` all give ``('+3', '+4', '-2')``.
+    The first number counts as a positive term, which is stronger than keeping it apart,
+    because training writes additions either way round (`commute_additions`): the
+    solution ``3+4=7. 7-2=5.`` is trained for ``4+3-2=?`` and is word for word a solution
+    of ``3+4-2=?``. Problems with one form have one answer and the same worked solutions
+    up to order, so a held-out form must never be trained on. A chain with a
+    multiplication has no reorderings (`solution_orders`): its form is its question.
+    """
+    body = question.removesuffix("=?")
+    if "*" in body or "(" in body:
+        return (body,)
+    first, *terms = re.findall(r"[+-]?\d+", body)
+    return tuple(sorted([f"+{int(first)}", *terms]))
+
+
 def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Iterator[Problem]:
     """An endless, reproducible stream of problems."""
     rng = random.Random(seed)
@@ -159,16 +183,18 @@ def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Itera
 
 
 def make_problems(seed: int, count: int, difficulty: Difficulty = TEST_DIFFICULTY,
-                  exclude: set[str] | frozenset[str] = frozenset()) -> list[Problem]:
-    """`count` problems with distinct questions from `seed`, none of them in `exclude`."""
+                  exclude: set[tuple[str, ...]] | frozenset[tuple[str, ...]] = frozenset()) -> list[Problem]:
+    """`count` canonically distinct problems from `seed`, none of whose `canonical_form`
+    is in `exclude` (so no two of them are reorderings of one problem)."""
     seen, problems, misses = set(exclude), [], 0
     for problem in problem_stream(seed, difficulty):
-        if problem.question in seen:
+        form = canonical_form(problem.question)
+        if form in seen:
             misses += 1
             if misses > 100_000:
-                raise ValueError(f"{difficulty} has fewer than {count} distinct new questions")
+                raise ValueError(f"{difficulty} has fewer than {count} canonically distinct new problems")
             continue
-        seen.add(problem.question)
+        seen.add(form)
         problems.append(problem)
         misses = 0
         if len(problems) == count:
@@ -183,13 +209,14 @@ def format_prompt(question: str) -> str:
 
 def held_out_sets(difficulty: Difficulty = TEST_DIFFICULTY,
                   valid_size: int = VALID_SIZE) -> tuple[list[Problem], list[Problem]]:
-    """The test set (TEST_SEED) and a validation set (VALID_SEED) disjoint from it.
+    """The test set (TEST_SEED) and a validation set (VALID_SEED) canonically disjoint from it.
 
     A larger `valid_size` extends the same validation stream: its first 200 problems
     are always the same, so logs made with 200 and with 1,000 compare.
     """
     test = make_problems(TEST_SEED, TEST_SIZE, difficulty)
-    valid = make_problems(VALID_SEED, valid_size, difficulty, exclude={p.question for p in test})
+    valid = make_problems(VALID_SEED, valid_size, difficulty,
+                          exclude={canonical_form(p.question) for p in test})
     return test, valid
 
 

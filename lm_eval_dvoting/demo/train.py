@@ -161,20 +161,21 @@ def train_difficulty(args: argparse.Namespace) -> arith.Difficulty:
                             args.max_value, tuple(args.operations), args.min_start)
 
 
-def held_out_problems(args: argparse.Namespace) -> tuple[set[str], list[arith.Problem]]:
-    """Questions training never sees, and the validation problems logged during training.
+def held_out_problems(args: argparse.Namespace) -> tuple[set[tuple[str, ...]], list[arith.Problem]]:
+    """The canonical forms training never sees, and the validation problems logged during training.
 
-    Held out: the test and validation sets, and the sets the same seeds give at the
-    training's own number range (2-4 steps), so that an easier curriculum stage has
-    held-out problems of its own; those are its validation problems.
+    Held out (by `arith.canonical_form`, so every reordering too): the test and validation
+    sets, and the sets the same seeds give at the training's own number range (2-4 steps),
+    so that an easier curriculum stage has held-out problems of its own; those are its
+    validation problems.
     """
     test, valid = arith.held_out_sets(valid_size=args.valid_size)
     own = dataclasses.replace(arith.TEST_DIFFICULTY, max_operand=args.max_operand, max_value=args.max_value,
                               operations=tuple(args.operations), min_start=args.min_start)
     own_test, own_valid = (arith.held_out_sets(own, args.valid_size) if own != arith.TEST_DIFFICULTY
                            else (test, valid))
-    questions = {p.question for p in test + valid + own_test + own_valid}
-    return questions, own_valid[: args.eval_size]
+    forms = {arith.canonical_form(p.question) for p in test + valid + own_test + own_valid}
+    return forms, own_valid[: args.eval_size]
 
 
 def encode_batch(tokenizer, problems: list[arith.Problem], gen_length: int) -> dict[str, torch.Tensor]:
@@ -195,14 +196,15 @@ def encode_batch(tokenizer, problems: list[arith.Problem], gen_length: int) -> d
             "prompt_width": width, "answer_len": torch.tensor(first_eos)}
 
 
-def training_problems(step: int, args, held_out: set[str]) -> list[arith.Problem]:
-    """The problems of batch `step`: a function of (seed, step) only, never held-out ones."""
+def training_problems(step: int, args, held_out: set[tuple[str, ...]]) -> list[arith.Problem]:
+    """The problems of batch `step`: a function of (seed, step) only, never one whose
+    canonical form is held out."""
     rng = random.Random(args.seed * 1_000_003 + step)
     difficulty = train_difficulty(args)
     problems: list[arith.Problem] = []
     while len(problems) < args.batch_size:
         problem = arith.make_problem(rng, difficulty)
-        if problem.question not in held_out:
+        if arith.canonical_form(problem.question) not in held_out:
             if args.solution_order != "question":  # one of the problem's valid orders, uniformly
                 solution = rng.choice(arith.solution_orders(problem, difficulty.max_value))
                 if args.solution_order == "commuted":
@@ -212,7 +214,7 @@ def training_problems(step: int, args, held_out: set[str]) -> list[arith.Problem
     return problems
 
 
-def training_batch(step: int, args, tokenizer, held_out: set[str]) -> dict[str, torch.Tensor]:
+def training_batch(step: int, args, tokenizer, held_out: set[tuple[str, ...]]) -> dict[str, torch.Tensor]:
     return encode_batch(tokenizer, training_problems(step, args, held_out), args.gen_length)
 
 
