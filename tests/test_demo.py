@@ -320,6 +320,18 @@ def test_sweep_scores_checkpoints_on_validation_problems(capsys):
     assert line["points_over_single"]["dvoting"] == round(100 * (line["dvoting"]["acc"] - line["single"]["acc"]), 1)
 
 
+def test_sweep_scores_the_ablation_rows(capsys):
+    """`single-entropy` is dVoting's decoder on one greedy sample: fewer passes than the
+    fixed schedule's 32; `majority-entropy` draws its 5 fresh samples with it."""
+    from lm_eval_dvoting.demo import sweep
+
+    torch.set_num_threads(1)
+    sweep.main(["tiny-arith", "--strategies", "single", "single-entropy", "majority-entropy", "--limit", "6"])
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["single"]["nfe"] == 32.0 and line["single-entropy"]["nfe"] < 32.0
+    assert 5 * line["single-entropy"]["nfe"] / 2 < line["majority-entropy"]["nfe"] < 5 * 32
+
+
 def test_shipped_model_shows_what_the_readme_says(tmp_path):
     """The README's first command, without HEX and majority (the slow ones): on the first
     100 test problems the shipped model is in the demo's band and dVoting beats a single
