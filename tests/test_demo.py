@@ -343,7 +343,7 @@ def test_shipped_model_shows_what_the_readme_says(tmp_path):
     assert compare.main(["--model_args", "pretrained=tiny-arith", "--tasks", "dvoting_arith",
                          "--strategies", "single,dvoting", "--limit", "100", "--out", str(out),
                          "--device", "cpu"]) == 0
-    rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())}
+    rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
     single, dvoting = rows["single"], rows["dvoting"]
     assert 30 <= single["accuracy"] <= 85
     assert dvoting["accuracy"] >= single["accuracy"] + 5
@@ -400,5 +400,5 @@ def test_packaged_dream_model_answers_through_dvoting_dream(tmp_path):
     assert compare.main(["--model", "dvoting-dream", "--model_args", "pretrained=tiny-arith-dream",
                          "--tasks", "dvoting_arith", "--strategies", "single", "--limit", "50",
                          "--out", str(out), "--device", "cpu"]) == 0
-    [row] = json.loads((out / "compare.json").read_text())
+    [row] = json.loads((out / "compare.json").read_text())["rows"]
     assert 30 <= row["accuracy"] <= 85 and row["mean_nfe"] == 32

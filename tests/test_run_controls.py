@@ -376,7 +376,7 @@ def test_model_arg_device_works_with_compare(tmp_path):
 
     common = ["--tasks", "dvoting_arith", "--strategies", "single", "--limit", "2", "--out", str(tmp_path)]
     assert compare.main(["--model_args", "pretrained=tiny-arith,device=cpu,batch_size=4", *common]) == 0
-    rows = json.loads((tmp_path / "compare.json").read_text())
+    rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert rows[0]["questions"] == 2
     with pytest.raises(SystemExit, match="device='cpu' in --model_args conflicts with --device cuda"):
         compare.main(["--model_args", "pretrained=tiny-arith,device=cpu", "--device", "cuda", *common])
