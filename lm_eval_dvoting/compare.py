@@ -378,6 +378,12 @@ def runs_cell(row: Mapping[str, Any]) -> str:
     return f"{count} seed{'s' if count > 1 else ''}"
 
 
+def _short_accuracy(row: Mapping[str, Any]) -> str:
+    """The accuracy to one decimal, with its std over seeds when there is one (plot legend)."""
+    std = row.get("accuracy_std")
+    return f"{row['accuracy']:.1f}" + ("" if std is None else f" ± {std:.1f}")
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The comparison as Markdown; BPC against the `single` row (on the means) when there is one."""
     from .metrics import benefit_per_cost
@@ -413,7 +419,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         # the error bar: +-1 std of the accuracy over seeds, when the row ran with several
         ax.errorbar(row["mean_nfe"], row["accuracy"], yerr=row.get("accuracy_std"), capsize=3,
                     fmt=markers[i % len(markers)], markersize=7,
-                    label=f"{row['strategy']} ({accuracy_cell(row)}%, {row['mean_nfe']:.0f} NFE)")
+                    label=f"{row['strategy']} ({_short_accuracy(row)}%, {row['mean_nfe']:.0f} NFE)")
     ax.set_xscale("log")  # costs span two orders of magnitude (dVoting ... HEX)
     # plain numbers at 1-2-5 steps: the default 3x10^1-style minor labels run into each other
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))

@@ -17,13 +17,13 @@ def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
     or temperature), and the paired interval comes from the per-document scores."""
     out = tmp_path / "cmp"
     code = compare.main([
-        "--model_args", f"pretrained={tiny_llada_dir}", "--tasks", "dvoting_arith",
+        "--model_args", f"pretrained={tiny_llada_dir},seed=7", "--tasks", "dvoting_arith",
         "--strategies", "single,majority-entropy,majority,dvoting,single-entropy", "--seeds", "2",
         "--limit", "2", "--gen_kwargs", "max_gen_toks=32", "--out", str(out), "--device", "cpu",
     ])
     assert code == 0
     result = json.loads((out / "compare.json").read_text())
-    assert result["seeds"] == [1234, 1235]  # lm-eval's default seed, then the next one
+    assert result["seeds"] == [7, 8]  # the model's seed, then the next one
     rows = result["rows"]
     assert [r["strategy"] for r in rows] == ["single", "majority-entropy", "majority", "dvoting", "single-entropy"]
     by_name = {r["strategy"]: r for r in rows}
@@ -31,7 +31,7 @@ def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
     assert by_name["majority"]["mean_nfe"] == 5 * 16
     # the settings the requests ran with: the task's length, the strategy's steps, each seed
     assert [(s["gen_length"], s["steps"], s["seed"]) for s in by_name["majority"]["settings"]] == [
-        (32, 16, 1234), (32, 16, 1235)]
+        (32, 16, 7), (32, 16, 8)]
     used = {name: {(s["strategy"], s["decoder"], s["temperature"], s["n"]) for s in row["settings"]}
             for name, row in by_name.items()}
     assert used["majority"] == {("majority", "fixed", 0.9, 5)}
@@ -40,11 +40,11 @@ def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
     assert used["dvoting"] == {("dvoting", "entropy", 0.6, 5)}
     assert used["majority-entropy"] == {("majority", "entropy", by_name["dvoting"]["temperature"], 5)}
     # greedy rows run once, sampled rows once per seed
-    assert by_name["single"]["seeds"] == by_name["single-entropy"]["seeds"] == [1234]
+    assert by_name["single"]["seeds"] == by_name["single-entropy"]["seeds"] == [7]
     assert by_name["single"]["accuracy_std"] is None
     for name in ("majority-entropy", "majority", "dvoting"):
         row = by_name[name]
-        assert row["seeds"] == [1234, 1235] and len(row["accuracies"]) == len(row["nfes"]) == 2
+        assert row["seeds"] == [7, 8] and len(row["accuracies"]) == len(row["nfes"]) == 2
         assert row["accuracy"] == pytest.approx(statistics.fmean(row["accuracies"]))
         assert row["accuracy_std"] == pytest.approx(statistics.stdev(row["accuracies"]))
         assert row["mean_nfe"] == pytest.approx(statistics.fmean(row["nfes"]))
