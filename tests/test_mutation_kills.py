@@ -534,3 +534,101 @@ def test_derive_seed_is_the_documented_hash_and_takes_lone_surrogates():
     assert derive_seed(0, 0) != derive_seed(0, 1)
     assert derive_seed(0, 1) % 2 == 1
     assert derive_seed("broken \ud800 text", 0) == reference("broken \ud800 text", 0)
+
+
+# ------------------------------------------------------------------ strategies / harness
+
+
+def test_run_strategy_refuses_token_ids_beyond_the_models_embedding_before_decoding():
+    """A prompt id the model has no embedding for (a tokenizer of another model) is refused
+    by name before any forward pass, not met as an index error mid-run."""
+    from lm_eval_dvoting.models.loading import load_model
+
+    model = load_model("tiny-arith", device="cpu")
+    rows = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
+    with pytest.raises(ValueError, match=rf"input_ids must be token ids < {rows} \(the model's embedding size\)"):
+        run_strategy(model, torch.tensor([[1, rows, 2]]), strategy="single", extract=lambda t: None,
+                     gen_length=16, block_length=4)
+
+
+@pytest.mark.parametrize("argv, typed", [
+    (["lm_eval", "--device", "cpu"], True),
+    (["lm_eval", "--device=cpu"], True),
+    (["lm_eval", "-b8"], True),  # a short flag glued to its value
+    (["lm_eval", "-b", "8"], True),
+    (["lm_eval", "--device_map", "auto"], False),  # another flag that starts the same way
+    (["--device", "lm_eval"], False),  # the program's own name is not an argument
+    (["lm_eval", "--batch"], False),
+    (["lm_eval"], False),
+])
+def test_flags_typed_on_the_command_line(argv, typed, monkeypatch):
+    """`merge_run_args` tells lm-eval's defaults from values the user typed by this test."""
+    import sys
+
+    from lm_eval_dvoting.harness import _on_command_line
+
+    monkeypatch.setattr(sys, "argv", argv)
+    assert _on_command_line(("--device", "-b")) is typed
+
+
+class _FakeAccelerator:
+    """Two ranks in one process: what `gather_object`/`all_gather`/`barrier` call."""
+
+    def __init__(self) -> None:
+        self.waited = 0
+
+    def gather(self, tensor):
+        return torch.cat([tensor, tensor + 100])
+
+    def wait_for_everyone(self) -> None:
+        self.waited += 1
+
+
+def test_gather_object_merges_the_other_ranks_totals_on_rank_0(monkeypatch):
+    """Rank 0 receives every rank's object in rank order and adds the *other* ranks' cost
+    totals to its own (its own are already counted); the unsent totals are then cleared."""
+    from collections import Counter
+
+    import torch.distributed as dist
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    lm.accelerator, lm._rank, lm._world_size = _FakeAccelerator(), 0, 2
+    lm.totals, lm._unshared = Counter(nfe=10, requests=2), Counter(nfe=10, requests=2)
+
+    def gather(obj, gathered, dst=0):
+        assert dst == 0 and gathered == [None, None]
+        gathered[0] = obj
+        gathered[1] = ("theirs", {"nfe": 7, "requests": 1}, None)
+
+    monkeypatch.setattr(dist, "gather_object", gather)
+    assert lm.gather_object("mine") == ["mine", "theirs"]
+    assert lm.totals == Counter(nfe=17, requests=3) and lm._unshared == Counter()
+    assert lm.all_gather(torch.tensor([1])).tolist() == [1, 101]
+    lm.barrier()
+    assert lm.accelerator.waited == 1
+    # another rank sends and receives nothing back
+    lm._rank = 1
+    monkeypatch.setattr(dist, "gather_object", lambda obj, gathered, dst=0: None)
+    assert lm.gather_object("mine") is None
+    lm.accelerator = None
+    assert lm.gather_object("alone") == ["alone"] and lm.all_gather(torch.tensor([3])).tolist() == [3]
+
+
+def test_chat_template_continues_a_final_message_only_without_a_generation_prompt():
+    """lm-eval's `--apply_chat_template` with `--fewshot_as_multiturn` and a final assistant
+    turn (`add_generation_prompt=False`) must continue that message, not close it."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    calls = []
+    monkey = lambda history, **kwargs: calls.append(kwargs) or "rendered"  # noqa: E731
+    lm.tokenizer.apply_chat_template = monkey
+    chat = [{"role": "user", "content": "1+2=?"}]
+    assert lm.apply_chat_template(chat) == "rendered"
+    assert lm.apply_chat_template(chat, add_generation_prompt=False) == "rendered"
+    assert calls == [
+        {"tokenize": False, "add_generation_prompt": True, "continue_final_message": False},
+        {"tokenize": False, "add_generation_prompt": False, "continue_final_message": True},
+    ]
