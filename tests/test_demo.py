@@ -256,6 +256,21 @@ def test_commuted_additions_keep_the_layout_and_the_results():
     assert any(p.solution not in arith.solution_orders(p) for p in batch)  # some addition turned round
 
 
+def test_aligned_training_keeps_the_questions_order_and_turns_additions_round():
+    """`--solution-order aligned`: the question's own order (so every sample of a problem
+    has the same layout), each addition written either way round."""
+    args = train.parse_args(["--solution-order", "aligned", "--batch-size", "64"])
+    held_out, _ = train.held_out_problems(args)
+    batch = train.training_problems(3, args, held_out)
+    assert batch == train.training_problems(3, args, held_out)
+    turned = 0
+    for problem in batch:
+        own = arith.solution_orders(problem)[0]  # the question's order
+        assert problem.solution in _all_commutations(own)
+        turned += problem.solution != own
+    assert turned > 10
+
+
 def test_a_larger_validation_set_extends_the_same_stream():
     test, valid = arith.held_out_sets()
     test_big, valid_big = arith.held_out_sets(valid_size=arith.VALID_SIZE + 100)

@@ -72,10 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
     p.add_argument("--min-start", type=int, default=arith.TEST_DIFFICULTY.min_start)
     p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
-    p.add_argument("--solution-order", choices=("question", "any", "commuted"), default="question",
+    p.add_argument("--solution-order", choices=("question", "any", "commuted", "aligned"), default="question",
                    help="worked solutions in the question's order; in any valid order of its terms "
-                        "(arith.solution_orders): several reasoning paths per problem; or 'commuted': "
-                        "any order, and each addition written either way round (arith.commute_additions)")
+                        "(arith.solution_orders): several reasoning paths per problem; 'commuted': "
+                        "any order, and each addition written either way round (arith.commute_additions); "
+                        "'aligned': the question's order, each addition either way round (paths that "
+                        "differ only inside steps, position by position)")
     p.add_argument("--eval-every", type=int, default=500)
     p.add_argument("--valid-size", type=int, default=arith.VALID_SIZE,
                    help="validation problems held out of training (the first of them are evaluated)")
@@ -205,11 +207,11 @@ def training_problems(step: int, args, held_out: set[tuple[str, ...]]) -> list[a
     while len(problems) < args.batch_size:
         problem = arith.make_problem(rng, difficulty)
         if arith.canonical_form(problem.question) not in held_out:
-            if args.solution_order != "question":  # one of the problem's valid orders, uniformly
-                solution = rng.choice(arith.solution_orders(problem, difficulty.max_value))
-                if args.solution_order == "commuted":
-                    solution = arith.commute_additions(solution, rng)
-                problem = dataclasses.replace(problem, solution=solution)
+            if args.solution_order in ("any", "commuted"):  # one of the problem's valid orders, uniformly
+                orders = arith.solution_orders(problem, difficulty.max_value)
+                problem = dataclasses.replace(problem, solution=rng.choice(orders))
+            if args.solution_order in ("commuted", "aligned"):  # each addition either way round
+                problem = dataclasses.replace(problem, solution=arith.commute_additions(problem.solution, rng))
             problems.append(problem)
     return problems
 
