@@ -56,8 +56,12 @@ MODULES: dict[str, list[str]] = {
     "strategies": ["tests/test_strategies.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
     "decoding": ["tests/test_decoding.py", KILLS],
     "likelihood": ["tests/test_likelihood.py", KILLS],
+    # harness.py is exercised through lm-eval end to end: its run is by far the slowest
+    # (about 1,260 mutants; see docs/MUTATION.md for the time it takes)
     "harness": ["tests/test_harness.py", "tests/test_harness_conventions.py", "tests/test_properties.py",
-                "tests/test_input_faults.py", "tests/test_run_controls.py", KILLS],
+                "tests/test_input_faults.py", "tests/test_run_controls.py", "tests/test_likelihood.py",
+                "tests/test_result_cache.py", "tests/test_reliability.py", "tests/test_decoder_ablation.py",
+                KILLS],
 }
 
 
