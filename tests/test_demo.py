@@ -406,8 +406,7 @@ def test_dream_format_training_exports_a_dream_checkpoint(tmp_path):
 
 
 def test_packaged_dream_model_answers_through_dvoting_dream(tmp_path):
-    """The Dream-format demo decodes sensibly only if the shift is applied the way it was
-    trained: read unshifted it gets 18% of these problems (below the band), shifted 62%."""
+    """The Dream-format demo answers in the demo's band through `dvoting-dream`."""
     from lm_eval_dvoting import compare
 
     torch.set_num_threads(1)
@@ -417,3 +416,18 @@ def test_packaged_dream_model_answers_through_dvoting_dream(tmp_path):
                          "--out", str(out), "--device", "cpu"]) == 0
     [row] = json.loads((out / "compare.json").read_text())["rows"]
     assert 30 <= row["accuracy"] <= 85 and row["mean_nfe"] == 32
+
+
+def test_packaged_dream_model_needs_its_logit_shift():
+    """Dream's prediction for position i sits at i-1: read unshifted, the same weights
+    decode far worse (the shift is applied the way the model was trained)."""
+    from lm_eval_dvoting.demo.sweep import score_strategies
+    from lm_eval_dvoting.models.loading import load_model, load_tokenizer
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_model("tiny-arith-dream"), load_tokenizer("tiny-arith-dream")
+    problems = [arith.Problem(**row) for row in arith.read_test_set()[:40]]
+    shifted = score_strategies(model, tokenizer, ["single"], problems)["single"]["acc"]
+    model.logits_shift = 0
+    unshifted = score_strategies(model, tokenizer, ["single"], problems)["single"]["acc"]
+    assert shifted >= 0.3 and unshifted <= shifted - 0.2, (shifted, unshifted)
