@@ -24,12 +24,18 @@ from . import arith
 from .tokenizer import EOS
 
 GEN_LENGTH = 32
-# the ablation rows of `dvoting compare` (issue 19): a strategy with dVoting's entropy
-# decoder; majority's at dVoting's temperature (0.6), as compare runs it
-ROWS: dict[str, dict] = {
-    "single-entropy": {"strategy": "single", "decoder": "entropy"},
-    "majority-entropy": {"strategy": "majority", "decoder": "entropy", "temperature": 0.6},
-}
+
+
+def row_kwargs(row: str) -> dict:
+    """`run_strategy` keywords of a strategy or of one of `dvoting compare`'s rows
+    (`single-entropy`, `majority-entropy`: the same definitions, on the default settings)."""
+    from ..compare import ROWS, row_overrides
+    from ..strategies import StrategySettings
+
+    if row not in ROWS:
+        raise ValueError(f"unknown strategy or row {row!r}; choose from {', '.join(ROWS)}")
+    strategy, overrides = row_overrides(row, StrategySettings(gen_length=GEN_LENGTH))
+    return {"strategy": strategy, **overrides}
 
 
 def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arith.Problem],
@@ -60,9 +66,8 @@ def score_strategies(model, tokenizer, strategies: list[str], problems: list[ari
     scores: dict[str, dict[str, float]] = {}
     for strategy in strategies:
         began = time.perf_counter()
-        settings = ROWS.get(strategy, {"strategy": strategy})
         results = run_strategy(model, enc.input_ids, enc.attention_mask, extract=extract,
-                               gen_length=GEN_LENGTH, row_seeds=seeds, max_rows=max_rows, **settings)
+                               gen_length=GEN_LENGTH, row_seeds=seeds, max_rows=max_rows, **row_kwargs(strategy))
         right = [r.answers[r.chosen] == str(p.answer) for r, p in zip(results, problems)]
         scores[strategy] = {"acc": round(sum(right) / len(right), 4),
                             "nfe": round(sum(r.nfe for r in results) / len(results), 2),
@@ -75,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", nargs="+", help="checkpoint folders")
     p.add_argument("--strategies", nargs="+", default=["single", "dvoting"],
-                   help=f"strategies, or the ablation rows {', '.join(ROWS)}")
+                   help="strategies, or the ablation rows single-entropy and majority-entropy "
+                        "(as in `dvoting compare`)")
     p.add_argument("--limit", type=int, default=arith.VALID_SIZE,
                    help="validation problems (the first LIMIT of the validation stream)")
     p.add_argument("--salt", default="sweep", help="seeds the samples (with each question)")
