@@ -547,13 +547,26 @@ def test_settings_report_the_decoder_and_no_schedule():
     assert StrategySettings(strategy="single", gen_length=32).resolved_decoder == "fixed"
     assert StrategySettings(strategy="dvoting", gen_length=32).resolved_decoder == "entropy"
     assert StrategySettings(strategy="majority", gen_length=32, decoder="fixed").steps_run == 16
+    # each strategy's own decoder may be named, and single/majority may take either
+    for strategy, decoder in [("hex", "fixed"), ("dvoting", "entropy"), ("single", "fixed"),
+                              ("single", "entropy"), ("majority", "entropy")]:
+        assert StrategySettings(strategy=strategy, gen_length=64, decoder=decoder).resolved_decoder == decoder
 
 
 @pytest.mark.parametrize("strategy, decoder, says", [
-    ("hex", "entropy", "does not apply to strategy=hex"),
-    ("dvoting", "fixed", "does not apply to strategy=dvoting"),
-    ("single", "greedy", "decoder must be one of"),
+    ("hex", "entropy", "decoder=entropy does not apply to strategy=hex: HEX is defined by its fixed "
+                       "schedules over block sizes L/32..L/2; leave decoder out for hex"),
+    ("dvoting", "fixed", "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
+                         "entropy threshold (alpha); leave decoder out for dvoting, or compare with "
+                         "strategy=majority,decoder=entropy"),
+    ("single", "greedy", "decoder must be one of ('fixed', 'entropy') (or left out for the strategy's own), "
+                         "got 'greedy'"),
+    ("majority", "", "decoder must be one of ('fixed', 'entropy') (or left out for the strategy's own), got ''"),
 ])
 def test_decoder_refusals_name_the_setting(strategy, decoder, says):
-    with pytest.raises(ValueError, match=says):
+    """The whole message: the setting, its value, what is allowed and what to do."""
+    with pytest.raises(ValueError) as refused:
         StrategySettings(strategy=strategy, gen_length=64, decoder=decoder)
+    assert str(refused.value) == says
+    # the settings the refusals leave alone are accepted
+    StrategySettings(strategy=strategy, gen_length=64, decoder=None)
