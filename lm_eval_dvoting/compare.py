@@ -162,8 +162,8 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
     """The strategy and the setting overrides row `row` runs with, on the model's settings `base`.
 
     The overrides always set `decoder` and `temperature` (to `base`'s own when the row keeps
-    them): `use_strategy` replaces settings on the model's current ones, so a row must not
-    inherit the previous row's ablation settings.
+    them), so a row's settings are complete in themselves and never depend on the row
+    before it (`use_strategy` also starts from the model's built settings).
     """
     strategy, _, variant = row.partition("-")
     overrides: dict[str, Any] = {"decoder": base.decoder, "temperature": base.temperature}

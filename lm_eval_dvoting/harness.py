@@ -128,6 +128,8 @@ class DVotingEvalModel(TemplateLM):
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
         self.seed, self.seed_source = sampling_seed(seed)
+        # what `use_strategy` starts from, so one switch's overrides never leak into the next
+        self._built_settings, self._built_seed = self.settings, (self.seed, self.seed_source)
         self.mc_num = _whole_number("mc_num", mc_num, 1)
         max_length = None if max_length is None else _whole_number("max_length", max_length, 1)
         self._setup_processes(device)
@@ -209,8 +211,11 @@ class DVotingEvalModel(TemplateLM):
 
         `overrides` replace other settings too (e.g. `decoder="entropy"`, `temperature=0.6`;
         checked as at construction); `seed`, when given, becomes the sampling seed of the
-        evaluations that follow (`dvoting compare --seeds K`)."""
-        self.settings = replace(self.settings, strategy=strategy, **overrides)
+        evaluations that follow (`dvoting compare --seeds K`). Both apply to the settings and
+        seed the model was built with, not to an earlier switch's: `use_strategy("majority")`
+        after `use_strategy("majority", decoder="entropy")` is plain majority again."""
+        self.settings = replace(self._built_settings, strategy=strategy, **overrides)
+        self.seed, self.seed_source = self._built_seed
         if seed is not None:
             self.seed = _whole_number("seed", seed)
             self.seed_source = "use_strategy"

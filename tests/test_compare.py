@@ -113,8 +113,8 @@ def test_ablation_rows_take_dvotings_decoder_and_temperature(temperature):
 
 
 def test_each_row_resets_what_the_previous_row_overrode():
-    """use_strategy replaces settings on the model's current ones, so a row's overrides must
-    undo the previous row's ablation settings (here in the order that would leak them)."""
+    """A row's overrides are complete: applied on top of any earlier row's settings they give
+    the row's own (here in the order that would leak them), whatever `use_strategy` starts from."""
     base = StrategySettings(gen_length=32)
     current = base
     for row in ("majority-entropy", "majority", "single-entropy", "single", "dvoting", "hex"):

@@ -31,3 +31,7 @@ def test_use_strategy_overrides_and_reseeds():
     assert lm.seed == 11
     with pytest.raises(ValueError, match="decoder=fixed does not apply"):
         lm.use_strategy("dvoting", decoder="fixed")
+    # a switch starts from the settings and seed the model was built with, not the last switch's
+    lm.use_strategy("majority")
+    assert (lm.settings.decoder, lm.settings.temperature, lm.seed) == (None, None, 1234)
+    assert lm.settings.resolved_decoder == "fixed" and lm.settings.resolved_temperature == 0.9
