@@ -34,6 +34,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "single-T0.9": dict(strategy="single", temperature=0.9),
     "single-random": dict(strategy="single", temperature=0.9, remasking="random"),
     "single-block8-steps16": dict(strategy="single", block_length=8, steps=16, temperature=0.6),
+    # 3 steps for a block's 8 masks: 3, 3, 2 (the remainder goes to the earliest steps)
+    "single-block8-steps12": dict(strategy="single", block_length=8, steps=12),
     "single-entropy": dict(strategy="single", decoder="entropy"),
     "single-entropy-T0.6": dict(strategy="single", decoder="entropy", temperature=0.6),
     "majority": dict(strategy="majority", n=3),
