@@ -7,6 +7,7 @@ tests that need the real benchmark files (../shared/data) skip without ../shared
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # the logits the upstream code computed for them (see its README.md): part of the project.
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "official-tiny"
 # The benchmark data live beside the checkout, not in it; a user's clone has no such
-# folder, and the tests that need it skip with this reason.
-SHARED = REPO_ROOT.parent / "shared"
+# folder, and the tests that need it skip with this reason. DVOTING_SHARED_DIR names it
+# when the tests run from a copy elsewhere (tools/mutation.py runs them in mutants/).
+SHARED = Path(os.environ.get("DVOTING_SHARED_DIR") or REPO_ROOT.parent / "shared")
 DATA = SHARED / "data"
 NO_SHARED_REASON = (f"needs the real benchmark data files in {DATA} (the project's shared folder, "
                     "absent in a plain clone)")

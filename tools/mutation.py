@@ -128,8 +128,11 @@ def run_module(module: str, max_children: int) -> dict:
     try:
         # run from the repository root: mutmut reads pyproject.toml and the paths from there
         command = [sys.executable, __file__, "--one", module, "--max-children", str(max_children)]
+        # the tests run from mutants/, whose parent is the checkout: point them at the
+        # benchmark data beside the checkout, or every test that needs them would skip
+        env = {**os.environ, "DVOTING_SHARED_DIR": str(REPO.parent / "shared")}
         # new mutants (functions changed since) and the ones not reached last time
-        done = subprocess.run(command, cwd=REPO)
+        done = subprocess.run(command, cwd=REPO, env=env)
         if done.returncode == 0 and earlier is not None:
             # the earlier survivors, against the tests as they are now
             retest = [name for name, status in earlier["status"].items()
@@ -138,7 +141,7 @@ def run_module(module: str, max_children: int) -> dict:
             retest = [name for name in retest if current.get(name) not in (None, *DETECTED)]
             if retest:
                 print(f"Testing the {len(retest)} earlier survivors of {module} again")
-                done = subprocess.run(command + retest, cwd=REPO)
+                done = subprocess.run(command + retest, cwd=REPO, env=env)
     finally:
         if mutants.exists():
             mutants.rename(kept)
