@@ -61,7 +61,7 @@ MODULES: dict[str, list[str]] = {
     "harness": ["tests/test_harness.py", "tests/test_harness_conventions.py", "tests/test_properties.py",
                 "tests/test_input_faults.py", "tests/test_run_controls.py", "tests/test_likelihood.py",
                 "tests/test_result_cache.py", "tests/test_reliability.py", "tests/test_decoder_ablation.py",
-                KILLS],
+                "tests/test_harness_likelihood.py", KILLS],
 }
 
 
