@@ -56,7 +56,7 @@ class TimedModel(torch.nn.Module):
                       position_ids: torch.Tensor | None = None, cache: Any = None) -> torch.Tensor:
         self._sync()
         start = time.perf_counter()
-        if cache is None:  # a model without a prefix cache (bench/run.py's _FixedHidden) takes no `cache`
+        if cache is None:  # a model without a prefix cache (bench/step_bench.py's FixedHidden) takes no `cache`
             hidden = self.inner.hidden_states(input_ids, attention_mask, position_ids)
         else:
             hidden = self.inner.hidden_states(input_ids, attention_mask, position_ids, cache=cache)
