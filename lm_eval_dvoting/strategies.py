@@ -32,7 +32,8 @@ from typing import Any, Callable, Generator, Hashable, Sequence
 import torch
 
 from .answers import tally
-from .decoding import REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch
+from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
+                       default_block_length)
 
 STRATEGIES = ("single", "majority", "hex", "dvoting")
 # How a sample is decoded: LLaDA's fixed schedule (`steps` forward passes, a fixed number
@@ -112,8 +113,11 @@ class StrategySettings:
     steps: int | None = None  # default per strategy: L (single), L/2 (majority, hex)
     remasking: str = "low_confidence"
     hex_samples: int = 25
-    prefix_cache: bool = False  # Fast-dLLM's prefix key/value cache: faster, slightly different samples
+    prefix_cache: bool = False  # the older spelling of cache="prefix"
     decoder: str | None = None  # "fixed" | "entropy"; default: entropy for dvoting, fixed for the others
+    # Fast-dLLM's key/value caches (decoding/caches.py): "none" (exact), "prefix" or "dual"
+    # (faster at long lengths, slightly different samples)
+    cache: str = "none"
 
     def __post_init__(self) -> None:
         # Every check runs before any model work; each message names the setting, its
@@ -152,6 +156,7 @@ class StrategySettings:
         if isinstance(self.hex_samples, bool) or self.hex_samples not in (5, 25) or not isinstance(self.hex_samples, int):
             raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples!r}")
         self._check_decoder()
+        self._check_cache()
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
             raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
 
@@ -167,6 +172,20 @@ class StrategySettings:
                              "entropy threshold (alpha); leave decoder out for dvoting, or compare with "
                              "strategy=majority,decoder=entropy")
 
+    def _check_cache(self) -> None:
+        if self.cache not in CACHE_POLICIES:
+            raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {self.cache!r}: none (exact, the default), "
+                             "prefix or dual (Fast-dLLM's approximate key/value caches)")
+        if not isinstance(self.prefix_cache, bool):
+            raise ValueError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
+        if self.prefix_cache and self.cache == "dual":
+            raise ValueError("prefix_cache=true and cache=dual disagree: give cache alone (prefix_cache=true is "
+                             "the older spelling of cache=prefix)")
+        # one spelling from here on, so that equal settings compare (and fingerprint) equal
+        if self.prefix_cache:
+            object.__setattr__(self, "cache", "prefix")
+        object.__setattr__(self, "prefix_cache", self.cache == "prefix")
+
     @property
     def resolved_decoder(self) -> str:
         """"entropy" (dVoting's threshold rule) or "fixed" (LLaDA's schedule of `steps`)."""
@@ -178,7 +197,7 @@ class StrategySettings:
     def resolved_block_length(self) -> int:
         if self.block_length is not None:
             return self.block_length
-        return max(1, self.gen_length // 16)
+        return default_block_length(self.gen_length)
 
     @property
     def resolved_temperature(self) -> float:
@@ -325,6 +344,7 @@ def run_strategy(
     hex_samples: int = 25,
     prefix_cache: bool = False,
     decoder: str | None = None,
+    cache: str = "none",
     same_answer: SameAnswer | None = None,
     row_seeds: Sequence[int] | None = None,
     max_rows: int = 16,
@@ -337,14 +357,15 @@ def run_strategy(
     the strategy's default (single 0, majority/hex 0.9, dvoting 0.6). Each row's
     samples are seeded from `row_seeds[i]` (default: derived from `seed` and the row
     index). `max_rows` caps the rows decoded per forward pass; `on_done(i, result)`
-    is called as each question finishes. `prefix_cache` turns on Fast-dLLM's prefix
-    key/value cache (faster, slightly different samples; off by default). `decoder`
+    is called as each question finishes. `cache` ("none" | "prefix" | "dual") turns on
+    Fast-dLLM's key/value caches (faster, slightly different samples; off by default;
+    `prefix_cache=True` is the older spelling of `cache="prefix"`). `decoder`
     ("fixed" | "entropy") overrides the strategy's decoder (`StrategySettings.decoder`).
     """
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
-        prefix_cache=prefix_cache, decoder=decoder,
+        prefix_cache=prefix_cache, decoder=decoder, cache=cache,
     )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
@@ -423,7 +444,7 @@ def drive(
             q.samples += tokens
             q.answers += answers
             q.sample_nfe += [r.nfe for r in wave]
-            q.kept += [None if r.tag.kept is None else r.tag.kept.nonzero().flatten().tolist() for r in wave]
+            q.kept += [None if r.owner.kept is None else r.owner.kept.nonzero().flatten().tolist() for r in wave]
             try:
                 start(q, q.plan.send(list(zip(tokens, answers))))
             except StopIteration:
@@ -459,8 +480,8 @@ def drive(
                 temperature=spec.temperature,
                 remasking=settings_of[waiting.index].remasking,
                 generator=generator,
-                prefix_cache=settings_of[waiting.index].prefix_cache,
-                tag=spec,
+                cache=settings_of[waiting.index].cache,
+                owner=spec,
             )
             waiting.wave_rows.append(row)
             decoder.add(row)

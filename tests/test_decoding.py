@@ -366,7 +366,7 @@ def test_random_remasking_runs_and_is_seed_reproducible(llada):
 
 def test_gumbel_sampling_is_llada_float64():
     """Candidates at T > 0: argmax(exp(logits) / (-log u)^T) with u drawn in float64."""
-    from lm_eval_dvoting.decoding import _candidates
+    from lm_eval_dvoting.decoding.state import candidates as _candidates
 
     logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for temperature in (0.3, 1.0):

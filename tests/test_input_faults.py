@@ -28,8 +28,8 @@ import torch
 from lm_eval.api.instance import Instance
 
 from conftest import REPO_ROOT, _write_random_llada
-from lm_eval_dvoting import decoding, likelihood
-from lm_eval_dvoting.decoding import RowDecoder, generate
+from lm_eval_dvoting import likelihood
+from lm_eval_dvoting.decoding import generate, rules
 from lm_eval_dvoting.harness import LLaDAEvalModel, _whole_number
 from lm_eval_dvoting.likelihood import score_requests
 from lm_eval_dvoting.models.loading import CheckpointError, load_model
@@ -55,17 +55,16 @@ def test_decision_path_is_float64_with_a_bfloat16_model(tiny_llada_dir, monkeypa
             return original(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(decoding, "_entropy", spy("entropy", decoding._entropy))
-    monkeypatch.setattr(decoding, "_candidates", spy("candidates", decoding._candidates))
-    monkeypatch.setattr(decoding, "_committed_candidates", spy("committed", decoding._committed_candidates))
-    original_step = RowDecoder._fixed_schedule_step
+    monkeypatch.setattr(rules, "entropy", spy("entropy", rules.entropy))
+    monkeypatch.setattr(rules, "candidates", spy("candidates", rules.candidates))
+    monkeypatch.setattr(rules, "committed_candidates", spy("committed", rules.committed_candidates))
+    original_share = rules.FixedSchedule._commit_share
 
-    def fixed_step(self: RowDecoder, row: Any, plan: Any, logits64: torch.Tensor | None) -> None:
-        if logits64 is not None:
-            seen["confidence"].append(logits64.dtype)  # the softmax confidence is taken of these
-        original_step(self, row, plan, logits64)
+    def commit_share(work: Any, logits64: torch.Tensor) -> None:
+        seen["confidence"].append(logits64.dtype)  # the softmax confidence is taken of these
+        original_share(work, logits64)
 
-    monkeypatch.setattr(RowDecoder, "_fixed_schedule_step", fixed_step)
+    monkeypatch.setattr(rules.FixedSchedule, "_commit_share", staticmethod(commit_share))
     original_logits = likelihood._logits_at
 
     def logits_at(*args: Any) -> torch.Tensor:

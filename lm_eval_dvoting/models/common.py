@@ -82,36 +82,49 @@ def bidirectional_attention(
 
 @dataclass
 class PrefixCache:
-    """Keys and values of a prefix, to attend to without recomputing them (Fast-dLLM's
-    prefix cache), and the keys and values of the pass that uses it.
+    """Keys and values to attend to without recomputing them (Fast-dLLM's caches), and
+    the keys and values of the pass that uses them.
 
     `keys[l]` / `values[l]`: layer `l`'s rotated keys and values of the cached prefix,
     (batch, kv_heads, prefix, head_dim); `mask` (batch, prefix) marks the real ones (a
-    row's prefix is left-padded to the longest). Empty lists: no prefix (a pass that
-    only records). After a pass, `new_keys[l]` / `new_values[l]` hold the pass's own
-    keys and values, from which a caller cuts the next prefix.
+    row's prefix is left-padded to the longest). `suffix_keys` / `suffix_values` /
+    `suffix_mask`: the same for what follows the pass's tokens (the dual cache; a row's
+    suffix is right-padded to the longest). Empty lists: none (a pass that only records).
+    After a pass, `new_keys[l]` / `new_values[l]` hold the pass's own keys and values,
+    from which a caller cuts what it keeps.
     """
 
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
     mask: torch.Tensor | None = None
+    suffix_keys: list[torch.Tensor] = field(default_factory=list)
+    suffix_values: list[torch.Tensor] = field(default_factory=list)
+    suffix_mask: torch.Tensor | None = None
     new_keys: list[torch.Tensor] = field(default_factory=list)
     new_values: list[torch.Tensor] = field(default_factory=list)
 
     def key_mask(self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
-        """The 0/1 mask over prefix + pass keys (None: attend everywhere)."""
-        if self.mask is None:
+        """The 0/1 mask over prefix + pass + suffix keys (None: attend everywhere)."""
+        if self.mask is None and self.suffix_mask is None:
             return attention_mask
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        return torch.cat([self.mask.to(attention_mask.dtype), attention_mask], dim=1)
+        parts = [attention_mask]
+        if self.mask is not None:
+            parts.insert(0, self.mask.to(attention_mask.dtype))
+        if self.suffix_mask is not None:
+            parts.append(self.suffix_mask.to(attention_mask.dtype))
+        return torch.cat(parts, dim=1)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                bias: torch.Tensor | None) -> torch.Tensor:
-        """Record this pass's keys/values, then attend over prefix + pass keys."""
+        """Record this pass's keys/values, then attend over prefix + pass + suffix keys."""
         self.new_keys.append(k)
         self.new_values.append(v)
         if self.keys:
             k = torch.cat([self.keys[layer], k], dim=2)
             v = torch.cat([self.values[layer], v], dim=2)
+        if self.suffix_keys:
+            k = torch.cat([k, self.suffix_keys[layer]], dim=2)
+            v = torch.cat([v, self.suffix_values[layer]], dim=2)
         return bidirectional_attention(q, k, v, bias)

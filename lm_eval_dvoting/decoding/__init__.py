@@ -1,0 +1,44 @@
+"""The one-sample decoder: masked-diffusion decoding of a batch of rows.
+
+Semantics (ALGORITHM.md section 1): each step is one forward pass over prompt +
+generation region; the mask token's logit is suppressed; candidates are the argmax
+(temperature 0) or LLaDA's float64 Gumbel-max (temperature > 0); only masked
+positions of a row's leftmost unfinished block may be committed. The units, each
+importing only those below it (no circle):
+
+| floor | module | owns |
+|---|---|---|
+| 3 | `rows.py` | the row batch (`RowDecoder`): rows enter and leave between steps; one pass per step; `generate()` |
+| 2 | `rules.py` | the commit rules: fixed schedule (`steps`), entropy threshold with hand-over (`alpha`) |
+| 2 | `caches.py` | the cache policies (`none`, `prefix`, `dual`): what a pass covers and keeps; lazy logits |
+| 1 | `state.py` | the row, the result, the settings' checks, the float64 numerics |
+
+Rows are independent: each has its own prompt length, generation length, block
+length, rule, temperature, cache policy and random generator, so a row decodes to the
+same tokens alone or inside any batch in float32 (tested; the attention kernel sums a
+padded row in another order, so logits may move by ~1e-7 relative, which has flipped no
+decision in any test or in docs/batch_invariance.md). In bfloat16/float16 the same
+reordering moves a row's numbers by one unit in the last place (2^-8 relative in
+bfloat16; on a GPU kernels are also chosen by shape), which flips decisions at
+near-ties; everything from the logits on (softmax, entropy, confidence, Gumbel noise)
+runs in float64 whatever the model dtype.
+
+Cost: the forward pass runs once per step for all active rows; the output head,
+softmax, entropy and noise are computed only at the positions of the block(s) that
+can be committed in that step, never over the whole sequence times the vocabulary,
+with one head call per round for all rows. The fixed schedule draws the block's noise at
+all its masked positions (the noisy candidates decide, through their confidence, which
+positions commit); the entropy rule decides from the un-noised logits, so it draws
+noise only for the positions it commits.
+
+Random streams: every draw comes from the row's generator, so a seed fixes a row's
+tokens whatever the batch. The stream is not the release's (which draws noise over
+the whole batch x sequence x vocabulary at every step); the distribution of every
+committed token is.
+"""
+from .rows import RowDecoder, generate
+from .state import (CACHE_POLICIES, REMASKING_RULES, DecodeResult, DecodeRow, check_prompt_batch,
+                    default_block_length, validate_row_settings)
+
+__all__ = ["CACHE_POLICIES", "REMASKING_RULES", "DecodeResult", "DecodeRow", "RowDecoder", "check_prompt_batch",
+           "default_block_length", "generate", "validate_row_settings"]

@@ -1,0 +1,167 @@
+"""The row batch: rows enter and leave between steps; each step is one forward pass for
+all active rows (under their cache policies), then each row's commit rule.
+
+    decoder = RowDecoder(model)
+    decoder.add(row)            # any number of times, also between steps
+    while decoder.active:
+        finished = decoder.step()
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .caches import ForwardPass
+from .rules import EntropyThreshold, FixedSchedule, RowWork
+from .state import DecodeResult, DecodeRow, check_prompt_batch, validate_row_settings
+
+
+class RowDecoder:
+    """Decodes rows in shared forward passes; rows may be added between steps.
+
+    `step()` reads as the algorithm: ask each row's rule where its block starts, run the
+    pass the cache policies ask for, let the rules say which positions they need, fetch
+    those logits with one head call per round, let the rules commit, retire finished rows.
+    """
+
+    def __init__(self, model: torch.nn.Module, pad_token_id: int | None = None) -> None:
+        self.model = model
+        self.mask_id = int(model.mask_token_id)
+        self.max_length = getattr(model, "max_length", None)
+        first_parameter = next(iter(model.parameters()), None)
+        self.device = first_parameter.device if first_parameter is not None else torch.device("cpu")
+        self.forward = ForwardPass(model, self.mask_id if pad_token_id is None else pad_token_id, self.device)
+        self.fixed, self.threshold = FixedSchedule(self.mask_id), EntropyThreshold(self.mask_id)
+        self.active: list[DecodeRow] = []
+
+    def rule(self, row: DecodeRow) -> FixedSchedule | EntropyThreshold:
+        return self.fixed if row.steps is not None else self.threshold
+
+    def add(self, row: DecodeRow) -> None:
+        """Check the row, move it to the model's device, and queue it if it has masks."""
+        validate_row_settings(row.gen_length, row.block_length, row.steps, row.alpha,
+                              row.temperature, row.remasking, row.cache)
+        self.forward.check(row)
+        if self.forward.shift and row.prompt.numel() == 0:
+            raise ValueError("this model reads predictions one position to the left: the prompt must not be empty")
+        total = row.prompt.numel() + row.gen_length
+        if self.max_length is not None and total > self.max_length:
+            raise ValueError(
+                f"prompt ({row.prompt.numel()} tokens) + generation ({row.gen_length}) = {total} tokens "
+                f"exceeds the model's maximum length {self.max_length}"
+            )
+        row.prompt = row.prompt.to(self.device)
+        row.tokens = row.tokens.to(self.device).clone()
+        row.progress.block, row.progress.step_in_block, row.progress.counts = 0, 0, []
+        if self._has_masks(row):
+            self.active.append(row)
+
+    @torch.no_grad()
+    def step(self) -> list[DecodeRow]:
+        """One forward pass for every active row, then each row's commits; returns the
+        rows that finished."""
+        if not self.active:
+            return []
+        logits = self.forward.run(self.active, *self._cache_plan())
+        works = [self.rule(row).begin(i, row, logits.window(i)) for i, row in enumerate(self.active)]
+        for row in self.active:
+            row.nfe += 1
+        while works:  # rounds: the entropy rule's rows whose block completed go on to the next
+            asking = [work for work in works if work.wanted]
+            for work, found in zip(asking, logits.many([(w.index, w.wanted) for w in asking])):
+                work.receive(found)
+            works = self._commit(works)
+        return self._retire()
+
+    def _cache_plan(self) -> tuple[list[int], list[bool]]:
+        """Each row's current block start, and whether a later step in that block could
+        reuse what this step's pass keeps (only asked for when some row caches)."""
+        if all(row.cache == "none" for row in self.active):
+            return [], []
+        starts = [self.rule(row).block_start(row) for row in self.active]
+        keeps = [row.steps is None or row.progress.step_in_block + 1 < row.steps_per_block for row in self.active]
+        return starts, keeps
+
+    def _commit(self, works: list[RowWork]) -> list[RowWork]:
+        fixed = [w for w in works if w.row.steps is not None]
+        threshold = [w for w in works if w.row.steps is None]
+        return [*self.fixed.commit(fixed), *(self.threshold.commit(threshold) if threshold else [])]
+
+    def _retire(self) -> list[DecodeRow]:
+        finished = [row for row in self.active if not self._has_masks(row)]
+        for row in finished:
+            row.kept = None  # free the kept keys and values
+        self.active = [row for row in self.active if row not in finished]
+        return finished
+
+    def _has_masks(self, row: DecodeRow) -> bool:
+        if self.rule(row).is_done(row):
+            return False
+        return bool((row.tokens == self.mask_id).any())
+
+
+def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,
+                   batch: int) -> list[torch.Generator | None]:
+    if generator is None or isinstance(generator, torch.Generator):
+        return [generator] * batch
+    generators = list(generator)
+    if len(generators) != batch:
+        raise ValueError(f"got {len(generators)} generators for {batch} rows: give one, or one per row")
+    return generators
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    gen_length: int,
+    block_length: int,
+    steps: int | None = None,
+    alpha: float | None = None,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    init_tokens: torch.Tensor | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    cache: str = "none",
+    prefix_cache: bool = False,
+) -> DecodeResult:
+    """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
+
+    `steps` selects LLaDA's fixed schedule, `alpha` dVoting's entropy threshold.
+    `init_tokens` (batch, gen_length) pre-fills the region: mask-id positions are
+    decoded, the others stay fixed. `generator` is one `torch.Generator` shared by the
+    rows in order, or one per row (then a row's tokens do not depend on the batch).
+    `cache` is "none" (exact), "prefix" or "dual" (Fast-dLLM's approximate caches);
+    `prefix_cache=True` is the older spelling of `cache="prefix"`.
+    """
+    cache = _cache_setting(cache, prefix_cache)
+    validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking, cache)
+    attention_mask = check_prompt_batch(input_ids, attention_mask, model)
+    batch = input_ids.shape[0]
+    if init_tokens is None:
+        init_tokens = torch.full((batch, gen_length), int(model.mask_token_id), dtype=torch.long)
+    if tuple(init_tokens.shape) != (batch, gen_length):
+        raise ValueError(f"init_tokens must have shape {(batch, gen_length)}, got {tuple(init_tokens.shape)}")
+    decoder = RowDecoder(model)
+    rows = [
+        DecodeRow(prompt=input_ids[i][attention_mask[i].bool()], tokens=init_tokens[i], block_length=block_length,
+                  steps=steps, alpha=alpha, temperature=temperature, remasking=remasking, generator=g, cache=cache)
+        for i, g in enumerate(_as_generators(generator, batch))
+    ]
+    for row in rows:
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    return DecodeResult(
+        tokens=torch.stack([r.tokens for r in rows]).cpu(),
+        nfe=torch.tensor([r.nfe for r in rows], dtype=torch.long),
+    )
+
+
+def _cache_setting(cache: str, prefix_cache: bool) -> str:
+    if prefix_cache and cache not in ("none", "prefix"):
+        raise ValueError(f"prefix_cache=True and cache={cache!r} disagree: give cache alone")
+    return "prefix" if prefix_cache else cache

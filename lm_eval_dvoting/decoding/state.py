@@ -1,0 +1,238 @@
+"""What every decoder unit shares: the row to decode, the result, the settings' checks,
+and the float64 numerics every commit rule takes its decisions from.
+
+This is the bottom floor of the decoder (see `lm_eval_dvoting/decoding/__init__.py`): it
+imports nothing from the rules, the caches or the row batch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+REMASKING_RULES = ("low_confidence", "random")
+# What the forward pass of a step covers (caches.py): the whole sequence; the current
+# block and everything after it, with the prefix's keys and values kept (Fast-dLLM's
+# prefix cache); or the current block only, with prefix and suffix kept (its dual cache).
+CACHE_POLICIES = ("none", "prefix", "dual")
+
+
+def default_block_length(gen_length: int) -> int:
+    """The block length when none is given: L/16 (16 blocks), at least 1."""
+    return max(1, gen_length // 16)
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """What `generate` returns: the generation region and the forward passes per row."""
+
+    tokens: torch.Tensor  # (batch, gen_length)
+    nfe: torch.Tensor  # (batch,) forward passes during which the row still had masks
+
+
+@dataclass(eq=False)
+class ScheduleProgress:
+    """Where a fixed-schedule row stands: its block, the step within the block, and how
+    many tokens each of the block's steps commits (set on the block's first step)."""
+
+    block: int = 0
+    step_in_block: int = 0
+    counts: list[int] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class KeptKeysValues:
+    """A row's cached keys and values (per layer: (kv_heads, length, head_dim)) and the
+    block start they were made for: before the block (prefix) and, for the dual cache,
+    after it (suffix)."""
+
+    block_start: int
+    prefix_keys: list[torch.Tensor]
+    prefix_values: list[torch.Tensor]
+    suffix_keys: list[torch.Tensor] | None = None
+    suffix_values: list[torch.Tensor] | None = None
+
+
+@dataclass(eq=False)  # rows are compared by identity; their tensors have no truth value
+class DecodeRow:
+    """One row to decode: a prompt and a (partly) masked generation region.
+
+    `tokens` holds the generation region and is updated in place; positions holding
+    the mask id are decoded, the others stay fixed. `steps` selects the fixed schedule,
+    `alpha` the entropy threshold (exactly one of them). `cache` is the row's cache
+    policy (`CACHE_POLICIES`). `owner` is free for the caller (the strategies keep the
+    sample's spec there).
+    """
+
+    prompt: torch.Tensor  # (prompt_length,) token ids, no padding
+    tokens: torch.Tensor  # (gen_length,)
+    block_length: int
+    steps: int | None = None
+    alpha: float | None = None
+    temperature: float = 0.0
+    remasking: str = "low_confidence"
+    generator: torch.Generator | None = None
+    owner: Any = None
+    cache: str = "none"
+    nfe: int = 0
+    progress: ScheduleProgress = field(default_factory=ScheduleProgress, repr=False)
+    kept: KeptKeysValues | None = field(default=None, repr=False)
+
+    @property
+    def gen_length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.steps // self.num_blocks
+
+
+def validate_row_settings(
+    gen_length: int,
+    block_length: int,
+    steps: int | None,
+    alpha: float | None,
+    temperature: float,
+    remasking: str,
+    cache: str = "none",
+) -> None:
+    """Raise a ValueError naming the setting that cannot work, and what would."""
+    if gen_length <= 0:
+        raise ValueError(f"gen_length must be positive, got {gen_length}")
+    if block_length <= 0 or gen_length % block_length:
+        raise ValueError(
+            f"block_length {block_length} must be positive and divide gen_length {gen_length}"
+        )
+    if (steps is None) == (alpha is None):
+        raise ValueError("give exactly one of steps (fixed schedule) or alpha (entropy threshold)")
+    if steps is not None:
+        num_blocks = gen_length // block_length
+        if steps <= 0 or steps % num_blocks:
+            raise ValueError(
+                f"steps {steps} must be a positive multiple of the number of blocks "
+                f"({gen_length} / {block_length} = {num_blocks})"
+            )
+    # `not ... >= 0` also refuses NaN; temperature=inf would turn the Gumbel noise into inf/0 (garbage samples)
+    if alpha is not None and not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}: e.g. 0.3 (inf commits every masked position at once)")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample")
+    if remasking not in REMASKING_RULES:
+        raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
+    if cache not in CACHE_POLICIES:
+        raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}: none (exact, the default), "
+                         "prefix or dual (Fast-dLLM's approximate key/value caches)")
+
+
+def masked_block(tokens: list[int], mask_id: int, length: int, after: int = 0) -> tuple[int, list[int]] | None:
+    """The start of the block holding the first mask at or after `after`, and that
+    block's masked positions; None when no mask is left there."""
+    try:
+        first_mask = tokens.index(mask_id, after)
+    except ValueError:
+        return None
+    start = first_mask // length * length
+    return start, [start + k for k, token in enumerate(tokens[start:start + length]) if token == mask_id]
+
+
+def left_pad(sequences: Sequence[torch.Tensor], pad_id: int,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded ids, 0/1 attention mask and positions (0.. over the real tokens)."""
+    width = max(s.numel() for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
+    for i, sequence in enumerate(sequences):
+        ids[i, width - sequence.numel():] = sequence
+        attention[i, width - sequence.numel():] = 1
+    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
+# ----------------------------------------------------------------- float64 numerics
+
+
+def suppress_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """Float64 logits with the mask token's set to -inf: it is never committed."""
+    logits64 = logits.double()
+    if mask_id < logits64.shape[-1]:
+        logits64[:, mask_id] = float("-inf")
+    return logits64
+
+
+def candidates(logits64: torch.Tensor, temperature: float, generator: torch.Generator | None,
+               block_masked: torch.Tensor | None = None) -> torch.Tensor:
+    """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise.
+
+    `logits64` may hold only the masked positions of a block (`block_masked`, a
+    boolean over the whole block): the noise is still drawn for the whole block, so
+    the random stream is the same, and is then used at the masked positions only.
+    """
+    if temperature == 0:
+        return logits64.argmax(-1)
+    shape = logits64.shape if block_masked is None else (block_masked.numel(), logits64.shape[-1])
+    noise = torch.rand(shape, dtype=torch.float64, device=logits64.device, generator=generator)
+    if shape[0] != logits64.shape[0]:  # some block positions are not masked
+        noise = noise[block_masked]
+    gumbel = (-torch.log(noise)) ** temperature
+    return (logits64.exp() / gumbel).argmax(-1)
+
+
+def entropy(logits64: torch.Tensor) -> torch.Tensor:
+    """Float64 entropy of the softmax along the vocabulary."""
+    log_p = torch.log_softmax(logits64, dim=-1)
+    p = log_p.exp()
+    # xlogy-style: entries with p = 0 (the suppressed mask token: 0 * -inf = NaN) contribute
+    # 0, not NaN; the same sums as torch.where(p > 0, p * log_p, 0) without its two extra
+    # vocabulary-sized temporaries
+    return -(p * log_p).nan_to_num_(nan=0.0).sum(-1)
+
+
+# ------------------------------------------------------------------ input checks
+
+
+def check_prompt_batch(input_ids: Any, attention_mask: Any = None, model: nn.Module | None = None) -> torch.Tensor:
+    """Refuse prompts that would be misread; return the attention mask (all ones if None).
+
+    `input_ids` must be a 2-D integer tensor of token ids >= 0 (a float tensor would be
+    cast to ids silently, a 1-D one read as a batch of one-token prompts), below the
+    `model`'s embedding size when a model is given, and `attention_mask` a 0/1 tensor of
+    the same shape.
+    """
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}: "
+                        "use torch.tensor(ids, dtype=torch.long)")
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be 2-D (batch, length), got shape {tuple(input_ids.shape)}: "
+                         "for one prompt pass input_ids[None]")
+    if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}: "
+                         "tokenize the text and pass the ids as torch.long")
+    if input_ids.numel() and int(input_ids.min()) < 0:
+        raise ValueError(f"input_ids must be token ids >= 0, got {int(input_ids.min())}: "
+                         "mark padding with attention_mask, not with negative ids")
+    rows = _embedding_rows(model)
+    if rows is not None and input_ids.numel() and int(input_ids.max()) >= rows:
+        raise ValueError(f"input_ids must be token ids < {rows} (the model's embedding size), got "
+                         f"{int(input_ids.max())}: encode the prompt with this checkpoint's tokenizer")
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
+        raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
+    if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (prompt token)")
+    return attention_mask
+
+
+def _embedding_rows(model: nn.Module | None) -> int | None:
+    """How many token ids the model's input embedding holds (None without a model)."""
+    if model is None:
+        return None
+    embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    return None if embedding is None else embedding.num_embeddings
