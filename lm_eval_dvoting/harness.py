@@ -64,6 +64,7 @@ from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
 from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
+from .decoding import default_block_length
 from .strategies import StrategySettings, derive_seed, drive
 from .task_costs import RunCosts, install as _install_task_costs
 
@@ -96,6 +97,7 @@ class DVotingEvalModel(TemplateLM):
         hex_samples: int = 25,
         prefix_cache: bool | str = False,
         decoder: str | None = None,
+        cache: str = "none",
         seed: int | None = None,
         dtype: str | None = None,
         max_gen_toks: int = 256,
@@ -123,7 +125,7 @@ class DVotingEvalModel(TemplateLM):
             temperature=None if temperature is None else _real_number("temperature", temperature),
             tau=_real_number("tau", tau), steps=None if steps is None else _whole_number("steps", steps),
             remasking=remasking, hex_samples=_whole_number("hex_samples", hex_samples, allowed="25 or 5"),
-            prefix_cache=_flag("prefix_cache", prefix_cache), decoder=decoder,
+            prefix_cache=_flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
@@ -323,7 +325,7 @@ class DVotingEvalModel(TemplateLM):
         settings = self.settings
         if "max_gen_toks" in kwargs:
             length = _whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
-            block = settings.block_length if settings.block_length is not None else max(1, length // 16)
+            block = settings.block_length if settings.block_length is not None else default_block_length(length)
             if length % block:
                 raise ValueError(
                     f"max_gen_toks {length} (task {task_name}) is not a multiple of the block length {block}; "

@@ -222,7 +222,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
 
     checkpoint, tokenizer, the resolved strategy settings (strategy, `max_gen_toks` (the
     default length; a task's own is in the request), block_length, n, alpha, temperature,
-    tau, steps, remasking, hex_samples, prefix_cache, decoder), seed, mc_num, dtype, device (its
+    tau, steps, remasking, hex_samples, prefix_cache, decoder, cache), seed, mc_num, dtype, device (its
     type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where `batch_dependent`.
     """
     settings = lm.settings
