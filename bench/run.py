@@ -46,6 +46,7 @@ from bench.strategies_bench import run_cells  # noqa: E402
 from bench.targets import targets  # noqa: E402
 from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
 from bench.workloads import demo_workload, real_vocab_workload  # noqa: E402
+from lm_eval_dvoting.decoding import default_block_length  # noqa: E402
 from lm_eval_dvoting.strategies import STRATEGIES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +100,7 @@ def run_demo(args: argparse.Namespace, results: RunResults) -> None:
     demo = demo_workload(args.demo, max(args.questions, args.hex_questions))
     results.descriptions["demo"] = (
         f"{demo.description}. Questions: the first {args.questions} of `demo/arith_test.jsonl` (hex: the first "
-        f"{args.hex_questions}), generation length {demo.gen_length}, block {demo.gen_length // 16}, repeats "
+        f"{args.hex_questions}), generation length {demo.gen_length}, block {default_block_length(demo.gen_length)}, repeats "
         f"{args.repeats}.")
     print(f"part 1: demo model ({demo.description})", flush=True)
     results.cells["demo"] = run_cells(demo, args.strategies, args.batch_sizes, args.questions,
@@ -119,7 +120,7 @@ def run_real_vocab(args: argparse.Namespace, results: RunResults) -> None:
                                args.real_prompt_length, args.real_width, args.real_layers)
     results.descriptions["real-vocab"] = (
         f"{real.description}. {args.real_questions} questions (hex: {args.real_hex_questions}), generation "
-        f"length {real.gen_length}, block {real.gen_length // 16}, repeats {args.real_repeats}.")
+        f"length {real.gen_length}, block {default_block_length(real.gen_length)}, repeats {args.real_repeats}.")
     print(f"part 1: real-vocabulary model ({real.description})", flush=True)
     results.cells["real-vocab"] = run_cells(real, args.strategies, args.batch_sizes, args.real_questions,
                                             args.real_hex_questions, args.real_repeats)
@@ -133,7 +134,7 @@ def run_real_shape(args: argparse.Namespace, results: RunResults) -> None:
     results.descriptions["real-shape"] = (
         f"{shape.description}: LLaDA-8B's width and vocabulary, {args.real_shape_layers} of its 32 layers. "
         f"1 question per cell (its 5 samples fill up to 4 rows), generation length {shape.gen_length}, block "
-        f"{shape.gen_length // 16}, repeats 1. Strategies {', '.join(args.real_shape_strategies)} (hex: 480 "
+        f"{default_block_length(shape.gen_length)}, repeats 1. Strategies {', '.join(args.real_shape_strategies)} (hex: 480 "
         f"forward passes of about a second each here, left out).")
     print(f"part 1: real-shape model ({shape.description})", flush=True)
     results.cells["real-shape"] = run_cells(shape, args.real_shape_strategies, args.real_shape_batch_sizes,

@@ -11,15 +11,15 @@
              rest (always the last quarter), with the answer-consistency early stop
              before samples 3..n, decoded with the entropy-threshold rule.
 
-A strategy is a small coroutine per question: it yields *waves* of samples to draw
-(samples in one wave do not depend on each other, so they decode side by side) and
-receives their tokens back. `run_strategy` drives many questions through one
+A strategy is a small coroutine per question (`question_plan`): it yields *draws* of
+samples (samples in one draw do not depend on each other, so they decode side by side)
+and receives their tokens back. `run_strategy` drives many questions through one
 `RowDecoder`, refilling a row's slot as soon as it finishes, so prompts that stop
 early leave the batch at once. Every sample draws from its own generator, seeded
 from the question's seed and the sample's index: no draw depends on the batch size
 or on which questions run beside it (nor, in float32, do the results; in bfloat16 and
 float16 the logits can change in the last bit with the batch's padding, see
-decoding.py).
+the decoding package).
 """
 from __future__ import annotations
 
@@ -252,7 +252,9 @@ class StrategyResult:
     kept: list[list[int] | None] = field(default_factory=list)  # per sample: fixed positions
 
 
-Plan = Generator[list[SampleSpec], list[tuple[torch.Tensor, Any]], None]
+# a question's plan: yields the next draw (samples that do not depend on each other, so
+# they decode side by side) and receives each sample's (tokens, answer) back
+QuestionPlan = Generator[list[SampleSpec], list[tuple[torch.Tensor, Any]], None]
 
 
 def _fixed_steps(steps: int, gen_length: int, block_length: int) -> int:
@@ -261,8 +263,8 @@ def _fixed_steps(steps: int, gen_length: int, block_length: int) -> int:
     return max(blocks, -(-steps // blocks) * blocks)
 
 
-def _plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | None) -> Plan:
-    """The coroutine of one question: yields waves of samples, receives (tokens, answer) pairs."""
+def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | None) -> QuestionPlan:
+    """The coroutine of one question: yields draws of samples, receives (tokens, answer) pairs."""
     length, block = settings.gen_length, settings.resolved_block_length
     temperature = settings.resolved_temperature
     fresh = torch.full((length,), mask_id, dtype=torch.long)
@@ -291,9 +293,9 @@ def _plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | No
             return
         if i <= fresh_count:
             # fresh samples before the first early-stop check (samples 1 and 2) decode together
-            wave = 2 - len(drawn) if i == 1 else 1
-            wave = min(wave, fresh_count - len(drawn), n - len(drawn))
-            specs = [SampleSpec(fresh, block, None, settings.alpha, temperature) for _ in range(wave)]
+            draw_size = 2 - len(drawn) if i == 1 else 1
+            draw_size = min(draw_size, fresh_count - len(drawn), n - len(drawn))
+            specs = [SampleSpec(fresh, block, None, settings.alpha, temperature) for _ in range(draw_size)]
         else:
             start = remask_tokens(torch.stack(drawn), settings.tau, mask_id)
             kept = start != mask_id
@@ -312,17 +314,45 @@ def derive_seed(*parts: Any) -> int:
 
 @dataclass
 class _Question:
+    """One question in flight: its plan, what its samples gave so far, and the samples of
+    its current draw (specs not yet decoding, and the rows decoding them)."""
+
     index: int
     seed: int
-    plan: Plan
+    plan: QuestionPlan
     answer_of: Callable[[torch.Tensor], Any]
     samples: list[torch.Tensor] = field(default_factory=list)
     answers: list[Any] = field(default_factory=list)
     sample_nfe: list[int] = field(default_factory=list)
     kept: list[list[int] | None] = field(default_factory=list)
-    waiting: list[SampleSpec] = field(default_factory=list)  # specs not yet in the decoder
-    wave_rows: list[DecodeRow] = field(default_factory=list)
+    to_start: list[SampleSpec] = field(default_factory=list)  # the current draw's specs not yet decoding
+    decoding: list[DecodeRow] = field(default_factory=list)  # the current draw's rows
     done: bool = False
+
+    def next_sample_seed(self) -> int:
+        """The seed of the next sample to start: derived from the question's seed and the
+        sample's index, so no draw depends on the batch or on the other questions."""
+        return derive_seed(self.seed, len(self.samples) + len(self.decoding))
+
+    def take_draw(self, rows: list[DecodeRow]) -> list[tuple[torch.Tensor, Any]]:
+        """Record a finished draw's samples; return (tokens, answer) per sample for the plan."""
+        tokens = [row.tokens.cpu() for row in rows]
+        answers = [self.answer_of(t) for t in tokens]
+        self.samples += tokens
+        self.answers += answers
+        self.sample_nfe += [row.nfe for row in rows]
+        self.kept += [None if row.owner.kept is None else row.owner.kept.nonzero().flatten().tolist()
+                      for row in rows]
+        return list(zip(tokens, answers))
+
+    def result(self, same_answer: SameAnswer | None) -> StrategyResult:
+        """The vote over the samples; the chosen sample is the first carrying the winner."""
+        votes = tally(self.answers, same_answer)
+        return StrategyResult(
+            samples=torch.stack(self.samples), nfe=sum(self.sample_nfe), answers=self.answers,
+            chosen=votes.winner_index if votes.winner_index is not None else 0,
+            sample_nfe=self.sample_nfe, votes=votes.counts, kept=self.kept,
+        )
 
 
 def run_strategy(
@@ -373,11 +403,11 @@ def run_strategy(
         require_whole("seed", seed, None, "give an integer seed, e.g. seed=0")
         row_seeds = [derive_seed(seed, i) for i in range(batch)]
     prompts = [input_ids[i][attention_mask[i].bool()] for i in range(batch)]
-    return drive(model, prompts, settings, extract, row_seeds, same_answer=same_answer,
+    return decode_questions(model, prompts, settings, extract, row_seeds, same_answer=same_answer,
                  max_rows=max_rows, on_done=on_done)
 
 
-def drive(
+def decode_questions(
     model: torch.nn.Module,
     prompts: Sequence[torch.Tensor],
     settings: StrategySettings | Sequence[StrategySettings],
@@ -392,106 +422,101 @@ def drive(
 
     `settings` and `extract` may be given per question (e.g. requests with different
     generation lengths or answer kinds). Questions enter in order; a question's next
-    wave enters as soon as its previous one is complete.
+    draw enters as soon as its previous one is complete.
     """
     count = len(prompts)
-    # max_rows < 1 would never admit a row: the loop below would spin forever
+    # max_rows < 1 would never admit a row: the scheduler would spin forever
     require_whole("max_rows", max_rows, 1, "give the number of rows decoded per forward pass, e.g. 16")
     settings_of = list(settings) if isinstance(settings, Sequence) else [settings] * count
     extract_of = list(extract) if isinstance(extract, Sequence) else [extract] * count
     if len(seeds) != count or len(settings_of) != count or len(extract_of) != count:
         raise ValueError(f"got {count} prompts but {len(seeds)} seeds, {len(settings_of)} settings and "
                          f"{len(extract_of)} extractors: give one of each per prompt (or one settings/extract for all)")
-    decoder = RowDecoder(model)
-    mask_id = decoder.mask_id
-    device = decoder.device
-    results: list[StrategyResult | None] = [None] * count
-    questions: list[_Question] = []
-    next_question = 0
+    scheduler = _Scheduler(RowDecoder(model), prompts, settings_of, extract_of, seeds, same_answer, max_rows, on_done)
+    return scheduler.run()
 
-    def start(q: _Question, wave: list[SampleSpec] | None) -> None:
-        if wave is None:
-            finish(q)
-        else:
-            q.waiting = list(wave)
-            q.wave_rows = []
 
-    def finish(q: _Question) -> None:
-        q.done = True
-        answers = q.answers
-        votes = tally(answers, same_answer)
-        result = StrategyResult(
-            samples=torch.stack(q.samples),
-            nfe=sum(q.sample_nfe),
-            answers=answers,
-            chosen=votes.winner_index if votes.winner_index is not None else 0,
-            sample_nfe=q.sample_nfe,
-            votes=votes.counts,
-            kept=q.kept,
-        )
-        results[q.index] = result
-        if on_done is not None:
-            on_done(q.index, result)
+drive = decode_questions  # the name it had before issue 20
 
-    def collect_finished_waves() -> None:
-        active = {id(r) for r in decoder.active}
-        for q in questions:
-            if q.done or q.waiting or not q.wave_rows or any(id(r) in active for r in q.wave_rows):
-                continue
-            wave, q.wave_rows = q.wave_rows, []
-            tokens = [r.tokens.cpu() for r in wave]
-            answers = [q.answer_of(t) for t in tokens]
-            q.samples += tokens
-            q.answers += answers
-            q.sample_nfe += [r.nfe for r in wave]
-            q.kept += [None if r.owner.kept is None else r.owner.kept.nonzero().flatten().tolist() for r in wave]
-            try:
-                start(q, q.plan.send(list(zip(tokens, answers))))
-            except StopIteration:
-                finish(q)
 
-    while True:
-        # fill free slots: earlier questions' waiting samples first, then new questions
-        while len(decoder.active) < max_rows:
-            waiting = next((q for q in questions if q.waiting), None)
-            if waiting is None:
-                if next_question >= count:
+class _Scheduler:
+    """Feeds the questions' samples to one `RowDecoder`: fills free rows (the waiting
+    samples of questions in flight first, then new questions), steps the decoder, and
+    hands each finished draw back to its question's plan, which says what to draw next."""
+
+    def __init__(self, decoder: RowDecoder, prompts: Sequence[torch.Tensor], settings_of: list[StrategySettings],
+                 extract_of: list[Extract], seeds: Sequence[int], same_answer: SameAnswer | None, max_rows: int,
+                 on_done: Callable[[int, StrategyResult], None] | None) -> None:
+        self.decoder, self.prompts, self.settings_of, self.extract_of = decoder, prompts, settings_of, extract_of
+        self.seeds, self.same_answer, self.max_rows, self.on_done = seeds, same_answer, max_rows, on_done
+        self.results: list[StrategyResult | None] = [None] * len(prompts)
+        self.in_flight: list[_Question] = []
+        self.next_question = 0
+
+    def run(self) -> list[StrategyResult]:
+        while True:
+            self._fill_free_rows()
+            self._collect_finished_draws()  # rows that needed no decoding at all
+            if not self.decoder.active:
+                if not self.in_flight and self.next_question >= len(self.prompts):
                     break
-                index = next_question
-                next_question += 1
-                q = _Question(
-                    index=index,
-                    seed=seeds[index],
-                    plan=_plan(settings_of[index], mask_id, same_answer),
-                    answer_of=extract_of[index],
-                )
-                questions.append(q)
-                start(q, next(q.plan, None))
                 continue
-            spec = waiting.waiting.pop(0)
-            sample_index = len(waiting.samples) + len(waiting.wave_rows)
-            generator = torch.Generator(device=device).manual_seed(derive_seed(waiting.seed, sample_index))
-            row = DecodeRow(
-                prompt=prompts[waiting.index],
-                tokens=spec.init_tokens,
-                block_length=spec.block_length,
-                steps=spec.steps,
-                alpha=spec.alpha,
-                temperature=spec.temperature,
-                remasking=settings_of[waiting.index].remasking,
-                generator=generator,
-                cache=settings_of[waiting.index].cache,
-                owner=spec,
-            )
-            waiting.wave_rows.append(row)
-            decoder.add(row)
-        collect_finished_waves()  # rows that needed no decoding at all
-        questions = [q for q in questions if not q.done]
-        if not decoder.active:
-            if not questions and next_question >= count:
+            self.decoder.step()
+            self._collect_finished_draws()
+        return [r for r in self.results if r is not None]
+
+    def _fill_free_rows(self) -> None:
+        while len(self.decoder.active) < self.max_rows:
+            question = next((q for q in self.in_flight if q.to_start), None)
+            if question is not None:
+                self._start_sample(question)
+            elif self.next_question < len(self.prompts):
+                self._start_question()
+            else:
                 break
-            continue
-        decoder.step()
-        collect_finished_waves()
-        questions = [q for q in questions if not q.done]
-    return [r for r in results if r is not None]
+
+    def _start_question(self) -> None:
+        index = self.next_question
+        self.next_question += 1
+        plan = question_plan(self.settings_of[index], self.decoder.mask_id, self.same_answer)
+        question = _Question(index=index, seed=self.seeds[index], plan=plan, answer_of=self.extract_of[index])
+        self.in_flight.append(question)
+        self._begin_draw(question, next(plan, None))
+
+    def _start_sample(self, question: _Question) -> None:
+        spec = question.to_start.pop(0)
+        settings = self.settings_of[question.index]
+        generator = torch.Generator(device=self.decoder.device).manual_seed(question.next_sample_seed())
+        row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
+                        steps=spec.steps, alpha=spec.alpha, temperature=spec.temperature,
+                        remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec)
+        question.decoding.append(row)
+        self.decoder.add(row)
+
+    def _begin_draw(self, question: _Question, draw: list[SampleSpec] | None) -> None:
+        """The plan's next draw, or the question's result when the plan is over."""
+        if draw is None:
+            self._finish(question)
+        else:
+            question.to_start, question.decoding = list(draw), []
+
+    def _collect_finished_draws(self) -> None:
+        active = {id(row) for row in self.decoder.active}
+        for question in self.in_flight:
+            if question.done or question.to_start or not question.decoding:
+                continue
+            if any(id(row) in active for row in question.decoding):
+                continue
+            rows, question.decoding = question.decoding, []
+            try:
+                self._begin_draw(question, question.plan.send(question.take_draw(rows)))
+            except StopIteration:
+                self._finish(question)
+        self.in_flight = [q for q in self.in_flight if not q.done]
+
+    def _finish(self, question: _Question) -> None:
+        question.done = True
+        result = question.result(self.same_answer)
+        self.results[question.index] = result
+        if self.on_done is not None:
+            self.on_done(question.index, result)

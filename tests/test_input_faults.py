@@ -29,8 +29,9 @@ from lm_eval.api.instance import Instance
 
 from conftest import REPO_ROOT, _write_random_llada
 from lm_eval_dvoting import likelihood
+from lm_eval_dvoting.arg_parsing import whole_number as _whole_number
 from lm_eval_dvoting.decoding import generate, rules
-from lm_eval_dvoting.harness import LLaDAEvalModel, _whole_number
+from lm_eval_dvoting.harness import LLaDAEvalModel
 from lm_eval_dvoting.likelihood import score_requests
 from lm_eval_dvoting.models.loading import CheckpointError, load_model
 from lm_eval_dvoting.strategies import StrategySettings, run_strategy
@@ -189,12 +190,12 @@ def test_whole_number_model_args_accept_their_usual_spellings():
 
 def test_the_results_record_the_steps_the_schedule_really_runs():
     """steps=9 over 2 blocks runs 10 (equal steps per block): the results say 10, not only 9."""
-    from lm_eval_dvoting.harness import _resolved
-    from lm_eval_dvoting.strategies import _plan
+    from lm_eval_dvoting.bookkeeping import resolved_settings as _resolved
+    from lm_eval_dvoting.strategies import question_plan
 
     settings = StrategySettings(strategy="majority", gen_length=32, block_length=16, steps=9)
-    wave = next(_plan(settings, mask_id=0, same_answer=None))
-    assert {spec.steps for spec in wave} == {10}
+    draw = next(question_plan(settings, mask_id=0, same_answer=None))
+    assert {spec.steps for spec in draw} == {10}
     assert _resolved(settings)["steps"] == 9 and _resolved(settings)["steps_run"] == 10
     hex_settings = StrategySettings(strategy="hex", gen_length=64, steps=3)
     assert _resolved(hex_settings)["steps_run"] == [32, 16, 8, 4, 4]  # >= 1 step per block, equal per block

@@ -371,12 +371,15 @@ def test_remask_sample_with_nothing_left_to_decode_costs_no_forward_pass():
     assert result.kept == [None, None, None, [0, 1], [0, 1]]
 
 
-def test_prefix_cache_setting_reaches_the_decoder():
-    """`prefix_cache=True` is passed on to every sample's decoding: a model without the
-    cache support is refused with a message naming the setting, not silently run exact."""
-    with pytest.raises(ValueError, match="prefix_cache needs one of this package's"):
+@pytest.mark.parametrize("setting", [dict(prefix_cache=True), dict(cache="prefix"), dict(cache="dual")])
+def test_cache_setting_reaches_the_decoder(setting):
+    """`cache` (and its older spelling `prefix_cache=True`) is passed on to every sample's
+    decoding: a model without the cache support is refused with a message naming the
+    setting, not silently run exact."""
+    name = setting.get("cache", "prefix")
+    with pytest.raises(ValueError, match=f"cache={name} \\(or prefix_cache\\) needs one of this package's"):
         run_strategy(_scripted_model(), torch.tensor([[19, 5, 6]]), strategy="single", extract=lambda t: None,
-                     gen_length=8, block_length=4, prefix_cache=True)
+                     gen_length=8, block_length=4, **setting)
 
 
 def test_remasking_rule_reaches_every_sample(monkeypatch):

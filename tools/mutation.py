@@ -1,6 +1,6 @@
 """Mutation testing of the scoring core with mutmut 3 (docs/MUTATION.md).
 
-    .venv/bin/python tools/mutation.py                     # all six modules, one after another
+    .venv/bin/python tools/mutation.py                     # every module, one after another
     .venv/bin/python tools/mutation.py answers metrics     # some of them
     .venv/bin/python tools/mutation.py strategies --max-children 2
 
@@ -54,7 +54,9 @@ MODULES: dict[str, list[str]] = {
     "answers": ["tests/test_answers.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
     "metrics": ["tests/test_metrics.py", KILLS],
     "strategies": ["tests/test_strategies.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
-    "decoding": ["tests/test_decoding.py", KILLS],
+    # the decoder's units (lm_eval_dvoting/decoding/), one run each
+    **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", KILLS]
+       for unit in ("state", "rules", "caches", "rows")},
     "likelihood": ["tests/test_likelihood.py", KILLS],
     # harness.py is exercised through lm-eval end to end: its run is by far the slowest
     # (about 1,260 mutants; see docs/MUTATION.md for the time it takes)
@@ -90,7 +92,7 @@ def _run_one(module: str, max_children: int, retest: list[str]) -> None:
     from mutmut.stats import status_by_exit_code
 
     cfg = config()
-    source = f"{PACKAGE}/{module}.py"
+    source = _source(module)
     cfg.only_mutate = [source]
     cfg.pytest_add_cli_args_test_selection = list(MODULES[module])
     try:
@@ -112,6 +114,12 @@ def _run_one(module: str, max_children: int, retest: list[str]) -> None:
         "diffs": {name: get_diff_for_mutant(name, path=Path(source)) for name in survivors},
     }
     Path("mutants", "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+
+
+def _source(module: str) -> str:
+    """The file of a module name: `answers` -> lm_eval_dvoting/answers.py,
+    `decoding.rules` -> lm_eval_dvoting/decoding/rules.py."""
+    return f"{PACKAGE}/{module.replace('.', '/')}.py"
 
 
 def run_module(module: str, max_children: int) -> dict:

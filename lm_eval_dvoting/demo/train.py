@@ -271,7 +271,7 @@ def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length:
     """Share of `problems` answered right at temperature 0, steps = L, blocks of L/16,
     overall (``acc``) and by number of steps (``acc_2``, ``acc_3``, ...)."""
     from ..answers import extract_answer
-    from ..decoding import generate
+    from ..decoding import default_block_length, generate
 
     model.eval()
     right: dict[int, list[bool]] = {}
@@ -280,7 +280,7 @@ def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length:
         enc = tokenizer([arith.format_prompt(p.question) for p in chunk], add_special_tokens=False,
                         padding=True, return_tensors="pt")
         out = generate(model, enc.input_ids.to(device), enc.attention_mask.to(device),
-                       gen_length=gen_length, block_length=max(1, gen_length // 16), steps=gen_length)
+                       gen_length=gen_length, block_length=default_block_length(gen_length), steps=gen_length)
         for problem, row in zip(chunk, out.tokens.tolist()):
             text = tokenizer.decode(row, skip_special_tokens=False).split(EOS)[0]
             right.setdefault(problem.steps, []).append(extract_answer(text, "number") == str(problem.answer))
