@@ -16,8 +16,18 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
        answer (``None``) rather than falling back to some other number in the
        reasoning, which would be a guess the model did not make;
     2. the last "answer is X" / "answer: X" phrase (case-insensitive; covers "The
-       answer is", "The final answer is", "Answer:") or GSM8K's ``#### X`` line,
-       reading the first number after the phrase on the same line;
+       answer is", "The final answer is", "Answer:") or GSM8K's ``#### X`` line
+       whose clause holds a number. The clause is the text after the phrase up to
+       the end of its line or sentence (``.``, ``,``, ``;``, ``!``, ``?`` followed
+       by a space or the end; a ``.`` or ``,`` inside a number does not end it). It
+       is read by `_clause_answer`: a written result wins, so "the answer is
+       5 + 3 = 8" is ``8``, "The answer is $1,800 - $200 = $1,600." is ``1600``;
+       otherwise its first number, as in "The answer is 12 apples." (``12``). An
+       expression with no result written, "the answer is 5 + 3" (also ``10-20``),
+       is *no answer* (``None``), like a box without a number, and earlier phrases
+       and rule 3 are not consulted: a GSM8K reference is one number, the model
+       stated a sum instead, and neither operand (``5`` as a strict "answer is"
+       regex reads it, ``3`` as a last-number grader does) is what it claimed;
     3. the last number anywhere in the text.
 
     The number is then normalised to a canonical string so that equal values are
@@ -236,6 +246,44 @@ def _numbers_in(text: str) -> list[str]:
     return out
 
 
+# The clause after an answer phrase ends with its line or at a sentence end: `.`, `,`,
+# `;`, `!` or `?` followed by whitespace or the end of the line (`12.5`, `1,800` go on).
+_CLAUSE_END = re.compile(r"[.,;!?](?=\s|$)")
+# What makes a number the first operand of an expression: an operator and another
+# number right after it (`5 + 3`, `5-3`, `$5 + $3`, `50% x 4`, `2 \times 3`, `(-4) * 2`,
+# `6 \div 2`; not `5 apples + 3`, not `5 -- so`). A `/` between numbers is not here: `3/4`
+# and `3 / 4` are read as one fraction.
+_OPERATION = re.compile(r"[\s%)]*(?:[-+*x\u00d7\u00f7\u00b7]|\\times|\\cdot|\\div)[\s$(]*-?\.?\d")
+# `_clause_answer`'s verdict on a clause that states an expression but no result
+_UNFINISHED = object()
+
+
+def _clause_answer(clause: str) -> Any:
+    """The number an answer phrase's clause states (already `_clean_numeric_text`-ed).
+
+    The clause is cut at each ``=`` into parts (``5 + 3 = 8`` -> ``5 + 3``, ``8``). A
+    part *states a number* when it holds one that no operator and number follow
+    (``8``, ``$1,600 in all``, ``x`` does not, ``5 + 3`` does not: it is an
+    expression); the part's first number is what it states. The clause's answer is
+    what its last such part states, so a written result (``5 + 3 = 8``, also
+    ``8 = 5 + 3``) is read rather than an operand. Returns that canonical string,
+    None when the clause holds no number at all (the phrase is then skipped), and
+    `_UNFINISHED` when it holds numbers but only in expressions (``5 + 3``): an
+    answer stated as a sum with no value, which the caller reads as no answer.
+    """
+    verdict: Any = None
+    for part in reversed(clause.split("=")):
+        for match in _NUMBER_OR_FRACTION.finditer(part):
+            canonical = _canonical_number(match.group(0))
+            if canonical is None:  # `5/0`: not a value, the next number may be
+                continue
+            if _OPERATION.match(part, match.end()) is None:
+                return canonical
+            verdict = _UNFINISHED
+            break
+    return verdict
+
+
 def _extract_number(text: str) -> Optional[str]:
     boxed = _last_boxed(text)
     if boxed is not None:
@@ -243,10 +291,12 @@ def _extract_number(text: str) -> Optional[str]:
         numbers = _numbers_in(boxed)
         return numbers[-1] if numbers else None
     for phrase in reversed(list(_ANSWER_PHRASE.finditer(text))):
-        rest = text[phrase.end() :].split("\n", 1)[0]
-        numbers = _numbers_in(rest)
-        if numbers:
-            return numbers[0]
+        line = _clean_numeric_text(text[phrase.end() :].split("\n", 1)[0])
+        answer = _clause_answer(_CLAUSE_END.split(line, 1)[0])
+        if answer is _UNFINISHED:
+            return None
+        if answer is not None:
+            return answer
     numbers = _numbers_in(text)
     return numbers[-1] if numbers else None
 

@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lm_eval_dvoting import answers
 from lm_eval_dvoting.answers import (
@@ -117,6 +119,101 @@ def test_number_boxed_without_number_is_no_answer() -> None:
 def test_number_unclosed_box_is_ignored() -> None:
     # a generation cut at the length limit leaves `\boxed{1` open: not an answer
     assert extract_answer("The answer is 12. \\boxed{1", "number") == "12"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("the answer is 5 + 3 = 8", "8"),
+        ("The answer is 12.", "12"),
+        ("the answer is 5", "5"),
+        ("The answer is 3 * 4 = 12 + 6 = 18.", "18"),  # a chain: the last result
+        ("The answer is 1,200 + 600 = 1,800.", "1800"),
+        ("The answer is $1,800 - $200 = $1,600.", "1600"),
+        ("The answer is \\$5 + \\$3 = \\$8.", "8"),
+        ("The answer is 5 - 8 = -3.", "-3"),
+        ("Answer: 5-8=-3", "-3"),
+        ("#### 20 * 3 = 60", "60"),
+        ("The final answer is 2 \\times 3 = 6 apples.", "6"),
+        ("The answer is (4 + 1) x 2 = 10", "10"),
+        ("The answer is 48 / 2 = 24", "24"),
+        ("The answer is 1.5 + 2.5 = 4.0", "4"),
+        ("The answer is 5 apples + 3 apples = 8 apples", "8"),
+        ("The answer is 2 hours = 120 minutes.", "120"),  # the last stated value
+        ("The answer is 24 = 4 * 6", "24"),  # the result written first
+        # the clause ends at a sentence end or a `, `: later sums are reasoning
+        ("The answer is 12, since 3 * 4 = 12.", "12"),
+        ("The answer is 20, not 5 + 3 = 8", "20"),
+        ("The answer is 8. Check: 8 - 3 = 5", "8"),
+        ("The answer is 5/0 or 7", "7"),  # `5/0` has no value: the next number
+        # not expressions: no operator and number right after the number
+        ("The answer is 5 -- final.", "5"),
+        ("The answer is **5**", "5"),
+        ("The answer is 5 (3 + 2).", "5"),
+    ],
+)
+def test_number_answer_phrase_reads_the_result(text: str, expected: str) -> None:
+    """An answer phrase followed by arithmetic is read at its result (after the last
+    `=`), not at its first operand; a plain number is read as it stands."""
+    assert extract_answer(text, "number") == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the answer is 5 + 3",
+        "The answer is 5 + 3.",
+        "The answer is $12 - $4, I think",
+        "The answer is 50% + 10%",
+        "The answer is 10-20 minutes",
+        # neither an operand nor the last number of the text is read instead
+        "So 2 + 2 = 4 and the answer is 4 * 2",
+        # the last phrase decides, as the last box does
+        "The answer is 8. No wait, the answer is 5 + 3",
+    ],
+)
+def test_number_answer_phrase_with_an_unwritten_result_is_no_answer(text: str) -> None:
+    """An answer stated as an expression with no result is no answer (None), as a box
+    without a number is: the model claimed a sum, not a value."""
+    assert extract_answer(text, "number") is None
+
+
+def test_number_unwritten_result_yields_to_a_box() -> None:
+    # the box comes first (rule 1), whatever the phrase says
+    assert extract_answer("the answer is 5 + 3, so \\boxed{8}", "number") == "8"
+
+
+_OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+               "x": lambda a, b: a * b, "\\times": lambda a, b: a * b}
+_PHRASES = ["The answer is", "the final answer is", "Answer:", "####", "So the answer is:"]
+_ENDINGS = ["", ".", ". Done.", ", so 1 + 1 = 2.", "\nCheck: 9 - 1 = 8"]
+
+
+@st.composite
+def _spelled_int(draw, value: int) -> str:
+    """`value` as a model may write it: `1800`, `1,800`, `$1,800`, `-$5`, `(-5)`."""
+    digits = f"{abs(value):,}" if draw(st.booleans()) else str(abs(value))
+    dollar = "$" if draw(st.booleans()) else ""
+    if value >= 0:
+        return dollar + digits
+    return draw(st.sampled_from([f"-{dollar}{digits}", f"({dollar}-{digits})", f"(-{dollar}{digits})"]))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(st.data(), st.integers(-10**6, 10**6), st.integers(-10**6, 10**6), st.sampled_from(sorted(_OPERATIONS)),
+       st.sampled_from(_PHRASES), st.sampled_from(_ENDINGS), st.sampled_from(["", " "]))
+def test_number_answer_phrase_property(data, a, b, op, phrase, ending, space) -> None:
+    """For any `a op b = r` after an answer phrase, in any spelling of the numbers, with
+    or without spaces and whatever follows the clause, the answer is r; the same
+    expression with no `= r` is no answer."""
+    r = _OPERATIONS[op](a, b)
+    sa, sb, sr = (data.draw(_spelled_int(v)) for v in (a, b, r))
+    if op in ("x", "\\times"):  # a letter or command operator needs its spaces
+        space = " "
+    expression = f"{sa}{space}{op}{space}{sb}"
+    assert extract_answer(f"{phrase} {expression}{space}={space}{sr}{ending}", "number") == str(r)
+    assert extract_answer(f"{phrase} {sr}{ending}", "number") == str(r)
+    assert extract_answer(f"{phrase} {expression}{ending}", "number") is None
 
 
 # --------------------------------------------------------------------------- math

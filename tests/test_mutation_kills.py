@@ -129,9 +129,9 @@ def test_a_latex_fraction_with_zero_denominator_is_left_as_written():
 
 
 def test_answer_phrase_reads_only_its_own_line():
-    """The number after "The answer is" is read on the same line only (module rule 2);
-    a phrase whose line has no number falls through to the last number in the text,
-    not to a number on a later line."""
+    """The number after "The answer is" is read in its clause, on the same line only
+    (module rule 2); a phrase whose clause has no number falls through to the last
+    number in the text, not to a number on a later line."""
     assert extract_answer("The answer is below.\n7\nCheck: 9", "number") == "9"
     assert extract_answer("The answer is 4 apples.\nThen 7 more\nin all 11", "number") == "4"
 
