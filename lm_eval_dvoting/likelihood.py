@@ -37,7 +37,8 @@ Choices (and where they differ from LLaDA's `eval_llada.py`):
   pass, right-padded with an attention mask; each request's draws come only from its
   own seed, so results do not depend on batch size or request order (up to float noise).
 
-`is_greedy` follows LLaDA's `suffix_greedy_prediction`: the continuation starts fully
+The greedy check (the second element of each `score_requests` result, lm-eval's
+`is_greedy`) follows LLaDA's `suffix_greedy_prediction`: the continuation starts fully
 masked and, one position per forward pass, the most confident masked position is
 unmasked with its argmax token; the result is whether the final sequence equals the
 continuation. Two deliberate differences: the mask token is never the committed argmax
@@ -260,17 +261,19 @@ def _greedy_step(model: nn.Module, active: Sequence[_Request]) -> None:
 def _greedy_checks(
     model: nn.Module,
     reqs: Sequence[_Request],
-    on_decided: Callable[[list[_Request]], None] | None = None,
+    on_decided: Callable[[list[_Request]], None],
 ) -> None:
-    """Run the greedy check of every request (non-empty continuations), rows leaving as decided."""
+    """Run the greedy check of every request (non-empty continuations), rows leaving as decided.
+
+    `on_decided(reqs)` is called after each pass with the requests that pass decided.
+    """
     for req in reqs:
         req.decoded = torch.full_like(req.continuation, int(model.mask_token_id))
         req.still_masked = torch.ones(len(req.continuation), dtype=torch.bool)
     active = list(reqs)
     while active:
         _greedy_step(model, active)
-        if on_decided is not None:
-            on_decided([req for req in active if req.greedy_decided])
+        on_decided([req for req in active if req.greedy_decided])
         active = [req for req in active if not req.greedy_decided]
 
 
@@ -371,21 +374,6 @@ def loglikelihood(
         stratified=stratified,
     )
     return value
-
-
-@torch.inference_mode()
-def is_greedy(model: nn.Module, context_ids: torch.Tensor, continuation_ids: torch.Tensor) -> bool:
-    """Whether greedy unmasking from a fully masked continuation reproduces it exactly.
-
-    LLaDA's `suffix_greedy_prediction`: one forward pass per step, the masked position
-    whose argmax token has the highest probability is unmasked with that token, until
-    none is masked. Deterministic; at most len(continuation) forward passes.
-    """
-    [req] = _prepare(model, [(context_ids, continuation_ids)], [0])
-    if len(req.continuation) == 0:
-        return True
-    _greedy_checks(model, [req])
-    return req.greedy
 
 
 def rolling_windows(

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm_eval_dvoting.likelihood import (
-    is_greedy,
     loglikelihood,
     rolling_loglikelihood,
     rolling_windows,
@@ -154,13 +153,15 @@ def test_seeded_and_leaves_the_global_rng_alone(model):
     assert loglikelihood(model, context, continuation, mc_num=8, seed=3, stratified=False) == iid
 
 
-def test_is_greedy_accepts_the_greedy_continuation_only(model):
+def test_greedy_flag_accepts_the_greedy_continuation_only(model):
     context = _tokens(5, 7)
     greedy_continuation = greedy_reference(model, context, 4)
     other = greedy_continuation.clone()
     other[2] = (other[2] + 1) % 240
-    assert is_greedy(model, context, greedy_continuation)
-    assert not is_greedy(model, context, other)
+    # one request alone, and both sharing the greedy passes
+    for continuation, expected in ((greedy_continuation, True), (other, False)):
+        [(_, flag)] = score_requests(model, [(context, continuation)], mc_num=1, seeds=[0])
+        assert flag is expected
     flags = [greedy for _, greedy in score_requests(
         model, [(context, other), (context, greedy_continuation)], mc_num=2, seeds=[0, 0], batch_size=3
     )]
@@ -170,7 +171,6 @@ def test_is_greedy_accepts_the_greedy_continuation_only(model):
 def test_edge_cases(model):
     empty = torch.tensor([], dtype=torch.long)
     assert score_requests(model, [(_tokens(3, 8), empty)], seeds=[0]) == [(0.0, True)]
-    assert is_greedy(model, _tokens(3, 8), empty)
     if model.logits_shift:  # Dream predicts token i at i-1: position 0 has no prediction
         with pytest.raises(ValueError, match="BOS"):
             loglikelihood(model, empty, _tokens(2, 9), mc_num=2)
