@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from .caches import ForwardPass
-from .rules import EntropyThreshold, FixedSchedule, RowWork
+from .rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork
 from .state import DecodeResult, DecodeRow, check_prompt_batch, validate_row_settings
 
 
@@ -32,16 +32,19 @@ class RowDecoder:
         first_parameter = next(iter(model.parameters()), None)
         self.device = first_parameter.device if first_parameter is not None else torch.device("cpu")
         self.forward = ForwardPass(model, self.mask_id if pad_token_id is None else pad_token_id, self.device)
-        self.fixed, self.threshold = FixedSchedule(self.mask_id), EntropyThreshold(self.mask_id)
+        self.rules = (FixedSchedule(self.mask_id), EntropyThreshold(self.mask_id), ConfidenceThreshold(self.mask_id))
         self.active: list[DecodeRow] = []
 
-    def rule(self, row: DecodeRow) -> FixedSchedule | EntropyThreshold:
-        return self.fixed if row.steps is not None else self.threshold
+    def rule(self, row: DecodeRow) -> FixedSchedule | EntropyThreshold | ConfidenceThreshold:
+        """The row's commit rule: `steps` -> fixed schedule, `alpha` -> entropy threshold,
+        `threshold` -> confidence threshold."""
+        fixed, entropy, confidence = self.rules
+        return fixed if row.steps is not None else entropy if row.alpha is not None else confidence
 
     def add(self, row: DecodeRow) -> None:
         """Check the row, move it to the model's device, and queue it if it has masks."""
         validate_row_settings(row.gen_length, row.block_length, row.steps, row.alpha,
-                              row.temperature, row.remasking, row.cache)
+                              row.temperature, row.remasking, row.cache, row.threshold)
         self.forward.check(row)
         if self.forward.shift and row.prompt.numel() == 0:
             raise ValueError("this model reads predictions one position to the left: the prompt must not be empty")
@@ -84,9 +87,13 @@ class RowDecoder:
         return starts, keeps
 
     def _commit(self, works: list[RowWork]) -> list[RowWork]:
-        fixed = [w for w in works if w.row.steps is not None]
-        threshold = [w for w in works if w.row.steps is None]
-        return [*self.fixed.commit(fixed), *(self.threshold.commit(threshold) if threshold else [])]
+        """Each rule commits for all its rows at once; returns the rows that go on."""
+        going_on: list[RowWork] = []
+        for rule in self.rules:
+            mine = [work for work in works if self.rule(work.row) is rule]
+            if mine:
+                going_on += rule.commit(mine)
+        return going_on
 
     def _retire(self) -> list[DecodeRow]:
         finished = [row for row in self.active if not self._has_masks(row)]
@@ -121,6 +128,7 @@ def generate(
     block_length: int,
     steps: int | None = None,
     alpha: float | None = None,
+    threshold: float | None = None,
     temperature: float = 0.0,
     remasking: str = "low_confidence",
     init_tokens: torch.Tensor | None = None,
@@ -130,7 +138,8 @@ def generate(
 ) -> DecodeResult:
     """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
 
-    `steps` selects LLaDA's fixed schedule, `alpha` dVoting's entropy threshold.
+    `steps` selects LLaDA's fixed schedule, `alpha` dVoting's entropy threshold,
+    `threshold` Fast-dLLM's confidence threshold.
     `init_tokens` (batch, gen_length) pre-fills the region: mask-id positions are
     decoded, the others stay fixed. `generator` is one `torch.Generator` shared by the
     rows in order, or one per row (then a row's tokens do not depend on the batch).
@@ -138,7 +147,7 @@ def generate(
     `prefix_cache=True` is the older spelling of `cache="prefix"`.
     """
     cache = _cache_setting(cache, prefix_cache)
-    validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking, cache)
+    validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold)
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
     if init_tokens is None:
@@ -148,7 +157,8 @@ def generate(
     decoder = RowDecoder(model)
     rows = [
         DecodeRow(prompt=input_ids[i][attention_mask[i].bool()], tokens=init_tokens[i], block_length=block_length,
-                  steps=steps, alpha=alpha, temperature=temperature, remasking=remasking, generator=g, cache=cache)
+                  steps=steps, alpha=alpha, threshold=threshold, temperature=temperature, remasking=remasking,
+                  generator=g, cache=cache)
         for i, g in enumerate(_as_generators(generator, batch))
     ]
     for row in rows:

@@ -9,6 +9,9 @@ what it commits given them (ALGORITHM.md section 1, step 4).
   block whose float64 entropy (of the un-noised logits) is below `alpha`, else the one
   lowest-entropy position; a block completed in a step hands the same logits on to the
   next block (the one-token fallback at most once per step).
+* `ConfidenceThreshold` (`threshold`): Fast-dLLM's parallel decoding, commit the block's
+  most confident masked position and every other one whose candidate's probability is at
+  least `threshold`; the next block starts in the next step (no hand-over).
 
 A rule turns each row into a `RowWork` at the start of a step (`begin`): the positions it
 wants logits for. The row batch fetches the logits of every row's wanted positions in one
@@ -218,6 +221,43 @@ class EntropyThreshold:
             commit = [min(range(len(row_entropy)), key=row_entropy.__getitem__)]
             work.fallback_used = True
         return commit
+
+
+class ConfidenceThreshold:
+    """Fast-dLLM's confidence-threshold rule (its `generate(..., threshold=...)`): among
+    the current block's masked positions, the one whose candidate has the highest
+    probability commits, and so does every other one whose candidate's probability is at
+    least `threshold`. Candidates and probabilities as for the fixed schedule (argmax or
+    float64 Gumbel-max drawn over the block; the softmax probability of the un-noised
+    logits at the candidate). Ties for the highest probability go to the leftmost position.
+    A block is done when it has no mask left; the next one starts in the next step."""
+
+    def __init__(self, mask_id: int) -> None:
+        self.mask_id = mask_id
+
+    def block_start(self, row: DecodeRow) -> int:
+        return masked_block(row.tokens.tolist(), self.mask_id, row.block_length)[0]  # an active row has a mask
+
+    def is_done(self, row: DecodeRow) -> bool:
+        return False  # done when no mask is left, which the row batch checks
+
+    def begin(self, index: int, row: DecodeRow, window: Window) -> _ScheduledWork:
+        start = self.block_start(row)
+        masked = row.tokens[start:start + row.block_length] == self.mask_id
+        return _ScheduledWork(index, row, wanted=(start + masked.nonzero().squeeze(1)).tolist(), start=start,
+                              masked=masked)
+
+    def commit(self, works: Sequence[_ScheduledWork]) -> list[RowWork]:
+        for work in works:
+            row, masked = work.row, work.masked
+            logits64 = suppress_mask(work.logits, self.mask_id)
+            chosen = candidates(logits64, row.temperature, row.generator, masked)
+            probability = torch.softmax(logits64, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+            commit = probability >= row.threshold
+            commit[int(probability.argmax())] = True  # the first maximum: leftmost on ties
+            positions = torch.tensor(work.wanted, device=row.tokens.device)
+            row.tokens[positions[commit]] = chosen[commit].to(row.tokens.dtype)
+        return []
 
 
 def _inside(window: Window, positions: list[int]) -> bool:

@@ -62,7 +62,7 @@ class DecodeRow:
 
     `tokens` holds the generation region and is updated in place; positions holding
     the mask id are decoded, the others stay fixed. `steps` selects the fixed schedule,
-    `alpha` the entropy threshold (exactly one of them). `cache` is the row's cache
+    `alpha` the entropy threshold, `threshold` the confidence threshold (exactly one). `cache` is the row's cache
     policy (`CACHE_POLICIES`). `owner` is free for the caller (the strategies keep the
     sample's spec there).
     """
@@ -76,6 +76,7 @@ class DecodeRow:
     remasking: str = "low_confidence"
     generator: torch.Generator | None = None
     owner: Any = None
+    threshold: float | None = None  # Fast-dLLM's confidence threshold (instead of steps or alpha)
     cache: str = "none"
     nfe: int = 0
     progress: ScheduleProgress = field(default_factory=ScheduleProgress, repr=False)
@@ -102,6 +103,7 @@ def validate_row_settings(
     temperature: float,
     remasking: str,
     cache: str = "none",
+    threshold: float | None = None,
 ) -> None:
     """Raise a ValueError naming the setting that cannot work, and what would."""
     if gen_length <= 0:
@@ -110,8 +112,11 @@ def validate_row_settings(
         raise ValueError(
             f"block_length {block_length} must be positive and divide gen_length {gen_length}"
         )
-    if (steps is None) == (alpha is None):
-        raise ValueError("give exactly one of steps (fixed schedule) or alpha (entropy threshold)")
+    if sum(rule is not None for rule in (steps, alpha, threshold)) != 1:
+        raise ValueError("give exactly one of steps (fixed schedule), alpha (entropy threshold) or threshold "
+                         "(confidence threshold)")
+    if threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}: e.g. 0.9 (Fast-dLLM's default)")
     if steps is not None:
         num_blocks = gen_length // block_length
         if steps <= 0 or steps % num_blocks:
