@@ -40,7 +40,10 @@ STRATEGIES = ("single", "majority", "hex", "dvoting")
 # of tokens committed per step) or dVoting's entropy threshold (every masked position of
 # the block whose entropy is below `alpha` per step, at least one). `decoder=entropy` on
 # `single`/`majority` is the ablation that tells dVoting's decoder from its voting.
-DECODERS = ("fixed", "entropy")
+# "confidence" is Fast-dLLM's rule (commit the most confident masked position of the block
+# and every other one whose candidate's probability is >= `threshold`), for single, majority
+# and, instead of its entropy rule, dvoting.
+DECODERS = ("fixed", "entropy", "confidence")
 HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
 
 Answer = Hashable
@@ -118,6 +121,7 @@ class StrategySettings:
     # Fast-dLLM's key/value caches (decoding/caches.py): "none" (exact), "prefix" or "dual"
     # (faster at long lengths, slightly different samples)
     cache: str = "none"
+    threshold: float = 0.9  # the confidence decoder's (decoder="confidence")
 
     def __post_init__(self) -> None:
         # Every check runs before any model work; each message names the setting, its
@@ -164,13 +168,15 @@ class StrategySettings:
         if self.decoder is not None and self.decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS} (or left out for the strategy's own), "
                              f"got {self.decoder!r}")
-        if self.strategy == "hex" and self.decoder == "entropy":
-            raise ValueError("decoder=entropy does not apply to strategy=hex: HEX is defined by its fixed "
+        if self.strategy == "hex" and self.decoder in ("entropy", "confidence"):
+            raise ValueError(f"decoder={self.decoder} does not apply to strategy=hex: HEX is defined by its fixed "
                              "schedules over block sizes L/32..L/2; leave decoder out for hex")
+        require_real("threshold (confidence decoder)", self.threshold, "in (0, 1]", lambda t: 0 < t <= 1,
+                     "e.g. threshold=0.9 (Fast-dLLM's default)")
         if self.strategy == "dvoting" and self.decoder == "fixed":
             raise ValueError("decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
-                             "entropy threshold (alpha); leave decoder out for dvoting, or compare with "
-                             "strategy=majority,decoder=entropy")
+                             "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
+                             "decoder out for dvoting, or compare with strategy=majority,decoder=entropy")
 
     def _check_cache(self) -> None:
         if self.cache not in CACHE_POLICIES:
@@ -192,6 +198,14 @@ class StrategySettings:
         if self.decoder is not None:
             return self.decoder
         return "entropy" if self.strategy == "dvoting" else "fixed"
+
+    def commit_rule(self) -> dict[str, Any]:
+        """The decoder's setting as `DecodeRow` takes it: `steps` (fixed schedule, as it
+        really runs), `alpha` (entropy threshold) or `threshold` (confidence threshold)."""
+        decoder = self.resolved_decoder
+        return dict(steps=self.steps_run if decoder == "fixed" else None,
+                    alpha=self.alpha if decoder == "entropy" else None,
+                    threshold=self.threshold if decoder == "confidence" else None)
 
     @property
     def resolved_block_length(self) -> int:
@@ -219,7 +233,7 @@ class StrategySettings:
         multiple of the block count); for hex one value per block size (L/32 .. L/2); None
         for the entropy decoder (dVoting's, or `decoder=entropy`), which follows no
         schedule and ignores `steps`."""
-        if self.resolved_decoder == "entropy":
+        if self.resolved_decoder != "fixed":
             return None
         if self.strategy == "hex":
             return [_fixed_steps(self.resolved_steps, self.gen_length, self.gen_length // d)
@@ -237,6 +251,7 @@ class SampleSpec:
     alpha: float | None
     temperature: float
     kept: torch.Tensor | None = None  # positions fixed from earlier samples (remask samples)
+    threshold: float | None = None  # the confidence rule's (when neither steps nor alpha is given)
 
 
 @dataclass
@@ -268,13 +283,12 @@ def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAns
     length, block = settings.gen_length, settings.resolved_block_length
     temperature = settings.resolved_temperature
     fresh = torch.full((length,), mask_id, dtype=torch.long)
-    # fixed schedule: `steps_run` passes, no threshold; entropy decoder: no schedule, `alpha`
-    alpha = settings.alpha if settings.resolved_decoder == "entropy" else None
+    rule = settings.commit_rule()
     if settings.strategy == "single":
-        yield [SampleSpec(fresh, block, settings.steps_run, alpha, temperature)]
+        yield [SampleSpec(fresh, block, temperature=temperature, **rule)]
         return
     if settings.strategy == "majority":
-        yield [SampleSpec(fresh, block, settings.steps_run, alpha, temperature) for _ in range(settings.n)]
+        yield [SampleSpec(fresh, block, temperature=temperature, **rule) for _ in range(settings.n)]
         return
     if settings.strategy == "hex":
         seeds = settings.hex_samples // len(HEX_BLOCK_DIVISORS)
@@ -295,11 +309,11 @@ def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAns
             # fresh samples before the first early-stop check (samples 1 and 2) decode together
             draw_size = 2 - len(drawn) if i == 1 else 1
             draw_size = min(draw_size, fresh_count - len(drawn), n - len(drawn))
-            specs = [SampleSpec(fresh, block, None, settings.alpha, temperature) for _ in range(draw_size)]
+            specs = [SampleSpec(fresh, block, temperature=temperature, **rule) for _ in range(draw_size)]
         else:
             start = remask_tokens(torch.stack(drawn), settings.tau, mask_id)
             kept = start != mask_id
-            specs = [SampleSpec(start, block, None, settings.alpha, temperature, kept=kept)]
+            specs = [SampleSpec(start, block, temperature=temperature, kept=kept, **rule)]
         results = yield specs
         drawn += [tokens for tokens, _ in results]
         answers += [answer for _, answer in results]
@@ -375,6 +389,7 @@ def run_strategy(
     prefix_cache: bool = False,
     decoder: str | None = None,
     cache: str = "none",
+    threshold: float = 0.9,
     same_answer: SameAnswer | None = None,
     row_seeds: Sequence[int] | None = None,
     max_rows: int = 16,
@@ -390,12 +405,12 @@ def run_strategy(
     is called as each question finishes. `cache` ("none" | "prefix" | "dual") turns on
     Fast-dLLM's key/value caches (faster, slightly different samples; off by default;
     `prefix_cache=True` is the older spelling of `cache="prefix"`). `decoder`
-    ("fixed" | "entropy") overrides the strategy's decoder (`StrategySettings.decoder`).
+    ("fixed" | "entropy" | "confidence", with `threshold`) overrides the strategy's decoder.
     """
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
-        prefix_cache=prefix_cache, decoder=decoder, cache=cache,
+        prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
     )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
@@ -488,7 +503,7 @@ class _Scheduler:
         settings = self.settings_of[question.index]
         generator = torch.Generator(device=self.decoder.device).manual_seed(question.next_sample_seed())
         row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
-                        steps=spec.steps, alpha=spec.alpha, temperature=spec.temperature,
+                        steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, temperature=spec.temperature,
                         remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec)
         question.decoding.append(row)
         self.decoder.add(row)

@@ -549,19 +549,23 @@ def test_settings_report_the_decoder_and_no_schedule():
     assert StrategySettings(strategy="majority", gen_length=32, decoder="fixed").steps_run == 16
     # each strategy's own decoder may be named, and single/majority may take either
     for strategy, decoder in [("hex", "fixed"), ("dvoting", "entropy"), ("single", "fixed"),
-                              ("single", "entropy"), ("majority", "entropy")]:
+                              ("single", "entropy"), ("majority", "entropy"), ("single", "confidence"),
+                              ("majority", "confidence"), ("dvoting", "confidence")]:
         assert StrategySettings(strategy=strategy, gen_length=64, decoder=decoder).resolved_decoder == decoder
 
 
 @pytest.mark.parametrize("strategy, decoder, says", [
     ("hex", "entropy", "decoder=entropy does not apply to strategy=hex: HEX is defined by its fixed "
                        "schedules over block sizes L/32..L/2; leave decoder out for hex"),
+    ("hex", "confidence", "decoder=confidence does not apply to strategy=hex: HEX is defined by its fixed "
+                          "schedules over block sizes L/32..L/2; leave decoder out for hex"),
     ("dvoting", "fixed", "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
-                         "entropy threshold (alpha); leave decoder out for dvoting, or compare with "
-                         "strategy=majority,decoder=entropy"),
-    ("single", "greedy", "decoder must be one of ('fixed', 'entropy') (or left out for the strategy's own), "
-                         "got 'greedy'"),
-    ("majority", "", "decoder must be one of ('fixed', 'entropy') (or left out for the strategy's own), got ''"),
+                         "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
+                         "decoder out for dvoting, or compare with strategy=majority,decoder=entropy"),
+    ("single", "greedy", "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
+                         "strategy's own), got 'greedy'"),
+    ("majority", "", "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the strategy's "
+                     "own), got ''"),
 ])
 def test_decoder_refusals_name_the_setting(strategy, decoder, says):
     """The whole message: the setting, its value, what is allowed and what to do."""
