@@ -6,7 +6,9 @@ its cost per question; installed when this module is imported). It parses model 
 tokenizes (with the chat template when `--apply_chat_template` is given), hands token
 ids to a strategy (strategies.py), and returns each voted text as a `CostedText` carrying
 the request's cost and settings (`nfe`, `n_samples`, `votes`, `trace`, `settings`). Registration with lm-eval
-is done by the plugin hook (plugin.py), by "module:Class" string.
+is done by the plugin hook (plugin.py), by "module:Class" string. What each request asks
+for (settings, stop strings, answer kind, prompt ids, seed) is planned by request_planning.py;
+what the requests cost and which settings they ran with is kept by bookkeeping.py.
 
 Choices a user of the harness should know (also in the README):
 * `--batch_size N` is the number of *rows* decoded per forward pass; a row is one
@@ -17,7 +19,7 @@ Choices a user of the harness should know (also in the README):
 * The strategy owns the sampling temperature. A task's `do_sample`/`temperature`
   apply to `strategy=single` only (so the harness's self-consistency tasks work as
   a majority-voting baseline); a value the strategy does not use gets one warning per
-  run (`_task_sampling`).
+  run (`request_planning.task_sampling`).
 * Each text is cut at the first end-of-text/end-of-turn token, then at the task's
   `until` strings, *before* its answer is extracted, so what is voted is what the
   task's filters see. The answer kind comes from the task's `dvoting_answer` gen kwarg,
@@ -41,30 +43,31 @@ Choices a user of the harness should know (also in the README):
   lm-eval's `--log_samples` hashing and logging, which run after all generation and
   would fail on them, see the text the model saw.
 * Model args are validated before the checkpoint is read: whole numbers by
-  `_whole_number` (5, "5", 5.0; not 2.5, "abc", True), ranges by `StrategySettings`.
+  `arg_parsing.whole_number` (5, "5", 5.0; not 2.5, "abc", True), ranges by `StrategySettings`.
 """
 from __future__ import annotations
 
 import difflib
 import inspect
 import logging
-import numbers
 import os
 import sys
 from collections import Counter
-from dataclasses import asdict, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
 import torch
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
-from .answers import answers_equivalent, extract_answer, infer_answer_kind
+from .answers import answers_equivalent, extract_answer
+from .arg_parsing import flag, real_number, whole_number
+from .bookkeeping import CostBook, costed_text, settings_entry
 from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
+from .request_planning import RequestPlanner, generated_text
 from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
-from .decoding import default_block_length
 from .strategies import StrategySettings, derive_seed, drive
 from .task_costs import RunCosts, install as _install_task_costs
 
@@ -72,95 +75,54 @@ log = logging.getLogger(__name__)
 # every task a dvoting model runs reports its cost per question (mean NFE, samples)
 _install_task_costs()
 
-# gen_kwargs this model understands; anything else is rejected with this list
-GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "dvoting_answer")
 AUTO_BATCH_ROWS = {"cuda": 32, "cpu": 8}
 
 
 class DVotingEvalModel(TemplateLM):
-    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting)."""
+    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting).
+
+    This class is the lm-eval interface; request planning (settings, seeds, prompts and
+    answer kind per request) is `request_planning.py`'s, result bookkeeping (cost totals,
+    settings used) `bookkeeping.py`'s.
+    """
 
     default_pretrained = ""
 
     def __init__(
-        self,
-        pretrained: str | None = None,
-        tokenizer: str | None = None,
-        strategy: str = "dvoting",
-        n: int = 5,
-        alpha: float = 0.3,
-        temperature: float | None = None,
-        tau: float = 1.0,
-        block_length: int | None = None,
-        steps: int | None = None,
-        remasking: str = "low_confidence",
-        hex_samples: int = 25,
-        prefix_cache: bool | str = False,
-        decoder: str | None = None,
-        cache: str = "none",
-        seed: int | None = None,
-        dtype: str | None = None,
-        max_gen_toks: int = 256,
-        max_length: int | None = None,
-        mc_num: int = 128,
-        batch_size: int | str = 1,
-        max_batch_size: int | None = None,
-        device: str | None = None,
+        self, pretrained: str | None = None, tokenizer: str | None = None, strategy: str = "dvoting",
+        n: int = 5, alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0,
+        block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
+        hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
+        cache: str = "none", seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
+        max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
+        max_batch_size: int | None = None, device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
-        revision: str | None = None,
-        subfolder: str | None = None,
-        trust_remote_code: bool | str = False,
-        use_fast_tokenizer: bool | str = True,
-        add_bos_token: bool | str = False,
+        revision: str | None = None, subfolder: str | None = None, trust_remote_code: bool | str = False,
+        use_fast_tokenizer: bool | str = True, add_bos_token: bool | str = False,
         **unknown: Any,
     ) -> None:
         super().__init__()
         _refuse_unknown_args(unknown)
         hf_args = _hflm_args(trust_remote_code, use_fast_tokenizer, add_bos_token)
-        # Validates every setting once, at construction, with the default length.
-        self.settings = StrategySettings(
-            strategy=strategy, gen_length=_whole_number("max_gen_toks", max_gen_toks),
-            block_length=None if block_length is None else _whole_number("block_length", block_length),
-            n=_whole_number("n", n), alpha=_real_number("alpha", alpha),
-            temperature=None if temperature is None else _real_number("temperature", temperature),
-            tau=_real_number("tau", tau), steps=None if steps is None else _whole_number("steps", steps),
-            remasking=remasking, hex_samples=_whole_number("hex_samples", hex_samples, allowed="25 or 5"),
-            prefix_cache=_flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
+        self.settings = _strategy_settings(
+            strategy=strategy, max_gen_toks=max_gen_toks, block_length=block_length, n=n, alpha=alpha,
+            temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
+            prefix_cache=prefix_cache, decoder=decoder, cache=cache,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
         self.seed, self.seed_source = sampling_seed(seed)
         # what `use_strategy` starts from, so one switch's overrides never leak into the next
         self._built_settings, self._built_seed = self.settings, (self.seed, self.seed_source)
-        self.mc_num = _whole_number("mc_num", mc_num, 1)
-        max_length = None if max_length is None else _whole_number("max_length", max_length, 1)
+        self.mc_num = whole_number("mc_num", mc_num, 1)
+        max_length = None if max_length is None else whole_number("max_length", max_length, 1)
         self._setup_processes(device)
         # parsed before the checkpoint is read: a bad batch size fails at once
         self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
-        # one resolution of the checkpoint, so config, weights and tokenizer come from the
-        # same snapshot (a hub branch that moves between two look-ups cannot mix them)
-        folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
-        self.revision = hub_revision(folder)  # the hub commit loaded; None for a local folder
-        self.subfolder = subfolder or None
-        # the tokenizer first: it is cheap, and add_bos_token is checked against it
-        self.tokenizer = load_tokenizer(tokenizer or folder)
-        self._tokenizer_source = tokenizer or self.pretrained
-        self.add_bos_token = _bos_setting(hf_args["add_bos_token"], self.tokenizer, tokenizer or self.pretrained)
-        self.model = load_model(folder, device=self._device, dtype=dtype)
-        if self.model.family != self.family:
-            log.warning("checkpoint %s is a %s model, loaded by dvoting-%s", self.pretrained,
-                        self.model.family, self.family)
-        if max_length is not None and max_length > self.model.max_length:
-            # longer prompts would be refused by the decoder mid-run, after other requests' work
-            raise ValueError(f"max_length {max_length} exceeds the model's maximum length {self.model.max_length}: "
-                             f"give max_length <= {self.model.max_length}, or leave it out for the model's")
-        self.max_length = int(max_length or self.model.max_length)
+        self._load_checkpoint(tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"])
+        self.max_length = self._checked_max_length(max_length)
         self._ignored_sampling: set[tuple[Any, ...]] = set()  # task sampling values reported as unused
-        self.totals: Counter[str] = Counter()
-        self._unshared: Counter[str] = Counter()  # this rank's part of the totals not yet sent to rank 0
-        # the settings requests really ran with (a task's max_gen_toks sets their length)
-        self._settings_used: list[StrategySettings] = []
-        self._run_costs: RunCosts | None = None  # the last evaluation's cost ledger (task_costs.py)
+        self.costs = CostBook()  # cost totals and settings used of the requests computed
 
     # ---------------------------------------------------------------- set-up
 
@@ -190,11 +152,36 @@ class DVotingEvalModel(TemplateLM):
     def _parse_batch_size(self, batch_size: int | str, max_batch_size: int | None) -> int:
         if str(batch_size).startswith("auto"):
             rows = AUTO_BATCH_ROWS["cuda" if self._device.type == "cuda" else "cpu"]
-            return min(rows, _whole_number("max_batch_size", max_batch_size, 1)) if max_batch_size else rows
+            return min(rows, whole_number("max_batch_size", max_batch_size, 1)) if max_batch_size else rows
         try:
-            return _whole_number("batch_size", batch_size, 1)
+            return whole_number("batch_size", batch_size, 1)
         except ValueError:
             raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}") from None
+
+    def _load_checkpoint(self, tokenizer: str | None, revision: str | None, subfolder: str | None,
+                         dtype: str | None, add_bos_token: bool) -> None:
+        """The tokenizer and the weights of `self.pretrained` (hub id, folder or packaged name)."""
+        # one resolution of the checkpoint, so config, weights and tokenizer come from the
+        # same snapshot (a hub branch that moves between two look-ups cannot mix them)
+        folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
+        self.revision = hub_revision(folder)  # the hub commit loaded; None for a local folder
+        self.subfolder = subfolder or None
+        # the tokenizer first: it is cheap, and add_bos_token is checked against it
+        self.tokenizer = load_tokenizer(tokenizer or folder)
+        self._tokenizer_source = tokenizer or self.pretrained
+        self.add_bos_token = _bos_setting(add_bos_token, self.tokenizer, tokenizer or self.pretrained)
+        self.model = load_model(folder, device=self._device, dtype=dtype)
+        if self.model.family != self.family:
+            log.warning("checkpoint %s is a %s model, loaded by dvoting-%s", self.pretrained,
+                        self.model.family, self.family)
+
+    def _checked_max_length(self, max_length: int | None) -> int:
+        """The model arg `max_length` (prompt plus generation), else the model's own maximum."""
+        if max_length is not None and max_length > self.model.max_length:
+            # longer prompts would be refused by the decoder mid-run, after other requests' work
+            raise ValueError(f"max_length {max_length} exceeds the model's maximum length {self.model.max_length}: "
+                             f"give max_length <= {self.model.max_length}, or leave it out for the model's")
+        return int(max_length or self.model.max_length)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
@@ -219,19 +206,35 @@ class DVotingEvalModel(TemplateLM):
         self.settings = replace(self._built_settings, strategy=strategy, **overrides)
         self.seed, self.seed_source = self._built_seed
         if seed is not None:
-            self.seed = _whole_number("seed", seed)
+            self.seed = whole_number("seed", seed)
             self.seed_source = "use_strategy"
-        self.totals, self._unshared = Counter(), Counter()
+        self.costs = CostBook()
         self._ignored_sampling = set()
-        self._settings_used = []
-        self._run_costs = None
 
     def begin_cost_run(self) -> RunCosts:
         """A fresh cost ledger for the evaluation starting now (called by lm-eval's `evaluate`,
         as patched by task_costs.py); `get_model_info` reports it afterwards."""
-        self._run_costs = RunCosts()
-        self._computed_before = Counter(self.totals)
-        return self._run_costs
+        return self.costs.begin_run()
+
+    # The cost counters live in `self.costs`; the model still shows them under the names
+    # callers (and tests) have always read and set.
+    @property
+    def totals(self) -> Counter[str]:
+        """Cost (`requests`, `nfe`, `samples`) of the requests computed since the model was
+        made or its strategy switched (on rank 0, every rank's once gathered)."""
+        return self.costs.totals
+
+    @totals.setter
+    def totals(self, value: Counter[str]) -> None:
+        self.costs.totals = value
+
+    @property
+    def _unshared(self) -> Counter[str]:
+        return self.costs.unshared  # this rank's part of the totals not yet sent to rank 0
+
+    @_unshared.setter
+    def _unshared(self, value: Counter[str]) -> None:
+        self.costs.unshared = value
 
     @property
     def dtype_name(self) -> str:
@@ -266,16 +269,14 @@ class DVotingEvalModel(TemplateLM):
         import torch.distributed as dist
 
         gathered = [None] * self.world_size if self.rank == dst else None
-        run_part = self._run_costs.take_unsent() if self._run_costs is not None else None
-        dist.gather_object((obj, dict(self._unshared), run_part), gathered, dst=dst)
-        self._unshared = Counter()
+        unsent_totals, unsent_run = self.costs.unsent()
+        dist.gather_object((obj, unsent_totals, unsent_run), gathered, dst=dst)
+        self.costs.mark_sent()
         if gathered is None:
             return None
         for rank, (_, totals, part) in enumerate(gathered):
             if rank != self.rank:
-                self.totals.update(totals)
-                if part is not None and self._run_costs is not None:
-                    self._run_costs.merge(part)
+                self.costs.merge(totals, part)
         return [item for item, _, _ in gathered]
 
     def set_cache_hook(self, cache_hook: Any) -> None:
@@ -312,189 +313,66 @@ class DVotingEvalModel(TemplateLM):
 
     # ------------------------------------------------------------ generation
 
-    def _request_settings(self, gen_kwargs: dict[str, Any], task_name: str | None) -> tuple[StrategySettings, list[str], str]:
-        """Per-request settings, stop strings and answer kind from the task's gen_kwargs."""
-        kwargs = dict(gen_kwargs or {})
-        unknown = sorted(set(kwargs) - set(GEN_KWARGS))
-        if unknown:
-            raise ValueError(
-                f"unknown generation kwargs {unknown} (task {task_name}); accepted: {', '.join(GEN_KWARGS)}"
-            )
-        until = kwargs.get("until") or []
-        until = [until] if isinstance(until, str) else list(until)
-        settings = self.settings
-        if "max_gen_toks" in kwargs:
-            length = _whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
-            block = settings.block_length if settings.block_length is not None else default_block_length(length)
-            if length % block:
-                raise ValueError(
-                    f"max_gen_toks {length} (task {task_name}) is not a multiple of the block length {block}; "
-                    "set --gen_kwargs max_gen_toks=... or the model arg block_length to fit"
-                )
-            settings = replace(settings, gen_length=length)
-        settings = self._task_sampling(settings, kwargs, task_name)
-        kind = infer_answer_kind(task_name, kwargs.get("dvoting_answer"))
-        return settings, until, kind
-
-    def _task_sampling(self, settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None) -> StrategySettings:
-        """A task's (or `--gen_kwargs`') `do_sample`/`temperature`: used by `strategy=single`, else reported.
-
-        `strategy=single` samples at the task's temperature when `do_sample` is true and the
-        temperature above 0 (as HF generate does), so `gsm8k-cot-self-consistency` works as
-        the harness's own majority baseline. Every other value is not used: the strategy
-        samples at its own temperature (the model arg `temperature`). Such a value is
-        reported once per run and per distinct value, never per request: a request for
-        sampling or for a temperature as a WARNING; the greedy request every stock task
-        carries by default (`do_sample: false`) only at INFO, as voting strategies sample by
-        design.
-        """
-        asked = {key: kwargs[key] for key in ("do_sample", "temperature") if key in kwargs}
-        if not asked:
-            return settings
-        do_sample = asked.get("do_sample") is not None and _flag("do_sample", asked["do_sample"])
-        try:
-            temperature = float(asked.get("temperature") or 0)
-        except (TypeError, ValueError):
-            raise ValueError(f"generation kwarg temperature must be a number, got {asked['temperature']!r} "
-                             f"(task {task_name})") from None
-        single = settings.strategy == "single"
-        if single and do_sample and temperature > 0:
-            return replace(settings, temperature=temperature)
-        runs_at = settings.resolved_temperature
-        greedy_ask = not do_sample and temperature == 0
-        if single and greedy_ask and runs_at == 0:
-            return settings  # asked for greedy decoding, and that is what runs
-        key = (settings.strategy, tuple(sorted((k, str(v)) for k, v in asked.items())))
-        if key in self._ignored_sampling:
-            return settings
-        self._ignored_sampling.add(key)
-        if not single:
-            why = f"strategy={settings.strategy} samples at its own temperature {runs_at}"
-        elif not do_sample and temperature > 0:
-            why = (f"strategy=single samples only with do_sample=true (as HF generate does), "
-                   f"so it runs at temperature {runs_at}")
-        elif do_sample:
-            why = f"do_sample=true needs a temperature above 0; strategy=single runs at temperature {runs_at}"
-        else:
-            why = f"the model arg temperature={runs_at} is used"
-        message = (f"generation kwargs {asked} (task {task_name}: its YAML or --gen_kwargs) are not used: "
-                   f"{why}; set the model arg temperature (--model_args temperature=...) to choose it"
-                   + (", or pass do_sample=true with the temperature" if single else ""))
-        if greedy_ask:
-            log.info(message)
-        else:
-            log.warning(message)
-        return settings
+    def _planner(self) -> RequestPlanner:
+        """Request planning with the current settings and seed (`use_strategy` changes them)."""
+        return RequestPlanner(settings=self.settings, seed=self.seed, encode=self.tok_encode,
+                              eot_token_id=self.eot_token_id, max_length=self.max_length,
+                              reported=self._ignored_sampling, on_settings=self.costs.note_settings)
 
     def _prompt_ids(self, context: str, gen_length: int) -> torch.Tensor:
-        ids = self.tok_encode(context) if context else []
-        if not ids:
-            ids = [self.eot_token_id]  # an empty context starts from end-of-text
-        room = self.max_length - gen_length
-        if room < 1:
-            raise ValueError(f"max_gen_toks {gen_length} leaves no room for a prompt in {self.max_length} tokens")
-        if len(ids) > room:
-            log.warning("context of %d tokens cut from the left to %d to fit %d generated tokens",
-                        len(ids), room, gen_length)
-            ids = ids[-room:]
-        return torch.tensor(ids, dtype=torch.long)
+        """The prompt a request with `context` and `gen_length` is decoded from (`RequestPlanner.prompt_ids`)."""
+        return self._planner().prompt_ids(context, gen_length)
 
     def generated_text(self, tokens: torch.Tensor, until: list[str]) -> str:
         """Decoded text up to the first end token, then cut at the first `until` string."""
-        end_ids = set(self.model.end_token_ids)
-        ids = tokens.tolist()
-        cut = next((i for i, t in enumerate(ids) if t in end_ids), len(ids))
-        text = self.tokenizer.decode(ids[:cut], skip_special_tokens=True)
-        for stop in until:
-            if stop:
-                text = text.split(stop)[0]
-        return text
+        return generated_text(self.tokenizer, self.model.end_token_ids, tokens, until)
+
+    def _answer_of(self, until: list[str], kind: str) -> Callable[[torch.Tensor], Any]:
+        """A sample's `(kind, answer)` (None: no answer), from its text as the task's filters see it."""
+        def extract(tokens: torch.Tensor) -> Any:
+            answer = extract_answer(self.generated_text(tokens, until), kind)
+            return None if answer is None else (kind, answer)
+
+        return extract
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """The voted text of each request (a `CostedText`), each (request, repeat) decoded once."""
         sanitise_requests(requests)
-        first_of: dict[tuple[int, int], int] = {}  # (request, repeat index) -> its first position
-        copy_of: dict[int, int] = {}  # position of a padding copy -> the position it repeats
-        prompts, settings, extracts, seeds, untils = [], [], [], [], []
-        # `repeats: N` sends the same instance N times; lm-eval's padding copies for data
-        # parallel repeat the first ones: decode (and count) each repeat once
-        for position, (req, repeat) in enumerate(zip(requests, repeat_indices(requests))):
-            if (id(req), repeat) in first_of:
-                copy_of[position] = first_of[id(req), repeat]
-                continue
-            first_of[id(req), repeat] = position
-            context, gen_kwargs = req.args
-            request_settings, until, kind = self._request_settings(gen_kwargs, req.task_name)
-            if request_settings not in self._settings_used:
-                self._settings_used.append(request_settings)
-            prompts.append(self._prompt_ids(context, request_settings.gen_length))
-            settings.append(request_settings)
-            untils.append(until)
-            seeds.append(derive_seed(self.seed, req.task_name, req.doc_id, context, repeat))
-
-            def extract(tokens: torch.Tensor, until: list[str] = until, kind: str = kind) -> Any:
-                answer = extract_answer(self.generated_text(tokens, until), kind)
-                return None if answer is None else (kind, answer)
-
-            extracts.append(extract)
-
-        jobs = [p for p in range(len(requests)) if p not in copy_of]  # job j answers requests[jobs[j]]
-        repeat_of = {position: repeat for (_, repeat), position in first_of.items()}
-        # longest prompts first, as lm-eval does, so padding stays small
-        order = sorted(range(len(jobs)), key=lambda j: -(prompts[j].numel() + settings[j].gen_length))
+        plan = self._planner().plan(requests, repeat_indices(requests))
         texts: list[str | None] = [None] * len(requests)
-        bar = tqdm(total=len(jobs), desc="dVoting generate_until", disable=disable_tqdm or self.rank != 0)
+        bar = tqdm(total=len(plan.jobs), desc="dVoting generate_until", disable=disable_tqdm or self.rank != 0)
 
-        def done(position: int, result: Any) -> None:
-            j = order[position]
-            text = self.generated_text(result.samples[result.chosen], untils[j])
-            texts[jobs[j]] = self._costed(text, result, untils[j], settings[j])
+        def done(index: int, result: Any) -> None:
+            job = plan.jobs[index]
+            text = self.generated_text(result.samples[result.chosen], job.until)
+            texts[job.position] = self._costed(text, result, job.until, job.settings)
             # keyed on the repeat too: each repeat has its own seed (result_cache.py)
-            self.cache_hook.add_partial("generate_until", generation_key_args(requests[jobs[j]], repeat_of[jobs[j]]),
-                                        texts[jobs[j]])
+            self.cache_hook.add_partial("generate_until", generation_key_args(requests[job.position], job.repeat),
+                                        texts[job.position])
             bar.update(1)
 
         drive(
             self.model,
-            [prompts[j] for j in order],
-            [settings[j] for j in order],
-            [extracts[j] for j in order],
-            [seeds[j] for j in order],
+            [job.prompt for job in plan.jobs],
+            [job.settings for job in plan.jobs],
+            [self._answer_of(job.until, job.kind) for job in plan.jobs],
+            [job.seed for job in plan.jobs],
             same_answer=_same_answer,
             max_rows=self.batch_rows,
             on_done=done,
         )
         bar.close()
-        for position, first in copy_of.items():
+        for position, first in plan.copies.items():
             texts[position] = texts[first]
         return texts  # type: ignore[return-value]
 
     def _costed(self, text: str, result: Any, until: list[str], settings: StrategySettings | None = None) -> CostedText:
-        """The response: the voted text with its request's cost, trace and settings.
-
-        The settings travel with the text (and so into `--use_cache`), so that a rerun
-        served from the cache reports the same `settings_used` and totals (task_costs.py).
-        """
-        votes = {answer[1]: count for answer, count in result.votes}
-        trace = {
-            "candidates": [
-                {
-                    "text": self.generated_text(sample, until),
-                    "answer": None if answer is None else answer[1],
-                    "nfe": nfe,
-                    "kept_positions": kept,
-                    # generation-region token ids, for token-level measures (NUPR@k, pictures)
-                    "tokens": sample.tolist(),
-                }
-                for sample, answer, nfe, kept in zip(result.samples, result.answers, result.sample_nfe, result.kept)
-            ],
-            "votes": votes,
-            "chosen": result.chosen,
-        }
-        self.totals.update(requests=1, nfe=result.nfe, samples=len(result.answers))
-        self._unshared.update(requests=1, nfe=result.nfe, samples=len(result.answers))
-        used = None if settings is None else _resolved(settings) | {"seed": self.seed}
-        return CostedText(text, nfe=result.nfe, n_samples=len(result.answers), votes=votes, trace=trace,
-                          settings=used)
+        """The response for one computed request (`bookkeeping.costed_text`), counted in the totals."""
+        candidates = [self.generated_text(sample, until) for sample in result.samples]
+        used = None if settings is None else settings_entry(settings, self.seed)
+        response = costed_text(text, result, candidates, used)
+        self.costs.count(result)
+        return response
 
     # ------------------------------------------------------------ likelihood
 
@@ -559,89 +437,26 @@ class DVotingEvalModel(TemplateLM):
                 # dtype, device and batch_rows are what a rerun must repeat
                 "dtype": self.dtype_name,
                 "device": "cpu" if self._device.type == "cpu" else str(self._device),  # a CPU rank is "cpu:0"
-                "settings": _resolved(self.settings),
-                **self._cost_report(),
+                # settings, settings_used, totals, tasks, computed (bookkeeping.py)
+                **self.costs.report(self.settings, self.seed),
             }
         }
 
-    def _cost_report(self) -> dict[str, Any]:
-        """``settings_used``, ``totals``, ``tasks`` and ``computed`` for `get_model_info`."""
-        figures = ("requests", "nfe", "samples")
-        if self._run_costs is None:
-            totals: dict[str, Any] = {key: self.totals[key] for key in figures}
-            used = [_resolved(s) | {"seed": self.seed} for s in self._settings_used]
-            tasks: dict[str, Any] = {}
-            computed = dict(totals)
-        else:
-            totals = self._run_costs.totals()
-            used = self._run_costs.settings_used()
-            tasks = self._run_costs.by_task()
-            computed = {key: self.totals[key] - self._computed_before[key] for key in figures}
-        if totals["requests"] and "mean_nfe" not in totals:
-            totals["mean_nfe"] = totals["nfe"] / totals["requests"]
-            totals["mean_samples"] = totals["samples"] / totals["requests"]
-        return {"settings_used": used, "totals": totals, "tasks": tasks, "computed": computed}
 
-
-def _resolved(settings: StrategySettings) -> dict[str, Any]:
-    """`settings` as a dict, with the per-strategy defaults filled in."""
-    return asdict(settings) | {
-        "block_length": settings.resolved_block_length,
-        "temperature": settings.resolved_temperature,
-        "steps": settings.resolved_steps,
-        "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
-        "decoder": settings.resolved_decoder,
-    }
-
-
-def _flag(name: str, value: bool | str) -> bool:
-    """A boolean model arg given as a bool or as true/false text."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
-def _whole_number(name: str, value: Any, minimum: int | None = None, allowed: str | None = None) -> int:
-    """A whole-number model arg: 5, "5" and 5.0 give 5; 2.5, "abc", True, inf are refused.
-
-    `int()` would truncate 2.5 to 2 silently and fail on "abc" with a bare message.
-    """
-    number: Any = value
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            number = int(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                number = None
-    if isinstance(number, float) and number.is_integer():
-        number = int(number)
-    allowed = allowed or "a whole number" + ("" if minimum is None else f" >= {minimum}")
-    if isinstance(number, bool) or not isinstance(number, numbers.Integral) or (minimum is not None and number < minimum):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}: give {name} as such a number, "
-                         f"or leave it out for its default")
-    return int(number)
-
-
-def _real_number(name: str, value: Any) -> float:
-    """A real-valued model arg from a number or its text; "abc" and True are refused.
-
-    Range checks (finite, >= 0, ...) are StrategySettings' and name the allowed values.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}: give e.g. {name}=0.5, "
-                         f"or leave {name} out for its default") from None
+def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n: Any, alpha: Any,
+                       temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
+                       prefix_cache: bool | str, decoder: str | None, cache: str) -> StrategySettings:
+    """The model args' strategy settings, each value checked once, at construction, with the
+    default generation length (a task's `max_gen_toks` replaces it per request)."""
+    return StrategySettings(
+        strategy=strategy, gen_length=whole_number("max_gen_toks", max_gen_toks),
+        block_length=None if block_length is None else whole_number("block_length", block_length),
+        n=whole_number("n", n), alpha=real_number("alpha", alpha),
+        temperature=None if temperature is None else real_number("temperature", temperature),
+        tau=real_number("tau", tau), steps=None if steps is None else whole_number("steps", steps),
+        remasking=remasking, hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
+        prefix_cache=flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
+    )
 
 
 # ------------------------------------------------------------- run controls
@@ -663,7 +478,7 @@ def sampling_seed(seed: int | str | None) -> tuple[int, str]:
        seed must still repeat exactly.
     """
     if seed is not None:
-        return _whole_number("seed", seed), "model_args"
+        return whole_number("seed", seed), "model_args"
     harness_seed = _lm_eval_torch_seed()
     if harness_seed is not None:
         return harness_seed, "lm-eval --seed"
@@ -767,17 +582,17 @@ def _refuse_unknown_args(unknown: dict[str, Any]) -> None:
 
 def _hflm_args(trust_remote_code: bool | str, use_fast_tokenizer: bool | str, add_bos_token: bool | str) -> dict[str, bool]:
     """HFLM's tokenizer/loading flags, checked before any model work."""
-    if _flag("trust_remote_code", trust_remote_code):
+    if flag("trust_remote_code", trust_remote_code):
         # `--trust_remote_code` adds this model arg; accepted so LLaDA/Dream recipes run as
         # they are, but there is nothing to trust: the architectures are this package's code
         log.warning("trust_remote_code=True has no effect: dvoting models are built by this plugin's own "
                     "code from the checkpoint's config and weights; no downloaded code is ever run")
-    if not _flag("use_fast_tokenizer", use_fast_tokenizer):
+    if not flag("use_fast_tokenizer", use_fast_tokenizer):
         raise ValueError(
             "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) tokenizers, so a slow one "
             "cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the same files)"
         )
-    return {"add_bos_token": _flag("add_bos_token", add_bos_token)}
+    return {"add_bos_token": flag("add_bos_token", add_bos_token)}
 
 
 def _bos_setting(add_bos: bool, tokenizer: Any, source: Any) -> bool:
