@@ -93,7 +93,7 @@ class DVotingEvalModel(TemplateLM):
         n: int = 5, alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0,
         block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
         hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
-        cache: str = "none", seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
+        cache: str = "none", threshold: float = 0.9, seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
         max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
         max_batch_size: int | None = None, device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
@@ -107,7 +107,7 @@ class DVotingEvalModel(TemplateLM):
         self.settings = _strategy_settings(
             strategy=strategy, max_gen_toks=max_gen_toks, block_length=block_length, n=n, alpha=alpha,
             temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
-            prefix_cache=prefix_cache, decoder=decoder, cache=cache,
+            prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
@@ -445,7 +445,8 @@ class DVotingEvalModel(TemplateLM):
 
 def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n: Any, alpha: Any,
                        temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
-                       prefix_cache: bool | str, decoder: str | None, cache: str) -> StrategySettings:
+                       prefix_cache: bool | str, decoder: str | None, cache: str,
+                       threshold: Any) -> StrategySettings:
     """The model args' strategy settings, each value checked once, at construction, with the
     default generation length (a task's `max_gen_toks` replaces it per request)."""
     return StrategySettings(
@@ -456,6 +457,7 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         tau=real_number("tau", tau), steps=None if steps is None else whole_number("steps", steps),
         remasking=remasking, hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
         prefix_cache=flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
+        threshold=real_number("threshold", threshold),
     )
 
 

@@ -35,3 +35,19 @@ def test_use_strategy_overrides_and_reseeds():
     lm.use_strategy("majority")
     assert (lm.settings.decoder, lm.settings.temperature, lm.seed) == (None, None, 1234)
     assert lm.settings.resolved_decoder == "fixed" and lm.settings.resolved_temperature == 0.9
+
+
+def test_the_confidence_decoder_through_the_harness():
+    """decoder=confidence,threshold=... (Fast-dLLM's rule) as model args: used, recorded,
+    and bad thresholds refused before the checkpoint is read."""
+    lm = LLaDAEvalModel(pretrained="tiny-arith", strategy="single", decoder="confidence", threshold="0.5",
+                        block_length=32, batch_size=8)
+    results = lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], limit=6,
+                                      gen_kwargs="max_gen_toks=32", verbosity="ERROR")
+    [used] = results["config"]["dvoting"]["settings_used"]
+    assert (used["decoder"], used["threshold"], used["steps_run"]) == ("confidence", 0.5, None)
+    assert results["results"]["dvoting_arith"]["nfe,extract"] < GEN_LENGTH
+    for bad, says in [("1.5", r"threshold \(confidence decoder\) must be in \(0, 1\], got 1.5"),
+                      ("abc", "threshold must be a number, got 'abc'")]:
+        with pytest.raises(ValueError, match=says):
+            LLaDAEvalModel(pretrained="does-not-exist", strategy="single", decoder="confidence", threshold=bad)
