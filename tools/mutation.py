@@ -48,22 +48,29 @@ HARNESS_PROPERTIES = [
     "--deselect", "tests/test_properties.py::test_batch_and_order_invariance_over_random_request_mixes",
     "--deselect", "tests/test_properties.py::test_request_mixes_are_not_vacuous",
 ]
+HARNESS_TESTS = ["tests/test_harness.py", "tests/test_harness_conventions.py", "tests/test_properties.py",
+                "tests/test_input_faults.py", "tests/test_run_controls.py", "tests/test_likelihood.py",
+                "tests/test_result_cache.py", "tests/test_reliability.py", "tests/test_decoder_ablation.py",
+                "tests/test_harness_likelihood.py", KILLS]
 # module -> the pytest arguments selecting the fast tests that exercise it (mutmut then
 # runs, per mutant, only those of them that call the mutated function)
 MODULES: dict[str, list[str]] = {
     "answers": ["tests/test_answers.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
     "metrics": ["tests/test_metrics.py", KILLS],
-    "strategies": ["tests/test_strategies.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
+    "strategies": ["tests/test_strategies.py", "tests/test_properties.py", "tests/test_confidence_strategies.py",
+                   KILLS, *HARNESS_PROPERTIES],
     # the decoder's units (lm_eval_dvoting/decoding/), one run each
-    **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", KILLS]
+    **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", "tests/test_confidence_decoder.py",
+                            KILLS]
        for unit in ("state", "rules", "caches", "rows")},
     "likelihood": ["tests/test_likelihood.py", KILLS],
     # harness.py is exercised through lm-eval end to end: its run is by far the slowest
     # (about 1,260 mutants; see docs/MUTATION.md for the time it takes)
-    "harness": ["tests/test_harness.py", "tests/test_harness_conventions.py", "tests/test_properties.py",
-                "tests/test_input_faults.py", "tests/test_run_controls.py", "tests/test_likelihood.py",
-                "tests/test_result_cache.py", "tests/test_reliability.py", "tests/test_decoder_ablation.py",
-                "tests/test_harness_likelihood.py", KILLS],
+    "harness": HARNESS_TESTS,
+    # the harness's units below the lm-eval class (issue 20), exercised through it
+    "request_planning": HARNESS_TESTS,
+    "bookkeeping": HARNESS_TESTS,
+    "arg_parsing": HARNESS_TESTS,
 }
 
 
