@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.timing import TimedModel
 from bench.workloads import Workload
-from lm_eval_dvoting.strategies import StrategySettings, drive
+from lm_eval_dvoting.strategies import StrategySettings, decode_questions
 
 CACHE_STRATEGIES = ("single", "majority", "dvoting")
 CACHE_BATCH_ROWS = 16
@@ -22,7 +22,7 @@ def _run_one(work: Workload, timed: TimedModel, strategy: str, cache: bool, coun
     settings = StrategySettings(strategy=strategy, gen_length=work.gen_length, prefix_cache=cache)
     timed.reset()
     start = time.perf_counter()
-    results = drive(timed, work.prompts[:count], settings, work.extract, list(range(count)),
+    results = decode_questions(timed, work.prompts[:count], settings, work.extract, list(range(count)),
                     max_rows=CACHE_BATCH_ROWS)
     wall = time.perf_counter() - start
     right = sum(r.answers[r.chosen] == t for r, t in zip(results, work.targets))

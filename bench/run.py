@@ -5,7 +5,7 @@
     .venv/bin/python bench/run.py --quick               # a smoke run (seconds)
 
 Part 1, strategies: for each strategy (single, majority, hex, dvoting) and batch size
-(`max_rows` 1, 4, 16), the questions go through `strategies.drive` and we record
+(`max_rows` 1, 4, 16), the questions go through `strategies.decode_questions` and we record
 questions per second, mean NFE per question, seconds per forward pass, the decoder's
 own share of the wall time (everything but the forward pass: batching, float64
 softmax/entropy/noise, commit rules, the strategy's bookkeeping), and peak memory.

@@ -1,4 +1,4 @@
-"""Part 1 of `bench/run.py`: every strategy at every batch size, through `strategies.drive`.
+"""Part 1 of `bench/run.py`: every strategy at every batch size, through `strategies.decode_questions`.
 
 A *cell* is one (model, strategy, batch size) combination. Each run of a cell drives
 its questions with `max_rows` = the batch size and records the wall time, the time
@@ -20,7 +20,7 @@ import torch
 
 from bench.timing import PeakMemory, TimedModel
 from bench.workloads import Workload
-from lm_eval_dvoting.strategies import StrategySettings, drive
+from lm_eval_dvoting.strategies import StrategySettings, decode_questions
 
 
 @dataclass
@@ -87,7 +87,7 @@ def run_cell(work: Workload, timed: TimedModel, cell: Cell) -> None:
     timed.reset()
     with PeakMemory(torch.device("cpu")) as memory:
         start = time.perf_counter()
-        results = drive(timed, work.prompts[:count], settings, work.extract, list(range(count)),
+        results = decode_questions(timed, work.prompts[:count], settings, work.extract, list(range(count)),
                         max_rows=cell.batch)
         wall = time.perf_counter() - start
     cell.wall.append(wall)
@@ -119,7 +119,7 @@ def interleaved_order(cells: list[Cell], repeat: int) -> list[Cell]:
 
 def _warm_up(work: Workload, timed: TimedModel) -> None:
     """One short unrecorded run, so that the allocator and lazy initialisation are not charged to a cell."""
-    drive(timed, work.prompts[:1], StrategySettings(strategy="single", gen_length=work.gen_length),
+    decode_questions(timed, work.prompts[:1], StrategySettings(strategy="single", gen_length=work.gen_length),
           work.extract, [0], max_rows=1)
 
 

@@ -68,7 +68,7 @@ from .likelihood import rolling_loglikelihood, score_requests
 from .request_planning import RequestPlanner, generated_text
 from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
-from .strategies import StrategySettings, derive_seed, drive
+from .strategies import StrategySettings, decode_questions, derive_seed
 from .task_costs import RunCosts, install as _install_task_costs
 
 log = logging.getLogger(__name__)
@@ -351,7 +351,7 @@ class DVotingEvalModel(TemplateLM):
                                         texts[job.position])
             bar.update(1)
 
-        drive(
+        decode_questions(
             self.model,
             [job.prompt for job in plan.jobs],
             [job.settings for job in plan.jobs],

@@ -451,7 +451,6 @@ def decode_questions(
     return scheduler.run()
 
 
-drive = decode_questions  # the name it had before issue 20
 
 
 class _Scheduler:

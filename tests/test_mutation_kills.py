@@ -17,7 +17,7 @@ from lm_eval_dvoting.metrics import (
     consistency_level,
     nupr_at_k,
 )
-from lm_eval_dvoting.strategies import StrategySettings, drive, remask_tokens, run_strategy
+from lm_eval_dvoting.strategies import StrategySettings, decode_questions, remask_tokens, run_strategy
 from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 
 # ---- metrics.py ----------------------------------------------------------------------
@@ -302,14 +302,14 @@ def test_max_rows_below_one_is_refused_before_any_model_work():
 
 
 def test_drive_takes_settings_and_extractors_per_question():
-    """`drive` accepts one StrategySettings and one extractor per question (requests with
+    """`decode_questions` accepts one StrategySettings and one extractor per question (requests with
     different lengths, strategies or answer kinds decode side by side): each question
     gets its own sample count, length and answers."""
     settings = [StrategySettings(strategy="single", gen_length=8, block_length=4),
                 StrategySettings(strategy="majority", gen_length=16, block_length=4, n=3)]
     extract = [lambda tokens: "first", lambda tokens: f"second-{len(tokens)}"]
     prompts = [torch.tensor([17, 5, 6]), torch.tensor([18, 5, 6])]
-    first, second = drive(_scripted_model(), prompts, settings, extract, seeds=[1, 2])
+    first, second = decode_questions(_scripted_model(), prompts, settings, extract, seeds=[1, 2])
     assert tuple(first.samples.shape) == (1, 8) and first.answers == ["first"]
     assert tuple(second.samples.shape) == (3, 16) and second.answers == ["second-16"] * 3
 
@@ -326,7 +326,7 @@ def test_drive_refuses_per_question_lists_of_the_wrong_length(seeds, settings, e
     before any decoding, naming every count (not silently zipped short)."""
     prompts = [torch.tensor([17, 5, 6]), torch.tensor([18, 5, 6])]
     with pytest.raises(ValueError, match=f"^got 2 prompts but {counts}: give one of each per prompt"):
-        drive(_scripted_model(), prompts, settings, extract, seeds)
+        decode_questions(_scripted_model(), prompts, settings, extract, seeds)
 
 
 def test_max_rows_caps_the_rows_of_every_forward_pass():

@@ -61,13 +61,13 @@ def _one_thread():
 def computed(monkeypatch) -> list[int]:
     """How many requests reach the decoder in each run (one entry per generate_until call)."""
     counts: list[int] = []
-    real = harness.drive
+    real = harness.decode_questions
 
     def counting(model, prompts, *args, **kwargs):
         counts.append(len(prompts))
         return real(model, prompts, *args, **kwargs)
 
-    monkeypatch.setattr(harness, "drive", counting)
+    monkeypatch.setattr(harness, "decode_questions", counting)
     return counts
 
 
@@ -284,7 +284,7 @@ def test_a_run_interrupted_between_repeats_resumes_exactly(tmp_path, monkeypatch
     _write_task(tmp_path, "arith_repeats", "custom_dataset: !function dup_data.load\nrepeats: 3\n")
     cache = tmp_path / "cache"
     run = dict(tasks=("arith_repeats",), task_dirs=(tmp_path,))
-    real = harness.drive
+    real = harness.decode_questions
 
     class Interrupted(Exception):
         pass
@@ -300,10 +300,10 @@ def test_a_run_interrupted_between_repeats_resumes_exactly(tmp_path, monkeypatch
 
         return real(*args, on_done=done, **kwargs)
 
-    monkeypatch.setattr(harness, "drive", interrupted_after_four)
+    monkeypatch.setattr(harness, "decode_questions", interrupted_after_four)
     with pytest.raises(Interrupted):
         _evaluate("strategy=dvoting,n=3", 4, cache, **run)
-    monkeypatch.setattr(harness, "drive", real)
+    monkeypatch.setattr(harness, "decode_questions", real)
     resumed = _evaluate("strategy=dvoting,n=3", 4, cache, **run)
     fresh = _evaluate("strategy=dvoting,n=3", 4, **run)
     assert _scored(resumed) == _scored(fresh)
