@@ -120,21 +120,11 @@ def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None
 
 @torch.no_grad()
 def generate(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    gen_length: int,
-    block_length: int,
-    steps: int | None = None,
-    alpha: float | None = None,
-    threshold: float | None = None,
-    temperature: float = 0.0,
-    remasking: str = "low_confidence",
-    init_tokens: torch.Tensor | None = None,
-    generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    cache: str = "none",
-    prefix_cache: bool = False,
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+    gen_length: int, block_length: int, steps: int | None = None, alpha: float | None = None,
+    threshold: float | None = None, temperature: float = 0.0, remasking: str = "low_confidence",
+    init_tokens: torch.Tensor | None = None, generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    cache: str = "none", prefix_cache: bool = False,
 ) -> DecodeResult:
     """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
 
