@@ -145,7 +145,8 @@ def test_number_unclosed_box_is_ignored() -> None:
         ("The answer is 12, since 3 * 4 = 12.", "12"),
         ("The answer is 20, not 5 + 3 = 8", "20"),
         ("The answer is 8. Check: 8 - 3 = 5", "8"),
-        ("The answer is 5/0 or 7", "7"),  # `5/0` has no value: the next number
+        # `5/0` has no value: the clause's next number, not the last number of the text
+        ("The answer is 5/0 or 7. Then 9 more.", "7"),
         # not expressions: no operator and number right after the number
         ("The answer is 5 -- final.", "5"),
         ("The answer is **5**", "5"),

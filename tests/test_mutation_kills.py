@@ -133,6 +133,7 @@ def test_answer_phrase_reads_only_its_own_line():
     (module rule 2); a phrase whose clause has no number falls through to the last
     number in the text, not to a number on a later line."""
     assert extract_answer("The answer is below.\n7\nCheck: 9", "number") == "9"
+    assert extract_answer("The answer is below\n7\nCheck: 9", "number") == "9"  # not the next line's 7
     assert extract_answer("The answer is 4 apples.\nThen 7 more\nin all 11", "number") == "4"
 
 
