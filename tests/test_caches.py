@@ -3,8 +3,6 @@ a full pass kept, which must be exactly what the full pass computed (so the only
 approximation is staleness), and `dual` runs over the current block alone."""
 from __future__ import annotations
 
-import functools
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,16 +11,14 @@ from torch import nn
 from lm_eval_dvoting.decoding import DecodeRow, generate
 from lm_eval_dvoting.decoding.caches import ForwardPass
 from lm_eval_dvoting.decoding.rules import EntropyThreshold
-from lm_eval_dvoting.models.loading import load_model
 from lm_eval_dvoting.strategies import StrategySettings
+from references import load_float32, recorded_pass_lengths
 from scripted import ScriptedModel, gen_choices
 
 MASK = 250  # the official-tiny fixtures' mask id
 
 
-@functools.lru_cache(maxsize=None)
-def _load(folder: str) -> nn.Module:
-    return load_model(folder, device="cpu", dtype="float32")
+_load = load_float32
 
 
 @pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
@@ -83,26 +79,14 @@ def test_the_exact_pass_agrees_with_the_cached_full_pass(model):
         torch.testing.assert_close(cached.many([(i, _block(row))])[0], exact.many([(i, _block(row))])[0])
 
 
-def _spy_lengths(model: nn.Module) -> list[int]:
-    lengths: list[int] = []
-    original = model.hidden_states
-
-    def spy(input_ids, attention_mask=None, position_ids=None, cache=None):
-        lengths.append(input_ids.shape[1])
-        return original(input_ids, attention_mask, position_ids, cache=cache)
-
-    model.hidden_states = spy
-    return lengths
-
-
 @pytest.mark.parametrize("family", ["llada_fixture", "dream_fixture"])
 def test_dual_cache_runs_over_the_block_alone_within_a_block(family, request):
     """Fixed schedule, 4 steps per block of 8: one full pass per block, then the block
     alone (Dream: and the token before it, which predicts the block's first position)."""
-    model = load_model(request.getfixturevalue(family), device="cpu", dtype="float32")
-    lengths = _spy_lengths(model)
+    model = load_float32(str(request.getfixturevalue(family)))
     prompt = torch.randint(0, 240, (1, 6), generator=torch.Generator().manual_seed(0))
-    result = generate(model, prompt, gen_length=16, block_length=8, steps=8, cache="dual")
+    with recorded_pass_lengths(model) as lengths:
+        result = generate(model, prompt, gen_length=16, block_length=8, steps=8, cache="dual")
     full, shift = 6 + 16, int(model.logits_shift)
     assert lengths == [full] + [8 + shift] * 3 + [full] + [8 + shift] * 3
     assert result.nfe.tolist() == [8]

@@ -3,31 +3,19 @@ scripted model, and token-for-token agreement with a transcription of Fast-dLLM'
 `generate(..., threshold=...)` at temperature 0."""
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from lm_eval_dvoting.decoding import DecodeRow, RowDecoder, generate
-from lm_eval_dvoting.models.loading import load_model
+from references import load_float32, reference_logits
 from scripted import ScriptedModel, gen_choices
 
 
-@functools.lru_cache(maxsize=None)
-def _load(folder: str) -> nn.Module:
-    return load_model(folder, device="cpu", dtype="float32")
-
-
-def _reference_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(length, vocab) float64 logits of one unpadded row: row p predicts position p."""
-    logits = model(x[None])[0].double()
-    if model.logits_shift:  # Dream: the prediction for p sits at p - 1
-        logits = torch.cat([logits[:1], logits[:-1]])
-    logits[:, model.mask_token_id] = float("-inf")
-    return logits
+_load = load_float32
+_reference_logits = reference_logits
 
 
 @torch.no_grad()

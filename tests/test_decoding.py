@@ -7,7 +7,6 @@ vocabulary at every position.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
@@ -16,16 +15,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm_eval_dvoting.decoding import DecodeRow, RowDecoder, generate
-from lm_eval_dvoting.models.loading import load_model
+from references import load_float32, recorded_pass_lengths, reference_logits
 from scripted import ScriptedModel, gen_choices
 
 FAMILIES = ["llada_fixture", "dream_fixture"]
 MASK = 250  # the fixtures' mask id
 
 
-@functools.lru_cache(maxsize=None)
-def _load(folder: str) -> nn.Module:
-    return load_model(folder, device="cpu", dtype="float32")
+_load = load_float32
 
 
 @pytest.fixture
@@ -46,13 +43,7 @@ def _prompt(length: int, seed: int) -> torch.Tensor:
 # --------------------------------------------------------------------- references
 
 
-def _reference_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(length, vocab) float64 logits of one unpadded row: row p predicts position p."""
-    logits = model(x[None])[0].double()
-    if model.logits_shift:  # Dream: the prediction for p sits at p - 1
-        logits = torch.cat([logits[:1], logits[:-1]])
-    logits[:, model.mask_token_id] = float("-inf")
-    return logits
+_reference_logits = reference_logits
 
 
 def _get_num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
@@ -459,18 +450,8 @@ def test_prefix_cache_stays_close_to_the_exact_decoder(rule):
 def test_prefix_cache_is_used_within_a_block():
     """With several steps per block, the block's later steps run over the suffix only."""
     model, ids, mask = _demo_prompts(4)
-    lengths: list[int] = []
-    original = model.hidden_states
-
-    def spy(input_ids, attention_mask=None, position_ids=None, cache=None):
-        lengths.append(input_ids.shape[1])
-        return original(input_ids, attention_mask, position_ids, cache=cache)
-
-    model.hidden_states = spy
-    try:
+    with recorded_pass_lengths(model) as lengths:
         generate(model, ids, mask, gen_length=32, block_length=8, steps=32, prefix_cache=True)
-    finally:
-        del model.hidden_states
     full = ids.shape[1] + 32
     assert lengths.count(full) == 4  # one full pass per block
     assert sorted(set(lengths) - {full}) == [8, 16, 24, 32]  # the block and what follows
