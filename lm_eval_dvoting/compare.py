@@ -2,11 +2,11 @@
 
     dvoting compare --model_args pretrained=tiny-arith --tasks dvoting_arith
 
-loads the model once, evaluates every row (default: single, single-entropy, majority,
-majority-entropy, hex, dvoting) on the same documents with lm-eval's `simple_evaluate`,
-prints one Markdown table (accuracy, mean NFE, seconds, benefit per cost against
-`single`) and writes the table, the figures (compare.json) and an accuracy-versus-NFE
-plot (like the paper's Pareto figure) into `--out`.
+loads the model once, evaluates every row (default: single, single-entropy,
+single-confidence, majority, majority-entropy, hex, dvoting) on the same documents with
+lm-eval's `simple_evaluate`, prints one Markdown table (accuracy, mean NFE, seconds,
+benefit per cost against `single`) and writes the table, the figures (compare.json) and
+an accuracy-versus-NFE plot (like the paper's Pareto figure) into `--out`.
 
 The two `-entropy` rows are ablations that split dVoting's gain into its parts:
 `single-entropy` is one greedy sample with dVoting's entropy-threshold decoder (the
@@ -14,7 +14,15 @@ decoder alone), `majority-entropy` is majority voting with that decoder at dVoti
 temperature (decoder and voting, without dVoting's remasking and early stop). So
 dvoting - majority-entropy is what remasking with the early stop adds; `--seeds K`
 repeats every sampled row with K sampling seeds and gives that difference a paired
-bootstrap interval over the problems.
+bootstrap interval over the problems. `single-confidence` is one greedy sample with
+Fast-dLLM's confidence-threshold decoder (`threshold`: the model arg's, else 0.9), the
+other parallel decoder to set dVoting's against.
+
+`--sweep NAME=V1,V2,...` runs every chosen row at every value of one strategy setting
+(`SWEEP_TYPES`) on the same loaded model, and prints one table per row (value,
+accuracy, runs, mean NFE, samples, seconds); compare.json then holds a `sweep` object
+and sweep.png plots accuracy against mean NFE, one line per row (see `check_sweep` for
+what is refused before the model is loaded).
 """
 from __future__ import annotations
 
@@ -31,7 +39,7 @@ from .strategies import StrategySettings
 
 # The rows `--strategies` may name, in the default order. A row is a strategy plus
 # overrides of its settings (`row_overrides`); the `-entropy` rows are the ablations.
-ROWS = ("single", "single-entropy", "majority", "majority-entropy", "hex", "dvoting")
+ROWS = ("single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting")
 # The paired comparison: dVoting against the row that has its decoder, temperature and
 # n samples but neither remasking nor the early stop.
 PAIRED = ("dvoting", "majority-entropy")
@@ -58,6 +66,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--gen_kwargs", default=None, help="as lm_eval --gen_kwargs")
     parser.add_argument("--apply_chat_template", action="store_true")
     parser.add_argument("--out", default="dvoting_compare", help="folder for table, JSON and plot")
+    parser.add_argument("--sweep", action="append", default=None, metavar="NAME=V1,V2,...",
+                        help="run every row at every value of one setting, e.g. threshold=0.7,0.8,0.9 "
+                             f"(settings: {', '.join(SWEEP_TYPES)}); a value here wins over --model_args")
     return parser.parse_args(argv)
 
 
@@ -148,7 +159,9 @@ def check_shared_model_args(model_args: Mapping[str, Any]) -> None:
     if "decoder" in model_args:
         raise SystemExit(f"dvoting compare: decoder={model_args['decoder']!r} in --model_args would apply to every "
                          "row, but each row sets its own decoder; leave it out and name single-entropy or "
-                         f"majority-entropy in --strategies for the entropy decoder (rows: {', '.join(ROWS)})")
+                         "majority-entropy in --strategies for the entropy decoder, single-confidence for the "
+                         f"confidence decoder (rows: {', '.join(ROWS)}), or --sweep decoder=... over rows "
+                         "without a decoder suffix")
 
 
 def check_seeds(seeds: int) -> None:
@@ -156,6 +169,212 @@ def check_seeds(seeds: int) -> None:
     if seeds < 1:
         raise SystemExit(f"dvoting compare: --seeds must be >= 1, got {seeds}: the number of sampling seeds "
                          "per sampled row, e.g. --seeds 3 (default 1)")
+
+
+def take_threshold(model_args: dict[str, Any]) -> float | None:
+    """Remove `threshold` (the confidence decoder's) from the model args and return it, checked.
+
+    It is applied to every row with `use_strategy`, not given to the model's constructor, so
+    compare takes it whether or not the harness accepts it as a model arg."""
+    if "threshold" not in model_args:
+        return None
+    value = model_args.pop("threshold")
+    try:
+        StrategySettings(threshold=value)
+    except ValueError as err:
+        raise SystemExit(f"dvoting compare: threshold={value!r} in --model_args: {err}") from err
+    return value
+
+
+# ------------------------------------------------------------------- the sweep
+
+# The settings `--sweep` may vary, with the type its values are read as: each is a
+# StrategySettings field and a model arg, and `use_strategy` changes it on the loaded model.
+SWEEP_TYPES: dict[str, type] = {
+    "block_length": int, "n": int, "steps": int, "hex_samples": int,
+    "alpha": float, "temperature": float, "tau": float, "threshold": float,
+    "cache": str, "decoder": str, "remasking": str,
+}
+# Model args `--sweep` refuses, with what to do instead.
+_NOT_SWEPT = {
+    "strategy": "the rows are chosen with --strategies",
+    "seed": "give --seeds K for K sampling seeds",
+    "max_gen_toks": "the generation length is the task's: run compare once per value with --gen_kwargs "
+                    "max_gen_toks=V",
+    "gen_length": "the generation length is the task's: run compare once per value with --gen_kwargs "
+                  "max_gen_toks=V",
+    "prefix_cache": "it is the older spelling of cache: --sweep cache=none,prefix",
+}
+_RELOAD = ("pretrained", "tokenizer", "dtype", "mc_num", "max_length", "device", "batch_size", "max_batch_size",
+           "revision", "subfolder", "trust_remote_code", "use_fast_tokenizer", "add_bos_token")
+
+
+def _sweep_value(name: str, text: str) -> Any:
+    """One `--sweep` value as its setting's type (SystemExit naming it otherwise)."""
+    kind = SWEEP_TYPES[name]
+    example = {int: "e.g. 2,4,8", float: "e.g. 0.5,0.7,0.9", str: "e.g. none,prefix"}[kind]
+    try:
+        if kind is int:
+            if not text.lstrip("+-").isdigit():
+                raise ValueError
+            return int(text)
+        return float(text) if kind is float else text
+    except ValueError:
+        raise SystemExit(f"dvoting compare: --sweep {name}={text}: {name} takes "
+                         f"{'whole numbers' if kind is int else 'numbers'}, got {text!r}; give "
+                         f"comma-separated values, {example}") from None
+
+
+def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
+    """`--sweep NAME=V1,V2,...` as (NAME, values of NAME's type); None without one.
+
+    SystemExit for more than one --sweep, a missing `=`, an unknown name, a model arg
+    that cannot change on a loaded model, an empty or repeated value, or a value of the
+    wrong type (range checks are `check_sweep`'s)."""
+    if not specs:
+        return None
+    if len(specs) > 1:
+        raise SystemExit(f"dvoting compare: --sweep given {len(specs)} times ({', '.join(specs)}); sweep one "
+                         "setting per run")
+    spec = specs[0]
+    name, equals, values_text = (part.strip() for part in spec.partition("="))
+    allowed = ", ".join(SWEEP_TYPES)
+    if not equals:
+        raise SystemExit(f"dvoting compare: --sweep {spec!r} has no '=': give NAME=V1,V2,... with NAME one of "
+                         f"{allowed}, e.g. --sweep threshold=0.7,0.8,0.9")
+    if name in _NOT_SWEPT:
+        raise SystemExit(f"dvoting compare: --sweep {spec}: {name} cannot be swept; {_NOT_SWEPT[name]} "
+                         f"(sweepable: {allowed})")
+    if name in _RELOAD:
+        raise SystemExit(f"dvoting compare: --sweep {spec}: {name} cannot be swept on a loaded model (it needs "
+                         f"a model reload): run compare once per value with {name}=V in --model_args "
+                         f"(sweepable: {allowed})")
+    if name not in SWEEP_TYPES:
+        raise SystemExit(f"dvoting compare: --sweep {spec}: unknown setting {name!r}; sweepable settings: "
+                         f"{allowed}")
+    texts = [text.strip() for text in values_text.split(",")]
+    if not any(texts) or not all(texts):
+        raise SystemExit(f"dvoting compare: --sweep {spec}: {'no values' if not any(texts) else 'an empty value'}; "
+                         f"give comma-separated values, e.g. --sweep {name}=V1,V2,V3")
+    values = [_sweep_value(name, text) for text in texts]
+    repeated = sorted({str(v) for i, v in enumerate(values) if v in values[:i]})
+    if repeated:
+        raise SystemExit(f"dvoting compare: --sweep {spec}: {', '.join(repeated)} given more than once; "
+                         "give each value once (use --seeds K to repeat sampled rows)")
+    return name, values
+
+
+def probe_settings(model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> StrategySettings:
+    """The model args' strategy settings as far as they can be read without the harness (for
+    the checks before the model is loaded); the defaults where they cannot (the model then
+    refuses those model args itself, before it reads the checkpoint)."""
+    fields = ("block_length", "n", "alpha", "temperature", "tau", "steps", "remasking", "hex_samples",
+              "prefix_cache", "cache")
+    given = {key: model_args[key] for key in fields if key in model_args}
+    if "max_gen_toks" in model_args:
+        given["gen_length"] = model_args["max_gen_toks"]
+    try:
+        return StrategySettings(**given, **extras)
+    except (TypeError, ValueError):
+        return StrategySettings(**extras)
+
+
+def generation_lengths(args: argparse.Namespace, model_args: Mapping[str, Any]) -> dict[int, str]:
+    """The generation lengths a block length must divide, each with where it comes from.
+
+    The model's own (`max_gen_toks` in --model_args, default 256: `use_strategy` checks
+    block lengths against it), and the requests': --gen_kwargs max_gen_toks when given,
+    else each task's (a group's: each of its tasks') `generation_kwargs.max_gen_toks`,
+    read from lm-eval's task index. A task that gives none runs at the model's length."""
+    model_length = model_args.get("max_gen_toks", StrategySettings.gen_length)
+    lengths = {model_length: f"the model args' max_gen_toks, default {StrategySettings.gen_length}, which the "
+                             "loaded model checks block lengths against; give the task's length there"}
+    gen_kwargs = _parse_model_args(args.gen_kwargs or "")  # as simple_evaluate reads it
+    if "max_gen_toks" in gen_kwargs:
+        lengths.setdefault(gen_kwargs["max_gen_toks"], "--gen_kwargs max_gen_toks")
+        return lengths
+    index = _task_manager(args.tasks).task_index
+    todo, seen = [args.tasks], set()
+    while todo:
+        task = todo.pop()
+        entry = index.get(task)
+        if task in seen or entry is None or not entry.cfg:
+            continue  # an unknown task: lm-eval refuses it by name at the first evaluation
+        seen.add(task)
+        subtasks = entry.cfg.get("task")
+        if isinstance(subtasks, list):  # a group
+            todo += [t for t in subtasks if isinstance(t, str)]
+        elif entry.cfg.get("output_type", "generate_until") == "generate_until":
+            length = (entry.cfg.get("generation_kwargs") or {}).get("max_gen_toks")
+            if length is not None:
+                lengths.setdefault(length, f"task {task}'s max_gen_toks")
+    return lengths
+
+
+def check_block_lengths(values: Sequence[int], lengths: Mapping[int, str]) -> None:
+    """Every swept block length divides every generation length (SystemExit naming both)."""
+    for value in values:
+        for length, source in lengths.items():
+            if isinstance(length, int) and value >= 1 and length % value:
+                divisors = ",".join(str(d) for d in range(1, length + 1) if length % d == 0 and
+                                    all(other % d == 0 for other in lengths if isinstance(other, int)))
+                raise SystemExit(f"dvoting compare: --sweep block_length={value}: {value} does not divide the "
+                                 f"generation length {length} ({source}); give block lengths that divide "
+                                 f"every generation length, from {divisors}")
+
+
+def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: Sequence[Any],
+               extras: Mapping[str, Any]) -> list[tuple[Any, list[tuple[str, StrategySettings, str, dict[str, Any]]]]]:
+    """Per swept value, each row's (name, settings, strategy, use_strategy overrides), on `base`.
+
+    SystemExit naming --sweep, the value and the row when StrategySettings refuses the value
+    (alone or for a row: e.g. threshold=1.5, decoder=entropy for hex), when it does not take
+    effect with the model args (cache=none beside prefix_cache=true), or when a row sets the
+    swept setting itself (decoder for the -entropy and -confidence rows), since its runs
+    would repeat one setting under several labels."""
+    plan = []
+    for value in values:
+        swept = {**extras, name: value}  # the sweep wins over the model args (and over extras)
+        try:
+            # as `single` (which takes every decoder); each row's own strategy is checked below
+            base_value = replace(base, strategy="single", **swept)
+        except ValueError as err:
+            raise SystemExit(f"dvoting compare: --sweep {name}={value}: {err}") from err
+        if getattr(base_value, name) != value:
+            raise SystemExit(f"dvoting compare: --sweep {name}={value} does not take effect with these --model_args "
+                             f"(the settings keep {name}={getattr(base_value, name)!r}); leave the model args that "
+                             f"set it (e.g. prefix_cache) out of --model_args")
+        rows = []
+        for row in names:
+            try:
+                strategy, overrides = row_overrides(row, base_value)
+                settings = replace(base_value, strategy=strategy, **overrides)
+            except ValueError as err:
+                raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
+                                 "leave the row out of --strategies or the value out of --sweep") from err
+            if getattr(settings, name) != value:
+                raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it runs "
+                                 f"with {name}={getattr(settings, name)!r} whatever the sweep gives); leave it out "
+                                 "of --strategies or sweep another setting")
+            rows.append((row, settings, strategy, {**swept, **overrides}))
+        plan.append((value, rows))
+    return plan
+
+
+def check_sweep(sweep: tuple[str, list[Any]], names: Sequence[str], probe: StrategySettings,
+                args: argparse.Namespace, model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> None:
+    """Refuse, before the model is loaded, a sweep that could not run every row at every value.
+
+    Checked: each value against StrategySettings' ranges on the model args' settings (as
+    far as `probe_settings` reads them), each row at each value (a row that refuses the
+    value or sets the swept setting itself), and for block_length that each value divides
+    every generation length (`generation_lengths`: the model's max_gen_toks, and
+    --gen_kwargs max_gen_toks or the task's). The same plan is checked again on the loaded
+    model's settings before the first evaluation."""
+    name, values = sweep
+    if name == "block_length":
+        check_block_lengths(values, generation_lengths(args, model_args))
+    sweep_plan(names, probe, name, values, extras)
 
 
 def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]]:
@@ -169,11 +388,12 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
     overrides: dict[str, Any] = {"decoder": base.decoder, "temperature": base.temperature}
     if not variant:
         return strategy, overrides
-    overrides["decoder"] = "entropy"
+    overrides["decoder"] = variant  # "entropy" or "confidence" (its threshold is `base`'s)
     if strategy == "majority":
         # dVoting's temperature (the model arg's, else dVoting's default): majority-entropy then
         # differs from dvoting only in remasking and the early stop
-        overrides["temperature"] = replace(base, strategy="dvoting").resolved_temperature
+        # (decoder=None: dVoting's temperature does not depend on it, and dvoting refuses decoder=fixed)
+        overrides["temperature"] = replace(base, strategy="dvoting", decoder=None).resolved_temperature
     return strategy, overrides
 
 
@@ -337,7 +557,8 @@ def summarize_row(name: str, settings: StrategySettings, seeds: Sequence[int],
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
-    """Evaluate each row with its seeds: {"rows": [...], "paired": {...} or None, "seeds": [...]}."""
+    """Evaluate each row with its seeds: {"rows": [...], "paired": {...} or None, "seeds": [...]};
+    with --sweep {"sweep": {...}, "seeds": [...]} (`sweep_summary`)."""
     from .harness import DreamEvalModel, LLaDAEvalModel
     from .plugin import register
 
@@ -346,21 +567,62 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     model_args = _parse_model_args(args.model_args)
     # every check on the command line before the model is loaded
     check_shared_model_args(model_args)
+    threshold = take_threshold(model_args)  # applied with use_strategy, not given to the model
+    extras = {} if threshold is None else {"threshold": threshold}
     names = parse_rows(args.strategies)
     check_seeds(args.seeds)
+    sweep = parse_sweep(getattr(args, "sweep", None))
+    if sweep is not None:
+        check_sweep(sweep, names, probe_settings(model_args, extras), args, model_args, extras)
     lm = model_class(**model_kwargs(model_args, args))
     first_seed = lm.seed  # the model arg seed, else lm-eval's default
-    base = lm.settings  # the model args' settings; every row's are derived from these
+    seeds = [first_seed + i for i in range(args.seeds)]
+    if sweep is not None:
+        # the loaded model's settings (model args read by the harness): checked again
+        plan = sweep_plan(names, lm.settings, *sweep, extras)
+        results = [(value, run_rows(lm, args, planned, first_seed)) for value, planned in plan]
+        return {"sweep": sweep_summary(sweep[0], results), "seeds": seeds}
+    # the model args' settings; every row's are derived from these
+    base = replace(lm.settings, **extras)
     # each row's settings checked before any evaluation
-    planned = [(name, row_settings(name, base)) for name in names]
-    rows = []
-    for name, settings in planned:
+    planned = []
+    for name in names:
         strategy, overrides = row_overrides(name, base)
+        planned.append((name, row_settings(name, base), strategy, {**extras, **overrides}))
+    rows = run_rows(lm, args, planned, first_seed)
+    return {"rows": rows, "paired": paired_comparison(rows), "seeds": seeds}
+
+
+def run_rows(lm: Any, args: argparse.Namespace, planned: Sequence[tuple[str, StrategySettings, str, dict[str, Any]]],
+             first_seed: int) -> list[dict[str, Any]]:
+    """Each planned row (name, settings, strategy, overrides) run with its seeds, summarized."""
+    rows = []
+    for name, settings, strategy, overrides in planned:
         seeds = run_seeds(settings, first_seed, args.seeds)
         runs = [_run(lm, args, strategy, overrides, seed) for seed in seeds]
         rows.append(summarize_row(name, settings, seeds, runs))
-    return {"rows": rows, "paired": paired_comparison(rows),
-            "seeds": [first_seed + i for i in range(args.seeds)]}
+    return rows
+
+
+def sweep_summary(name: str, results: Sequence[tuple[Any, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:
+    """compare.json's `sweep`: {"name", "values", "rows": {row: [one entry per value]}, "paired"}.
+
+    An entry is the row's figures at that value: `value`, `accuracy_mean`, `accuracy_std`
+    (None for one run), `nfe_mean`, then as a row of the table without a sweep (`accuracies`,
+    `nfes`, `seeds`, `mean_samples`, `seconds`, `settings`, `per_document`, ...). `paired`
+    lists dvoting - majority-entropy at each value when both rows ran."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    paired = []
+    for value, summaries in results:
+        for summary in summaries:
+            figures = {k: v for k, v in summary.items() if k not in ("strategy", "accuracy", "mean_nfe")}
+            rows.setdefault(summary["strategy"], []).append(
+                {"value": value, "accuracy_mean": summary["accuracy"], "accuracy_std": summary["accuracy_std"],
+                 "nfe_mean": summary["mean_nfe"], **figures})
+        pair = paired_comparison(summaries)
+        if pair is not None:
+            paired.append({"value": value, **pair})
+    return {"name": name, "values": [value for value, _ in results], "rows": rows, "paired": paired}
 
 
 def accuracy_cell(row: Mapping[str, Any]) -> str:
@@ -404,13 +666,43 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def sweep_tables(sweep: Mapping[str, Any]) -> str:
+    """One Markdown table per row: the swept value, accuracy, runs, mean NFE, samples, seconds;
+    the dvoting - majority-entropy line per value under them when both rows ran."""
+    name = sweep["name"]
+    parts = []
+    for row, entries in sweep["rows"].items():
+        lines = [f"### {row}, {name} swept", "",
+                 f"| {name} | accuracy (%) | runs | mean NFE | samples / question | seconds |",
+                 "|---|---|---|---|---|---|"]
+        for entry in entries:
+            cell = accuracy_cell({"accuracy": entry["accuracy_mean"], "accuracy_std": entry["accuracy_std"]})
+            lines.append(f"| {entry['value']} | {cell} | {runs_cell(entry)} | {entry['nfe_mean']:.1f} | "
+                         f"{entry['mean_samples']:.2f} | {entry['seconds']:.1f} |")
+        parts.append("\n".join(lines))
+    parts += [f"{name}={pair['value']}: {paired_line(pair)}" for pair in sweep.get("paired", [])]
+    return "\n\n".join(parts)
+
+
+def _nfe_axis(ax: Any) -> None:
+    """The x axis of both plots: mean NFE per question on a log scale, plain 1-2-5 labels."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    ax.set_xscale("log")  # costs span two orders of magnitude (dVoting ... HEX)
+    # plain numbers at 1-2-5 steps: the default 3x10^1-style minor labels run into each other
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("mean forward passes (NFE) per question, log scale")
+    ax.set_ylabel("accuracy (%)")
+
+
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     """Accuracy against mean NFE, one labelled point per row (mean over seeds, ±std bars)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     fig, ax = plt.subplots(figsize=(6, 4))
     markers = "osD^vP*X"
@@ -420,14 +712,41 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         ax.errorbar(row["mean_nfe"], row["accuracy"], yerr=row.get("accuracy_std"), capsize=3,
                     fmt=markers[i % len(markers)], markersize=7,
                     label=f"{row['strategy']} ({_short_accuracy(row)}%, {row['mean_nfe']:.0f} NFE)")
-    ax.set_xscale("log")  # costs span two orders of magnitude (dVoting ... HEX)
-    # plain numbers at 1-2-5 steps: the default 3x10^1-style minor labels run into each other
-    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("mean forward passes (NFE) per question, log scale")
-    ax.set_ylabel("accuracy (%)")
+    _nfe_axis(ax)
     ax.legend(fontsize=8, loc="best")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_sweep(sweep: Mapping[str, Any], path: Path, title: str) -> None:
+    """Accuracy against mean NFE, one line per row through its swept values (in the order
+    given), each point labelled with its value (mean over seeds, ±std bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    markers = "osD^vP*X"
+    for i, (row, entries) in enumerate(sweep["rows"].items()):
+        nfes = [entry["nfe_mean"] for entry in entries]
+        accuracies = [entry["accuracy_mean"] for entry in entries]
+        stds = [entry["accuracy_std"] or 0.0 for entry in entries]
+        line = ax.errorbar(nfes, accuracies, yerr=stds if any(stds) else None, capsize=3,
+                           fmt="-" + markers[i % len(markers)], markersize=6, label=row)
+        # values that land on one point share a label; each row's labels in its colour, at
+        # its own height, so labels of rows that meet do not cover each other
+        labels: dict[tuple[float, float], list[str]] = {}
+        for entry, x, y in zip(entries, nfes, accuracies):
+            labels.setdefault((x, y), []).append(str(entry["value"]))
+        for (x, y), values in labels.items():
+            ax.annotate(", ".join(values), (x, y), textcoords="offset points", xytext=(5, 5 - 9 * (i % 4)),
+                        fontsize=7, color=line[0].get_color())
+    _nfe_axis(ax)
+    ax.legend(fontsize=8, loc="best", title=f"points: {sweep['name']}", title_fontsize=8)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -438,17 +757,25 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     comparison = compare(args)
-    rows, paired = comparison["rows"], comparison["paired"]
-    table = markdown_table(rows)
-    if paired is not None:
-        table += "\n\n" + paired_line(paired)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     header = f"{args.model} ({args.model_args}) on {args.tasks}, limit {args.limit}, seeds {comparison['seeds']}"
+    if "sweep" in comparison:
+        sweep = comparison["sweep"]
+        header += f", {sweep['name']} swept over {sweep['values']}"
+        table = sweep_tables(sweep)
+        figure = out / "sweep.png"
+        plot_sweep(sweep, figure, f"{args.tasks}: accuracy vs NFE, {sweep['name']} swept")
+    else:
+        rows, paired = comparison["rows"], comparison["paired"]
+        table = markdown_table(rows)
+        if paired is not None:
+            table += "\n\n" + paired_line(paired)
+        figure = out / "accuracy_vs_nfe.png"
+        plot(rows, figure, f"{args.tasks}: accuracy vs NFE")
     (out / "compare.md").write_text(f"{header}\n\n{table}\n")
     (out / "compare.json").write_text(json.dumps(comparison, indent=2) + "\n")
-    plot(rows, out / "accuracy_vs_nfe.png", f"{args.tasks}: accuracy vs NFE")
     print(header)
     print(table)
-    print(f"written: {out / 'compare.md'}, {out / 'compare.json'}, {out / 'accuracy_vs_nfe.png'}")
+    print(f"written: {out / 'compare.md'}, {out / 'compare.json'}, {figure}")
     return 0

@@ -89,13 +89,13 @@ def test_compare_refuses_bad_command_lines_before_loading_the_model(tmp_path):
         run("--seeds", "0")
     with pytest.raises(SystemExit, match=r"names \['dvoting'\] more than once"):
         run("--strategies", "dvoting,single,dvoting")
-    with pytest.raises(SystemExit, match="unknown strategies.*single, single-entropy, majority, majority-entropy"):
+    with pytest.raises(SystemExit, match="unknown strategies.*single, single-entropy, single-confidence, majority, majority-entropy"):
         run("--strategies", "hex-entropy")
 
 
-def test_default_rows_are_the_four_strategies_with_the_two_ablations():
+def test_default_rows_are_the_four_strategies_with_the_three_ablations():
     assert compare.parse_rows(compare.parse_args([]).strategies) == [
-        "single", "single-entropy", "majority", "majority-entropy", "hex", "dvoting"]
+        "single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting"]
 
 
 @pytest.mark.parametrize("temperature", [None, 0.8])
