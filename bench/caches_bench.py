@@ -4,6 +4,7 @@ accuracy and speed on the demo. Writes its own section of BENCHMARKS.md.
     OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py            # the full run (30-60 min on 2 busy cores)
     OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --quick --out /tmp/B.md   # a smoke run
     OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --resume   # go on from --json after a crash
+    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --report-only   # rewrite the section from --json
 
 Part 1, real shape: a random-weight LLaDA at LLaDA-8B's width (d_model 4096, 32 heads,
 MLP 12,288, vocabulary 126,464) with `--layers` of its 32 layers, one row, prompt 256 +
@@ -15,9 +16,11 @@ runs it (steps = 256: 32 steps per block of 32, one commit each) is timed over w
 blocks: `none` in the first block (every `none` pass covers the whole sequence, so every
 block costs the same), `prefix` and `dual` in the first and in the last block (earlier
 blocks pre-filled), since `prefix`'s reuse pass shrinks as the block moves right. The
-entropy rule (dVoting's, alpha 0.3, temperature 0.6) is timed over the first steps of the
-first block only: random weights give near-uniform logits, so it commits one token per
-step here, and its steps per block come from the demo (part 2).
+cells of a repeat run side by side, one step of each in turn, so that the load of the
+shared machine, which drifts over minutes, hits every cache alike. The entropy rule
+(dVoting's, alpha 0.3, temperature 0.6) is timed over the first steps of the first block
+only: random weights give near-uniform logits, so it commits one token per step here, and
+its steps per block come from the demo (part 2).
 
 Part 2, demo: the shipped `tiny-arith` (LLaDA) and `tiny-arith-dream` (Dream) on the 500
 held-out problems, `single` (greedy: one seed) and `dvoting` (seeds 0, 1, 2) with each
@@ -25,8 +28,8 @@ cache, via `run_strategy(..., cache=...)`, 16 rows per pass; scored as the `dvot
 task scores (text up to the first end token, `extract_answer(..., "number")`, equal to the
 target). Every forward pass is classed full or reuse as above, per row.
 
-Every finished cell is written to `--json` at once, so a crash loses one cell
-(`--resume` skips the cells found there). The section goes between the marker lines
+Every finished demo cell and real-shape repeat is written to `--json` at once, so a crash
+loses little (`--resume` skips what is found there). The section goes between the marker lines
 `<!-- caches_bench:start -->` and `<!-- caches_bench:end -->` of `--out` (appended when
 absent); nothing else in the file is touched.
 """
@@ -135,22 +138,35 @@ def real_cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
     return cells
 
 
+def run_repeat(model: PassCounter, prompt: torch.Tensor, args: argparse.Namespace, repeat: int) -> Results:
+    """One repeat of every real-shape cell, stepped round-robin (one step of each cell in turn),
+    so that the other processes' load, which drifts over minutes here, hits every cache alike."""
+    cells = {f"{rule}/{cache}/block{b}/repeat{repeat}": (entering_decoder(model, prompt, args, rule, cache, b), count)
+             for rule, cache, b, count in real_cells(args)}
+    timings: Results = {key: [] for key in cells}
+    while True:
+        pending = [key for key, (decoder, count) in cells.items() if len(timings[key]) < count and decoder.active]
+        if not pending:
+            return timings
+        for key in pending:
+            timings[key] += timed_steps(model, cells[key][0], 1)
+
+
 def run_real(args: argparse.Namespace, results: Results, save: Callable[[], None]) -> None:
-    """Part 1: every real-shape cell, `--repeats` times, interleaved; saved after each cell."""
+    """Part 1: every real-shape cell, `--repeats` times; saved after each repeat."""
     work = real_vocab_workload(1, args.gen_length, args.prompt_length, d_model=args.width, n_layers=args.layers,
                                n_heads=args.heads, name="real-shape", std=0.02)
     results["real_description"] = work.description
     model = PassCounter(work.model)
     real = results.setdefault("real", {})
     for repeat in range(args.repeats):
-        for rule, cache, block_index, count in real_cells(args):
-            key = f"{rule}/{cache}/block{block_index}/repeat{repeat}"
-            if key in real:
-                continue
-            decoder = entering_decoder(model, work.prompts[0], args, rule, cache, block_index)
-            real[key] = timed_steps(model, decoder, count)
-            print(f"  [real] {key}: {sum(s['wall'] for s in real[key]):.1f} s for {len(real[key])} steps", flush=True)
-            save()
+        if any(key.endswith(f"/repeat{repeat}") for key in real):
+            continue
+        real.update(run_repeat(model, work.prompts[0], args, repeat))
+        walls = {key.rsplit("/", 1)[0]: sum(s["wall"] for s in steps) for key, steps in real.items()
+                 if key.endswith(f"/repeat{repeat}")}
+        print(f"  [real] repeat {repeat}: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()), flush=True)
+        save()
 
 
 # ----------------------------------------------------------------- part 2: demo
@@ -437,21 +453,23 @@ def real_lines(results: Results, blocks: int) -> list[str]:
     shape = (f"LLaDA-8B's width, heads, MLP and vocabulary, {a['layers']} of its 32 layers" if a["width"] == 4096
              else f"a smoke-test width, {a['layers']} layer(s)")
     L, B = a["gen_length"], a["block"]
+    head = [median_over_repeats(real, "fixed/none/block0", lambda steps: steps[k]["head"]) for k in (0, -1)]
     return [
         "### Real shape: seconds per decoding step",
         "",
         f"{results['real_description']}: {shape}.",
         f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} blocks); "
-        f"medians over {a['repeats']} repeats, cells interleaved. A step is *full* when the model's pass covers",
+        f"medians over {a['repeats']} repeats; the cells run side by side, one step of each in turn, so load",
+        "changes on the shared cores hit them alike. A step is *full* when the model's pass covers",
         "the whole sequence, *reuse* when it attends to kept keys/values (told apart by what `hidden_states`",
         f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one commit each) is timed over",
         "whole blocks: `none` in the first block (all its passes cover the whole sequence, so every block",
         "costs the same), `prefix` and `dual` in the first and the last block (earlier blocks pre-filled).",
         "*head s/step*: the output head's part of a step (the block's masked positions x the vocabulary: the",
-        f"same for every cache, {B} positions at a block's first step down to 1 at its last). On this CPU it",
-        "costs about the same at 1 position as at 32 (reading its float32 weight, 2 GiB at this shape, once",
-        "per call dominates), so at reduced depth it caps the ratio between the caches; in the 32-layer",
-        "model it is a far smaller part of a step.",
+        f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s here, down to 1 at its last, "
+        f"{fmt(head[1])} s).",
+        "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps their ratio to",
+        "`none`; in the 32-layer model it is a far smaller part of a step.",
         "",
     ] + real_fixed_table(real, blocks, a["layers"]) + [
         "",
@@ -479,7 +497,9 @@ def demo_lines(results: Results) -> list[str]:
         "`dvoting_arith` scores (text up to the first end token, its number equal to the target). `single` is",
         "greedy (temperature 0), so every seed gives the same output: it ran once (seed "
         f"{a['seeds'][0]}); `dvoting` ran with seeds {', '.join(map(str, a['seeds']))} (std over seeds, n-1).",
-        "*wall s*: one run (mean over seeds). *full passes*: the share of row-passes over the whole sequence.",
+        "*wall s*: one run (mean over seeds); on this shared CPU the same cell has differed by up to 1.5x",
+        "between runs of this script, so read the speed-ups as rough. *full passes*: the share of row-passes",
+        "over the whole sequence.",
         "*model calls*: `hidden_states` calls per run (a step whose rows mix full and reuse passes makes two).",
         "*steps per block*: NFE / blocks decoded (a dVoting remask sample skips the blocks it keeps whole).",
         "*token-identical*: outputs (every sample's tokens) equal to `none`'s at the same seed.",
@@ -497,6 +517,9 @@ def dvoting_lines(results: Results) -> list[str]:
 
     def calls(cache: str) -> float:
         return s[cache]["calls"]["full"] + s[cache]["calls"]["reuse"]
+
+    speed = [demo_summary(demo, m, "dvoting", "none")["wall"] / demo_summary(demo, m, "dvoting", c)["wall"]
+             for m in results["args"]["models"] for c in ("prefix", "dual")]
 
     return [
         "### Why dVoting gains less",
@@ -516,8 +539,11 @@ def dvoting_lines(results: Results) -> list[str]:
         "that refresh run in two calls, so on the LLaDA demo dVoting makes "
         f"{fmt(100 * (calls('dual') / calls('none') - 1), 0)}% more calls with `dual` "
         f"({fmt(100 * (calls('prefix') / calls('none') - 1), 0)}% with `prefix`) for the",
-        "same row-passes. On a CPU the cost follows the rows, so this is free here; on a GPU, where a pass",
-        "over 16 rows costs little more than over one, the extra calls could eat the saving.",
+        "same row-passes. Where a call's fixed cost dominates, they eat the saving: on the tiny demo model",
+        f"dVoting with a cache runs at {fmt(min(speed))}-{fmt(max(speed))}x `none`'s speed, and on a GPU, "
+        "where a pass over 16",
+        "rows costs little more than over one, the same could happen at the real shape. (On this CPU at",
+        "the real shape the cost follows the rows, and the table above expects about `none`'s speed.)",
         "",
     ]
 
