@@ -93,7 +93,23 @@ def write_report(args: argparse.Namespace, results: RunResults, verdict_lines: l
     if results.step is not None:
         lines += step_section(results.step, args.real_width)
     lines += targets_sections(results, verdict_lines)
-    args.out.write_text("\n".join(lines) + "\n")
+    args.out.write_text("\n".join(lines) + "\n" + kept_sections(args.out))
+
+
+# Sections other scripts write into BENCHMARKS.md between their own markers (e.g.
+# bench/caches_bench.py's): a rerun of bench/run.py keeps them as they are.
+KEPT_MARKERS = (("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),)
+
+
+def kept_sections(path: Path) -> str:
+    """The marked sections of the file at `path` (empty if none), to append again."""
+    if not path.exists():
+        return ""
+    text, kept = path.read_text(), []
+    for start, end in KEPT_MARKERS:
+        if start in text and end in text:
+            kept.append(text[text.index(start):text.index(end) + len(end)])
+    return "".join("\n" + section + "\n" for section in kept)
 
 
 def write_json(path: Path, results: RunResults, verdicts: dict[str, Any]) -> None:
