@@ -636,3 +636,40 @@ def test_chat_template_continues_a_final_message_only_without_a_generation_promp
         {"tokenize": False, "add_generation_prompt": True, "continue_final_message": False},
         {"tokenize": False, "add_generation_prompt": False, "continue_final_message": True},
     ]
+
+
+# ---- strategies.py: the cache and threshold settings (issue 20/25) --------------------
+
+
+def test_threshold_refusal_says_what_is_allowed_and_one_is_allowed():
+    """threshold must be in (0, 1]: 1 itself is allowed (commit only certain positions
+    beside the most confident), and the refusal is the whole sentence a user reads."""
+    assert StrategySettings(strategy="single", decoder="confidence", threshold=1.0).threshold == 1.0
+    with pytest.raises(ValueError) as refused:
+        StrategySettings(strategy="single", decoder="confidence", threshold=1.5)
+    assert str(refused.value) == ("threshold (confidence decoder) must be in (0, 1], got 1.5: "
+                                  "e.g. threshold=0.9 (Fast-dLLM's default)")
+
+
+@pytest.mark.parametrize("settings, says", [
+    (dict(cache="full"), "cache must be one of ('none', 'prefix', 'dual'), got 'full': none (exact, the default), "
+                         "prefix or dual (Fast-dLLM's approximate key/value caches)"),
+    (dict(prefix_cache="yes"), "prefix_cache must be true or false, got 'yes'"),
+    (dict(prefix_cache=True, cache="dual"), "prefix_cache=true and cache=dual disagree: give cache alone "
+                                            "(prefix_cache=true is the older spelling of cache=prefix)"),
+])
+def test_cache_refusals_are_whole_sentences(settings, says):
+    with pytest.raises(ValueError) as refused:
+        StrategySettings(**settings)
+    assert str(refused.value) == says
+
+
+def test_cache_and_prefix_cache_are_one_setting():
+    """The two spellings are normalised both ways, so equal settings compare (and
+    fingerprint) equal whichever spelling a user gave."""
+    assert StrategySettings(cache="prefix").prefix_cache is True
+    assert StrategySettings(prefix_cache=True).cache == "prefix"
+    assert StrategySettings(cache="dual").prefix_cache is False
+    assert StrategySettings().prefix_cache is False and StrategySettings().cache == "none"
+    assert StrategySettings(cache="prefix") == StrategySettings(prefix_cache=True)
+    assert not hasattr(StrategySettings(cache="prefix"), "PREFIX_CACHE")
