@@ -43,3 +43,16 @@ def recorded_pass_lengths(model: nn.Module) -> Iterator[list[int]]:
         yield lengths
     finally:
         del model.hidden_states
+
+
+def decoded_after_each_step(model: nn.Module, row: "DecodeRow") -> list[list[int]]:
+    """Decode one row step by step; the generation positions decoded after each step."""
+    from lm_eval_dvoting.decoding import RowDecoder
+
+    decoder = RowDecoder(model)
+    decoder.add(row)
+    history = []
+    while decoder.active:
+        decoder.step()
+        history.append((row.tokens != model.mask_token_id).nonzero().flatten().tolist())
+    return history

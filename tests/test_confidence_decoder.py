@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm_eval_dvoting.decoding import DecodeRow, RowDecoder, generate
-from references import load_float32, reference_logits
+from lm_eval_dvoting.decoding import DecodeRow, generate
+from references import decoded_after_each_step, load_float32, reference_logits
 from scripted import ScriptedModel, gen_choices
 
 
@@ -82,12 +82,7 @@ def _history(model: ScriptedModel, gen_length: int, block_length: int, threshold
     """The decoded positions after each step, for the prompt [1, 1, 1]."""
     row = DecodeRow(prompt=torch.tensor([1, 1, 1]), tokens=torch.full((gen_length,), model.mask_token_id),
                     block_length=block_length, threshold=threshold)
-    decoder = RowDecoder(model)
-    decoder.add(row)
-    history = []
-    while decoder.active:
-        decoder.step()
-        history.append((row.tokens != model.mask_token_id).nonzero().flatten().tolist())
+    history = decoded_after_each_step(model, row)
     assert row.nfe == len(history)
     return history
 

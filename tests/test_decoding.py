@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm_eval_dvoting.decoding import DecodeRow, RowDecoder, generate
-from references import load_float32, recorded_pass_lengths, reference_logits
+from references import decoded_after_each_step, load_float32, recorded_pass_lengths, reference_logits
 from scripted import ScriptedModel, gen_choices
 
 FAMILIES = ["llada_fixture", "dream_fixture"]
@@ -306,12 +306,7 @@ def test_entropy_rule_mixed_certainty():
     model = ScriptedModel(gen_choices(3, region))
     row = DecodeRow(prompt=torch.tensor([5, 6, 7]), tokens=torch.full((12,), model.mask_token_id),
                     block_length=4, alpha=0.3)
-    decoder = RowDecoder(model)
-    decoder.add(row)
-    history = []
-    while decoder.active:
-        decoder.step()
-        history.append((row.tokens != model.mask_token_id).nonzero().flatten().tolist())
+    history = decoded_after_each_step(model, row)
     # step 1: block 0's certain positions 0, 1, 3 (not 2); block 0 unfinished, stop there
     assert history[0] == [0, 1, 3]
     # step 2: nothing below alpha in block 0: the fallback commits position 2, block 0 is
