@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm_eval_dvoting.decoding import DecodeRow, RowDecoder, generate
+from lm_eval_dvoting.decoding import DecodeRow, generate
 from references import decoded_after_each_step, load_float32, recorded_pass_lengths, reference_logits
 from scripted import ScriptedModel, gen_choices
 
