@@ -112,7 +112,7 @@ class ForwardPass:
             return logits
         reusing = [i for i, (row, start) in enumerate(zip(rows, starts))
                    if row.cache != "none" and row.kept is not None and row.kept.block_start == start]
-        fresh = [i for i in range(len(rows)) if i not in set(reusing)]
+        fresh = sorted(set(range(len(rows))) - set(reusing))
         if fresh:
             self._fresh(rows, fresh, starts, keeps, logits)
         if reusing:

@@ -88,11 +88,13 @@ class RowDecoder:
 
     def _commit(self, works: list[RowWork]) -> list[RowWork]:
         """Each rule commits for all its rows at once; returns the rows that go on."""
+        by_rule: dict[int, list[RowWork]] = {}
+        for work in works:
+            by_rule.setdefault(id(self.rule(work.row)), []).append(work)
         going_on: list[RowWork] = []
-        for rule in self.rules:
-            mine = [work for work in works if self.rule(work.row) is rule]
-            if mine:
-                going_on += rule.commit(mine)
+        for rule in self.rules:  # in a fixed order: fixed schedule, entropy, confidence
+            if id(rule) in by_rule:
+                going_on += rule.commit(by_rule[id(rule)])
         return going_on
 
     def _retire(self) -> list[DecodeRow]:

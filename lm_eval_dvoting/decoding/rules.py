@@ -140,8 +140,7 @@ class EntropyThreshold:
         self.mask_id = mask_id
 
     def block_start(self, row: DecodeRow) -> int:
-        found = masked_block(row.tokens.tolist(), self.mask_id, row.block_length)
-        return found[0]  # an active row has a mask left
+        return _first_masked_block_start(row, self.mask_id)
 
     def is_done(self, row: DecodeRow) -> bool:
         return False  # done when no mask is left, which the row batch checks
@@ -236,7 +235,7 @@ class ConfidenceThreshold:
         self.mask_id = mask_id
 
     def block_start(self, row: DecodeRow) -> int:
-        return masked_block(row.tokens.tolist(), self.mask_id, row.block_length)[0]  # an active row has a mask
+        return _first_masked_block_start(row, self.mask_id)
 
     def is_done(self, row: DecodeRow) -> bool:
         return False  # done when no mask is left, which the row batch checks
@@ -258,6 +257,11 @@ class ConfidenceThreshold:
             positions = torch.tensor(work.wanted, device=row.tokens.device)
             row.tokens[positions[commit]] = chosen[commit].to(row.tokens.dtype)
         return []
+
+
+def _first_masked_block_start(row: DecodeRow, mask_id: int) -> int:
+    """The start of the block holding the row's first mask (an active row has one)."""
+    return masked_block(row.tokens.tolist(), mask_id, row.block_length)[0]
 
 
 def _inside(window: Window, positions: list[int]) -> bool:
