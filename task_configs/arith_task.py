@@ -1,8 +1,10 @@
-"""Dataset of the ``dvoting_arith`` task: the demo's 500 held-out arithmetic problems.
+"""Datasets of the demo tasks: ``dvoting_arith`` (the 500 held-out test problems) and
+``dvoting_arith_valid`` (the 200 validation problems).
 
-The problems ship inside the package (``lm_eval_dvoting/demo/arith_test.jsonl``,
-made by ``lm_eval_dvoting.demo.arith`` from its test seed), so the task runs offline.
-lm-eval imports this file by its path, so it imports only installed packages.
+The test problems ship inside the package (``lm_eval_dvoting/demo/arith_test.jsonl``,
+made by ``lm_eval_dvoting.demo.arith`` from its test seed); the validation problems are
+drawn from their own seed at load time, canonically disjoint from the test set. Both run
+offline. lm-eval imports this file by its path, so it imports only installed packages.
 """
 from __future__ import annotations
 
@@ -20,6 +22,23 @@ def load_test(**kwargs: Any) -> datasets.DatasetDict:
     from lm_eval_dvoting.demo.arith import TEST_FILE
 
     rows = [json.loads(line) for line in TEST_FILE.read_text().splitlines() if line.strip()]
-    docs = [{"question": r["question"], "solution": r["solution"], "target": str(r["answer"]),
-             "steps": r["steps"]} for r in rows]
-    return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list([_doc(r) for r in rows])})
+
+
+def load_validation(**kwargs: Any) -> datasets.DatasetDict:
+    """The validation split: the problems the demo's settings are chosen on, never the test set.
+
+    They are `arith.held_out_sets()`'s validation problems (seed ``VALID_SEED``), the ones
+    the shipped checkpoint was chosen on; same fields as the test split.
+    """
+    from lm_eval_dvoting.demo.arith import held_out_sets
+
+    _, valid = held_out_sets()
+    docs = [_doc({"question": p.question, "solution": p.solution, "answer": p.answer, "steps": p.steps})
+            for p in valid]
+    return datasets.DatasetDict({"validation": datasets.Dataset.from_list(docs)})
+
+
+def _doc(row: dict[str, Any]) -> dict[str, Any]:
+    return {"question": row["question"], "solution": row["solution"], "target": str(row["answer"]),
+            "steps": row["steps"]}

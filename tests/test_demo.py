@@ -126,6 +126,24 @@ def test_task_loader_reads_the_shipped_set():
     assert docs[0]["target"] == str(arith.read_test_set()[0]["answer"])
 
 
+def test_validation_task_asks_the_validation_problems_never_the_test_ones():
+    """`dvoting_arith_valid` (the set the demo's settings are chosen on) is the validation
+    stream of `held_out_sets`, asked like `dvoting_arith`, and shares no problem with it."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    tasks = get_task_dict(["dvoting_arith", "dvoting_arith_valid"],
+                          TaskManager(include_path=str(TASK_DIR), include_defaults=False))
+    test, valid = (list(tasks[name].eval_docs) for name in ("dvoting_arith", "dvoting_arith_valid"))
+    _, expected = arith.held_out_sets()
+    assert [d["question"] for d in valid] == [p.question for p in expected] and len(valid) == arith.VALID_SIZE
+    assert [d["target"] for d in valid] == [str(p.answer) for p in expected]
+    assert not {arith.canonical_form(d["question"]) for d in valid} & {arith.canonical_form(d["question"]) for d in test}
+    ask = {name: tasks[name].doc_to_text(valid[0]) for name in tasks}
+    assert ask["dvoting_arith"] == ask["dvoting_arith_valid"] == arith.format_prompt(valid[0]["question"])
+    config = tasks["dvoting_arith_valid"].config
+    assert config.generation_kwargs == tasks["dvoting_arith"].config.generation_kwargs
+
+
 def test_tokenizer_round_trips_and_loads(tmp_path):
     from transformers import AutoTokenizer
 
