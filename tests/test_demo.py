@@ -395,6 +395,26 @@ def test_shipped_model_shows_what_the_readme_says(tmp_path):
     assert max(rows[r]["accuracy"] for r in ("majority-entropy", "dvoting")) < single["accuracy"]
 
 
+def test_readme_confidence_row_on_the_test_set_is_reproduced(tmp_path):
+    """The 500-problem table's "one greedy sample, confidence decoder" row, at the block
+    length and threshold the validation rule chose (docs/ABLATIONS.md), is what
+    `dvoting compare` gives on the test set, to the printed digit."""
+    from lm_eval_dvoting import compare
+
+    torch.set_num_threads(1)
+    readme = (TASK_DIR.parent / "README.md").read_text()
+    row = re.search(r"^\| single-confidence \(.*block (\d+), threshold ([\d.]+)\) \| ([\d.]+) \| 1 \(greedy\) "
+                    r"\| ([\d.]+) \|", readme, re.MULTILINE)
+    block, threshold, accuracy, nfe = row.groups()
+    out = tmp_path / "cmp"
+    assert compare.main(["--model_args", f"pretrained=tiny-arith,block_length={block},threshold={threshold}",
+                         "--tasks", "dvoting_arith", "--strategies", "single-confidence", "--batch_size", "64",
+                         "--out", str(out), "--device", "cpu"]) == 0
+    [measured] = json.loads((out / "compare.json").read_text())["rows"]
+    assert measured["questions"] == 500
+    assert (f"{measured['accuracy']:.2f}", f"{measured['mean_nfe']:.1f}") == (accuracy, nfe)
+
+
 class _Oracle(torch.nn.Module):
     """Logits that put all mass on the right token, `shift` positions to the left of it."""
 
