@@ -609,6 +609,26 @@ def test_gather_object_merges_the_other_ranks_totals_on_rank_0(monkeypatch):
     monkeypatch.setattr(dist, "gather_object", gather)
     assert lm.gather_object("mine") == ["mine", "theirs"]
     assert lm.totals == Counter(nfe=17, requests=3) and lm._unshared == Counter()
+    # during an evaluation, the other rank's per-task ledger joins rank 0's (the results'
+    # per-task costs count every rank's documents)
+    from lm_eval_dvoting.task_costs import RunCosts
+
+    lm.begin_cost_run().tasks["arith"] = Counter(nfe=4, requests=1)
+    theirs = RunCosts({"arith": Counter(nfe=6, requests=1)})
+    monkeypatch.setattr(dist, "gather_object", lambda obj, gathered, dst=0: gathered.__setitem__(
+        slice(None), [obj, ("theirs", {}, theirs)]))
+    lm.gather_object("mine")
+    assert lm.costs.run_costs.tasks["arith"] == Counter(nfe=10, requests=2)
+    # the receiving rank is the caller's `dst`, not always rank 0
+    lm._rank, received = 1, []
+
+    def gather_to(obj, gathered, dst=0):
+        received.append(dst)
+        gathered[:] = [("theirs", {}, None), obj]
+
+    monkeypatch.setattr(dist, "gather_object", gather_to)
+    assert lm.gather_object("mine", dst=1) == ["theirs", "mine"] and received == [1]
+    lm._rank = 0
     assert lm.all_gather(torch.tensor([1])).tolist() == [1, 101]
     lm.barrier()
     assert lm.accelerator.waited == 1
@@ -627,15 +647,49 @@ def test_chat_template_continues_a_final_message_only_without_a_generation_promp
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     calls = []
-    monkey = lambda history, **kwargs: calls.append(kwargs) or "rendered"  # noqa: E731
+    monkey = lambda history, **kwargs: calls.append((history, kwargs)) or "rendered"  # noqa: E731
     lm.tokenizer.apply_chat_template = monkey
     chat = [{"role": "user", "content": "1+2=?"}]
     assert lm.apply_chat_template(chat) == "rendered"
     assert lm.apply_chat_template(chat, add_generation_prompt=False) == "rendered"
     assert calls == [
-        {"tokenize": False, "add_generation_prompt": True, "continue_final_message": False},
-        {"tokenize": False, "add_generation_prompt": False, "continue_final_message": True},
+        (chat, {"tokenize": False, "add_generation_prompt": True, "continue_final_message": False}),
+        (chat, {"tokenize": False, "add_generation_prompt": False, "continue_final_message": True}),
     ]
+
+
+class _GenerationRequest:
+    """The parts of lm-eval's Instance that generate_until reads."""
+
+    def __init__(self, context, gen_kwargs, task_name="dvoting_arith", doc_id=0):
+        self.args = (context, gen_kwargs)
+        self.task_name, self.doc_id = task_name, doc_id
+
+
+def test_use_strategy_checks_its_seed_and_reports_where_the_seed_came_from(caplog):
+    """`use_strategy(seed=...)` (what `dvoting compare --seeds` calls) refuses a seed that is
+    not a whole number by name, and the results' config says the seed came from it; a
+    switch also reports the task's unused sampling settings again for the new run."""
+    import logging
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="dvoting", n=2)
+    with pytest.raises(ValueError, match=r"^seed\b"):
+        lm.use_strategy("dvoting", seed="x")
+    lm.use_strategy("dvoting", seed=5)
+    assert (lm.get_model_info()["dvoting"]["seed"], lm.get_model_info()["dvoting"]["seed_source"]) == (5, "use_strategy")
+    lm.use_strategy("dvoting")
+    assert lm.get_model_info()["dvoting"]["seed_source"] == "default"
+
+    request = _GenerationRequest("1+2=?", {"max_gen_toks": 32, "until": [], "do_sample": True, "temperature": 0.3})
+    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting"):
+        lm.generate_until([request])
+        lm.generate_until([request])  # the same value in the same run: reported once
+        lm.use_strategy("majority", n=2)
+        lm.generate_until([request])  # a new run: reported again
+    unused = [r for r in caplog.records if "temperature" in r.getMessage()]
+    assert len(unused) == 2, [r.getMessage() for r in caplog.records]
 
 
 # ---- strategies.py: the cache and threshold settings (issue 20/25) --------------------
