@@ -154,6 +154,9 @@ def test_whole_number_latex_fraction_divided_again():
     (r"\setlength{\fboxsep}{2pt}\fbox{5} so 9", "number", "5"),
     # the brace-less form takes the next token, whatever letter it is
     (r"so \boxed X", "math", "X"),
+    # but only after a space: `\boxed5` is no box, as for lm-eval's own minerva_math
+    # `last_boxed_only_string` (a decision: TeX would box the 5)
+    (r"so \boxed5", "math", None),
 ])
 def test_boxed_answer_edge_cases(text, kind, expected):
     """Boxes are found left to right, the last non-empty one wins, commands that merely
