@@ -96,9 +96,11 @@ def write_report(args: argparse.Namespace, results: RunResults, verdict_lines: l
     args.out.write_text("\n".join(lines) + "\n" + kept_sections(args.out))
 
 
-# Sections other scripts write into BENCHMARKS.md between their own markers (e.g.
-# bench/caches_bench.py's): a rerun of bench/run.py keeps them as they are.
-KEPT_MARKERS = (("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),)
+# Sections other scripts (e.g. bench/caches_bench.py) or people (the ablations, made with
+# `dvoting compare --sweep`) write into BENCHMARKS.md between their own markers: a rerun of
+# bench/run.py keeps them as they are.
+KEPT_MARKERS = (("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),
+                ("<!-- ablations:start -->", "<!-- ablations:end -->"))
 
 
 def kept_sections(path: Path) -> str:
