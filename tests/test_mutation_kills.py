@@ -730,3 +730,33 @@ def test_cache_and_prefix_cache_are_one_setting():
     assert StrategySettings().prefix_cache is False and StrategySettings().cache == "none"
     assert StrategySettings(cache="prefix") == StrategySettings(prefix_cache=True)
     assert not hasattr(StrategySettings(cache="prefix"), "PREFIX_CACHE")
+
+
+# ---- request_planning.py: why a task's sampling values are not used ------------------
+
+@pytest.mark.parametrize("model, asked, level, why", [
+    ({"strategy": "single"}, {"temperature": 0.5}, "WARNING",
+     "strategy=single samples only with do_sample=true (as HF generate does), so it runs at temperature 0.0"),
+    ({"strategy": "single"}, {"do_sample": True, "temperature": 0}, "WARNING",
+     "do_sample=true needs a temperature above 0; strategy=single runs at temperature 0.0"),
+    ({"strategy": "single", "temperature": 0.5}, {"do_sample": False}, "INFO",
+     "the model arg temperature=0.5 is used"),
+    ({"strategy": "dvoting"}, {"do_sample": True, "temperature": 0.7}, "WARNING",
+     "strategy=dvoting samples at its own temperature 0.6"),
+])
+def test_unused_task_sampling_is_reported_with_the_reason_and_the_fix(model, asked, level, why, caplog):
+    """Each case in which a task's `do_sample`/`temperature` is not used says why, at WARNING
+    (INFO for the greedy request every stock task carries), with the model arg that
+    chooses the temperature; only `single` is also told to pass do_sample=true."""
+    import logging
+
+    from lm_eval_dvoting.request_planning import task_sampling
+
+    settings = StrategySettings(gen_length=32, **model)
+    with caplog.at_level(logging.INFO, logger="lm_eval_dvoting"):
+        assert task_sampling(settings, asked, "probe", set()) == settings
+    [record] = caplog.records
+    fix = "; set the model arg temperature (--model_args temperature=...) to choose it"
+    fix += ", or pass do_sample=true with the temperature" if model["strategy"] == "single" else ""
+    assert (record.levelname, record.getMessage()) == (
+        level, f"generation kwargs {asked} (task probe: its YAML or --gen_kwargs) are not used: {why}{fix}")
