@@ -129,10 +129,10 @@ def test_task_loader_reads_the_shipped_set():
 def test_validation_task_asks_the_validation_problems_never_the_test_ones():
     """`dvoting_arith_valid` (the set the demo's settings are chosen on) is the validation
     stream of `held_out_sets`, asked like `dvoting_arith`, and shares no problem with it."""
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
 
-    tasks = get_task_dict(["dvoting_arith", "dvoting_arith_valid"],
-                          TaskManager(include_path=str(TASK_DIR), include_defaults=False))
+    manager = TaskManager(include_path=str(TASK_DIR), include_defaults=False)
+    tasks = manager.load(["dvoting_arith", "dvoting_arith_valid"])["tasks"]
     test, valid = (list(tasks[name].eval_docs) for name in ("dvoting_arith", "dvoting_arith_valid"))
     _, expected = arith.held_out_sets()
     assert [d["question"] for d in valid] == [p.question for p in expected] and len(valid) == arith.VALID_SIZE
