@@ -61,8 +61,21 @@ def costed_text(text: str, result: Any, candidate_texts: list[str],
         "votes": votes,
         "chosen": result.chosen,
     }
+    if getattr(result, "step_answers", None) is not None:
+        trace["steps"] = step_answer_runs(result.step_answers)
     return CostedText(text, nfe=result.nfe, n_samples=len(result.answers), votes=votes, trace=trace,
                       settings=settings)
+
+
+def step_answer_runs(step_answers: list[tuple[int, Any]]) -> list[list[Any]]:
+    """strategy=temporal's per-step answers, compactly: [first step, answer] for each run of
+    consecutive answered steps with one answer (steps without an answer are left out, so a
+    run may span them)."""
+    runs: list[list[Any]] = []
+    for step, answer in step_answers:
+        if not runs or runs[-1][1] != answer[1]:  # the harness's answers are (kind, value)
+            runs.append([step, answer[1]])
+    return runs
 
 
 @dataclass

@@ -79,7 +79,7 @@ AUTO_BATCH_ROWS = {"cuda": 32, "cpu": 8}
 
 
 class DVotingEvalModel(TemplateLM):
-    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting).
+    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting, temporal).
 
     This class is the lm-eval interface; request planning (settings, seeds, prompts and
     answer kind per request) is `request_planning.py`'s, result bookkeeping (cost totals,
@@ -93,7 +93,8 @@ class DVotingEvalModel(TemplateLM):
         n: int = 5, alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0,
         block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
         hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
-        cache: str = "none", threshold: float = 0.9, seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
+        cache: str = "none", threshold: float = 0.9, temporal_weight: str = "exp", temporal_alpha: float = 5.0,
+        seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
         max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
         max_batch_size: int | None = None, device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
@@ -108,6 +109,7 @@ class DVotingEvalModel(TemplateLM):
             strategy=strategy, max_gen_toks=max_gen_toks, block_length=block_length, n=n, alpha=alpha,
             temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
             prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
+            temporal_weight=temporal_weight, temporal_alpha=temporal_alpha,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
@@ -344,7 +346,7 @@ class DVotingEvalModel(TemplateLM):
 
         def done(index: int, result: Any) -> None:
             job = plan.jobs[index]
-            text = self.generated_text(result.samples[result.chosen], job.until)
+            text = self.generated_text(result.returned_tokens, job.until)
             texts[job.position] = self._costed(text, result, job.until, job.settings)
             # keyed on the repeat too: each repeat has its own seed (result_cache.py)
             self.cache_hook.add_partial("generate_until", generation_key_args(requests[job.position], job.repeat),
@@ -429,7 +431,8 @@ class DVotingEvalModel(TemplateLM):
                 "revision": self.revision,
                 "subfolder": self.subfolder,
                 "seed": self.seed,
-                # "model_args" (the model arg seed), "lm-eval --seed" (the run's torch seed) or "default"
+                # "model_args" (the model arg seed), "lm-eval --seed" (the run's torch seed), "default",
+                # or "use_strategy" (set by a switch, e.g. `dvoting compare --seeds`)
                 "seed_source": self.seed_source,
                 "mc_num": self.mc_num,
                 "batch_rows": self.batch_rows,
@@ -446,7 +449,7 @@ class DVotingEvalModel(TemplateLM):
 def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n: Any, alpha: Any,
                        temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
                        prefix_cache: bool | str, decoder: str | None, cache: str,
-                       threshold: Any) -> StrategySettings:
+                       threshold: Any, temporal_weight: str, temporal_alpha: Any) -> StrategySettings:
     """The model args' strategy settings, each value checked once, at construction, with the
     default generation length (a task's `max_gen_toks` replaces it per request)."""
     return StrategySettings(
@@ -458,6 +461,7 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         remasking=remasking, hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
         prefix_cache=flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
         threshold=real_number("threshold", threshold),
+        temporal_weight=temporal_weight, temporal_alpha=real_number("temporal_alpha", temporal_alpha),
     )
 
 

@@ -2,7 +2,8 @@
 
 From a request's context and the task's generation kwargs (`GEN_KWARGS`) it works out
 the request's settings (the task's `max_gen_toks` as the generation length, checked
-against the block length; `do_sample`/`temperature` for `strategy=single` only:
+against the block length; `do_sample`/`temperature` for the one-decode strategies only
+(`single`, `temporal`):
 `task_sampling`), its stop strings, its answer kind (the task's `dvoting_answer`, else
 `answers.infer_answer_kind` from the task name), its prompt ids (cut from the left to fit
 the model's length) and its seed (run seed, task, document, context, repeat). The
@@ -142,9 +143,15 @@ def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: s
     return replace(settings, gen_length=length)
 
 
+# the strategies that decode one sample per request, like HF generate: they follow the
+# task's do_sample/temperature (the others sample at their own temperature by design)
+ONE_DECODE = ("single", "temporal")
+
+
 def task_sampling(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None,
                   reported: set[tuple[Any, ...]]) -> StrategySettings:
-    """A task's (or `--gen_kwargs`') `do_sample`/`temperature`: used by `strategy=single`, else reported.
+    """A task's (or `--gen_kwargs`') `do_sample`/`temperature`: used by `strategy=single` (and
+    `temporal`, which decodes as `single` does), else reported.
 
     `strategy=single` samples at the task's temperature when `do_sample` is true and the
     temperature above 0 (as HF generate does), so `gsm8k-cot-self-consistency` works as
@@ -157,7 +164,7 @@ def task_sampling(settings: StrategySettings, kwargs: dict[str, Any], task_name:
     if not asked:
         return settings
     do_sample, temperature = _sampling_asked(asked, task_name)
-    single = settings.strategy == "single"
+    single = settings.strategy in ONE_DECODE
     if single and do_sample and temperature > 0:
         return replace(settings, temperature=temperature)
     greedy_ask = not do_sample and temperature == 0
@@ -189,15 +196,15 @@ def _report_unused_sampling(settings: StrategySettings, asked: dict[str, Any], d
     stock task carries by default (`do_sample: false`) only INFO, as voting strategies
     sample by design.
     """
-    single = settings.strategy == "single"
+    single = settings.strategy in ONE_DECODE
     runs_at = settings.resolved_temperature
     if not single:
         why = f"strategy={settings.strategy} samples at its own temperature {runs_at}"
     elif not do_sample and temperature > 0:
-        why = (f"strategy=single samples only with do_sample=true (as HF generate does), "
+        why = (f"strategy={settings.strategy} samples only with do_sample=true (as HF generate does), "
                f"so it runs at temperature {runs_at}")
     elif do_sample:
-        why = f"do_sample=true needs a temperature above 0; strategy=single runs at temperature {runs_at}"
+        why = f"do_sample=true needs a temperature above 0; strategy={settings.strategy} runs at temperature {runs_at}"
     else:
         why = f"the model arg temperature={runs_at} is used"
     message = (f"generation kwargs {asked} (task {task_name}: its YAML or --gen_kwargs) are not used: "

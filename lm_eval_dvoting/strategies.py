@@ -6,6 +6,9 @@
   instead of the fixed schedule: the ablation rows of `dvoting compare`.)
 * `hex`      block sizes L/32..L/2 x `hex_samples/5` seeds, `steps = L/2`, vote
              (`hex_samples=25`: temperature 0.9; `hex_samples=5`: the original HEX at 0).
+* `temporal` one sample decoded as `single` decodes it (fixed schedule, block 32,
+             `steps = L/2`, temperature 0: the TSCV paper's settings), answered by a vote over
+             the answers of its steps (`temporal.py`): no extra forward pass.
 * `dvoting`  ALGORITHM.md section 2: samples 1..floor(n/2)+1 fresh, later ones keep the
              positions the earlier samples agree on (share >= tau) and regenerate the
              rest (always the last quarter), with the answer-consistency early stop
@@ -32,10 +35,12 @@ from typing import Any, Callable, Generator, Hashable, Sequence
 import torch
 
 from .answers import tally
+from .temporal import TEMPORAL_WEIGHTS, StepAnswers, temporal_vote
 from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
                        default_block_length)
 
-STRATEGIES = ("single", "majority", "hex", "dvoting")
+STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal")
+TEMPORAL_BLOCK_LENGTH = 32  # the TSCV paper's block length (its code's default), when it divides L
 # How a sample is decoded: LLaDA's fixed schedule (`steps` forward passes, a fixed number
 # of tokens committed per step) or dVoting's entropy threshold (every masked position of
 # the block whose entropy is below `alpha` per step, at least one). `decoder=entropy` on
@@ -122,6 +127,11 @@ class StrategySettings:
     # (faster at long lengths, slightly different samples)
     cache: str = "none"
     threshold: float = 0.9  # the confidence decoder's (decoder="confidence")
+    # strategy=temporal: the weight of a step's answer, exp(temporal_alpha * s / T),
+    # (s + 1) / T or 1 (temporal.py); 5.0 is the TSCV release's README example (its batch
+    # script uses 11; which value the paper's tables used we could not read)
+    temporal_weight: str = "exp"
+    temporal_alpha: float = 5.0
 
     def __post_init__(self) -> None:
         # Every check runs before any model work; each message names the setting, its
@@ -161,6 +171,7 @@ class StrategySettings:
             raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples!r}")
         self._check_decoder()
         self._check_cache()
+        self._check_temporal()
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
             raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
 
@@ -192,6 +203,17 @@ class StrategySettings:
             object.__setattr__(self, "cache", "prefix")
         object.__setattr__(self, "prefix_cache", self.cache == "prefix")
 
+    def _check_temporal(self) -> None:
+        if self.temporal_weight not in TEMPORAL_WEIGHTS:
+            raise ValueError(f"temporal_weight must be one of {TEMPORAL_WEIGHTS}, got {self.temporal_weight!r}: "
+                             "exp (the default), linear or fixed")
+        require_real("temporal_alpha", self.temporal_alpha, ">= 0", lambda a: a >= 0,
+                     "e.g. temporal_alpha=5.0 (the default)")
+        if self.strategy == "temporal" and self.cache == "dual":
+            raise ValueError("cache=dual does not apply to strategy=temporal: the dual cache computes no prediction "
+                             "beyond the current block, and the vote needs every step's whole prediction; use "
+                             "cache=none (the default) or cache=prefix")
+
     @property
     def resolved_decoder(self) -> str:
         """"entropy" (dVoting's threshold rule) or "fixed" (LLaDA's schedule of `steps`)."""
@@ -211,13 +233,17 @@ class StrategySettings:
     def resolved_block_length(self) -> int:
         if self.block_length is not None:
             return self.block_length
+        if self.strategy == "temporal":  # the paper's 32 where it fits (else the usual L/16)
+            block = min(TEMPORAL_BLOCK_LENGTH, self.gen_length)
+            if self.gen_length % block == 0:
+                return block
         return default_block_length(self.gen_length)
 
     @property
     def resolved_temperature(self) -> float:
         if self.temperature is not None:
             return self.temperature
-        return {"single": 0.0, "majority": 0.9, "dvoting": 0.6}.get(
+        return {"single": 0.0, "temporal": 0.0, "majority": 0.9, "dvoting": 0.6}.get(
             self.strategy, 0.9 if self.hex_samples == 25 else 0.0
         )
 
@@ -265,6 +291,15 @@ class StrategyResult:
     sample_nfe: list[int] = field(default_factory=list)
     votes: list[tuple[Any, int]] = field(default_factory=list)
     kept: list[list[int] | None] = field(default_factory=list)  # per sample: fixed positions
+    # strategy=temporal: the prediction returned instead of samples[chosen] (the latest step
+    # carrying the voted answer), and the (step, answer) pairs the vote was over
+    returned: torch.Tensor | None = None
+    step_answers: list[tuple[int, Any]] | None = None
+
+    @property
+    def returned_tokens(self) -> torch.Tensor:
+        """The tokens whose text is the question's response."""
+        return self.returned if self.returned is not None else self.samples[self.chosen]
 
 
 # a question's plan: yields the next draw (samples that do not depend on each other, so
@@ -284,7 +319,7 @@ def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAns
     temperature = settings.resolved_temperature
     fresh = torch.full((length,), mask_id, dtype=torch.long)
     rule = settings.commit_rule()
-    if settings.strategy == "single":
+    if settings.strategy in ("single", "temporal"):
         yield [SampleSpec(fresh, block, temperature=temperature, **rule)]
         return
     if settings.strategy == "majority":
@@ -342,6 +377,7 @@ class _Question:
     to_start: list[SampleSpec] = field(default_factory=list)  # the current draw's specs not yet decoding
     decoding: list[DecodeRow] = field(default_factory=list)  # the current draw's rows
     done: bool = False
+    steps: StepAnswers | None = None  # strategy=temporal: its decode's answers per step
 
     def next_sample_seed(self) -> int:
         """The seed of the next sample to start: derived from the question's seed and the
@@ -368,6 +404,19 @@ class _Question:
             sample_nfe=self.sample_nfe, votes=votes.counts, kept=self.kept,
         )
 
+    def temporal_result(self, settings: StrategySettings, same_answer: SameAnswer | None) -> StrategyResult:
+        """strategy=temporal: the one sample, answered by the vote over its steps' answers
+        (weights over its own number of steps); the response is the latest step's
+        prediction carrying the winner, or the final sample when no step answered."""
+        vote = temporal_vote(self.steps.answers, self.sample_nfe[0], settings.temporal_weight,
+                             settings.temporal_alpha, same_answer)
+        returned = None if vote.winner_step is None else self.steps.predictions[vote.winner_step]
+        return StrategyResult(
+            samples=torch.stack(self.samples), nfe=self.sample_nfe[0], answers=self.answers, chosen=0,
+            sample_nfe=self.sample_nfe, votes=vote.weights, kept=self.kept, returned=returned,
+            step_answers=list(self.steps.answers),
+        )
+
 
 def run_strategy(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -375,7 +424,7 @@ def run_strategy(
     alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0, seed: int = 0,
     steps: int | None = None, remasking: str = "low_confidence", hex_samples: int = 25,
     prefix_cache: bool = False, decoder: str | None = None, cache: str = "none", threshold: float = 0.9,
-    same_answer: SameAnswer | None = None, row_seeds: Sequence[int] | None = None, max_rows: int = 16,
+    temporal_weight: str = "exp", temporal_alpha: float = 5.0, same_answer: SameAnswer | None = None, row_seeds: Sequence[int] | None = None, max_rows: int = 16,
     on_done: Callable[[int, StrategyResult], None] | None = None,
 ) -> list[StrategyResult]:
     """Run a strategy on every (left-padded) prompt row of `input_ids`; no harness needed.
@@ -389,11 +438,13 @@ def run_strategy(
     Fast-dLLM's key/value caches (faster, slightly different samples; off by default;
     `prefix_cache=True` is the older spelling of `cache="prefix"`). `decoder`
     ("fixed" | "entropy" | "confidence", with `threshold`) overrides the strategy's decoder.
+    `temporal_weight` and `temporal_alpha` set strategy="temporal"'s step weights.
     """
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
         prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
+        temporal_weight=temporal_weight, temporal_alpha=temporal_alpha,
     )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
@@ -477,6 +528,8 @@ class _Scheduler:
         self.next_question += 1
         plan = question_plan(self.settings_of[index], self.decoder.mask_id, self.same_answer)
         question = _Question(index=index, seed=self.seeds[index], plan=plan, answer_of=self.extract_of[index])
+        if self.settings_of[index].strategy == "temporal":
+            question.steps = StepAnswers(self.extract_of[index])
         self.in_flight.append(question)
         self._begin_draw(question, next(plan, None))
 
@@ -486,7 +539,8 @@ class _Scheduler:
         generator = torch.Generator(device=self.decoder.device).manual_seed(question.next_sample_seed())
         row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
                         steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, temperature=spec.temperature,
-                        remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec)
+                        remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec,
+                        observe=None if question.steps is None else question.steps.observe)
         question.decoding.append(row)
         self.decoder.add(row)
 
@@ -513,7 +567,10 @@ class _Scheduler:
 
     def _finish(self, question: _Question) -> None:
         question.done = True
-        result = question.result(self.same_answer)
+        if question.steps is not None:
+            result = question.temporal_result(self.settings_of[question.index], self.same_answer)
+        else:
+            result = question.result(self.same_answer)
         self.results[question.index] = result
         if self.on_done is not None:
             self.on_done(question.index, result)

@@ -375,10 +375,10 @@ def _left_pad(prompts):
 
 def _summary(result):
     return (result.samples.tolist(), result.answers, result.nfe, result.sample_nfe, result.chosen,
-            result.kept, result.votes)
+            result.kept, result.votes, result.returned_tokens.tolist(), result.step_answers)
 
 
-@pytest.mark.parametrize("strategy", ["single", "majority", "hex", "dvoting"])
+@pytest.mark.parametrize("strategy", ["single", "majority", "hex", "dvoting", "temporal"])
 def test_batch_size_and_order_invariance(llada_fixture: Path, strategy):
     model = _llada(str(llada_fixture))
     generator = torch.Generator().manual_seed(8)

@@ -12,9 +12,9 @@ from typing import Sequence
 
 import torch
 
-from .caches import ForwardPass
+from .caches import ForwardPass, StepLogits
 from .rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork
-from .state import DecodeResult, DecodeRow, check_prompt_batch, validate_row_settings
+from .state import DecodeResult, DecodeRow, check_prompt_batch, suppress_mask, validate_row_settings
 
 
 class RowDecoder:
@@ -67,6 +67,7 @@ class RowDecoder:
         if not self.active:
             return []
         logits = self.forward.run(self.active, *self._cache_plan())
+        self._show_predictions(logits)
         works = [self.rule(row).begin(i, row, logits.window(i)) for i, row in enumerate(self.active)]
         for row in self.active:
             row.nfe += 1
@@ -76,6 +77,28 @@ class RowDecoder:
                 work.receive(found)
             works = self._commit(works)
         return self._retire()
+
+    def _show_predictions(self, logits: StepLogits) -> None:
+        """Hand each observed row (`DecodeRow.observe`) this step's full prediction, before
+        the commits: its fixed tokens, and the most likely token (mask token excluded) at
+        every still-masked position of the whole generation region, future blocks
+        included. One head call for all observed rows; no extra forward pass. (The
+        prediction is the argmax at any temperature: the rules' Gumbel noise is drawn for
+        the positions they commit only, and is not spent here.)"""
+        watched = [(i, row) for i, row in enumerate(self.active) if row.observe is not None]
+        if not watched:
+            return
+        masked = [(row.tokens == self.mask_id).nonzero().flatten().tolist() for _, row in watched]
+        for (i, row), positions in zip(watched, masked):
+            window = logits.window(i)
+            if window is not None and positions and not (window[0] <= positions[0] and positions[-1] < window[1]):
+                raise ValueError(f"cache={row.cache} computes no prediction beyond the current block, which an "
+                                 "observed row (strategy=temporal) needs: use cache=none or cache=prefix")
+        found = logits.many([(i, positions) for (i, _), positions in zip(watched, masked)])
+        for (_, row), positions, row_logits in zip(watched, masked, found):
+            prediction = row.tokens.clone()
+            prediction[positions] = suppress_mask(row_logits, self.mask_id).argmax(-1)
+            row.observe(row.nfe, prediction)
 
     def _cache_plan(self) -> tuple[list[int], list[bool]]:
         """Each row's current block start, and whether a later step in that block could

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -64,7 +64,8 @@ class DecodeRow:
     the mask id are decoded, the others stay fixed. `steps` selects the fixed schedule,
     `alpha` the entropy threshold, `threshold` the confidence threshold (exactly one). `cache` is the row's cache
     policy (`CACHE_POLICIES`). `owner` is free for the caller (the strategies keep the
-    sample's spec there).
+    sample's spec there). `observe`, when set, is called at every step with the step's
+    0-based index and the row's full prediction (`RowDecoder.step`; temporal voting).
     """
 
     prompt: torch.Tensor  # (prompt_length,) token ids, no padding
@@ -81,6 +82,7 @@ class DecodeRow:
     nfe: int = 0
     progress: ScheduleProgress = field(default_factory=ScheduleProgress, repr=False)
     kept: KeptKeysValues | None = field(default=None, repr=False)
+    observe: Callable[[int, torch.Tensor], None] | None = field(default=None, repr=False)
 
     @property
     def gen_length(self) -> int:
