@@ -39,7 +39,8 @@ from .strategies import StrategySettings
 
 # The rows `--strategies` may name, in the default order. A row is a strategy plus
 # overrides of its settings (`row_overrides`); the `-entropy` rows are the ablations.
-ROWS = ("single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting")
+ROWS = ("single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting",
+        "temporal")
 # The paired comparison: dVoting against the row that has its decoder, temperature and
 # n samples but neither remasking nor the early stop.
 PAIRED = ("dvoting", "majority-entropy")

@@ -93,9 +93,12 @@ def test_compare_refuses_bad_command_lines_before_loading_the_model(tmp_path):
         run("--strategies", "hex-entropy")
 
 
-def test_default_rows_are_the_four_strategies_with_the_three_ablations():
+def test_default_rows_are_the_five_strategies_with_the_three_ablations():
     assert compare.parse_rows(compare.parse_args([]).strategies) == [
-        "single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting"]
+        "single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting",
+        "temporal"]
+    temporal = compare.row_settings("temporal", StrategySettings(gen_length=32))
+    assert (temporal.strategy, temporal.resolved_decoder, temporal.resolved_temperature) == ("temporal", "fixed", 0.0)
 
 
 @pytest.mark.parametrize("temperature", [None, 0.8])

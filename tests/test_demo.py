@@ -367,7 +367,7 @@ def test_sweep_scores_the_ablation_rows(capsys):
 
 def test_shipped_model_shows_what_the_readme_says(tmp_path):
     """The README's first command, without HEX and majority (the slow rows): the rows it
-    prints for single, single-entropy, single-confidence, majority-entropy and dvoting are reproduced
+    prints for single, single-entropy, single-confidence, majority-entropy, dvoting and temporal are reproduced
     exactly (accuracy, spread and NFE), and what the README reads from them holds:
     dVoting's decoder saves passes, dVoting costs at most 0.6x majority-entropy, and no
     sampled row beats one greedy sample on average."""
@@ -375,7 +375,7 @@ def test_shipped_model_shows_what_the_readme_says(tmp_path):
 
     torch.set_num_threads(1)
     out = tmp_path / "cmp"
-    rows_run = ["single", "single-entropy", "single-confidence", "majority-entropy", "dvoting"]
+    rows_run = ["single", "single-entropy", "single-confidence", "majority-entropy", "dvoting", "temporal"]
     assert compare.main(["--model_args", "pretrained=tiny-arith", "--tasks", "dvoting_arith",
                          "--strategies", ",".join(rows_run), "--limit", "100", "--seeds", "3",
                          "--out", str(out), "--device", "cpu"]) == 0
