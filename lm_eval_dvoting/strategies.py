@@ -35,9 +35,9 @@ from typing import Any, Callable, Generator, Hashable, Sequence
 import torch
 
 from .answers import tally
-from .temporal import TEMPORAL_WEIGHTS, StepAnswers, temporal_vote
 from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
                        default_block_length)
+from .temporal import TEMPORAL_WEIGHTS, StepAnswers, temporal_vote
 
 STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal")
 TEMPORAL_BLOCK_LENGTH = 32  # the TSCV paper's block length (its code's default), when it divides L
@@ -118,7 +118,7 @@ class StrategySettings:
     alpha: float = 0.3
     temperature: float | None = None  # default per strategy
     tau: float = 1.0
-    steps: int | None = None  # default per strategy: L (single), L/2 (majority, hex)
+    steps: int | None = None  # default per strategy: L (single), L/2 (majority, hex, temporal)
     remasking: str = "low_confidence"
     hex_samples: int = 25
     prefix_cache: bool = False  # the older spelling of cache="prefix"
@@ -289,7 +289,7 @@ class StrategyResult:
     answers: list[Any]
     chosen: int  # index of the returned sample
     sample_nfe: list[int] = field(default_factory=list)
-    votes: list[tuple[Any, int]] = field(default_factory=list)
+    votes: list[tuple[Any, float]] = field(default_factory=list)  # answer, count (temporal: total weight)
     kept: list[list[int] | None] = field(default_factory=list)  # per sample: fixed positions
     # strategy=temporal: the prediction returned instead of samples[chosen] (the latest step
     # carrying the voted answer), and the (step, answer) pairs the vote was over
@@ -424,7 +424,8 @@ def run_strategy(
     alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0, seed: int = 0,
     steps: int | None = None, remasking: str = "low_confidence", hex_samples: int = 25,
     prefix_cache: bool = False, decoder: str | None = None, cache: str = "none", threshold: float = 0.9,
-    temporal_weight: str = "exp", temporal_alpha: float = 5.0, same_answer: SameAnswer | None = None, row_seeds: Sequence[int] | None = None, max_rows: int = 16,
+    temporal_weight: str = "exp", temporal_alpha: float = 5.0, same_answer: SameAnswer | None = None,
+    row_seeds: Sequence[int] | None = None, max_rows: int = 16,
     on_done: Callable[[int, StrategyResult], None] | None = None,
 ) -> list[StrategyResult]:
     """Run a strategy on every (left-padded) prompt row of `input_ids`; no harness needed.

@@ -181,6 +181,23 @@ def test_on_the_demo_temporal_costs_what_single_costs_and_a_steep_weight_gives_i
     assert any(extract(t.returned_tokens) != extract(s.samples[0]) for t, s in zip(default, single))
 
 
+@pytest.mark.parametrize("setting", [{"cache": "prefix"}, {"decoder": "entropy"}, {"decoder": "confidence"}])
+def test_temporal_decodes_as_single_under_the_other_decoder_settings(setting):
+    """The observer works with the prefix cache and the threshold rules: the same passes
+    as `single`, and its tokens when the last step dominates."""
+    from lm_eval_dvoting.models.loading import load_model
+
+    torch.set_num_threads(1)
+    model = load_model("tiny-arith")
+    prompts = torch.randint(4, 40, (4, 12), generator=torch.Generator().manual_seed(0))
+    common = dict(extract=lambda t: int(t[-1]) % 5, gen_length=32, block_length=8, steps=16, seed=1, **setting)
+    single = run_strategy(model, prompts, strategy="single", **common)
+    steep = run_strategy(model, prompts, strategy="temporal", temporal_alpha=50.0, **common)
+    assert [r.nfe for r in steep] == [r.nfe for r in single]
+    assert [r.returned_tokens.tolist() for r in steep] == [r.samples[0].tolist() for r in single]
+    assert all(len(r.step_answers) == r.nfe for r in steep)  # every step answered (the extract never says None)
+
+
 def test_strategy_temporal_through_the_harness_answers_every_document():
     import lm_eval
     from lm_eval.tasks import TaskManager
