@@ -760,3 +760,11 @@ def test_unused_task_sampling_is_reported_with_the_reason_and_the_fix(model, ask
     fix += ", or pass do_sample=true with the temperature" if model["strategy"] == "single" else ""
     assert (record.levelname, record.getMessage()) == (
         level, f"generation kwargs {asked} (task probe: its YAML or --gen_kwargs) are not used: {why}{fix}")
+
+
+def test_a_task_do_sample_that_is_no_flag_is_refused_by_name():
+    """A task's (or --gen_kwargs') do_sample must be a flag; the message names it."""
+    from lm_eval_dvoting.request_planning import task_sampling
+
+    with pytest.raises(ValueError, match=r"^do_sample must be true or false, got 'maybe'$"):
+        task_sampling(StrategySettings(strategy="single", gen_length=32), {"do_sample": "maybe"}, "t", set())
