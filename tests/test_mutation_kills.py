@@ -768,3 +768,13 @@ def test_a_task_do_sample_that_is_no_flag_is_refused_by_name():
 
     with pytest.raises(ValueError, match=r"^do_sample must be true or false, got 'maybe'$"):
         task_sampling(StrategySettings(strategy="single", gen_length=32), {"do_sample": "maybe"}, "t", set())
+
+
+def test_run_wide_args_reach_the_model_from_an_arg_string_and_none_is_skipped():
+    """lm-eval's run-wide --batch_size/--device come as `additional_config` beside the model
+    args text; a None among them (e.g. max_batch_size) is skipped, not the end of the list."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel, merge_run_args
+
+    lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith", {"batch_size": 4, "device": "cpu"})
+    assert lm.batch_rows == 4
+    assert merge_run_args({}, {"max_batch_size": None, "batch_size": 4}) == {"batch_size": 4}
