@@ -487,35 +487,41 @@ class Vote:
     winner_index: Optional[int]
 
 
-def tally(answers: Sequence[Any], same_answer: Optional[Callable[[Any, Any], bool]] = None) -> Vote:
-    """Majority vote over any hashable answers; the rule behind `vote`.
+def group_answers(answers: Sequence[Any],
+                  same_answer: Optional[Callable[[Any, Any], bool]] = None) -> list[tuple[Any, list[int]]]:
+    """The groups of equal answers, in order of first appearance: (representative, indices).
 
-    None casts no vote. Each answer joins the first group (in order of appearance)
-    whose representative, the group's first-seen answer, is the same answer by
-    `same_answer` (default `==`), else starts a new group. The largest group wins;
-    a tie goes to the group seen first.
+    None belongs to no group. Each answer joins the first group whose representative, the
+    group's first-seen answer, is the same answer by `same_answer` (default `==`), else
+    starts a new group. The grouping behind `tally` and `temporal.temporal_vote`.
     """
     same = same_answer or (lambda a, b: a == b)
-    representatives: list[Any] = []
-    tallies: list[int] = []
-    first_index: list[int] = []
+    groups: list[tuple[Any, list[int]]] = []
     for index, answer in enumerate(answers):
         if answer is None:
             continue
-        for group, representative in enumerate(representatives):
+        for representative, members in groups:
             if same(representative, answer):
-                tallies[group] += 1
+                members.append(index)
                 break
         else:
-            representatives.append(answer)
-            tallies.append(1)
-            first_index.append(index)
-    if not representatives:
+            groups.append((answer, [index]))
+    return groups
+
+
+def tally(answers: Sequence[Any], same_answer: Optional[Callable[[Any, Any], bool]] = None) -> Vote:
+    """Majority vote over any hashable answers; the rule behind `vote`.
+
+    None casts no vote; answers are grouped by `group_answers`. The largest group wins;
+    a tie goes to the group seen first.
+    """
+    groups = group_answers(answers, same_answer)
+    if not groups:
         return Vote(winner=None, counts=[], winner_index=None)
     # sorted() is stable: equal tallies keep first-appearance order
-    order = sorted(range(len(representatives)), key=lambda g: -tallies[g])
-    counts = [(representatives[g], tallies[g]) for g in order]
-    return Vote(winner=counts[0][0], counts=counts, winner_index=first_index[order[0]])
+    order = sorted(range(len(groups)), key=lambda g: -len(groups[g][1]))
+    counts = [(groups[g][0], len(groups[g][1])) for g in order]
+    return Vote(winner=counts[0][0], counts=counts, winner_index=groups[order[0]][1][0])
 
 
 def vote(answers: Sequence[Optional[str]], kind: str) -> Vote:

@@ -22,7 +22,7 @@ import torch
 from .answers import infer_answer_kind
 from .arg_parsing import flag, whole_number
 from .decoding import default_block_length
-from .strategies import StrategySettings, derive_seed
+from .strategies import ONE_DECODE, StrategySettings, derive_seed
 
 # the harness's logger: its warnings about a run's requests are where users (and tests)
 # have always looked for them, whichever module words them
@@ -141,11 +141,6 @@ def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: s
             "set --gen_kwargs max_gen_toks=... or the model arg block_length to fit"
         )
     return replace(settings, gen_length=length)
-
-
-# the strategies that decode one sample per request, like HF generate: they follow the
-# task's do_sample/temperature (the others sample at their own temperature by design)
-ONE_DECODE = ("single", "temporal")
 
 
 def task_sampling(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator, Hashable, Sequence
 
 import torch
@@ -40,6 +40,9 @@ from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, c
 from .temporal import TEMPORAL_WEIGHTS, StepAnswers, temporal_vote
 
 STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal")
+# the strategies that decode one sample per request, like HF generate: they follow the
+# task's do_sample/temperature (the others sample at their own temperature by design)
+ONE_DECODE = ("single", "temporal")
 TEMPORAL_BLOCK_LENGTH = 32  # the TSCV paper's block length (its code's default), when it divides L
 # How a sample is decoded: LLaDA's fixed schedule (`steps` forward passes, a fixed number
 # of tokens committed per step) or dVoting's entropy threshold (every masked position of
@@ -319,7 +322,7 @@ def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAns
     temperature = settings.resolved_temperature
     fresh = torch.full((length,), mask_id, dtype=torch.long)
     rule = settings.commit_rule()
-    if settings.strategy in ("single", "temporal"):
+    if settings.strategy in ONE_DECODE:
         yield [SampleSpec(fresh, block, temperature=temperature, **rule)]
         return
     if settings.strategy == "majority":
@@ -411,11 +414,8 @@ class _Question:
         vote = temporal_vote(self.steps.answers, self.sample_nfe[0], settings.temporal_weight,
                              settings.temporal_alpha, same_answer)
         returned = None if vote.winner_step is None else self.steps.predictions[vote.winner_step]
-        return StrategyResult(
-            samples=torch.stack(self.samples), nfe=self.sample_nfe[0], answers=self.answers, chosen=0,
-            sample_nfe=self.sample_nfe, votes=vote.weights, kept=self.kept, returned=returned,
-            step_answers=list(self.steps.answers),
-        )
+        return replace(self.result(same_answer), votes=vote.weights, returned=returned,
+                       step_answers=list(self.steps.answers))
 
 
 def run_strategy(

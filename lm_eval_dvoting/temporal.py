@@ -25,6 +25,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .answers import group_answers
+
 TEMPORAL_WEIGHTS = ("exp", "linear", "fixed")
 SameAnswer = Optional[Callable[[Any, Any], bool]]
 
@@ -79,23 +81,11 @@ class TemporalVote:
 def temporal_vote(answers: list[tuple[int, Any]], total_steps: int, rule: str = "exp", alpha: float = 5.0,
                   same_answer: SameAnswer = None) -> TemporalVote:
     """Weighted vote over (step, answer) pairs (module docstring)."""
-    same = same_answer or (lambda a, b: a == b)
-    representatives: list[Any] = []
-    totals: list[float] = []
-    latest: list[int] = []
-    for step, answer in answers:
-        weight = step_weight(step, total_steps, rule, alpha)
-        group = next((g for g, r in enumerate(representatives) if same(r, answer)), None)
-        if group is None:
-            representatives.append(answer)
-            totals.append(0.0)
-            latest.append(step)
-            group = len(representatives) - 1
-        totals[group] += weight
-        latest[group] = max(latest[group], step)
-    if not representatives:
+    groups = group_answers([answer for _, answer in answers], same_answer)
+    if not groups:
         return TemporalVote(winner=None, weights=[], winner_step=None)
-    order = sorted(range(len(representatives)), key=lambda g: -totals[g])  # stable: ties keep first-seen order
-    return TemporalVote(winner=representatives[order[0]],
-                        weights=[(representatives[g], totals[g]) for g in order],
-                        winner_step=latest[order[0]])
+    totals = [sum(step_weight(answers[i][0], total_steps, rule, alpha) for i in members) for _, members in groups]
+    order = sorted(range(len(groups)), key=lambda g: -totals[g])  # stable: ties keep first-seen order
+    return TemporalVote(winner=groups[order[0]][0],
+                        weights=[(groups[g][0], totals[g]) for g in order],
+                        winner_step=max(answers[i][0] for i in groups[order[0]][1]))

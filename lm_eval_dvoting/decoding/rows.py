@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from .caches import ForwardPass, StepLogits
-from .rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork
+from .rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork, _inside
 from .state import DecodeResult, DecodeRow, check_prompt_batch, suppress_mask, validate_row_settings
 
 
@@ -90,8 +90,7 @@ class RowDecoder:
             return
         masked = [(row.tokens == self.mask_id).nonzero().flatten().tolist() for _, row in watched]
         for (i, row), positions in zip(watched, masked):
-            window = logits.window(i)
-            if window is not None and positions and not (window[0] <= positions[0] and positions[-1] < window[1]):
+            if not _inside(logits.window(i), positions):
                 raise ValueError(f"cache={row.cache} computes no prediction beyond the current block, which an "
                                  "observed row (strategy=temporal) needs: use cache=none or cache=prefix")
         found = logits.many([(i, positions) for (i, _), positions in zip(watched, masked)])
