@@ -560,13 +560,14 @@ def section(results: Results) -> list[str]:
     return lines
 
 
-def write_section(path: Path, lines: list[str]) -> None:
-    """Replace the text between the markers (inclusive), or append it; the rest stays as it is."""
+def write_section(path: Path, lines: list[str], start: str = START, end: str = END) -> None:
+    """Replace the text between the markers `start` and `end` (inclusive), or append it;
+    the rest stays as it is."""
     text = path.read_text() if path.exists() else ""
     block = "\n".join(lines)
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
     path.write_text(text)

@@ -100,7 +100,8 @@ def write_report(args: argparse.Namespace, results: RunResults, verdict_lines: l
 # `dvoting compare --sweep`) write into BENCHMARKS.md between their own markers: a rerun of
 # bench/run.py keeps them as they are.
 KEPT_MARKERS = (("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),
-                ("<!-- ablations:start -->", "<!-- ablations:end -->"))
+                ("<!-- ablations:start -->", "<!-- ablations:end -->"),
+                ("<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"))
 
 
 def kept_sections(path: Path) -> str:

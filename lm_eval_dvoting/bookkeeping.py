@@ -16,6 +16,7 @@ from typing import Any
 from .costs import CostedText
 from .strategies import StrategySettings
 from .task_costs import RunCosts
+from .temporal import answer_runs
 
 _FIGURES = ("requests", "nfe", "samples")  # the cost figures counted per request
 
@@ -28,6 +29,7 @@ def resolved_settings(settings: StrategySettings) -> dict[str, Any]:
         "steps": settings.resolved_steps,
         "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
         "decoder": settings.resolved_decoder,
+        "vote": settings.resolved_vote,
     }
 
 
@@ -62,20 +64,24 @@ def costed_text(text: str, result: Any, candidate_texts: list[str],
         "chosen": result.chosen,
     }
     if getattr(result, "step_answers", None) is not None:
-        trace["steps"] = step_answer_runs(result.step_answers)
+        add_step_answers(trace, result)
     return CostedText(text, nfe=result.nfe, n_samples=len(result.answers), votes=votes, trace=trace,
                       settings=settings)
 
 
-def step_answer_runs(step_answers: list[tuple[int, Any]]) -> list[list[Any]]:
-    """strategy=temporal's per-step answers, compactly: [first step, answer] for each run of
-    consecutive answered steps with one answer (steps without an answer are left out, so a
-    run may span them)."""
-    runs: list[list[Any]] = []
-    for step, answer in step_answers:
-        if not runs or runs[-1][1] != answer[1]:  # the harness's answers are (kind, value)
-            runs.append([step, answer[1]])
-    return runs
+def add_step_answers(trace: dict[str, Any], result: Any) -> None:
+    """The temporal vote's part of a trace: `vote` "temporal", `plain_vote` (the answer one
+    vote per sample's final answer gives) and, per candidate, `steps`: its per-step answers
+    as runs (`temporal.answer_runs`: [first step, answer or None], over its `nfe` steps)."""
+    trace["vote"] = "temporal"
+    trace["plain_vote"] = _value(result.plain_vote)
+    for candidate, answers, nfe in zip(trace["candidates"], result.step_answers, result.sample_nfe):
+        candidate["steps"] = answer_runs(answers, nfe, _value)
+
+
+def _value(answer: Any) -> Any:
+    # the harness's answers are (kind, value) pairs; the logs keep the value
+    return None if answer is None else answer[1]
 
 
 @dataclass

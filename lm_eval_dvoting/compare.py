@@ -195,6 +195,7 @@ SWEEP_TYPES: dict[str, type] = {
     "block_length": int, "n": int, "steps": int, "hex_samples": int,
     "alpha": float, "temperature": float, "tau": float, "threshold": float,
     "cache": str, "decoder": str, "remasking": str,
+    "vote": str, "temporal_weight": str, "temporal_alpha": float,
 }
 # Model args `--sweep` refuses, with what to do instead.
 _NOT_SWEPT = {
@@ -270,7 +271,7 @@ def probe_settings(model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> 
     the checks before the model is loaded); the defaults where they cannot (the model then
     refuses those model args itself, before it reads the checkpoint)."""
     fields = ("block_length", "n", "alpha", "temperature", "tau", "steps", "remasking", "hex_samples",
-              "prefix_cache", "cache")
+              "prefix_cache", "cache", "vote", "temporal_weight", "temporal_alpha")
     given = {key: model_args[key] for key in fields if key in model_args}
     if "max_gen_toks" in model_args:
         given["gen_length"] = model_args["max_gen_toks"]
@@ -337,8 +338,9 @@ def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: 
     for value in values:
         swept = {**extras, name: value}  # the sweep wins over the model args (and over extras)
         try:
-            # as `single` (which takes every decoder); each row's own strategy is checked below
-            base_value = replace(base, strategy="single", **swept)
+            # as `single` (which takes every decoder), or for `vote` as `majority` (single has no
+            # vote); each row's own strategy is checked below
+            base_value = replace(base, strategy="majority" if name == "vote" else "single", **swept)
         except ValueError as err:
             raise SystemExit(f"dvoting compare: --sweep {name}={value}: {err}") from err
         if getattr(base_value, name) != value:

@@ -94,7 +94,7 @@ class DVotingEvalModel(TemplateLM):
         block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
         hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
         cache: str = "none", threshold: float = 0.9, temporal_weight: str = "exp", temporal_alpha: float = 5.0,
-        seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
+        vote: str | None = None, seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
         max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
         max_batch_size: int | None = None, device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
@@ -109,7 +109,7 @@ class DVotingEvalModel(TemplateLM):
             strategy=strategy, max_gen_toks=max_gen_toks, block_length=block_length, n=n, alpha=alpha,
             temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
             prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
-            temporal_weight=temporal_weight, temporal_alpha=temporal_alpha,
+            temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
@@ -449,7 +449,8 @@ class DVotingEvalModel(TemplateLM):
 def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n: Any, alpha: Any,
                        temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
                        prefix_cache: bool | str, decoder: str | None, cache: str,
-                       threshold: Any, temporal_weight: str, temporal_alpha: Any) -> StrategySettings:
+                       threshold: Any, temporal_weight: str, temporal_alpha: Any,
+                       vote: str | None) -> StrategySettings:
     """The model args' strategy settings, each value checked once, at construction, with the
     default generation length (a task's `max_gen_toks` replaces it per request)."""
     return StrategySettings(
@@ -461,7 +462,7 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         remasking=remasking, hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
         prefix_cache=flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
         threshold=real_number("threshold", threshold),
-        temporal_weight=temporal_weight, temporal_alpha=real_number("temporal_alpha", temporal_alpha),
+        temporal_weight=temporal_weight, temporal_alpha=real_number("temporal_alpha", temporal_alpha), vote=vote,
     )
 
 

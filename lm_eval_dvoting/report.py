@@ -13,6 +13,11 @@ directly) and writes into `--out`:
   questions (the paper's Table 1 and consistency analysis);
 * `accuracy_vs_nfe.png`: accuracy against mean forward passes, one point per run;
 * `consistency.png`: the consistency-level distributions as bars;
+* for runs with the temporal vote (`strategy=temporal`, `vote=temporal`), a table of
+  ever-pass, temporal semantic entropy and the questions the vote overturned against
+  the plain vote over the final answers, and `accuracy_by_step.png`: the share of
+  decodes right at each point of the decode, the ever-pass rate up to it, and the
+  final (plain vote) and temporal-vote accuracies;
 * `tokens_<run>_<task>_doc<ID>.html` / `.png` for the chosen questions: every
   candidate's generated tokens, each coloured by how many samples hold the same token
   at that position (the paper's Figure 3b); kept (not remasked) positions are framed.
@@ -33,6 +38,7 @@ import argparse
 import html
 import json
 import logging
+import math
 import re
 import sys
 from collections import Counter
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .metrics import benefit_per_cost, consistency_from_votes, mean_nupr_at_k, token_agreement
+from .temporal import expand_runs
 
 log = logging.getLogger(__name__)
 
@@ -373,6 +380,114 @@ def plot_consistency(rows: list[Row], path: Path) -> bool:
     return True
 
 
+# ------------------------------------------------------------- per-step answers
+
+
+@dataclass
+class StepRow:
+    """One run and task whose samples logged per-step answers (the temporal vote), scored
+    by the task (`temporal.step_figures`): per question, whether the plain vote over the
+    final answers and the temporal vote were right, ever-pass and TSE; per decode, whether
+    each step's answer was right."""
+
+    run: Run
+    task: TaskRun
+    plain: list[bool]
+    voted: list[bool]
+    ever: list[bool]
+    tse: list[float]
+    decodes: list[list[bool]]  # per decode, per step: its answer was right
+
+    @property
+    def overturned(self) -> tuple[int, int]:
+        """Questions the temporal vote turned (wrong -> right, right -> wrong)."""
+        pairs = list(zip(self.plain, self.voted))
+        return sum(1 for p, v in pairs if v and not p), sum(1 for p, v in pairs if p and not v)
+
+
+def _decode_correctness(candidate: dict[str, Any]) -> list[bool] | None:
+    runs, correct = candidate.get("steps"), candidate.get("steps_correct")
+    if runs is None or correct is None or len(runs) != len(correct) or not candidate.get("nfe"):
+        return None
+    return expand_runs([[first, ok] for (first, _), ok in zip(runs, correct)], int(candidate["nfe"]))
+
+
+def build_step_rows(runs: list[Run], metric: str = "exact_match") -> list[StepRow]:
+    rows = []
+    for run in runs:
+        for task in run.tasks.values():
+            scored = [(record, trace) for record, trace in task.traces()
+                      if "plain_correct" in trace and "ever_pass" in record and metric in record]
+            if not scored:
+                continue
+            decodes = [d for _, trace in scored for d in map(_decode_correctness, trace["candidates"]) if d]
+            rows.append(StepRow(run, task, [bool(t["plain_correct"]) for _, t in scored],
+                                [float(r[metric]) > 0 for r, _ in scored], [float(r["ever_pass"]) > 0 for r, _ in scored],
+                                [float(r["tse"]) for r, _ in scored if r.get("tse") is not None], decodes))
+    return rows
+
+
+def step_markdown(rows: list[StepRow]) -> list[str]:
+    """The temporal-vote table (empty without such runs)."""
+    if not rows:
+        return []
+    lines = ["## The temporal vote: ever-pass, temporal semantic entropy, overturns", "",
+             "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE (bits) | "
+             "wrong -> right | right -> wrong |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        share = lambda flags: 100 * sum(flags) / len(flags)  # noqa: E731
+        gained, lost = row.overturned
+        lines.append(f"| {row.run.label} | {row.task.task} | {len(row.voted)} | {share(row.plain):.2f} | "
+                     f"{share(row.voted):.2f} | {share(row.ever):.2f} | "
+                     f"{_fmt(sum(row.tse) / len(row.tse) if row.tse else None, '.3f')} | {gained} | {lost} |")
+    return lines + ["", "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
+                    "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
+                    "per-step answers over its answered steps, equal answers grouped, averaged over the question's "
+                    "decodes (`lm_eval_dvoting.temporal.temporal_entropy`).", ""]
+
+
+STEP_GRID = 50  # points along the decode in accuracy_by_step.png
+
+
+def step_curves(row: StepRow, points: int = STEP_GRID) -> tuple[list[float], list[float], list[float]]:
+    """Fractions f of the decode, the share of decodes right at step ceil(f T) - 1, and the
+    share of decodes right at some step up to it (each decode over its own T steps)."""
+    fractions = [(g + 1) / points for g in range(points)]
+    at, ever = [], []
+    for f in fractions:
+        steps = [(d, max(0, math.ceil(f * len(d)) - 1)) for d in row.decodes]
+        at.append(100 * sum(d[s] for d, s in steps) / len(steps))
+        ever.append(100 * sum(any(d[: s + 1]) for d, s in steps) / len(steps))
+    return fractions, at, ever
+
+
+def plot_accuracy_by_step(rows: list[StepRow], path: Path) -> bool:
+    """Per run and task: accuracy along the decode, ever-pass up to each point, and the
+    plain-vote and temporal-vote accuracies as lines."""
+    rows = [row for row in rows if row.decodes]
+    if not rows:
+        return False
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(rows), figsize=(5.2 * len(rows), 4.0), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        fractions, at, ever = step_curves(row)
+        ax.plot(fractions, at, label="right at this step")
+        ax.plot(fractions, ever, label="right at some step so far (ever-pass)")
+        for flags, name, style in ((row.plain, "final answer / plain vote", ":"), (row.voted, "temporal vote", "--")):
+            value = 100 * sum(flags) / len(flags)
+            ax.axhline(value, linestyle=style, color="black" if style == ":" else "tab:red",
+                       label=f"{name}: {value:.1f}%")
+        ax.set_xlabel("fraction of the decode's steps")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title(f"{row.run.label} · {row.task.task}", fontsize=10)
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 # ------------------------------------------------------------- token pictures
 
 
@@ -618,10 +733,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         pictures.append("accuracy_vs_nfe.png")
     if plot_consistency(rows, out / "consistency.png"):
         pictures.append("consistency.png")
+    step_rows = build_step_rows(runs, args.metric)
+    if plot_accuracy_by_step(step_rows, out / "accuracy_by_step.png"):
+        pictures.append("accuracy_by_step.png")
     tokens = write_token_pictures(runs, _parse_questions(args.questions), out, args.tokenizer)
 
     runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
-    table = markdown(rows, baseline)
+    table = "\n".join([markdown(rows, baseline), *step_markdown(step_rows)])
     missing = [f"{r.run.label} · {r.task.task}" for r in rows if not r.task.records]
     notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.metrics`); BPC in percentage points."]
     if missing:

@@ -222,7 +222,8 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
 
     checkpoint, tokenizer, the resolved strategy settings (strategy, `max_gen_toks` (the
     default length; a task's own is in the request), block_length, n, alpha, temperature,
-    tau, steps, remasking, hex_samples, prefix_cache, decoder, cache), seed, mc_num, dtype, device (its
+    tau, steps, remasking, hex_samples, prefix_cache, decoder, cache, threshold, temporal_weight,
+    temporal_alpha, vote), seed, mc_num, dtype, device (its
     type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where `batch_dependent`.
     """
     settings = lm.settings
@@ -230,6 +231,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
         "block_length": settings.resolved_block_length,
         "temperature": settings.resolved_temperature,
         "steps": settings.resolved_steps,
+        "vote": settings.resolved_vote,  # vote=plain and no vote give majority the same samples
     }
     resolved["max_gen_toks"] = resolved.pop("gen_length")
     dtype = lm.dtype_name

@@ -9,6 +9,8 @@
 * `temporal` one sample decoded as `single` decodes it (fixed schedule, block 32,
              `steps = L/2`, temperature 0: the TSCV paper's settings), answered by a vote over
              the answers of its steps (`temporal.py`): no extra forward pass.
+             (`vote="temporal"` gives majority, hex and dvoting the same vote over the steps
+             of all their samples, each sample's weights normalised: not in either paper.)
 * `dvoting`  ALGORITHM.md section 2: samples 1..floor(n/2)+1 fresh, later ones keep the
              positions the earlier samples agree on (share >= tau) and regenerate the
              rest (always the last quarter), with the answer-consistency early stop
@@ -37,12 +39,13 @@ import torch
 from .answers import tally
 from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
                        default_block_length)
-from .temporal import TEMPORAL_WEIGHTS, StepAnswers, temporal_vote
+from .temporal import TEMPORAL_WEIGHTS, StepAnswer, StepAnswers, temporal_vote
 
 STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal")
 # the strategies that decode one sample per request, like HF generate: they follow the
 # task's do_sample/temperature (the others sample at their own temperature by design)
 ONE_DECODE = ("single", "temporal")
+VOTES = ("plain", "temporal")
 TEMPORAL_BLOCK_LENGTH = 32  # the TSCV paper's block length (its code's default), when it divides L
 # How a sample is decoded: LLaDA's fixed schedule (`steps` forward passes, a fixed number
 # of tokens committed per step) or dVoting's entropy threshold (every masked position of
@@ -135,6 +138,10 @@ class StrategySettings:
     # script uses 11; which value the paper's tables used we could not read)
     temporal_weight: str = "exp"
     temporal_alpha: float = 5.0
+    # how the samples' answers are combined: "plain" (one vote per sample's final answer) or
+    # "temporal" (each sample's per-step answers, its weights normalised: our extension of
+    # TSCV to the voting strategies); default: temporal for strategy=temporal, else plain
+    vote: str | None = None
 
     def __post_init__(self) -> None:
         # Every check runs before any model work; each message names the setting, its
@@ -212,10 +219,27 @@ class StrategySettings:
                              "exp (the default), linear or fixed")
         require_real("temporal_alpha", self.temporal_alpha, ">= 0", lambda a: a >= 0,
                      "e.g. temporal_alpha=5.0 (the default)")
-        if self.strategy == "temporal" and self.cache == "dual":
-            raise ValueError("cache=dual does not apply to strategy=temporal: the dual cache computes no prediction "
+        if self.vote is not None and self.vote not in VOTES:
+            raise ValueError(f"vote must be one of {VOTES}, got {self.vote!r}: plain (one vote per sample) or temporal "
+                             "(each sample's per-step answers), or leave it out for the strategy's own")
+        if self.vote == "temporal" and self.strategy == "single":
+            raise ValueError("vote=temporal does not apply to strategy=single, which has no vote: use "
+                             "strategy=temporal for the temporal vote over one decode's steps")
+        if self.vote == "plain" and self.strategy == "temporal":
+            raise ValueError("vote=plain does not apply to strategy=temporal, whose answer is the temporal vote: use "
+                             "strategy=single for the decode's final answer")
+        if self.resolved_vote == "temporal" and self.cache == "dual":
+            which = "strategy=temporal" if self.strategy == "temporal" else "vote=temporal"
+            raise ValueError(f"cache=dual does not apply to {which}: the dual cache computes no prediction "
                              "beyond the current block, and the vote needs every step's whole prediction; use "
                              "cache=none (the default) or cache=prefix")
+
+    @property
+    def resolved_vote(self) -> str:
+        """"temporal" (the answers of every step of every sample, `temporal.py`) or "plain"."""
+        if self.vote is not None:
+            return self.vote
+        return "temporal" if self.strategy == "temporal" else "plain"
 
     @property
     def resolved_decoder(self) -> str:
@@ -294,10 +318,12 @@ class StrategyResult:
     sample_nfe: list[int] = field(default_factory=list)
     votes: list[tuple[Any, float]] = field(default_factory=list)  # answer, count (temporal: total weight)
     kept: list[list[int] | None] = field(default_factory=list)  # per sample: fixed positions
-    # strategy=temporal: the prediction returned instead of samples[chosen] (the latest step
-    # carrying the voted answer), and the (step, answer) pairs the vote was over
+    # the temporal vote (strategy=temporal, vote=temporal): the prediction returned instead
+    # of samples[chosen] when no sample's final answer is the winner (the latest step
+    # carrying it), each sample's (step, answer) pairs, and what the plain vote gave
     returned: torch.Tensor | None = None
-    step_answers: list[tuple[int, Any]] | None = None
+    step_answers: list[list[StepAnswer]] | None = None
+    plain_vote: Any = None
 
     @property
     def returned_tokens(self) -> torch.Tensor:
@@ -380,7 +406,9 @@ class _Question:
     to_start: list[SampleSpec] = field(default_factory=list)  # the current draw's specs not yet decoding
     decoding: list[DecodeRow] = field(default_factory=list)  # the current draw's rows
     done: bool = False
-    steps: StepAnswers | None = None  # strategy=temporal: its decode's answers per step
+    observed: bool = False  # whether its samples' per-step answers are kept (the temporal vote)
+    steps: list[StepAnswers] = field(default_factory=list)  # per sample drawn, when observed
+    draw_steps: list[StepAnswers] = field(default_factory=list)  # per row of the current draw, when observed
 
     def next_sample_seed(self) -> int:
         """The seed of the next sample to start: derived from the question's seed and the
@@ -393,6 +421,7 @@ class _Question:
         answers = [self.answer_of(t) for t in tokens]
         self.samples += tokens
         self.answers += answers
+        self.steps, self.draw_steps = self.steps + self.draw_steps, []
         self.sample_nfe += [row.nfe for row in rows]
         self.kept += [None if row.owner.kept is None else row.owner.kept.nonzero().flatten().tolist()
                       for row in rows]
@@ -408,14 +437,24 @@ class _Question:
         )
 
     def temporal_result(self, settings: StrategySettings, same_answer: SameAnswer | None) -> StrategyResult:
-        """strategy=temporal: the one sample, answered by the vote over its steps' answers
-        (weights over its own number of steps); the response is the latest step's
-        prediction carrying the winner, or the final sample when no step answered."""
-        vote = temporal_vote(self.steps.answers, self.sample_nfe[0], settings.temporal_weight,
+        """The temporal vote over the samples' steps (each sample's weights over its own
+        number of steps). The response is the first sample whose final answer is the
+        winner, else the latest step's prediction carrying the winner (`TemporalVote.carrier`);
+        the plain vote's result when no step of any sample answered."""
+        plain = self.result(same_answer)
+        vote = temporal_vote([steps.answers for steps in self.steps], self.sample_nfe, settings.temporal_weight,
                              settings.temporal_alpha, same_answer)
-        returned = None if vote.winner_step is None else self.steps.predictions[vote.winner_step]
-        return replace(self.result(same_answer), votes=vote.weights, returned=returned,
-                       step_answers=list(self.steps.answers))
+        logged = replace(plain, step_answers=[list(steps.answers) for steps in self.steps],
+                         plain_vote=plain.votes[0][0] if plain.votes else None)
+        if vote.winner is None:
+            return logged
+        same = same_answer or (lambda a, b: a == b)
+        final = next((i for i, answer in enumerate(self.answers) if answer is not None and same(vote.winner, answer)),
+                     None)
+        if final is not None:
+            return replace(logged, votes=vote.weights, chosen=final)
+        sample, step = vote.carrier
+        return replace(logged, votes=vote.weights, chosen=sample, returned=self.steps[sample].predictions[step])
 
 
 def run_strategy(
@@ -424,8 +463,8 @@ def run_strategy(
     alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0, seed: int = 0,
     steps: int | None = None, remasking: str = "low_confidence", hex_samples: int = 25,
     prefix_cache: bool = False, decoder: str | None = None, cache: str = "none", threshold: float = 0.9,
-    temporal_weight: str = "exp", temporal_alpha: float = 5.0, same_answer: SameAnswer | None = None,
-    row_seeds: Sequence[int] | None = None, max_rows: int = 16,
+    temporal_weight: str = "exp", temporal_alpha: float = 5.0, vote: str | None = None,
+    same_answer: SameAnswer | None = None, row_seeds: Sequence[int] | None = None, max_rows: int = 16,
     on_done: Callable[[int, StrategyResult], None] | None = None,
 ) -> list[StrategyResult]:
     """Run a strategy on every (left-padded) prompt row of `input_ids`; no harness needed.
@@ -439,13 +478,15 @@ def run_strategy(
     Fast-dLLM's key/value caches (faster, slightly different samples; off by default;
     `prefix_cache=True` is the older spelling of `cache="prefix"`). `decoder`
     ("fixed" | "entropy" | "confidence", with `threshold`) overrides the strategy's decoder.
-    `temporal_weight` and `temporal_alpha` set strategy="temporal"'s step weights.
+    `temporal_weight` and `temporal_alpha` set the temporal vote's step weights;
+    `vote="temporal"` gives majority, hex and dvoting the temporal vote over their samples'
+    steps (default: temporal for strategy="temporal", else one vote per sample).
     """
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
         prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
-        temporal_weight=temporal_weight, temporal_alpha=temporal_alpha,
+        temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote,
     )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
@@ -528,9 +569,8 @@ class _Scheduler:
         index = self.next_question
         self.next_question += 1
         plan = question_plan(self.settings_of[index], self.decoder.mask_id, self.same_answer)
-        question = _Question(index=index, seed=self.seeds[index], plan=plan, answer_of=self.extract_of[index])
-        if self.settings_of[index].strategy == "temporal":
-            question.steps = StepAnswers(self.extract_of[index])
+        question = _Question(index=index, seed=self.seeds[index], plan=plan, answer_of=self.extract_of[index],
+                             observed=self.settings_of[index].resolved_vote == "temporal")
         self.in_flight.append(question)
         self._begin_draw(question, next(plan, None))
 
@@ -538,10 +578,13 @@ class _Scheduler:
         spec = question.to_start.pop(0)
         settings = self.settings_of[question.index]
         generator = torch.Generator(device=self.decoder.device).manual_seed(question.next_sample_seed())
+        steps = StepAnswers(question.answer_of) if question.observed else None
+        if steps is not None:
+            question.draw_steps.append(steps)
         row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
                         steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, temperature=spec.temperature,
                         remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec,
-                        observe=None if question.steps is None else question.steps.observe)
+                        observe=None if steps is None else steps.observe)
         question.decoding.append(row)
         self.decoder.add(row)
 
@@ -568,7 +611,7 @@ class _Scheduler:
 
     def _finish(self, question: _Question) -> None:
         question.done = True
-        if question.steps is not None:
+        if question.observed:
             result = question.temporal_result(self.settings_of[question.index], self.same_answer)
         else:
             result = question.result(self.same_answer)

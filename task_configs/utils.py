@@ -56,6 +56,7 @@ import datasets
 
 from lm_eval_dvoting.answers import answers_equivalent, extract_answer
 from lm_eval_dvoting.costs import CostedText
+from lm_eval_dvoting.temporal import step_figures
 
 # What a filter writes when a response has no extractable answer (lm-eval's own
 # regex filter uses the same word), so `--log_samples` shows it plainly.
@@ -339,6 +340,12 @@ def _score(gold: str, results: list[Any], kind: str) -> dict[str, Any]:
     # the `dvoting_trace` "metric", so `--log_samples` writes it into each sample
     # record; `count_traces` aggregates it to a plain count. `dvoting report` reads it.
     trace = getattr(response, "trace", None)
+    if trace is not None and any("steps" in c for c in trace.get("candidates", [])):
+        # the temporal vote's per-step answers: scored against the gold here, where it is
+        # known; `ever_pass` and `tse` become per-question metrics (temporal.step_figures)
+        trace, figures = step_figures(trace, lambda answer: answers_equivalent(gold, answer, kind),
+                                      lambda a, b: answers_equivalent(a, b, kind))
+        scores.update(figures)
     if trace is not None:
         scores["dvoting_trace"] = trace
     return scores

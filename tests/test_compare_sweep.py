@@ -162,6 +162,12 @@ REFUSALS = [
      r"--sweep decoder=entropy: row 'hex' cannot run with it: decoder=entropy does not apply to strategy=hex"),
     (["--sweep", "decoder=fixed", "--strategies", "single,dvoting"],
      r"--sweep decoder=fixed: row 'dvoting' cannot run with it: decoder=fixed does not apply to strategy=dvoting"),
+    (["--sweep", "vote=plain,temporal"], r"--sweep vote=plain: row 'temporal' cannot run with it: vote=plain "
+                                         r"does not apply to strategy=temporal"),
+    (["--sweep", "vote=temporal", "--strategies", "single,majority"],
+     r"--sweep vote=temporal: row 'single' cannot run with it: vote=temporal does not apply to strategy=single"),
+    (["--sweep", "vote=temporal", "--strategies", "majority", "--model_args", "pretrained=/x,cache=dual"],
+     r"--sweep vote=temporal: cache=dual does not apply to vote=temporal"),
     (["--model_args", "pretrained=/no/such/checkpoint,prefix_cache=true", "--sweep", "cache=none,prefix"],
      r"--sweep cache=none does not take effect with these --model_args \(the settings keep cache='prefix'\)"),
     (["--model_args", "pretrained=/no/such/checkpoint,threshold=1.5"],
@@ -243,3 +249,16 @@ def test_sweep_tables_and_plot_from_figures(tmp_path):
     assert "block_length=4: dvoting - majority-entropy: " in tables
     compare.plot_sweep(sweep, tmp_path / "sweep.png", "title")
     assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_a_vote_sweep_changes_the_vote_and_not_the_samples(tmp_path):
+    """vote=temporal reads the same samples' steps: the same forward passes as vote=plain."""
+    result = _run_compare(tmp_path, "--strategies", "majority,dvoting", "--sweep", "vote=plain,temporal",
+                          "--model_args", "pretrained=tiny-arith,n=3")
+    sweep = result["sweep"]
+    assert sweep["name"] == "vote" and sweep["values"] == ["plain", "temporal"]
+    for entries in sweep["rows"].values():
+        plain, temporal = entries
+        assert plain["nfes"] == temporal["nfes"] and plain["mean_samples"] == temporal["mean_samples"]
+        assert {s["vote"] for s in plain["settings"]} == {"plain"} and {s["vote"] for s in temporal["settings"]} \
+            == {"temporal"}

@@ -170,6 +170,11 @@ def test_weights_overflowing_float16_are_refused_with_what_to_use(tmp_path):
         ({"max_length": 0}, r"max_length must be a whole number >= 1, got 0"),
         ({"max_length": -5}, r"max_length must be a whole number >= 1, got -5"),
         ({"batch_size": 2.5}, r"batch_size must be a positive integer or 'auto', got 2.5"),
+        ({"vote": "ranked"}, r"vote must be one of \('plain', 'temporal'\), got 'ranked'"),
+        ({"strategy": "single", "vote": "temporal"}, r"vote=temporal does not apply to strategy=single"),
+        ({"temporal_weight": "cubic"}, r"temporal_weight must be one of \('exp', 'linear', 'fixed'\), got 'cubic'"),
+        ({"temporal_alpha": "-1"}, r"temporal_alpha must be >= 0, got -1.0"),
+        ({"temporal_alpha": "steep"}, r"temporal_alpha must be a number, got 'steep'"),
     ],
 )
 def test_bad_model_args_are_refused_before_the_checkpoint_is_read(args, pattern):

@@ -180,3 +180,75 @@ def test_report_on_a_real_harness_run(tiny_llada_dir: Path, tmp_path: Path) -> N
     text = (out / "report.md").read_text()
     assert "| dvoting n=5 | dvoting_arith | 2 |" in text
     assert (out / "tokens_dvoting_n=5_dvoting_arith_doc0.png").read_bytes()[:8] == PNG_MAGIC
+
+
+# (plain vote right, temporal vote right, ever-pass, TSE, per-step runs, runs right) per question
+TEMPORAL_QUESTIONS = [
+    (False, True, True, 1.0, [[0, "7"], [2, "9"]], [True, False]),  # the vote turned it right
+    (True, False, True, 0.5, [[0, "2"], [3, "7"]], [False, True]),  # ... and this one wrong
+    (True, True, True, 0.0, [[0, "7"]], [True]),
+    (False, False, False, None, [[0, None], [1, "2"]], [False, False]),
+    (True, False, True, 1.0, [[0, "9"], [2, "7"]], [False, True]),  # right at the end, voted wrong
+]
+
+
+def _temporal_record(doc_id, plain, voted, ever, tse, runs, correct):
+    trace = {"vote": "temporal", "plain_vote": "7" if plain else "9", "plain_correct": plain, "chosen": 0,
+             "votes": {"7": 1.0}, "candidates": [{"answer": runs[-1][1], "nfe": 4, "tokens": [1, 2, 3, 4],
+                                                  "steps": runs, "steps_correct": correct}]}
+    record = _record(doc_id, voted, trace) | {"ever_pass": float(ever)}
+    return record if tse is None else record | {"tse": tse}
+
+
+def test_temporal_runs_get_ever_pass_tse_overturns_and_accuracy_by_step(tmp_path: Path) -> None:
+    records = [_temporal_record(i, *question) for i, question in enumerate(TEMPORAL_QUESTIONS)]
+    _write_run(tmp_path / "runs", "2026-01-01T00-00-02.000001", "temporal", 0.5, 4.0, 1.0, records, "tiny-arith")
+    [row] = report.build_step_rows([report.load_run(p) for p in report.find_results([tmp_path / "runs"])])
+    assert (row.plain, row.voted, row.ever) == ([False, True, True, False, True], [True, False, True, False, False],
+                                                [True, True, True, False, True])
+    assert row.tse == [1.0, 0.5, 0.0, 1.0] and row.overturned == (1, 2)
+    assert row.decodes == [[True, True, False, False], [False, False, False, True], [True] * 4, [False] * 4,
+                           [False, False, True, True]]
+    assert report.step_curves(row, points=4) == ([0.25, 0.5, 0.75, 1.0], [40.0, 40.0, 40.0, 60.0],
+                                                 [40.0, 40.0, 60.0, 80.0])
+    out = tmp_path / "report"
+    assert report.main([str(tmp_path / "runs"), "--out", str(out), "--questions", "none"]) == 0
+    text = (out / "report.md").read_text()
+    assert "| temporal | dvoting_arith | 5 | 60.00 | 40.00 | 80.00 | 0.625 | 1 | 2 |" in text
+    assert (out / "accuracy_by_step.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_runs_without_per_step_answers_get_no_temporal_section(outputs: Path, tmp_path: Path) -> None:
+    assert report.main([str(outputs), "--out", str(tmp_path / "r"), "--questions", "none"]) == 0
+    assert "ever-pass" not in (tmp_path / "r" / "report.md").read_text()
+    assert not (tmp_path / "r" / "accuracy_by_step.png").exists()
+
+
+def test_report_on_a_real_temporal_run(tmp_path: Path) -> None:
+    """strategy=temporal's per-step answers go through the task's scoring into the sample
+    log, and the report's temporal table agrees with the run's own metrics."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    torch.set_num_threads(1)
+    manager = TaskManager(include_path=str(Path(__file__).resolve().parents[1] / "task_configs"),
+                          include_defaults=False)
+    lm = LLaDAEvalModel(pretrained="tiny-arith", strategy="temporal", batch_size=16, device="cpu")
+    tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
+    results = lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], limit=12, task_manager=manager,
+                                      log_samples=True, evaluation_tracker=tracker)
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    tracker.save_results_samples(task_name="dvoting_arith", samples=samples["dvoting_arith"])
+    [run] = [report.load_run(p) for p in report.find_results([tmp_path / "out"])]
+    [row] = report.build_step_rows([run])
+    figures = results["results"]["dvoting_arith"]
+    assert len(row.voted) == 12 and 100 * sum(row.voted) / 12 == pytest.approx(100 * figures["exact_match,extract"])
+    assert sum(row.ever) / 12 == pytest.approx(figures["ever_pass,extract"])
+    assert sum(row.tse) / len(row.tse) == pytest.approx(figures["tse,extract"])
+    assert len(row.decodes) == 12 and all(len(d) == 16 for d in row.decodes)  # one decode of L/2 steps each
+    # the last step's answer is the final answer, which is the plain vote of one decode
+    assert [d[-1] for d in row.decodes] == row.plain

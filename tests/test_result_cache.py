@@ -164,7 +164,7 @@ OTHER_SETTINGS = {
     "strategy": "majority", "gen_length": 64, "block_length": 4, "n": 7, "alpha": 0.5, "temperature": 0.9,
     "tau": 0.5, "steps": 8, "remasking": "random", "hex_samples": 5, "prefix_cache": True,
     "decoder": "entropy",  # tried on strategy=single (dvoting's own decoder is the entropy one)
-    "cache": "dual", "threshold": 0.7, "temporal_weight": "linear", "temporal_alpha": 11.0,
+    "cache": "dual", "threshold": 0.7, "temporal_weight": "linear", "temporal_alpha": 11.0, "vote": "temporal",
 }
 
 

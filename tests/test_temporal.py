@@ -80,19 +80,44 @@ def test_weights_are_the_releases_exp_linear_and_fixed():
     ("fixed", 5.0, 7, 3.0),
 ])
 def test_the_heaviest_answer_wins_under_each_weight(rule, alpha, winner, weight):
-    vote = temporal_vote([(0, 7), (1, 7), (2, 7), (3, 9)], 4, rule, alpha)
-    assert vote.winner == winner and vote.weights[0] == (winner, pytest.approx(weight))
-    assert vote.winner_step == (2 if winner == 7 else 3)  # the latest step carrying the winner
+    vote = temporal_vote([[(0, 7), (1, 7), (2, 7), (3, 9)]], [4], rule, alpha)
+    total = sum(step_weight(s, 4, rule, alpha) for s in range(4))
+    assert vote.winner == winner and vote.weights[0] == (winner, pytest.approx(weight / total))  # its share
+    assert sum(w for _, w in vote.weights) == pytest.approx(1.0)
+    assert vote.carrier == (0, 2 if winner == 7 else 3)  # the latest step carrying the winner
 
 
 def test_ties_go_to_the_answer_seen_first_and_steps_without_an_answer_do_not_vote():
-    assert temporal_vote([(0, 9), (1, 7)], 2, "fixed").winner == 9
-    assert temporal_vote([(0, 7), (1, 9)], 2, "fixed").winner == 7
+    assert temporal_vote([[(0, 9), (1, 7)]], [2], "fixed").winner == 9
+    assert temporal_vote([[(0, 7), (1, 9)]], [2], "fixed").winner == 7
     steps = StepAnswers(last_token_answer)
     for step, last in enumerate([0, 7, 0, 9]):
         steps.observe(step, torch.tensor([3, last]))
     assert steps.answers == [(1, 7), (3, 9)]
-    assert temporal_vote([], 4).winner is None and temporal_vote([], 4).winner_step is None
+    assert temporal_vote([[]], [4]).winner is None and temporal_vote([[]], [4]).carrier is None
+    # the shares are over the answered steps only: 7 at step 1 and 9 at step 3, 1/2 each
+    assert temporal_vote([steps.answers], [4], "fixed").weights == [(7, 0.5), (9, 0.5)]
+
+
+def test_several_decodes_each_cast_one_vote_spread_over_their_steps():
+    """vote=temporal: every decode's weights sum to 1, however many steps it answered at;
+    a tie across decodes goes to the answer seen first (decodes in order, then steps)."""
+    all_seven, all_nine = [(s, 7) for s in range(8)], [(0, 9), (1, 9)]  # 8 steps vs 2: one vote each
+    split = [(0, 9), (1, 9), (2, 7), (3, 7)]  # half a vote each
+    vote = temporal_vote([all_seven, all_nine, split], [8, 2, 4], "fixed")
+    assert vote.weights == [(7, 1.5), (9, 1.5)] and vote.winner == 7
+    assert temporal_vote([all_nine, all_seven, split], [2, 8, 4], "fixed").winner == 9
+    # the carrier: the decode giving the winner the most weight, at its latest step with it
+    assert vote.carrier == (0, 7)
+    assert temporal_vote([split, all_seven], [4, 8], "fixed").carrier == (1, 7)
+    # a decode that answered nowhere votes for nothing
+    assert temporal_vote([[], split], [4, 4], "fixed").weights == [(9, 0.5), (7, 0.5)]
+
+
+def test_exp_shares_never_overflow():
+    """exp(alpha * s / T) overflows a float for alpha * s / T > 709; the shares do not."""
+    vote = temporal_vote([[(0, 7), (1, 9)]], [1], "exp", 5000.0)
+    assert vote.weights == [(9, 1.0), (7, 0.0)]
 
 
 def test_equivalent_answers_pool_their_weight():
@@ -100,10 +125,10 @@ def test_equivalent_answers_pool_their_weight():
     def same(a, b):
         return answers_equivalent(a, b, "math")
 
-    vote = temporal_vote([(0, "\\frac{1}{2}"), (1, "0.5"), (2, "3")], 3, "fixed", same_answer=same)
-    assert vote.winner == "\\frac{1}{2}" and vote.weights[0][1] == 2.0 and vote.winner_step == 1
-    assert temporal_vote([(0, "\\frac{1}{2}"), (1, "0.5"), (2, "3")], 3, "fixed").winner == "\\frac{1}{2}"
-    assert temporal_vote([(0, "\\frac{1}{2}"), (1, "0.5"), (2, "3"), (2, "3")], 3, "fixed").winner == "3"
+    vote = temporal_vote([[(0, "\\frac{1}{2}"), (1, "0.5"), (2, "3")]], [3], "fixed", same_answer=same)
+    assert vote.winner == "\\frac{1}{2}" and vote.weights[0][1] == pytest.approx(2 / 3) and vote.carrier == (0, 1)
+    assert temporal_vote([[(0, "\\frac{1}{2}"), (1, "0.5"), (2, "3")]], [3], "fixed").winner == "\\frac{1}{2}"
+    assert temporal_vote([[(0, "\\frac{1}{2}"), (1, "0.5"), (2, "3"), (2, "3")]], [3], "fixed").winner == "3"
 
 
 def test_an_unchanged_prediction_is_not_extracted_again():
@@ -131,7 +156,8 @@ def test_temporal_returns_the_latest_prediction_carrying_the_voted_answer(rule, 
                             gen_length=GEN, block_length=GEN, steps=GEN, temporal_weight=rule, temporal_alpha=alpha)
     assert result.returned_tokens.tolist() == returned
     assert result.samples.tolist() == [[3, 3, 3, 9]] and result.answers == [9]  # the decode itself
-    assert result.nfe == GEN and result.step_answers == [(0, 7), (1, 7), (2, 7), (3, 9)]
+    assert result.nfe == GEN and result.step_answers == [[(0, 7), (1, 7), (2, 7), (3, 9)]]
+    assert result.plain_vote == 9  # what the final answer alone gives
 
 
 def test_temporal_takes_the_papers_settings_by_default():
@@ -195,7 +221,7 @@ def test_temporal_decodes_as_single_under_the_other_decoder_settings(setting):
     steep = run_strategy(model, prompts, strategy="temporal", temporal_alpha=50.0, **common)
     assert [r.nfe for r in steep] == [r.nfe for r in single]
     assert [r.returned_tokens.tolist() for r in steep] == [r.samples[0].tolist() for r in single]
-    assert all(len(r.step_answers) == r.nfe for r in steep)  # every step answered (the extract never says None)
+    assert all(len(r.step_answers[0]) == r.nfe for r in steep)  # every step answered (the extract never says None)
 
 
 def test_strategy_temporal_through_the_harness_answers_every_document():
@@ -212,16 +238,28 @@ def test_strategy_temporal_through_the_harness_answers_every_document():
                                       log_samples=True)
     figures = results["results"]["dvoting_arith"]
     assert figures["nfe,extract"] == 16 and figures["n_samples,extract"] == 1  # one decode, steps L/2
-    for record in results["samples"]["dvoting_arith"]:
+    records = results["samples"]["dvoting_arith"]
+    for record in records:
         trace = record["dvoting_trace"]
         voted = max(trace["votes"].items(), key=lambda kv: kv[1])[0]
         assert record["filtered_resps"][0] == voted  # the task's filter reads the voted answer
-        # the per-step answers, as runs [first step, answer]: the last run is the final answer
-        runs = trace["steps"]
-        assert [step for step, _ in runs] == sorted({step for step, _ in runs})
-        assert all(a != b for (_, a), (_, b) in zip(runs, runs[1:]))
-        assert runs[-1][1] == trace["candidates"][0]["answer"] and voted in {answer for _, answer in runs}
-    assert any(len(record["dvoting_trace"]["steps"]) > 1 for record in results["samples"]["dvoting_arith"])
+        assert sum(trace["votes"].values()) == pytest.approx(1.0)  # one decode: the answers' shares
+        # the per-step answers, as runs [first step, answer or None] over the 16 steps:
+        # the last run is the final answer, which is also the plain vote
+        [candidate] = trace["candidates"]
+        runs = candidate["steps"]
+        assert runs[0][0] == 0 and [step for step, _ in runs] == sorted({step for step, _ in runs})
+        assert all(a != b for (_, a), (_, b) in zip(runs, runs[1:])) and runs[-1][0] < candidate["nfe"] == 16
+        assert runs[-1][1] == candidate["answer"] == trace["plain_vote"] and voted in {a for _, a in runs}
+        # scored against the gold by the task: each run, the plain vote, ever-pass
+        gold = record["target"]
+        assert candidate["steps_correct"] == [answer == gold for _, answer in runs]
+        assert trace["plain_correct"] == (trace["plain_vote"] == gold)
+        assert record["ever_pass"] == float(any(candidate["steps_correct"]))
+        assert record["ever_pass"] >= record["exact_match"]
+    assert any(len(record["dvoting_trace"]["candidates"][0]["steps"]) > 1 for record in records)
+    assert figures["ever_pass,extract"] == pytest.approx(sum(r["ever_pass"] for r in records) / len(records))
+    assert figures["tse,extract"] == pytest.approx(sum(r["tse"] for r in records) / len(records))
 
 
 def test_temporal_follows_the_tasks_sampling_as_single_does():
@@ -232,3 +270,160 @@ def test_temporal_follows_the_tasks_sampling_as_single_does():
     assert task_sampling(settings, {"do_sample": True, "temperature": 0.7}, "t", set()).temperature == 0.7
     voting = StrategySettings(strategy="majority", gen_length=32)
     assert task_sampling(voting, {"do_sample": True, "temperature": 0.7}, "t", set()).temperature is None
+
+
+# ------------------------------------------------------------- vote=temporal on the voting strategies
+
+
+def test_majority_with_the_temporal_vote_returns_the_carriers_prediction_when_no_final_answer_won():
+    """Three greedy samples, each 7 at three steps and 9 at the last: under equal weights 7
+    wins though every final answer is 9, so the response is the latest prediction with 7;
+    under steep weights 9 wins and the response is the first sample, as plain voting's."""
+    common = dict(strategy="majority", n=3, temperature=0.0, extract=last_token_answer, gen_length=GEN,
+                  block_length=GEN, steps=GEN, vote="temporal")
+    [flat] = run_strategy(OscillatingModel(), PROMPT, temporal_weight="fixed", **common)
+    assert flat.votes == [(7, pytest.approx(2.25)), (9, pytest.approx(0.75))] and flat.plain_vote == 9
+    assert flat.returned_tokens.tolist() == [3, 3, 3, 7] and flat.chosen == 0
+    assert flat.nfe == 3 * GEN and len(flat.step_answers) == 3  # no extra pass; every sample's steps
+    [steep] = run_strategy(OscillatingModel(), PROMPT, temporal_alpha=50.0, **common)
+    assert steep.votes[0][0] == 9 and steep.returned is None and steep.returned_tokens.tolist() == [3, 3, 3, 9]
+
+
+class CloseCallModel(OscillatingModel):
+    """The last position's argmax is 7 at every step (so every step's prediction answers
+    7), but 9 is nearly as likely, so a sampled final commit is 7 or 9 by the seed."""
+
+    def __init__(self) -> None:
+        super().__init__({4: 7, 3: 7, 2: 7, 1: 7})
+
+    def forward(self, input_ids, attention_mask=None):
+        logits = super().forward(input_ids, attention_mask)
+        logits[:, -1, 9] = 9.9
+        return logits
+
+
+def test_the_temporal_vote_returns_the_first_sample_whose_final_answer_is_the_winner():
+    chosen = []
+    for seed in range(8):
+        [result] = run_strategy(CloseCallModel(), PROMPT, strategy="majority", n=4, temperature=1.0, seed=seed,
+                                extract=last_token_answer, gen_length=GEN, block_length=GEN, steps=GEN,
+                                vote="temporal", temporal_weight="fixed")
+        assert result.votes == [(7, pytest.approx(4.0))]  # every step of every sample predicted 7
+        finals = result.answers
+        if 7 in finals:  # the first sample ending on the winner, as it is
+            assert result.returned is None and result.chosen == finals.index(7)
+        else:  # none: the latest prediction with 7, of the first sample (all weigh 7 alike)
+            assert result.chosen == 0 and result.returned_tokens.tolist() == [3, 3, 3, 7]
+        chosen.append(result.chosen)
+    assert any(c > 0 for c in chosen)  # not vacuous: some seed's first sample ended on 9
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"vote": "weighted"}, "vote must be one of ('plain', 'temporal'), got 'weighted'"),
+    ({"strategy": "single", "vote": "temporal"}, "vote=temporal does not apply to strategy=single"),
+    ({"strategy": "temporal", "vote": "plain"}, "vote=plain does not apply to strategy=temporal"),
+    ({"strategy": "majority", "vote": "temporal", "cache": "dual"}, "cache=dual does not apply to vote=temporal"),
+])
+def test_bad_vote_settings_are_refused_by_name(settings, says):
+    with pytest.raises(ValueError, match=r"^" + says.replace("(", r"\(").replace(")", r"\)")):
+        StrategySettings(**settings)
+
+
+def test_the_vote_defaults_to_the_strategys_own():
+    assert [StrategySettings(strategy=s).resolved_vote for s in ("single", "majority", "hex", "dvoting", "temporal")] \
+        == ["plain", "plain", "plain", "plain", "temporal"]
+    assert StrategySettings(strategy="dvoting", vote="temporal", cache="prefix").resolved_vote == "temporal"
+
+
+# ------------------------------------------------------------- sample logs and figures
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from lm_eval_dvoting.temporal import answer_runs, expand_runs, step_figures, temporal_entropy  # noqa: E402
+
+
+def test_runs_keep_the_steps_without_an_answer():
+    answers = [(1, 7), (2, 7), (4, 7), (5, 9)]
+    assert answer_runs(answers, 8) == [[0, None], [1, 7], [3, None], [4, 7], [5, 9], [6, None]]
+    assert expand_runs(answer_runs(answers, 8), 8) == [None, 7, 7, None, 7, 9, None, None]
+    assert answer_runs([], 3) == [[0, None]] and answer_runs([(0, 7)], 1) == [[0, 7]]
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 3)), min_size=1, max_size=40))
+def test_runs_are_lossless(per_step):
+    answers = [(step, answer) for step, answer in enumerate(per_step) if answer is not None]
+    runs = answer_runs(answers, len(per_step))
+    assert expand_runs(runs, len(per_step)) == per_step
+    assert all(a[1] != b[1] for a, b in zip(runs, runs[1:]))  # as few runs as there can be
+
+
+def test_temporal_entropy_is_in_bits_over_the_answered_steps():
+    assert temporal_entropy([7, 7, 7, 7]) == 0.0
+    assert temporal_entropy([7, None, 9, None]) == pytest.approx(1.0)
+    assert temporal_entropy([7, 7, 9, 5]) == pytest.approx(1.5)
+    assert temporal_entropy([None, None]) is None
+    same = lambda a, b: answers_equivalent(a, b, "math")  # noqa: E731
+    assert temporal_entropy(["\\frac{1}{2}", "0.5"], same) == 0.0 and temporal_entropy(["\\frac{1}{2}", "0.5"]) == 1.0
+
+
+def test_step_figures_score_every_run_the_plain_vote_and_ever_pass():
+    trace = {"plain_vote": "9", "votes": {"7": 0.6, "9": 0.4}, "candidates": [
+        {"answer": "9", "nfe": 4, "steps": [[0, None], [1, "7"], [3, "9"]]},
+        {"answer": "5", "nfe": 2, "steps": [[0, "5"]]},
+    ]}
+    scored, figures = step_figures(trace, lambda answer: answer == "7")
+    assert [c["steps_correct"] for c in scored["candidates"]] == [[False, True, False], [False]]
+    assert scored["plain_correct"] is False and figures["ever_pass"] == 1.0
+    assert figures["tse"] == pytest.approx((temporal_entropy(["7", "7", "9"]) + 0.0) / 2)
+    assert "steps_correct" not in trace["candidates"][0]  # the model's trace is left as it was
+    _, none_right = step_figures(trace, lambda answer: answer == "3")
+    assert none_right["ever_pass"] == 0.0
+    # a final answer counts too (a sampled last commit can differ from the last prediction)
+    sampled_end = {"candidates": [{"answer": "8", "nfe": 2, "steps": [[0, "7"]]}]}
+    assert step_figures(sampled_end, lambda answer: answer == "8")[1]["ever_pass"] == 1.0
+    _, no_answer = step_figures({"candidates": [{"answer": None, "nfe": 2, "steps": [[0, None]]}]}, bool)
+    assert no_answer == {"ever_pass": 0.0}  # no TSE without an answered step
+
+
+def test_majority_with_vote_temporal_through_the_harness_logs_every_samples_steps():
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    torch.set_num_threads(1)
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="majority", n=3, vote="temporal",
+                        batch_size=8)
+    tasks = TaskManager(include_path=str(__import__("pathlib").Path(__file__).resolve().parents[1] / "task_configs"),
+                        include_defaults=False)
+    results = lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], limit=6, task_manager=tasks,
+                                      log_samples=True)
+    assert results["config"]["dvoting"]["settings"]["vote"] == "temporal"
+    assert results["results"]["dvoting_arith"]["n_samples,extract"] == 3
+    for record in results["samples"]["dvoting_arith"]:
+        trace = record["dvoting_trace"]
+        assert trace["vote"] == "temporal" and len(trace["candidates"]) == 3
+        assert all("steps" in c and len(c["steps_correct"]) == len(c["steps"]) for c in trace["candidates"])
+        assert sum(trace["votes"].values()) <= 3 + 1e-9  # one vote per sample, spread over its steps
+        voted = max(trace["votes"].items(), key=lambda kv: kv[1])[0]
+        assert record["filtered_resps"][0] == voted
+
+
+def test_the_rules_reuse_the_observers_logits_so_temporal_runs_singles_head_calls():
+    """The observer computes every masked position's logits; the rules' request for the
+    block's is served from them: per step one head call, as for single, not two."""
+    from lm_eval_dvoting.models.loading import load_model
+
+    torch.set_num_threads(1)
+    model = load_model("tiny-arith")
+    calls = []
+    head = model.logits_from_hidden
+    model.logits_from_hidden = lambda hidden: calls.append(hidden.shape[0]) or head(hidden)
+    prompts = torch.randint(4, 40, (3, 12), generator=torch.Generator().manual_seed(0))
+    common = dict(extract=lambda t: int(t[-1]) % 5, gen_length=32, block_length=8, steps=16, seed=1)
+    single = run_strategy(model, prompts, strategy="single", **common)
+    single_calls, calls[:] = list(calls), []
+    steep = run_strategy(model, prompts, strategy="temporal", temporal_alpha=50.0, **common)
+    assert len(calls) == len(single_calls) == 16  # one call per step for the three rows
+    assert sum(calls) > sum(single_calls)  # the observer's call covers the future blocks too
+    assert [r.returned_tokens.tolist() for r in steep] == [r.samples[0].tolist() for r in single]

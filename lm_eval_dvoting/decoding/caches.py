@@ -60,6 +60,7 @@ class StepLogits:
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self._where: dict[int, tuple[torch.Tensor, int, int, Window, bool]] = {}
+        self._known: dict[int, tuple[dict[int, int], torch.Tensor]] = {}  # row -> ({position: k}, logits)
 
     def add(self, members: Sequence[int], outputs: torch.Tensor, offsets: Sequence[int],
             windows: Sequence[Window] | None = None, are_logits: bool = False) -> None:
@@ -71,9 +72,27 @@ class StepLogits:
     def window(self, index: int) -> Window:
         return self._where[index][3]
 
+    def remember(self, index: int, positions: Sequence[int], logits: torch.Tensor) -> None:
+        """Keep row `index`'s logits at `positions` (what `many` gave), so that a later
+        request of this step for positions all among them runs no head call again: the
+        observer computes every masked position's logits, the rules then ask for the
+        block's. (In float32 the head gives a position the same logits in any batch.)"""
+        self._known[index] = ({position: k for k, position in enumerate(positions)}, logits)
+
     def many(self, wanted: Sequence[tuple[int, list[int]]]) -> list[torch.Tensor]:
         """Float32 logits (len(positions), vocab) for each (row, generation positions) pair,
-        with one head call for all."""
+        with one head call for all (none for the pairs `remember`ed)."""
+        known = [bool(positions) and index in self._known and all(p in self._known[index][0] for p in positions)
+                 for index, positions in wanted]
+        computed = iter(self._compute([pair for pair, seen in zip(wanted, known) if not seen]))
+        return [self._recall(index, positions) if seen else next(computed)
+                for (index, positions), seen in zip(wanted, known)]
+
+    def _recall(self, index: int, positions: list[int]) -> torch.Tensor:
+        rows, logits = self._known[index]
+        return logits[torch.tensor([rows[p] for p in positions], dtype=torch.long, device=logits.device)]
+
+    def _compute(self, wanted: Sequence[tuple[int, list[int]]]) -> list[torch.Tensor]:
         if not wanted:
             return []
         picked = []

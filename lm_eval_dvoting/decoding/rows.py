@@ -14,7 +14,7 @@ import torch
 
 from .caches import ForwardPass, StepLogits
 from .rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork, _inside
-from .state import DecodeResult, DecodeRow, check_prompt_batch, suppress_mask, validate_row_settings
+from .state import DecodeResult, DecodeRow, argmax_without, check_prompt_batch, validate_row_settings
 
 
 class RowDecoder:
@@ -82,7 +82,8 @@ class RowDecoder:
         """Hand each observed row (`DecodeRow.observe`) this step's full prediction, before
         the commits: its fixed tokens, and the most likely token (mask token excluded) at
         every still-masked position of the whole generation region, future blocks
-        included. One head call for all observed rows; no extra forward pass. (The
+        included. One head call for all observed rows, whose logits the rules then reuse;
+        no extra forward pass. (The
         prediction is the argmax at any temperature: the rules' Gumbel noise is drawn for
         the positions they commit only, and is not spent here.)"""
         watched = [(i, row) for i, row in enumerate(self.active) if row.observe is not None]
@@ -94,9 +95,10 @@ class RowDecoder:
                 raise ValueError(f"cache={row.cache} computes no prediction beyond the current block, which an "
                                  "observed row (strategy=temporal) needs: use cache=none or cache=prefix")
         found = logits.many([(i, positions) for (i, _), positions in zip(watched, masked)])
-        for (_, row), positions, row_logits in zip(watched, masked, found):
+        for (i, row), positions, row_logits in zip(watched, masked, found):
+            logits.remember(i, positions, row_logits)  # the rules' request for the block is served from these
             prediction = row.tokens.clone()
-            prediction[positions] = suppress_mask(row_logits, self.mask_id).argmax(-1)
+            prediction[positions] = argmax_without(row_logits, self.mask_id)
             row.observe(row.nfe, prediction)
 
     def _cache_plan(self) -> tuple[list[int], list[bool]]:

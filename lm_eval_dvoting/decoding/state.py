@@ -172,6 +172,18 @@ def suppress_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     return logits64
 
 
+def argmax_without(logits: torch.Tensor, token: int) -> torch.Tensor:
+    """Each row's argmax with `token` (the mask) excluded: `suppress_mask(logits).argmax(-1)`
+    without copying every row to float64 (only the rows whose argmax is `token` are redone)."""
+    best = logits.argmax(-1)
+    hit = best == token
+    if bool(hit.any()):
+        rows = logits[hit].clone()
+        rows[:, token] = float("-inf")
+        best[hit] = rows.argmax(-1)
+    return best
+
+
 def candidates(logits64: torch.Tensor, temperature: float, generator: torch.Generator | None,
                block_masked: torch.Tensor | None = None) -> torch.Tensor:
     """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise.

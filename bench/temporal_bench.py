@@ -1,0 +1,241 @@
+"""What `strategy=temporal` costs over `single` at the same settings: wall time, on the demo
+and on the real-shape proxy. Writes its own section of BENCHMARKS.md.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py            # the full run (about 15 min)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py --quick --out /tmp/B.md   # a smoke run
+
+Both strategies decode with the TSCV paper's settings (fixed schedule, block 32, steps L/2,
+temperature 0), so `temporal` makes exactly `single`'s forward passes and commits (checked
+here: equal NFE and equal tokens) and differs only in what it adds: at every step the
+output head over every still-masked position of the whole generation region (the rules'
+request for the block's positions is then served from those logits), the argmax, and
+the answer of each changed prediction.
+
+Demo: `tiny-arith` and `tiny-arith-dream`, the first `--questions` test problems, 16 rows
+per pass, generation length 32 (the `dvoting_arith` task's), answers read as the harness
+reads them (tokenizer decode up to the first end token, then the number).
+
+Real shape: a random-weight LLaDA at LLaDA-8B's width (d_model 4096, 32 heads, MLP 12,288,
+vocabulary 126,464) with `--layers` of its 32 layers, one row, prompt 32 + generation 64.
+Random weights give no text, so the answer is read from the token ids written out as
+numbers (`extract_answer` over 64 numbers: a parse of about the length of a real answer,
+run at every step whose prediction changed; the tokenizer's decode is not in it). With one
+layer of 32 the output head weighs 32x more than in the real model, so the extra head
+work shows much more than it would there: the section also gives the ratio extrapolated
+to 32 layers from the measured time per layer (an estimate, not a measurement).
+
+The cells of a repeat alternate (single, temporal / temporal, single), so the drifting
+load of the shared machine hits both alike; medians over the repeats. Results go to
+`--json` as each cell finishes, the section between `<!-- temporal_bench:start -->` and
+`<!-- temporal_bench:end -->` of `--out`.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.caches_bench import answer_extractor, demo_inputs, uptime, write_section  # noqa: E402
+from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
+from bench.workloads import random_llada, real_vocab_config  # noqa: E402
+from lm_eval_dvoting.answers import extract_answer  # noqa: E402
+from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+START, END = "<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"
+STRATEGIES = ("single", "temporal")
+FULL_DEPTH = 32  # LLaDA-8B's layers, for the extrapolated ratio
+Results = dict[str, Any]
+
+
+def settings_for(strategy: str, gen_length: int) -> StrategySettings:
+    """The TSCV paper's settings, written out so that both strategies run them."""
+    block = min(32, gen_length)
+    return StrategySettings(strategy=strategy, gen_length=gen_length, block_length=block, steps=gen_length // 2,
+                            temperature=0.0)
+
+
+def run_once(model: TimedModel, prompts: list[torch.Tensor], extract: Callable[[torch.Tensor], Any],
+             strategy: str, gen_length: int, max_rows: int) -> dict[str, Any]:
+    """One decode of every prompt: wall, forward and head time, head calls, NFE, a token digest."""
+    model.reset()
+    start = time.perf_counter()
+    results = decode_questions(model, prompts, settings_for(strategy, gen_length), extract,
+                               list(range(len(prompts))), max_rows=max_rows)
+    wall = time.perf_counter() - start
+    digest = hashlib.sha256(b"".join(r.samples.numpy().tobytes() for r in results)).hexdigest()[:16]
+    return {"wall": wall, "forward": model.seconds, "head": model.head_seconds, "head_calls": model.head_calls,
+            "passes": model.passes, "nfe": sum(r.nfe for r in results) / len(results), "digest": digest}
+
+
+def run_pair(name: str, model: TimedModel, prompts: list[torch.Tensor], extract: Callable[[torch.Tensor], Any],
+             gen_length: int, max_rows: int, repeats: int, results: Results, save: Callable[[], None]) -> None:
+    """`repeats` runs of each strategy, alternating which goes first."""
+    run_once(model, prompts[:1], extract, "single", gen_length, 1)  # warm-up, not recorded
+    cells = results.setdefault("cells", {}).setdefault(name, {s: [] for s in STRATEGIES})
+    for repeat in range(repeats):
+        for strategy in STRATEGIES if repeat % 2 == 0 else STRATEGIES[::-1]:
+            run = run_once(model, prompts, extract, strategy, gen_length, max_rows)
+            cells[strategy].append(run)
+            print(f"  [{name}] {strategy:8s} {run['wall']:7.2f} s, NFE {run['nfe']:.1f}, "
+                  f"head calls {run['head_calls']}", flush=True)
+            save()
+
+
+def demo_workloads(args: argparse.Namespace) -> list[tuple[str, TimedModel, list[torch.Tensor], Any, str]]:
+    loads = []
+    for name in args.models:
+        inputs = demo_inputs(name, args.questions)
+        prompts = [ids[mask.bool()] for ids, mask in zip(inputs["ids"], inputs["mask"])]
+        extract = answer_extractor(inputs["tokenizer"], inputs["model"].end_token_ids)
+        loads.append((name, inputs["model"], prompts, extract, f"demo `{name}`, {len(prompts)} questions, "
+                      f"generation length {args.demo_gen_length}, {args.max_rows} rows per pass"))
+    return loads
+
+
+def real_workload(args: argparse.Namespace) -> tuple[str, TimedModel, list[torch.Tensor], Any, str]:
+    config = real_vocab_config(d_model=args.width, n_layers=args.layers, n_heads=args.heads, mlp=3 * args.width)
+    model = TimedModel(random_llada(config, seed=1, std=0.05))
+    prompt = torch.randint(0, 126_000, (args.prompt_length,), generator=torch.Generator().manual_seed(2))
+
+    def extract(tokens: torch.Tensor) -> str | None:  # a parse of about an answer's length (module docstring)
+        return extract_answer(" ".join(map(str, tokens.tolist())), "number")
+
+    return ("real-shape", model, [prompt], extract,
+            f"random-weight LLaDA, d_model {args.width}, {args.layers} of 32 layers, {args.heads} heads, MLP "
+            f"{3 * args.width}, vocabulary 126,464; one row, prompt {args.prompt_length} + generation "
+            f"{args.gen_length}")
+
+
+# ----------------------------------------------------------------- the section
+
+
+def medians(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def extrapolated_ratio(cell: dict[str, list[dict[str, Any]]], layers: int) -> float:
+    """temporal / single wall time if the model had FULL_DEPTH layers: each missing layer adds
+    the measured time per layer of every pass (the forward time outside the head, over the
+    layers) to both strategies alike."""
+    single, temporal = cell["single"], cell["temporal"]
+    per_layer = medians(single, "forward") - medians(single, "head")
+    extra = per_layer * (FULL_DEPTH - layers) / layers
+    return (medians(temporal, "wall") + extra) / (medians(single, "wall") + extra)
+
+
+def table(results: Results) -> list[str]:
+    lines = ["| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls | NFE / question "
+             "| temporal / single wall |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, cell in results["cells"].items():
+        ratio = medians(cell["temporal"], "wall") / medians(cell["single"], "wall")
+        for strategy in STRATEGIES:
+            runs = cell[strategy]
+            lines.append(f"| {name} | {strategy} | {len(runs)} | {medians(runs, 'wall'):.3f} | "
+                         f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | {runs[0]['head_calls']} | "
+                         f"{runs[0]['nfe']:.1f} | {f'{ratio:.3f}' if strategy == 'temporal' else ''} |")
+    return lines
+
+
+def same_decoding(cell: dict[str, list[dict[str, Any]]]) -> bool:
+    """Equal NFE and tokens in every run of both strategies."""
+    runs = cell["single"] + cell["temporal"]
+    return len({(run["nfe"], run["digest"]) for run in runs}) == 1
+
+
+def section(results: Results) -> list[str]:
+    meta, cells = results["meta"], results["cells"]
+    lines = [START, "## `strategy=temporal` against `single`: wall time at the same settings", "",
+             "Written by `bench/temporal_bench.py` (its docstring says what runs). Both strategies decode with "
+             "the TSCV paper's settings (fixed schedule, block 32, steps L/2, temperature 0); `temporal` adds "
+             "the output head over every still-masked position at each step (the rules then reuse those logits), "
+             "the argmax and the answer of each changed prediction. Goal: within 5% of `single`.", "",
+             *table(results), ""]
+    for name, cell in cells.items():
+        lines.append(f"- {name}: {meta['workloads'][name]}; identical NFE and tokens in every run: "
+                     f"{'yes' if same_decoding(cell) else 'NO'}.")
+    if "real-shape" in cells:
+        layers = results["args"]["layers"]
+        lines.append(f"- real shape extrapolated to {FULL_DEPTH} layers (each of the {FULL_DEPTH - layers} missing "
+                     f"layers adds single's measured time per layer to both): temporal / single "
+                     f"{extrapolated_ratio(cells['real-shape'], layers):.3f} (an estimate, not a measurement).")
+    lines += ["", "Machine and command:", "", f"- command: `{meta['command']}` (from the repository root)"]
+    lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
+    lines += [f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 cores are "
+              "shared with other work, so single runs vary by several percent (see the repeats in the JSON)",
+              f"- wall time of the whole run: {meta.get('elapsed', 0) / 60:.1f} min", END]
+    return lines
+
+
+# ----------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["tiny-arith", "tiny-arith-dream"])
+    p.add_argument("--questions", type=int, default=128)
+    p.add_argument("--max-rows", type=int, default=16)
+    p.add_argument("--demo-gen-length", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=7, help="runs of each strategy on the demo (medians)")
+    p.add_argument("--real-repeats", type=int, default=3, help="runs of each strategy at the real shape")
+    p.add_argument("--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)")
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--prompt-length", type=int, default=32)
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--skip-real", action="store_true")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
+    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
+    p.add_argument("--json", type=Path, default=Path("/tmp/temporal_bench.json"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.questions, args.repeats, args.real_repeats = 8, 2, 1
+        args.width, args.heads, args.gen_length = 256, 4, 32
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # the 2 cores are shared
+    if args.report_only:
+        write_section(args.out, section(json.loads(args.json.read_text())), START, END)
+        return 0
+    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py" + "".join(f" {a}" for a in argv)
+    results: Results = {"meta": {"command": command, "facts": machine_description(torch.device("cpu")),
+                                 "load_before": load_average(), "uptime_before": uptime(), "busy": busy_processes(),
+                                 "workloads": {}},
+                        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    began = time.perf_counter()
+
+    def save() -> None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results))
+
+    loads = [(*load, args.demo_gen_length, args.max_rows, args.repeats) for load in demo_workloads(args)]
+    if not args.skip_real:
+        loads.append((*real_workload(args), args.gen_length, 1, args.real_repeats))
+    for name, model, prompts, extract, description, gen_length, max_rows, repeats in loads:
+        results["meta"]["workloads"][name] = description
+        run_pair(name, model, prompts, extract, gen_length, max_rows, repeats, results, save)
+    results["meta"]["elapsed"] = time.perf_counter() - began
+    results["meta"]["load_after"] = load_average()
+    save()
+    write_section(args.out, section(results), START, END)
+    print("\n".join(table(results)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
