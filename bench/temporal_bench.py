@@ -129,21 +129,27 @@ def extrapolated_ratio(cell: dict[str, list[dict[str, Any]]], layers: int) -> fl
     the measured time per layer of every pass (the forward time outside the head, over the
     layers) to both strategies alike."""
     single, temporal = cell["single"], cell["temporal"]
-    per_layer = medians(single, "forward") - medians(single, "head")
-    extra = per_layer * (FULL_DEPTH - layers) / layers
+    per_layer = (medians(single, "forward") - medians(single, "head")) / layers
+    extra = per_layer * (FULL_DEPTH - layers)
     return (medians(temporal, "wall") + extra) / (medians(single, "wall") + extra)
+
+
+def paired_ratios(cell: dict[str, list[dict[str, Any]]]) -> list[float]:
+    """temporal / single wall time within each repeat (the two ran back to back)."""
+    return [t["wall"] / s["wall"] for s, t in zip(cell["single"], cell["temporal"])]
 
 
 def table(results: Results) -> list[str]:
     lines = ["| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls | NFE / question "
-             "| temporal / single wall |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| temporal / single: median of repeats (range) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, cell in results["cells"].items():
-        ratio = medians(cell["temporal"], "wall") / medians(cell["single"], "wall")
+        ratios = paired_ratios(cell)
+        spread = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
         for strategy in STRATEGIES:
             runs = cell[strategy]
             lines.append(f"| {name} | {strategy} | {len(runs)} | {medians(runs, 'wall'):.3f} | "
                          f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | {runs[0]['head_calls']} | "
-                         f"{runs[0]['nfe']:.1f} | {f'{ratio:.3f}' if strategy == 'temporal' else ''} |")
+                         f"{runs[0]['nfe']:.1f} | {spread if strategy == 'temporal' else ''} |")
     return lines
 
 

@@ -70,11 +70,21 @@ def costed_text(text: str, result: Any, candidate_texts: list[str],
 
 
 def add_step_answers(trace: dict[str, Any], result: Any) -> None:
-    """The temporal vote's part of a trace: `vote` "temporal", `plain_vote` (the answer one
-    vote per sample's final answer gives) and, per candidate, `steps`: its per-step answers
-    as runs (`temporal.answer_runs`: [first step, answer or None], over its `nfe` steps)."""
+    """The temporal vote's part of a trace: `vote` "temporal", `winner` and `winner_share`
+    (its weight over all answers' weight; None without a voted answer), `plain_vote` and
+    `plain_votes` (the answer, and the counts, of one vote per sample's final answer),
+    `returned_step` ([sample, step] when the response is that step's prediction rather
+    than the sample's final text) and, per candidate, `steps`: its
+    per-step answers as runs (`temporal.answer_runs`: [first step, answer or None], over its
+    `nfe` steps)."""
+    total = sum(weight for _, weight in result.votes)
     trace["vote"] = "temporal"
+    trace["winner"] = _value(result.votes[0][0]) if result.votes else None
+    trace["winner_share"] = result.votes[0][1] / total if result.votes and total > 0 else None
     trace["plain_vote"] = _value(result.plain_vote)
+    trace["plain_votes"] = {_value(answer): count for answer, count in result.plain_votes or []}
+    if result.returned_step is not None:  # the response is a step's prediction, not samples[chosen]
+        trace["returned_step"] = [result.chosen, result.returned_step]
     for candidate, answers, nfe in zip(trace["candidates"], result.step_answers, result.sample_nfe):
         candidate["steps"] = answer_runs(answers, nfe, _value)
 

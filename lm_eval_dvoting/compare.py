@@ -355,6 +355,10 @@ def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: 
             except ValueError as err:
                 raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
                                  "leave the row out of --strategies or the value out of --sweep") from err
+            if name in ("temporal_weight", "temporal_alpha") and settings.resolved_vote != "temporal":
+                raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} (its "
+                                 "vote is plain, one vote per sample): give vote=temporal in --model_args for the "
+                                 "voting rows, or leave the row out of --strategies")
             if getattr(settings, name) != value:
                 raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it runs "
                                  f"with {name}={getattr(settings, name)!r} whatever the sweep gives); leave it out "

@@ -38,7 +38,6 @@ import argparse
 import html
 import json
 import logging
-import math
 import re
 import sys
 from collections import Counter
@@ -234,7 +233,9 @@ def _level(trace: dict[str, Any]) -> float | None:
     candidates = trace.get("candidates") or []
     if not candidates:
         return None
-    return consistency_from_votes(trace.get("votes") or {}, len(candidates))
+    # the temporal vote's `votes` are weights: the level counts the samples' final answers
+    votes = trace["plain_votes"] if "plain_votes" in trace else trace.get("votes")
+    return consistency_from_votes(votes or {}, len(candidates))
 
 
 def build_rows(runs: list[Run], baseline: Run | None, metric: str = "exact_match") -> list[Row]:
@@ -450,12 +451,13 @@ STEP_GRID = 50  # points along the decode in accuracy_by_step.png
 
 
 def step_curves(row: StepRow, points: int = STEP_GRID) -> tuple[list[float], list[float], list[float]]:
-    """Fractions f of the decode, the share of decodes right at step ceil(f T) - 1, and the
-    share of decodes right at some step up to it (each decode over its own T steps)."""
-    fractions = [(g + 1) / points for g in range(points)]
-    at, ever = [], []
-    for f in fractions:
-        steps = [(d, max(0, math.ceil(f * len(d)) - 1)) for d in row.decodes]
+    """Fractions f = g/points (g = 1..points) of the decode, the share of decodes right at
+    step ceil(f T) - 1, and the share right at some step up to it (each decode over its own
+    T steps; the step in whole numbers, so no rounding error picks the wrong one)."""
+    fractions, at, ever = [], [], []
+    for g in range(1, points + 1):
+        steps = [(d, -(-g * len(d) // points) - 1) for d in row.decodes]
+        fractions.append(g / points)
         at.append(100 * sum(d[s] for d, s in steps) / len(steps))
         ever.append(100 * sum(any(d[: s + 1]) for d, s in steps) / len(steps))
     return fractions, at, ever

@@ -322,8 +322,14 @@ class StrategyResult:
     # of samples[chosen] when no sample's final answer is the winner (the latest step
     # carrying it), each sample's (step, answer) pairs, and what the plain vote gave
     returned: torch.Tensor | None = None
+    returned_step: int | None = None  # the step of samples[chosen] whose prediction `returned` is
     step_answers: list[list[StepAnswer]] | None = None
-    plain_vote: Any = None
+    plain_votes: list[tuple[Any, float]] | None = None  # (answer, count) as the plain vote counts them
+
+    @property
+    def plain_vote(self) -> Any:
+        """The answer one vote per sample's final answer gives (None: no sample answered)."""
+        return self.plain_votes[0][0] if self.plain_votes else None
 
     @property
     def returned_tokens(self) -> torch.Tensor:
@@ -421,6 +427,8 @@ class _Question:
         answers = [self.answer_of(t) for t in tokens]
         self.samples += tokens
         self.answers += answers
+        for steps, row, sample, answer in zip(self.draw_steps, rows, tokens, answers):
+            steps.close(row.nfe - 1, sample, answer)
         self.steps, self.draw_steps = self.steps + self.draw_steps, []
         self.sample_nfe += [row.nfe for row in rows]
         self.kept += [None if row.owner.kept is None else row.owner.kept.nonzero().flatten().tolist()
@@ -444,8 +452,7 @@ class _Question:
         plain = self.result(same_answer)
         vote = temporal_vote([steps.answers for steps in self.steps], self.sample_nfe, settings.temporal_weight,
                              settings.temporal_alpha, same_answer)
-        logged = replace(plain, step_answers=[list(steps.answers) for steps in self.steps],
-                         plain_vote=plain.votes[0][0] if plain.votes else None)
+        logged = replace(plain, step_answers=[list(steps.answers) for steps in self.steps], plain_votes=plain.votes)
         if vote.winner is None:
             return logged
         same = same_answer or (lambda a, b: a == b)
@@ -454,7 +461,8 @@ class _Question:
         if final is not None:
             return replace(logged, votes=vote.weights, chosen=final)
         sample, step = vote.carrier
-        return replace(logged, votes=vote.weights, chosen=sample, returned=self.steps[sample].predictions[step])
+        return replace(logged, votes=vote.weights, chosen=sample, returned=self.steps[sample].predictions[step],
+                       returned_step=step)
 
 
 def run_strategy(

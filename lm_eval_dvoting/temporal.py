@@ -95,6 +95,19 @@ class StepAnswers:
             self.answers.append((step, answer))
             self.predictions[step] = prediction
 
+    def close(self, last_step: int, tokens: torch.Tensor, answer: Any) -> None:
+        """The decode's last step answers what the decode committed: `tokens` and `answer`
+        (the final sample's) replace that step's prediction. They differ only when the
+        last commit was sampled (temperature > 0: the predictions are argmaxes), and then
+        the sample's own answer must be the one its last step votes for, as in the release
+        (whose predictions are the sampled candidates)."""
+        if self.answers and self.answers[-1][0] == last_step:
+            self.answers.pop()
+            self.predictions.pop(last_step)
+        if answer is not None:
+            self.answers.append((last_step, answer))
+            self.predictions[last_step] = tokens.cpu()
+
 
 @dataclass
 class TemporalVote:
@@ -112,20 +125,26 @@ def temporal_vote(decodes: Sequence[Sequence[StepAnswer]], total_steps: Sequence
                   alpha: float = 5.0, same_answer: SameAnswer = None) -> TemporalVote:
     """Weighted vote over the (step, answer) pairs of each decode, whose `total_steps`
     are given in the same order (module docstring)."""
-    flat = [(d, step, answer, share) for d, (answers, steps) in enumerate(zip(decodes, total_steps))
+    flat = [(d, step, answer, share) for d, (answers, steps) in enumerate(zip(decodes, total_steps, strict=True))
             for (step, answer), share in zip(answers, step_shares([s for s, _ in answers], steps, rule, alpha))]
     groups = group_answers([answer for _, _, answer, _ in flat], same_answer)
     if not groups:
         return TemporalVote(winner=None, weights=[], carrier=None)
-    totals = [sum(flat[i][3] for i in members) for _, members in groups]
-    order = sorted(range(len(groups)), key=lambda g: -totals[g])  # stable: ties keep first-seen order
+    totals = [math.fsum(flat[i][3] for i in members) for _, members in groups]
+    order = sorted(range(len(groups)), key=lambda g: -_rounded(totals[g]))  # stable: ties keep first-seen order
     winning = groups[order[0]][1]
-    by_decode: dict[int, float] = {}
+    by_decode: dict[int, list[float]] = {}
     for i in winning:
-        by_decode[flat[i][0]] = by_decode.get(flat[i][0], 0.0) + flat[i][3]
-    decode = max(by_decode, key=lambda d: (by_decode[d], -d))
+        by_decode.setdefault(flat[i][0], []).append(flat[i][3])
+    decode = max(by_decode, key=lambda d: (_rounded(math.fsum(by_decode[d])), -d))
     return TemporalVote(winner=groups[order[0]][0], weights=[(groups[g][0], totals[g]) for g in order],
                         carrier=(decode, max(flat[i][1] for i in winning if flat[i][0] == decode)))
+
+
+def _rounded(weight: float) -> float:
+    # Sums of shares carry rounding error (ten shares of 1/10 make 0.9999999999999999): equal
+    # weights must tie, and go to the answer seen first, as in a plain vote.
+    return round(weight, 9)
 
 
 # ------------------------------------------------------------- logs and figures

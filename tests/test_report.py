@@ -218,6 +218,20 @@ def test_temporal_runs_get_ever_pass_tse_overturns_and_accuracy_by_step(tmp_path
     assert (out / "accuracy_by_step.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_step_curves_pick_the_step_in_whole_numbers():
+    """ceil(7/50 * 50) is 8 in floats; the curve must read step 6 of 50 at the 7th point."""
+    row = report.StepRow(None, None, [], [], [], [], [[False] * 6 + [True] + [False] * 43])
+    _, at, ever = report.step_curves(row, points=50)
+    assert at[6] == 100.0 and at[5] == at[7] == 0.0 and ever[5] == 0.0 and ever[6] == 100.0
+
+
+def test_the_consistency_level_of_a_temporal_vote_counts_final_answers():
+    """Its `votes` are step weights; the level is the plain vote's (the samples' final answers)."""
+    trace = {"vote": "temporal", "votes": {"7": 1.7, "9": 0.3}, "plain_votes": {"9": 2},
+             "candidates": [{"answer": "9"}, {"answer": "9"}]}
+    assert report._level(trace) == 1.0
+
+
 def test_runs_without_per_step_answers_get_no_temporal_section(outputs: Path, tmp_path: Path) -> None:
     assert report.main([str(outputs), "--out", str(tmp_path / "r"), "--questions", "none"]) == 0
     assert "ever-pass" not in (tmp_path / "r" / "report.md").read_text()

@@ -114,6 +114,26 @@ def test_several_decodes_each_cast_one_vote_spread_over_their_steps():
     assert temporal_vote([[], split], [4, 4], "fixed").weights == [(9, 0.5), (7, 0.5)]
 
 
+def test_equal_weights_tie_whatever_the_rounding_of_their_sums():
+    """Ten shares of 1/10 sum to 0.9999999999999999 in floats: still a tie with one share of 1,
+    which goes to the answer seen first, as in a plain vote."""
+    vote = temporal_vote([[(s, 7) for s in range(10)], [(0, 9)]], [10, 1], "fixed")
+    assert vote.winner == 7 and vote.carrier == (0, 9)
+    assert temporal_vote([[(0, 9)], [(s, 7) for s in range(10)]], [1, 10], "fixed").winner == 9
+
+
+def test_a_decodes_last_step_answers_what_it_committed():
+    """At temperature > 0 the last commit is sampled while the predictions are argmaxes: the
+    last step's answer and prediction become the final sample's."""
+    steps = StepAnswers(last_token_answer)
+    for step in range(4):
+        steps.observe(step, torch.tensor([3, 7]))
+    steps.close(3, torch.tensor([3, 9]), 9)
+    assert steps.answers == [(0, 7), (1, 7), (2, 7), (3, 9)] and steps.predictions[3].tolist() == [3, 9]
+    steps.close(3, torch.tensor([3, 0]), None)  # a final sample without an answer: its last step casts none
+    assert steps.answers == [(0, 7), (1, 7), (2, 7)] and 3 not in steps.predictions
+
+
 def test_exp_shares_never_overflow():
     """exp(alpha * s / T) overflows a float for alpha * s / T > 709; the shares do not."""
     vote = temporal_vote([[(0, 7), (1, 9)]], [1], "exp", 5000.0)
@@ -244,6 +264,7 @@ def test_strategy_temporal_through_the_harness_answers_every_document():
         voted = max(trace["votes"].items(), key=lambda kv: kv[1])[0]
         assert record["filtered_resps"][0] == voted  # the task's filter reads the voted answer
         assert sum(trace["votes"].values()) == pytest.approx(1.0)  # one decode: the answers' shares
+        assert trace["winner"] == voted and trace["winner_share"] == pytest.approx(trace["votes"][voted])
         # the per-step answers, as runs [first step, answer or None] over the 16 steps:
         # the last run is the final answer, which is also the plain vote
         [candidate] = trace["candidates"]
@@ -308,8 +329,11 @@ def test_the_temporal_vote_returns_the_first_sample_whose_final_answer_is_the_wi
         [result] = run_strategy(CloseCallModel(), PROMPT, strategy="majority", n=4, temperature=1.0, seed=seed,
                                 extract=last_token_answer, gen_length=GEN, block_length=GEN, steps=GEN,
                                 vote="temporal", temporal_weight="fixed")
-        assert result.votes == [(7, pytest.approx(4.0))]  # every step of every sample predicted 7
         finals = result.answers
+        # every step's prediction is 7, but each sample's last step votes for its own final answer
+        assert dict(result.votes) == pytest.approx({7: 3.0 + 0.25 * finals.count(7)} | (
+            {9: 0.25 * finals.count(9)} if 9 in finals else {}))
+        assert [steps[-1] for steps in result.step_answers] == [(GEN - 1, answer) for answer in finals]
         if 7 in finals:  # the first sample ending on the winner, as it is
             assert result.returned is None and result.chosen == finals.index(7)
         else:  # none: the latest prediction with 7, of the first sample (all weigh 7 alike)
@@ -404,7 +428,9 @@ def test_majority_with_vote_temporal_through_the_harness_logs_every_samples_step
         trace = record["dvoting_trace"]
         assert trace["vote"] == "temporal" and len(trace["candidates"]) == 3
         assert all("steps" in c and len(c["steps_correct"]) == len(c["steps"]) for c in trace["candidates"])
-        assert sum(trace["votes"].values()) <= 3 + 1e-9  # one vote per sample, spread over its steps
+        answering = sum(any(answer is not None for _, answer in c["steps"]) for c in trace["candidates"])
+        assert sum(trace["votes"].values()) == pytest.approx(answering)  # one vote per sample that answered
+        assert trace["winner_share"] == pytest.approx(max(trace["votes"].values()) / sum(trace["votes"].values()))
         voted = max(trace["votes"].items(), key=lambda kv: kv[1])[0]
         assert record["filtered_resps"][0] == voted
 
@@ -427,3 +453,20 @@ def test_the_rules_reuse_the_observers_logits_so_temporal_runs_singles_head_call
     assert len(calls) == len(single_calls) == 16  # one call per step for the three rows
     assert sum(calls) > sum(single_calls)  # the observer's call covers the future blocks too
     assert [r.returned_tokens.tolist() for r in steep] == [r.samples[0].tolist() for r in single]
+
+
+@pytest.mark.parametrize("strategy", ["majority", "dvoting", "hex"])
+def test_the_temporal_vote_changes_no_sample(strategy):
+    """vote=temporal reads the steps of the very samples vote=plain draws (dVoting's early
+    stop included, which reads the final answers): same tokens, same passes."""
+    from lm_eval_dvoting.models.loading import load_model
+
+    torch.set_num_threads(1)
+    model = load_model("tiny-arith")
+    prompts = torch.randint(4, 40, (3, 12), generator=torch.Generator().manual_seed(0))
+    common = dict(strategy=strategy, extract=lambda t: int(t[-1]) % 3, gen_length=32, seed=2, hex_samples=5)
+    plain = run_strategy(model, prompts, **common)
+    temporal = run_strategy(model, prompts, vote="temporal", **common)
+    assert [r.samples.tolist() for r in temporal] == [r.samples.tolist() for r in plain]
+    assert [r.nfe for r in temporal] == [r.nfe for r in plain]
+    assert [r.plain_votes for r in temporal] == [r.votes for r in plain]

@@ -76,7 +76,9 @@ class StepLogits:
         """Keep row `index`'s logits at `positions` (what `many` gave), so that a later
         request of this step for positions all among them runs no head call again: the
         observer computes every masked position's logits, the rules then ask for the
-        block's. (In float32 the head gives a position the same logits in any batch.)"""
+        block's. (In float32 on the CPU the head gives a position the same logits in any
+        batch, so the commits are `single`'s exactly; in bfloat16 or on an accelerator the
+        call's shape may move the last bit, as the rows sharing a pass may.)"""
         self._known[index] = ({position: k for k, position in enumerate(positions)}, logits)
 
     def many(self, wanted: Sequence[tuple[int, list[int]]]) -> list[torch.Tensor]:

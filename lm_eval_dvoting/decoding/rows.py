@@ -93,7 +93,7 @@ class RowDecoder:
         for (i, row), positions in zip(watched, masked):
             if not _inside(logits.window(i), positions):
                 raise ValueError(f"cache={row.cache} computes no prediction beyond the current block, which an "
-                                 "observed row (strategy=temporal) needs: use cache=none or cache=prefix")
+                                 "observed row (strategy=temporal or vote=temporal) needs: use cache=none or cache=prefix")
         found = logits.many([(i, positions) for (i, _), positions in zip(watched, masked)])
         for (i, row), positions, row_logits in zip(watched, masked, found):
             logits.remember(i, positions, row_logits)  # the rules' request for the block is served from these
