@@ -617,7 +617,8 @@ def sweep_summary(name: str, results: Sequence[tuple[Any, Sequence[Mapping[str, 
     An entry is the row's figures at that value: `value`, `accuracy_mean`, `accuracy_std`
     (None for one run), `nfe_mean`, then as a row of the table without a sweep (`accuracies`,
     `nfes`, `seeds`, `mean_samples`, `seconds`, `settings`, `per_document`, ...). `paired`
-    lists dvoting - majority-entropy at each value when both rows ran."""
+    lists dvoting - majority-entropy at each value when both rows ran; `against_first`, per row,
+    each later value against the first (`value_against_first`)."""
     rows: dict[str, list[dict[str, Any]]] = {}
     paired = []
     for value, summaries in results:
@@ -629,7 +630,19 @@ def sweep_summary(name: str, results: Sequence[tuple[Any, Sequence[Mapping[str, 
         pair = paired_comparison(summaries)
         if pair is not None:
             paired.append({"value": value, **pair})
-    return {"name": name, "values": [value for value, _ in results], "rows": rows, "paired": paired}
+    against = {row: value_against_first(entries) for row, entries in rows.items()}
+    return {"name": name, "values": [value for value, _ in results], "rows": rows, "paired": paired,
+            "against_first": {row: pairs for row, pairs in against.items() if pairs}}
+
+
+def value_against_first(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A row's later values against its first, paired over problems (`paired_bootstrap`):
+    the sweep runs every value on the same documents with the same seeds."""
+    first = entries[0]
+    return [{"value": entry["value"], "against": first["value"],
+             **paired_bootstrap(entry["per_document"], first["per_document"])}
+            for entry in entries[1:] if entry.get("per_document") and first.get("per_document")
+            and entry["seeds"] == first["seeds"]]
 
 
 def accuracy_cell(row: Mapping[str, Any]) -> str:
@@ -686,6 +699,11 @@ def sweep_tables(sweep: Mapping[str, Any]) -> str:
             cell = accuracy_cell({"accuracy": entry["accuracy_mean"], "accuracy_std": entry["accuracy_std"]})
             lines.append(f"| {entry['value']} | {cell} | {runs_cell(entry)} | {entry['nfe_mean']:.1f} | "
                          f"{entry['mean_samples']:.2f} | {entry['seconds']:.1f} |")
+        for pair in sweep.get("against_first", {}).get(row, []):
+            low, high = pair["ci_points"]
+            lines += ["", f"{name}={pair['value']} - {name}={pair['against']}: {pair['mean_points']:+.1f} points, "
+                          f"{100 * pair['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] (paired bootstrap over "
+                          f"{pair['problems']} problems)"]
         parts.append("\n".join(lines))
     parts += [f"{name}={pair['value']}: {paired_line(pair)}" for pair in sweep.get("paired", [])]
     return "\n\n".join(parts)

@@ -264,3 +264,24 @@ def test_a_vote_sweep_changes_the_vote_and_not_the_samples(tmp_path):
         assert plain["nfes"] == temporal["nfes"] and plain["mean_samples"] == temporal["mean_samples"]
         assert {s["vote"] for s in plain["settings"]} == {"plain"} and {s["vote"] for s in temporal["settings"]} \
             == {"temporal"}
+    # each later value against the first, paired over the problems
+    for row, entries in sweep["rows"].items():
+        [pair] = sweep["against_first"][row]
+        plain, temporal = ({int(k): v for k, v in e["per_document"].items()} for e in entries)
+        assert (pair["value"], pair["against"]) == ("temporal", "plain")
+        assert pair["mean_points"] == pytest.approx(100 * statistics.fmean(
+            statistics.fmean(temporal[p]) - statistics.fmean(plain[p]) for p in plain))
+
+
+def test_a_sweeps_later_values_are_compared_with_its_first_on_the_same_problems():
+    entries = [{"value": "plain", "per_document": {0: [1.0, 0.0], 1: [0.0, 0.0]}, "seeds": [1, 2]},
+               {"value": "temporal", "per_document": {0: [1.0, 1.0], 1: [0.0, 1.0]}, "seeds": [1, 2]},
+               {"value": "other seeds", "per_document": {0: [1.0], 1: [1.0]}, "seeds": [3]}]
+    [pair] = compare.value_against_first(entries)  # the third ran with other seeds: not paired
+    assert (pair["value"], pair["against"], pair["problems"]) == ("temporal", "plain", 2)
+    assert pair["mean_points"] == pytest.approx(50.0)  # +0.5 on each problem
+    text = compare.sweep_tables({"name": "vote", "rows": {"dvoting": entries[:2]},
+                                 "against_first": {"dvoting": [pair]}} | {
+        "rows": {"dvoting": [e | {"accuracy_mean": 50.0, "accuracy_std": None, "nfe_mean": 9.0, "mean_samples": 1.0,
+                                  "seconds": 1.0, "sampled": False} for e in entries[:2]]}})
+    assert "vote=temporal - vote=plain: +50.0 points, 95% CI [+50.0, +50.0]" in text

@@ -58,7 +58,9 @@ MODULES: dict[str, list[str]] = {
     "answers": ["tests/test_answers.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
     "metrics": ["tests/test_metrics.py", KILLS],
     "strategies": ["tests/test_strategies.py", "tests/test_properties.py", "tests/test_confidence_strategies.py",
-                   KILLS, *HARNESS_PROPERTIES],
+                   "tests/test_temporal.py", KILLS, *HARNESS_PROPERTIES],
+    # the temporal vote and its per-step logs (the report's figures are read from them)
+    "temporal": ["tests/test_temporal.py", "tests/test_report.py", KILLS],
     # the decoder's units (lm_eval_dvoting/decoding/), one run each
     **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", "tests/test_confidence_decoder.py",
                             KILLS]
