@@ -576,13 +576,18 @@ def write_section(path: Path, lines: list[str], start: str = START, end: str = E
 # ----------------------------------------------------------------- command line
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_real_shape_arguments(p: argparse.ArgumentParser, prompt_length: int, gen_length: int) -> None:
+    """The real-shape model's options (LLaDA-8B's width at reduced depth), shared by the benches."""
     p.add_argument("--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)")
     p.add_argument("--width", type=int, default=4096, help="d_model of the real-shape model (MLP 3x)")
     p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--prompt-length", type=int, default=256)
-    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--prompt-length", type=int, default=prompt_length)
+    p.add_argument("--gen-length", type=int, default=gen_length)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_real_shape_arguments(p, prompt_length=256, gen_length=256)
     p.add_argument("--block", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="repeats of every real-shape cell (medians)")
     p.add_argument("--entropy-steps", type=int, default=4, help="entropy-rule steps timed per repeat")

@@ -45,7 +45,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.caches_bench import answer_extractor, demo_inputs, uptime, write_section  # noqa: E402
+from bench.caches_bench import (add_real_shape_arguments, answer_extractor, demo_inputs, uptime,  # noqa: E402
+                                write_section)
 from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
 from bench.workloads import random_llada, real_vocab_config  # noqa: E402
 from lm_eval_dvoting.answers import extract_answer  # noqa: E402
@@ -194,11 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo-gen-length", type=int, default=32)
     p.add_argument("--repeats", type=int, default=7, help="runs of each strategy on the demo (medians)")
     p.add_argument("--real-repeats", type=int, default=3, help="runs of each strategy at the real shape")
-    p.add_argument("--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)")
-    p.add_argument("--width", type=int, default=4096)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--prompt-length", type=int, default=32)
-    p.add_argument("--gen-length", type=int, default=64)
+    add_real_shape_arguments(p, prompt_length=32, gen_length=64)
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument("--report-only", action="store_true", help="only write the section from --json")

@@ -67,6 +67,8 @@ from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
 from .request_planning import RequestPlanner, generated_text
 from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
+from .models.adapters import attach as attach_adapter
+from .models.adapters import read_adapter
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
 from .strategies import StrategySettings, decode_questions, derive_seed
 from .task_costs import RunCosts, install as _install_task_costs
@@ -94,7 +96,7 @@ class DVotingEvalModel(TemplateLM):
         block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
         hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
         cache: str = "none", threshold: float = 0.9, temporal_weight: str = "exp", temporal_alpha: float = 5.0,
-        vote: str | None = None, seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
+        vote: str | None = None, peft: str | None = None, seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
         max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
         max_batch_size: int | None = None, device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
@@ -121,7 +123,7 @@ class DVotingEvalModel(TemplateLM):
         self._setup_processes(device)
         # parsed before the checkpoint is read: a bad batch size fails at once
         self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
-        self._load_checkpoint(tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"])
+        self._load_checkpoint(tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"], peft)
         self.max_length = self._checked_max_length(max_length)
         self._ignored_sampling: set[tuple[Any, ...]] = set()  # task sampling values reported as unused
         self.costs = CostBook()  # cost totals and settings used of the requests computed
@@ -161,8 +163,11 @@ class DVotingEvalModel(TemplateLM):
             raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}") from None
 
     def _load_checkpoint(self, tokenizer: str | None, revision: str | None, subfolder: str | None,
-                         dtype: str | None, add_bos_token: bool) -> None:
-        """The tokenizer and the weights of `self.pretrained` (hub id, folder or packaged name)."""
+                         dtype: str | None, add_bos_token: bool, peft: str | None = None) -> None:
+        """The tokenizer and the weights of `self.pretrained` (hub id, folder or packaged name),
+        with the LoRA adapter `peft` (hub id or folder; models/adapters.py) on it, unmerged."""
+        # the adapter's files are read first: a bad one is refused before the weights are
+        self.adapter = None if peft is None else read_adapter(peft)
         # one resolution of the checkpoint, so config, weights and tokenizer come from the
         # same snapshot (a hub branch that moves between two look-ups cannot mix them)
         folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
@@ -173,6 +178,11 @@ class DVotingEvalModel(TemplateLM):
         self._tokenizer_source = tokenizer or self.pretrained
         self.add_bos_token = _bos_setting(add_bos_token, self.tokenizer, tokenizer or self.pretrained)
         self.model = load_model(folder, device=self._device, dtype=dtype)
+        if self.adapter is not None:
+            # Unmerged: the base model stays as it was read (the reference of RFG is the base
+            # with the adapter switched off), and no weight is rounded twice by merging and
+            # unmerging; the LoRA products cost r * (in + out) per token and layer.
+            attach_adapter(self.model, self.adapter)
         if self.model.family != self.family:
             log.warning("checkpoint %s is a %s model, loaded by dvoting-%s", self.pretrained,
                         self.model.family, self.family)
@@ -430,6 +440,9 @@ class DVotingEvalModel(TemplateLM):
                 # hub commit loaded (None: a local folder or packaged checkpoint)
                 "revision": self.revision,
                 "subfolder": self.subfolder,
+                # the LoRA adapter on the weights: its source and a digest of its files
+                "peft": None if self.adapter is None else {"source": self.adapter.source,
+                                                           "digest": self.adapter.identity},
                 "seed": self.seed,
                 # "model_args" (the model arg seed), "lm-eval --seed" (the run's torch seed), "default",
                 # or "use_strategy" (set by a switch, e.g. `dvoting compare --seeds`)
@@ -563,8 +576,6 @@ _REFUSED_HFLM_ARGS = {
     "parallelize": "splitting one model across GPUs is not supported; run data parallel instead "
                    "(accelerate launch -m lm_eval ... or torchrun, one model per GPU; README "
                    "'Several processes / GPUs')",
-    "peft": "adapters are not supported; merge the adapter into the base weights, save them as "
-            "safetensors beside config.json and pass that folder as pretrained",
     "delta": "delta weights are not supported; add them to the base weights, save the result as "
              "safetensors beside config.json and pass that folder as pretrained",
 }

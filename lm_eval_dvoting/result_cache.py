@@ -239,6 +239,8 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
         "plugin_version": __version__,
         "plugin_code": plugin_code_digest(),
         "checkpoint": checkpoint_identity(lm, memo),
+        # the LoRA adapter on it (a digest of its two files), None without one
+        "peft": None if getattr(lm, "adapter", None) is None else lm.adapter.identity,
         "tokenizer": tokenizer_identity(lm.tokenizer, memo),
         "add_bos_token": bool(getattr(lm, "add_bos_token", False)),
         "dtype": dtype,

@@ -144,7 +144,7 @@ def test_a_used_or_greedy_request_is_not_warned_about(caplog):
 
 @pytest.mark.parametrize("arg, says", [
     ("parallelize=True", "accelerate launch"),
-    ("peft=some/adapter", "merge the adapter"),
+    ("peft=/no/such/adapter", "peft='/no/such/adapter': no such folder; give a folder holding adapter_config.json"),
     ("delta=some/delta", "delta weights are not supported"),
     ("use_fast_tokenizer=False", "only fast"),
     ("add_bos_token=True", "has no BOS token"),  # tiny-arith's tokenizer has none

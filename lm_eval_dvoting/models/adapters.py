@@ -1,0 +1,190 @@
+"""LoRA adapters in the PEFT format (`adapter_config.json` + `adapter_model.safetensors`)
+on this package's native LLaDA and Dream models: the `peft=` model arg.
+
+Adapters trained on the official checkpoints name the official modules
+(`base_model.model.model.transformer.blocks.N.q_proj.lora_A.weight` for LLaDA,
+`base_model.model.model.layers.N.self_attn.q_proj...` for Dream), which are this
+package's module names too, so the `peft` library wraps them as it would the official
+model. Which modules get a LoRA is read from the adapter's saved weights, not from the
+config's `target_modules`: PEFT matches those by name suffix and skips names that match
+nothing, so the d1/wd1 list of seven names wraps only `q_proj k_proj v_proj up_proj` on
+LLaDA, and a target `ff_out` would also match LLaDA's output head (`transformer.ff_out`),
+which was never trained. Every saved weight must name a linear layer of the model with
+the shapes its rank says ([r, in] and [out, r]); anything else is refused with the names.
+
+Only the two adapter files are ever downloaded from the hub. The adapter is attached
+unmerged (`enabled` switches it off and on, e.g. for a reference pass) and merged into
+the weights with `merge` (the same logits up to rounding; exactly in float32 up to
+float addition order).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from .loading import CheckpointError
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
+# PEFT features that change the forward beyond W + scale * B A: refused, not ignored
+_UNSUPPORTED = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "bias": "none",
+                "modules_to_save": None, "layer_replication": None, "trainable_token_indices": None}
+
+
+class AdapterError(CheckpointError):
+    """An adapter that cannot be put on the model as it is; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A resolved adapter: where it came from, its folder, config, and its LoRA weights per
+    module (A [r, in], B [out, r])."""
+
+    source: str
+    folder: Path
+    config: dict[str, Any]
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def identity(self) -> str:
+        """A digest of the two adapter files, for the result cache's fingerprint."""
+        digest = hashlib.sha256()
+        for name in ADAPTER_FILES:
+            digest.update((self.folder / name).read_bytes())
+        return digest.hexdigest()[:16]
+
+
+def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
+    """A local folder for `source`: an existing folder, or a hub id (only the two adapter
+    files are downloaded)."""
+    key = str(source)
+    path = Path(key).expanduser()
+    if path.is_dir():
+        missing = [name for name in ADAPTER_FILES if not (path / name).exists()]
+        if missing:
+            raise AdapterError(f"peft={key!r}: the folder has no {' or '.join(missing)}; a PEFT LoRA adapter "
+                               f"folder holds {' and '.join(ADAPTER_FILES)} (as written by save_pretrained)")
+        return path
+    if key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1:
+        raise AdapterError(f"peft={key!r}: no such folder; give a folder holding {' and '.join(ADAPTER_FILES)} "
+                           "or a hub id such as 'org/adapter-name'")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=key, revision=revision, allow_patterns=list(ADAPTER_FILES)))
+    except Exception as err:  # network, auth, offline mode: all end the same way for a user
+        raise AdapterError(f"peft={key!r}: could not fetch the adapter from the Hugging Face hub "
+                           f"({type(err).__name__}: {err}); check the id and your network, or pass a folder") from err
+
+
+def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
+    """The adapter's config and weights, checked for what this loader supports."""
+    from safetensors.torch import load_file
+
+    folder = resolve_adapter(source, revision)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if config.get("peft_type") != "LORA":
+        raise AdapterError(f"peft={source!s}: adapter_config.json says peft_type={config.get('peft_type')!r}; "
+                           "only LoRA adapters (peft_type LORA) are supported")
+    for name, plain in _UNSUPPORTED.items():
+        if config.get(name, plain) not in (plain, False, None, [], {}):
+            raise AdapterError(f"peft={source!s}: adapter_config.json sets {name}={config[name]!r}, which this loader "
+                               f"does not support (it applies W + scale * B A only); allowed: {name}={plain!r}")
+    for name in ("rank_pattern", "alpha_pattern"):
+        if config.get(name):
+            raise AdapterError(f"peft={source!s}: adapter_config.json sets {name}, per-module ranks or alphas, which "
+                               "this loader does not support; use an adapter with one r and one lora_alpha")
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(str(folder / "adapter_model.safetensors")).items():
+        match = _KEY.match(key)
+        if match is None:
+            raise AdapterError(f"peft={source!s}: adapter_model.safetensors holds {key!r}, which is no LoRA weight "
+                               "(expected <module>.lora_A.weight / <module>.lora_B.weight)")
+        parts.setdefault(match["module"], {})[match["part"]] = tensor
+    unpaired = sorted(module for module, found in parts.items() if set(found) != {"A", "B"})
+    if unpaired or not parts:
+        raise AdapterError(f"peft={source!s}: adapter_model.safetensors " + (
+            f"lacks lora_A or lora_B for {', '.join(unpaired)}" if unpaired else "holds no LoRA weights"))
+    return Adapter(str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())})
+
+
+def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
+    """Every adapted module is a linear layer of `model`, with the shapes the rank says."""
+    modules = dict(model.named_modules())
+    rank = int(adapter.config["r"])
+    problems = []
+    for name, (lora_a, lora_b) in adapter.weights.items():
+        module = modules.get(name)
+        if not isinstance(module, torch.nn.Linear):
+            problems.append(f"{name}: {'no such module' if module is None else type(module).__name__} in the model")
+            continue
+        want_a, want_b = (rank, module.in_features), (module.out_features, rank)
+        if tuple(lora_a.shape) != want_a or tuple(lora_b.shape) != want_b:
+            problems.append(f"{name}: lora_A {tuple(lora_a.shape)}, lora_B {tuple(lora_b.shape)}; the model's "
+                            f"layer takes lora_A {want_a}, lora_B {want_b}")
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; ... ({len(problems)} in all)" if len(problems) > 5 else "")
+        raise AdapterError(f"peft={adapter.source}: the adapter does not fit this model ({type(model).__name__}): "
+                           f"{shown}. Use an adapter trained on this checkpoint's architecture")
+
+
+def attach(model: torch.nn.Module, adapter: Adapter) -> None:
+    """Wrap the adapted modules with PEFT's LoRA layers and load the weights (unmerged)."""
+    from peft import LoraConfig, inject_adapter_in_model, set_peft_model_state_dict
+
+    check_fits(model, adapter)
+    # the modules' full names: PEFT wraps exactly these (a name matches itself or a suffix)
+    config = LoraConfig(r=int(adapter.config["r"]), lora_alpha=adapter.config["lora_alpha"],
+                        use_rslora=bool(adapter.config.get("use_rslora")), lora_dropout=0.0,
+                        target_modules=list(adapter.weights))
+    inject_adapter_in_model(config, model)
+    state = {}
+    for name, (lora_a, lora_b) in adapter.weights.items():
+        state[f"{name}.lora_A.weight"], state[f"{name}.lora_B.weight"] = lora_a, lora_b
+    loaded = set_peft_model_state_dict(model, state)
+    missing = [key for key in loaded.missing_keys if ".lora_" in key]
+    if loaded.unexpected_keys or missing:
+        raise AdapterError(f"peft={adapter.source}: PEFT did not load every LoRA weight (unexpected: "
+                           f"{loaded.unexpected_keys[:5]}, missing: {missing[:5]})")
+    wrapped = sorted(name for name, module in model.named_modules() if _is_lora(module))
+    if wrapped != sorted(adapter.weights):
+        raise AdapterError(f"peft={adapter.source}: PEFT wrapped {len(wrapped)} modules for the adapter's "
+                           f"{len(adapter.weights)}: {sorted(set(wrapped) ^ set(adapter.weights))[:5]}")
+    model.eval()
+
+
+def _is_lora(module: torch.nn.Module) -> bool:
+    from peft.tuners.lora import LoraLayer
+
+    return isinstance(module, LoraLayer)
+
+
+def lora_layers(model: torch.nn.Module) -> list[Any]:
+    return [module for module in model.modules() if _is_lora(module)]
+
+
+@contextlib.contextmanager
+def enabled(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """The model with its (unmerged) adapter switched on or off inside the block."""
+    layers = lora_layers(model)
+    before = [not layer.disable_adapters for layer in layers]
+    try:
+        for layer in layers:
+            layer.enable_adapters(on)
+        yield
+    finally:
+        for layer, was in zip(layers, before):
+            layer.enable_adapters(was)
+
+
+def merge(model: torch.nn.Module) -> None:
+    """Fold the adapter into the weights (W += scale * B A): one forward at base cost."""
+    for layer in lora_layers(model):
+        layer.merge()

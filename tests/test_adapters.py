@@ -1,0 +1,146 @@
+"""LoRA adapters in the PEFT format on the native models (`peft=`, models/adapters.py),
+checked against adapters written by `peft` itself for the official parameter names."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lm_eval_dvoting.models import adapters
+from lm_eval_dvoting.models.adapters import AdapterError
+from lm_eval_dvoting.models.loading import load_model
+
+OFFICIAL = Path(__file__).resolve().parent / "fixtures" / "official-tiny"
+# d1's and wd1's target list (RFG.md section 4): on LLaDA only q/k/v/up exist
+D1_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"]
+
+
+def peft_adapter(checkpoint: Path, folder: Path, targets: list[str] | str, r: int = 4, alpha: int = 8,
+                 seed: int = 0, **extra) -> tuple[Path, torch.nn.Module]:
+    """An adapter with random (non-zero) LoRA weights, saved by peft's save_pretrained; and
+    the PEFT model that wrote it, to compare with."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, init_lora_weights=False,
+                        **extra)
+    written = get_peft_model(load_model(checkpoint, device="cpu", dtype="float32"), config)
+    written.save_pretrained(str(folder))
+    return folder, written.eval()
+
+
+IDS = torch.randint(0, 90, (2, 10), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("family, targets, adapted, extra", [
+    ("llada", D1_TARGETS, {"q_proj", "k_proj", "v_proj", "up_proj"}, {}),
+    ("dream", D1_TARGETS, {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"}, {}),
+    ("llada", ["q_proj", "up_proj"], {"q_proj", "up_proj"}, {"use_rslora": True}),  # scale alpha / sqrt(r)
+])
+def test_an_adapter_written_by_peft_gives_peft_logits_off_gives_the_base_and_merged_the_same(
+        family, targets, adapted, extra, tmp_path):
+    folder, written = peft_adapter(OFFICIAL / family, tmp_path / "adapter", targets, **extra)
+    with torch.no_grad():
+        expected = written(input_ids=IDS) if family == "dream" else written(IDS)
+    expected = getattr(expected, "logits", expected)
+    model = load_model(OFFICIAL / family, device="cpu", dtype="float32")
+    with torch.no_grad():
+        base = model(IDS)
+    adapter = adapters.read_adapter(folder)
+    assert {name.rsplit(".", 1)[-1] for name in adapter.weights} == adapted  # what the saved weights name
+    adapters.attach(model, adapter)
+    with torch.no_grad():
+        on = model(IDS)
+        with adapters.enabled(model, False):
+            off = model(IDS)
+        again = model(IDS)
+    assert torch.equal(on, expected) and torch.equal(off, base) and torch.equal(again, on)
+    assert (on - base).abs().max() > 1e-2  # not vacuous: the adapter changes the logits
+    adapters.merge(model)
+    with torch.no_grad():
+        merged = model(IDS)
+    torch.testing.assert_close(merged, on, rtol=1e-5, atol=1e-4)
+
+
+def test_a_target_that_also_names_llada_s_output_head_adapts_only_the_trained_modules(tmp_path):
+    """`ff_out` is the blocks' MLP output and the model's head in LLaDA: the adapter's saved
+    weights, not the config's names, say which were trained."""
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", r"model\.transformer\.blocks\.\d+\.ff_out")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["target_modules"] = ["ff_out"]  # as a training config would say it
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
+    adapters.attach(model, adapters.read_adapter(folder))
+    wrapped = sorted(name for name, module in model.named_modules() if adapters._is_lora(module))
+    assert wrapped and all(".blocks." in name for name in wrapped)
+    assert not adapters._is_lora(model.model.transformer.ff_out)
+
+
+def _edit_weights(folder: Path, change) -> None:
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    save_file(change(weights), str(folder / "adapter_model.safetensors"))
+
+
+def test_an_adapter_that_does_not_fit_is_refused_with_the_names(tmp_path):
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    key = next(k for k in load_file(str(folder / "adapter_model.safetensors")) if "lora_A" in k)
+    _edit_weights(folder, lambda w: w | {key: torch.zeros(4, 7)})
+    model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
+    module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+    with pytest.raises(AdapterError, match=rf"does not fit this model \(LLaDAModel\): {module}: lora_A \(4, 7\)"):
+        adapters.attach(model, adapters.read_adapter(folder))
+    dream_model = load_model(OFFICIAL / "dream", device="cpu", dtype="float32")
+    fresh, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "b", ["q_proj"])
+    with pytest.raises(AdapterError, match=r"model\.transformer\.blocks\.0\.q_proj: no such module in the model"):
+        adapters.attach(dream_model, adapters.read_adapter(fresh))  # a LLaDA adapter on Dream
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda c: c | {"use_dora": True}, "sets use_dora=True, which this loader does not support"),
+    (lambda c: c | {"bias": "all"}, "sets bias='all'"),
+    (lambda c: c | {"modules_to_save": ["lm_head"]}, "sets modules_to_save"),
+    (lambda c: c | {"rank_pattern": {"q_proj": 8}}, "sets rank_pattern"),
+    (lambda c: c | {"peft_type": "IA3"}, "peft_type='IA3'; only LoRA adapters"),
+])
+def test_adapter_features_this_loader_does_not_apply_are_refused(change, says, tmp_path):
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps(change(config)))
+    with pytest.raises(AdapterError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        adapters.read_adapter(folder)
+
+
+def test_missing_files_and_foreign_weights_are_refused(tmp_path):
+    with pytest.raises(AdapterError, match=r"peft='/no/such/adapter': no such folder"):
+        adapters.read_adapter("/no/such/adapter")
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    _edit_weights(folder, lambda w: w | {"model.transformer.wte.weight": torch.zeros(2, 2)})
+    with pytest.raises(AdapterError, match=r"holds 'model.transformer.wte.weight', which is no LoRA weight"):
+        adapters.read_adapter(folder)
+    _edit_weights(folder, lambda w: {k: v for k, v in w.items() if "lora_B" not in k and "wte" not in k})
+    with pytest.raises(AdapterError, match=r"lacks lora_A or lora_B for model.transformer.blocks.0.q_proj"):
+        adapters.read_adapter(folder)
+    (folder / "adapter_config.json").unlink()
+    with pytest.raises(AdapterError, match=r"the folder has no adapter_config.json"):
+        adapters.read_adapter(folder)
+
+
+def test_peft_through_the_harness_changes_the_model_and_its_fingerprint(tmp_path):
+    from lm_eval_dvoting import result_cache
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    folder, _ = peft_adapter(Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
+                             tmp_path / "a", ["q_proj", "v_proj"], alpha=64)
+    base = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    adapted = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", peft=str(folder))
+    ids = torch.randint(4, 40, (1, 12))
+    with torch.no_grad():
+        assert not torch.allclose(base.model(ids), adapted.model(ids))
+    info = adapted.get_model_info()["dvoting"]["peft"]
+    assert info == {"source": str(folder), "digest": adapters.read_adapter(folder).identity}
+    assert base.get_model_info()["dvoting"]["peft"] is None
+    assert result_cache.fingerprint(adapted)["peft"] == info["digest"]
+    assert result_cache.fingerprint(base)["peft"] is None
