@@ -17,6 +17,7 @@ _PUBLIC_API = {
     "generate": "lm_eval_dvoting.decoding",
     "run_strategy": "lm_eval_dvoting.strategies",
     "loglikelihood": "lm_eval_dvoting.likelihood",
+    "GuidedModel": "lm_eval_dvoting.guidance",
 }
 
 __all__ = sorted(_PUBLIC_API) + ["__version__"]

@@ -67,6 +67,7 @@ from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
 from .request_planning import RequestPlanner, generated_text
 from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
+from .guidance import GuidedModel
 from .models.adapters import attach as attach_adapter
 from .models.adapters import read_adapter
 from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
@@ -81,7 +82,7 @@ AUTO_BATCH_ROWS = {"cuda": 32, "cpu": 8}
 
 
 class DVotingEvalModel(TemplateLM):
-    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting, temporal).
+    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting, temporal, rfg).
 
     This class is the lm-eval interface; request planning (settings, seeds, prompts and
     answer kind per request) is `request_planning.py`'s, result bookkeeping (cost totals,
@@ -96,7 +97,8 @@ class DVotingEvalModel(TemplateLM):
         block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
         hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
         cache: str = "none", threshold: float = 0.9, temporal_weight: str = "exp", temporal_alpha: float = 5.0,
-        vote: str | None = None, peft: str | None = None, seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
+        vote: str | None = None, peft: str | None = None, reference: str | None = None, guidance: float = 1.0,
+        seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
         max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
         max_batch_size: int | None = None, device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
@@ -111,7 +113,7 @@ class DVotingEvalModel(TemplateLM):
             strategy=strategy, max_gen_toks=max_gen_toks, block_length=block_length, n=n, alpha=alpha,
             temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
             prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
-            temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote,
+            temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote, guidance=guidance,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
@@ -123,7 +125,7 @@ class DVotingEvalModel(TemplateLM):
         self._setup_processes(device)
         # parsed before the checkpoint is read: a bad batch size fails at once
         self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
-        self._load_checkpoint(tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"], peft)
+        self._load_checkpoint(tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"], peft, reference)
         self.max_length = self._checked_max_length(max_length)
         self._ignored_sampling: set[tuple[Any, ...]] = set()  # task sampling values reported as unused
         self.costs = CostBook()  # cost totals and settings used of the requests computed
@@ -163,11 +165,18 @@ class DVotingEvalModel(TemplateLM):
             raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}") from None
 
     def _load_checkpoint(self, tokenizer: str | None, revision: str | None, subfolder: str | None,
-                         dtype: str | None, add_bos_token: bool, peft: str | None = None) -> None:
+                         dtype: str | None, add_bos_token: bool, peft: str | None = None,
+                         reference: str | None = None) -> None:
         """The tokenizer and the weights of `self.pretrained` (hub id, folder or packaged name),
         with the LoRA adapter `peft` (hub id or folder; models/adapters.py) on it, unmerged."""
-        # the adapter's files are read first: a bad one is refused before the weights are
+        # the adapter's files and the reference's folder first: bad ones are refused before any weights are read
         self.adapter = None if peft is None else read_adapter(peft)
+        self.reference = reference
+        reference_folder = None if reference is None else resolve_checkpoint(reference)
+        if self.settings.strategy == "rfg" and reference is None and self.adapter is None:
+            raise ValueError("strategy=rfg needs a reference: give reference=<hub id | folder> (a second model of "
+                             "the policy's family) or peft=<adapter> (the reference is then the base model with "
+                             "the adapter switched off)")
         # one resolution of the checkpoint, so config, weights and tokenizer come from the
         # same snapshot (a hub branch that moves between two look-ups cannot mix them)
         folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
@@ -183,6 +192,14 @@ class DVotingEvalModel(TemplateLM):
             # with the adapter switched off), and no weight is rounded twice by merging and
             # unmerging; the LoRA products cost r * (in + out) per token and layer.
             attach_adapter(self.model, self.adapter)
+        self.reference_model = None
+        if reference_folder is not None:
+            if load_tokenizer(reference_folder).get_vocab() != self.tokenizer.get_vocab():
+                raise ValueError(f"reference={reference!r} has another tokenizer than pretrained={self.pretrained!r}: "
+                                 "RFG compares the two models' probabilities of the same token ids; give a "
+                                 "reference with the policy's tokenizer")
+            self.reference_model = load_model(reference_folder, device=self._device, dtype=dtype)
+            GuidedModel(self.model, self.reference_model)  # refuses a pair with other mask or end ids
         if self.model.family != self.family:
             log.warning("checkpoint %s is a %s model, loaded by dvoting-%s", self.pretrained,
                         self.model.family, self.family)
@@ -335,6 +352,16 @@ class DVotingEvalModel(TemplateLM):
         """The prompt a request with `context` and `gen_length` is decoded from (`RequestPlanner.prompt_ids`)."""
         return self._planner().prompt_ids(context, gen_length)
 
+    def _decoding_model(self) -> torch.nn.Module:
+        """The model the decoder runs: for strategy=rfg the policy guided by the reference
+        (`reference=`'s model, else the policy with its adapter off; guidance.py)."""
+        if self.settings.strategy != "rfg":
+            return self.model
+        if self.reference_model is None and self.adapter is None:
+            raise ValueError("strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
+                             "peft=<adapter>")
+        return GuidedModel(self.model, self.reference_model)  # at the settings' guidance (strategies._model_for)
+
     def generated_text(self, tokens: torch.Tensor, until: list[str]) -> str:
         """Decoded text up to the first end token, then cut at the first `until` string."""
         return generated_text(self.tokenizer, self.model.end_token_ids, tokens, until)
@@ -364,7 +391,7 @@ class DVotingEvalModel(TemplateLM):
             bar.update(1)
 
         decode_questions(
-            self.model,
+            self._decoding_model(),
             [job.prompt for job in plan.jobs],
             [job.settings for job in plan.jobs],
             [self._answer_of(job.until, job.kind) for job in plan.jobs],
@@ -440,6 +467,8 @@ class DVotingEvalModel(TemplateLM):
                 # hub commit loaded (None: a local folder or packaged checkpoint)
                 "revision": self.revision,
                 "subfolder": self.subfolder,
+                # RFG's reference model (None: none loaded; with peft=, the base is the reference)
+                "reference": self.reference,
                 # the LoRA adapter on the weights: its source and a digest of its files
                 "peft": None if self.adapter is None else {"source": self.adapter.source,
                                                            "digest": self.adapter.identity},
@@ -463,7 +492,7 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
                        temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
                        prefix_cache: bool | str, decoder: str | None, cache: str,
                        threshold: Any, temporal_weight: str, temporal_alpha: Any,
-                       vote: str | None) -> StrategySettings:
+                       vote: str | None, guidance: Any) -> StrategySettings:
     """The model args' strategy settings, each value checked once, at construction, with the
     default generation length (a task's `max_gen_toks` replaces it per request)."""
     return StrategySettings(
@@ -476,6 +505,7 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         prefix_cache=flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
         threshold=real_number("threshold", threshold),
         temporal_weight=temporal_weight, temporal_alpha=real_number("temporal_alpha", temporal_alpha), vote=vote,
+        guidance=real_number("guidance", guidance),
     )
 
 

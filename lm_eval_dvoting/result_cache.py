@@ -61,11 +61,12 @@ import logging
 import os
 import sys
 from collections import Counter, defaultdict
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import __version__
-from .models.loading import TOKENIZER_FILES, weight_files
+from .models.loading import TOKENIZER_FILES, hub_revision, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,16 @@ def checkpoint_identity(lm: Any, memo: dict[str, Any] | None = None) -> str:
     return "sha256:" + _files_digest(files, folder, memo)
 
 
+def _reference_identity(lm: Any, memo: dict[str, Any] | None) -> str | None:
+    reference = getattr(lm, "reference_model", None)
+    if reference is None:
+        return None
+    source = getattr(reference, "source", None)
+    revision = None if source is None else hub_revision(source)
+    return checkpoint_identity(SimpleNamespace(model=reference, pretrained=lm.reference, revision=revision,
+                                               subfolder=None), memo)
+
+
 def _parameters_digest(model: Any) -> str:
     """sha256 of the loaded tensors (a model not read from a folder, e.g. built in Python)."""
     import torch
@@ -241,6 +252,8 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
         "checkpoint": checkpoint_identity(lm, memo),
         # the LoRA adapter on it (a digest of its two files), None without one
         "peft": None if getattr(lm, "adapter", None) is None else lm.adapter.identity,
+        # RFG's reference model, identified as the checkpoint is (None without one)
+        "reference": _reference_identity(lm, memo),
         "tokenizer": tokenizer_identity(lm.tokenizer, memo),
         "add_bos_token": bool(getattr(lm, "add_bos_token", False)),
         "dtype": dtype,

@@ -11,6 +11,9 @@
              the answers of its steps (`temporal.py`): no extra forward pass.
              (`vote="temporal"` gives majority, hex and dvoting the same vote over the steps
              of all their samples, each sample's weights normalised: not in either paper.)
+* `rfg`      one sample decoded as `single` decodes it, from a `guidance.GuidedModel`:
+             the policy's logits guided by a reference model's, two passes per step
+             (RFG, arXiv 2509.25604).
 * `dvoting`  ALGORITHM.md section 2: samples 1..floor(n/2)+1 fresh, later ones keep the
              positions the earlier samples agree on (share >= tau) and regenerate the
              rest (always the last quarter), with the answer-consistency early stop
@@ -41,10 +44,10 @@ from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, c
                        default_block_length)
 from .temporal import TEMPORAL_WEIGHTS, StepAnswer, StepAnswers, temporal_vote
 
-STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal")
+STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal", "rfg")
 # the strategies that decode one sample per request, like HF generate: they follow the
 # task's do_sample/temperature (the others sample at their own temperature by design)
-ONE_DECODE = ("single", "temporal")
+ONE_DECODE = ("single", "temporal", "rfg")
 VOTES = ("plain", "temporal")
 TEMPORAL_BLOCK_LENGTH = 32  # the TSCV paper's block length (its code's default), when it divides L
 # How a sample is decoded: LLaDA's fixed schedule (`steps` forward passes, a fixed number
@@ -142,6 +145,9 @@ class StrategySettings:
     # "temporal" (each sample's per-step answers, its weights normalised: our extension of
     # TSCV to the voting strategies); default: temporal for strategy=temporal, else plain
     vote: str | None = None
+    # strategy=rfg: the guidance strength w of (1 + w) log p_policy - w log p_ref (guidance.py);
+    # RFG_GUIDANCE is our default (see there)
+    guidance: float = 1.0
 
     def __post_init__(self) -> None:
         # Every check runs before any model work; each message names the setting, its
@@ -182,6 +188,7 @@ class StrategySettings:
         self._check_decoder()
         self._check_cache()
         self._check_temporal()
+        self._check_guidance()
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
             raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
 
@@ -222,8 +229,8 @@ class StrategySettings:
         if self.vote is not None and self.vote not in VOTES:
             raise ValueError(f"vote must be one of {VOTES}, got {self.vote!r}: plain (one vote per sample) or temporal "
                              "(each sample's per-step answers), or leave it out for the strategy's own")
-        if self.vote == "temporal" and self.strategy == "single":
-            raise ValueError("vote=temporal does not apply to strategy=single, which has no vote: use "
+        if self.vote == "temporal" and self.strategy in ("single", "rfg"):
+            raise ValueError(f"vote=temporal does not apply to strategy={self.strategy}, which has no vote: use "
                              "strategy=temporal for the temporal vote over one decode's steps")
         if self.vote == "plain" and self.strategy == "temporal":
             raise ValueError("vote=plain does not apply to strategy=temporal, whose answer is the temporal vote: use "
@@ -233,6 +240,18 @@ class StrategySettings:
             raise ValueError(f"cache=dual does not apply to {which}: the dual cache computes no prediction "
                              "beyond the current block, and the vote needs every step's whole prediction; use "
                              "cache=none (the default) or cache=prefix")
+
+    def _check_guidance(self) -> None:
+        require_real("guidance (RFG strength w)", self.guidance, ">= 0", lambda w: w >= 0,
+                     "e.g. guidance=1.0 (the default); 0 decodes the policy alone")
+        if self.strategy == "rfg" and self.cache != "none":
+            raise ValueError(f"cache={self.cache} does not apply to strategy=rfg: its two models would need a "
+                             "cache each; use cache=none (the default)")
+
+    @property
+    def passes_per_step(self) -> int:
+        """Forward passes per denoising step: 2 for rfg (policy and reference), else 1."""
+        return 2 if self.strategy == "rfg" else 1
 
     @property
     def resolved_vote(self) -> str:
@@ -270,7 +289,7 @@ class StrategySettings:
     def resolved_temperature(self) -> float:
         if self.temperature is not None:
             return self.temperature
-        return {"single": 0.0, "temporal": 0.0, "majority": 0.9, "dvoting": 0.6}.get(
+        return {"single": 0.0, "temporal": 0.0, "rfg": 0.0, "majority": 0.9, "dvoting": 0.6}.get(
             self.strategy, 0.9 if self.hex_samples == 25 else 0.0
         )
 
@@ -278,7 +297,7 @@ class StrategySettings:
     def resolved_steps(self) -> int:
         if self.steps is not None:
             return self.steps
-        return self.gen_length if self.strategy == "single" else self.gen_length // 2
+        return self.gen_length if self.strategy in ("single", "rfg") else self.gen_length // 2
 
     @property
     def steps_run(self) -> int | list[int] | None:
@@ -412,6 +431,7 @@ class _Question:
     to_start: list[SampleSpec] = field(default_factory=list)  # the current draw's specs not yet decoding
     decoding: list[DecodeRow] = field(default_factory=list)  # the current draw's rows
     done: bool = False
+    passes: int = 1  # forward passes per denoising step (2 for rfg: policy and reference)
     observed: bool = False  # whether its samples' per-step answers are kept (the temporal vote)
     steps: list[StepAnswers] = field(default_factory=list)  # per sample drawn, when observed
     draw_steps: list[StepAnswers] = field(default_factory=list)  # per row of the current draw, when observed
@@ -430,7 +450,7 @@ class _Question:
         for steps, row, sample, answer in zip(self.draw_steps, rows, tokens, answers):
             steps.close(row.nfe - 1, sample, answer)
         self.steps, self.draw_steps = self.steps + self.draw_steps, []
-        self.sample_nfe += [row.nfe for row in rows]
+        self.sample_nfe += [row.nfe * self.passes for row in rows]
         self.kept += [None if row.owner.kept is None else row.owner.kept.nonzero().flatten().tolist()
                       for row in rows]
         return list(zip(tokens, answers))
@@ -471,7 +491,7 @@ def run_strategy(
     alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0, seed: int = 0,
     steps: int | None = None, remasking: str = "low_confidence", hex_samples: int = 25,
     prefix_cache: bool = False, decoder: str | None = None, cache: str = "none", threshold: float = 0.9,
-    temporal_weight: str = "exp", temporal_alpha: float = 5.0, vote: str | None = None,
+    temporal_weight: str = "exp", temporal_alpha: float = 5.0, vote: str | None = None, guidance: float = 1.0,
     same_answer: SameAnswer | None = None, row_seeds: Sequence[int] | None = None, max_rows: int = 16,
     on_done: Callable[[int, StrategyResult], None] | None = None,
 ) -> list[StrategyResult]:
@@ -489,12 +509,14 @@ def run_strategy(
     `temporal_weight` and `temporal_alpha` set the temporal vote's step weights;
     `vote="temporal"` gives majority, hex and dvoting the temporal vote over their samples'
     steps (default: temporal for strategy="temporal", else one vote per sample).
+    `strategy="rfg"` needs `model` to be a `guidance.GuidedModel` and decodes it at
+    `guidance` (its NFE counts both models' passes).
     """
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
         prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
-        temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote,
+        temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote, guidance=guidance,
     )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
@@ -531,10 +553,31 @@ def decode_questions(
     if len(seeds) != count or len(settings_of) != count or len(extract_of) != count:
         raise ValueError(f"got {count} prompts but {len(seeds)} seeds, {len(settings_of)} settings and "
                          f"{len(extract_of)} extractors: give one of each per prompt (or one settings/extract for all)")
-    scheduler = _Scheduler(RowDecoder(model), prompts, settings_of, extract_of, seeds, same_answer, max_rows, on_done)
+    scheduler = _Scheduler(RowDecoder(_model_for(model, settings_of)), prompts, settings_of, extract_of, seeds, same_answer, max_rows, on_done)
     return scheduler.run()
 
 
+
+
+def _model_for(model: torch.nn.Module, settings_of: Sequence[StrategySettings]) -> torch.nn.Module:
+    """The model to decode: for strategy=rfg a `guidance.GuidedModel` at the settings'
+    guidance; a guided model decodes nothing else (its NFE would count one pass of two)."""
+    from .guidance import GuidedModel
+
+    guided = {s.guidance for s in settings_of if s.strategy == "rfg"}
+    if not guided:
+        if isinstance(model, GuidedModel):
+            raise ValueError("a GuidedModel (policy and reference) decodes strategy=rfg only; pass the policy "
+                             "itself for the other strategies")
+        return model
+    if len(guided) != 1 or any(s.strategy != "rfg" for s in settings_of):
+        raise ValueError("strategy=rfg decodes with one guidance strength and no other strategy in the same run; "
+                         f"got guidance {sorted(guided)} and strategies {sorted({s.strategy for s in settings_of})}")
+    if not isinstance(model, GuidedModel):
+        raise ValueError("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.guidance): the "
+                         "harness builds it from reference=... or peft=...; got a "
+                         f"{type(model).__name__}")
+    return model.with_guidance(guided.pop())
 
 
 class _Scheduler:
@@ -578,7 +621,8 @@ class _Scheduler:
         self.next_question += 1
         plan = question_plan(self.settings_of[index], self.decoder.mask_id, self.same_answer)
         question = _Question(index=index, seed=self.seeds[index], plan=plan, answer_of=self.extract_of[index],
-                             observed=self.settings_of[index].resolved_vote == "temporal")
+                             observed=self.settings_of[index].resolved_vote == "temporal",
+                             passes=self.settings_of[index].passes_per_step)
         self.in_flight.append(question)
         self._begin_draw(question, next(plan, None))
 

@@ -475,7 +475,7 @@ _TAU_FIX = "e.g. tau=1.0 (the default: keep a position only when every earlier s
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"strategy": "foo"}, "strategy must be one of ('single', 'majority', 'hex', 'dvoting', 'temporal'), got 'foo'"),
+    ({"strategy": "foo"}, "strategy must be one of ('single', 'majority', 'hex', 'dvoting', 'temporal', 'rfg'), got 'foo'"),
     ({"gen_length": 0}, f"gen_length must be positive, got 0: {_GEN_FIX}"),
     ({"gen_length": -3}, f"gen_length must be positive, got -3: {_GEN_FIX}"),
     ({"block_length": 0}, "block_length must be >= 1, got 0: leave it out (default gen_length/16) or give a "

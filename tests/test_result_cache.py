@@ -165,6 +165,7 @@ OTHER_SETTINGS = {
     "tau": 0.5, "steps": 8, "remasking": "random", "hex_samples": 5, "prefix_cache": True,
     "decoder": "entropy",  # tried on strategy=single (dvoting's own decoder is the entropy one)
     "cache": "dual", "threshold": 0.7, "temporal_weight": "linear", "temporal_alpha": 11.0, "vote": "temporal",
+    "guidance": 2.0,
 }
 
 

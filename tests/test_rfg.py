@@ -1,0 +1,151 @@
+"""strategy=rfg: reward-free guidance of a policy by a reference model (guidance.py)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from lm_eval_dvoting.guidance import GuidedModel
+from lm_eval_dvoting.models import adapters
+from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS, load_model
+from lm_eval_dvoting.strategies import StrategySettings, run_strategy
+from lora import OFFICIAL, peft_adapter
+
+PROMPTS = torch.randint(4, 40, (3, 12), generator=torch.Generator().manual_seed(0))
+
+
+def extract(tokens: torch.Tensor) -> int:
+    return int(tokens[-1]) % 5
+
+
+@pytest.fixture(scope="module")
+def reference_folder(tmp_path_factory) -> Path:
+    """tiny-arith with every weight nudged: another model with the same tokenizer."""
+    folder = tmp_path_factory.mktemp("reference")
+    shutil.copytree(PACKAGED_CHECKPOINTS["tiny-arith"], folder, dirs_exist_ok=True)
+    weights = load_file(str(folder / "model.safetensors"))
+    generator = torch.Generator().manual_seed(3)
+    save_file({k: v + 0.05 * torch.randn(v.shape, generator=generator) if v.is_floating_point() else v
+               for k, v in weights.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_the_guided_logits_are_one_plus_w_policy_minus_w_reference(reference_folder):
+    policy, reference = load_model("tiny-arith"), load_model(reference_folder)
+    ids = PROMPTS[:2]
+    with torch.no_grad():
+        expected = 1.5 * policy(ids).float() - 0.5 * reference(ids).float()
+        assert torch.equal(GuidedModel(policy, reference, 0.5)(ids), expected)
+        assert torch.equal(GuidedModel(policy, reference, 0.0)(ids), policy(ids).float())  # w = 0: the policy
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+def test_a_policy_with_an_adapter_is_guided_away_from_its_own_base(family, tmp_path):
+    """reference=None: one model, the adapter on for the policy's pass and off for the
+    reference's (the d1 recipe's KL reference)."""
+    folder, _ = peft_adapter(OFFICIAL / family, tmp_path / "a", ["q_proj", "v_proj"])
+    model = load_model(OFFICIAL / family, device="cpu", dtype="float32")
+    adapters.attach(model, adapters.read_adapter(folder))
+    ids = torch.randint(0, 90, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        on = model(ids)
+        with adapters.enabled(model, False):
+            off = model(ids)
+        guided = GuidedModel(model, None, 2.0)(ids)
+        assert torch.equal(guided, 3.0 * on.float() - 2.0 * off.float())
+        assert torch.equal(model(ids), on)  # the adapter is on again afterwards
+    assert not torch.equal(on, off)
+
+
+def test_guidance_zero_decodes_exactly_as_single_and_counts_both_passes(reference_folder):
+    policy, reference = load_model("tiny-arith"), load_model(reference_folder)
+    torch.set_num_threads(1)
+    common = dict(extract=extract, gen_length=32, seed=1)
+    single = run_strategy(policy, PROMPTS, strategy="single", **common)
+    unguided = run_strategy(GuidedModel(policy, reference), PROMPTS, strategy="rfg", guidance=0.0, **common)
+    guided = run_strategy(GuidedModel(policy, reference), PROMPTS, strategy="rfg", guidance=3.0, **common)
+    assert [r.samples.tolist() for r in unguided] == [r.samples.tolist() for r in single]
+    assert [r.nfe for r in unguided] == [r.nfe for r in guided] == [2 * r.nfe for r in single] == [64] * 3
+    assert [r.sample_nfe for r in guided] == [[64]] * 3
+    assert any(g.samples.tolist() != s.samples.tolist() for g, s in zip(guided, single))  # guidance acts
+
+
+def test_rfg_takes_singles_settings():
+    settings = StrategySettings(strategy="rfg", gen_length=64)
+    assert (settings.resolved_steps, settings.resolved_temperature, settings.resolved_block_length,
+            settings.resolved_decoder, settings.guidance, settings.passes_per_step) == (64, 0.0, 4, "fixed", 1.0, 2)
+    assert StrategySettings(strategy="single").passes_per_step == 1
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"guidance": -1.0}, r"guidance \(RFG strength w\) must be >= 0, got -1.0"),
+    ({"guidance": float("inf")}, r"guidance \(RFG strength w\) must be finite"),
+    ({"strategy": "rfg", "cache": "prefix"}, r"cache=prefix does not apply to strategy=rfg"),
+    ({"strategy": "rfg", "vote": "temporal"}, r"vote=temporal does not apply to strategy=rfg"),
+])
+def test_bad_rfg_settings_are_refused_by_name(settings, says):
+    with pytest.raises(ValueError, match="^" + says):
+        StrategySettings(**settings)
+
+
+def test_a_guided_model_decodes_rfg_only_and_rfg_needs_one(reference_folder):
+    policy, reference = load_model("tiny-arith"), load_model(reference_folder)
+    with pytest.raises(ValueError, match="a GuidedModel .* decodes strategy=rfg only"):
+        run_strategy(GuidedModel(policy, reference), PROMPTS, strategy="single", extract=extract, gen_length=32)
+    with pytest.raises(ValueError, match="strategy=rfg needs a GuidedModel"):
+        run_strategy(policy, PROMPTS, strategy="rfg", extract=extract, gen_length=32)
+    with pytest.raises(ValueError, match="RFG needs a reference model"):
+        GuidedModel(policy)  # no adapter to switch off
+
+
+def test_a_reference_of_another_family_or_tokenizer_is_refused():
+    with pytest.raises(ValueError, match=r"must share their tokenizer and mask token, but they differ: .*logits_shift"):
+        GuidedModel(load_model("tiny-arith"), load_model("tiny-arith-dream"))
+
+
+def test_the_harness_refuses_rfg_without_a_reference_before_reading_weights(monkeypatch):
+    from lm_eval_dvoting import harness
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the weights were read before the bad arguments were refused")
+
+    monkeypatch.setattr(harness, "load_model", no_model)
+    with pytest.raises(ValueError, match=r"strategy=rfg needs a reference: give reference="):
+        harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", device="cpu")
+    with pytest.raises(ValueError, match=r"guidance must be a number, got 'strong'"):
+        harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", guidance="strong", device="cpu")
+    with pytest.raises(ValueError, match=r"no checkpoint folder at '/no/such/reference'"):
+        harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", reference="/no/such/reference", device="cpu")
+
+
+def test_rfg_through_the_harness_with_a_reference_and_its_fingerprint(reference_folder):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from lm_eval_dvoting import result_cache
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    torch.set_num_threads(1)
+    tasks = TaskManager(include_path=str(Path(__file__).resolve().parents[1] / "task_configs"),
+                        include_defaults=False)
+
+    def responses(lm):
+        results = lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], limit=16, task_manager=tasks,
+                                          log_samples=True)
+        return results, [record["resps"][0][0] for record in results["samples"]["dvoting_arith"]]
+
+    _, single = responses(LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single", batch_size=8))
+    _, unguided = responses(LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", reference=str(reference_folder),
+                                           guidance=0.0, device="cpu", batch_size=8))
+    lm = LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", reference=str(reference_folder), guidance=0.5,
+                        device="cpu", batch_size=8)
+    results, guided = responses(lm)
+    assert unguided == single and guided != single  # w = 0 is the policy; w = 0.5 moves some answers
+    assert results["results"]["dvoting_arith"]["nfe,extract"] == 64  # 32 steps, two passes each
+    assert results["config"]["dvoting"]["reference"] == str(reference_folder)
+    identity = result_cache.fingerprint(lm)
+    assert identity["guidance"] == 0.5 and identity["reference"].startswith("sha256:")
+    assert result_cache.fingerprint(LLaDAEvalModel(pretrained="tiny-arith", device="cpu"))["reference"] is None
