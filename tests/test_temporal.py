@@ -470,3 +470,28 @@ def test_the_temporal_vote_changes_no_sample(strategy):
     assert [r.samples.tolist() for r in temporal] == [r.samples.tolist() for r in plain]
     assert [r.nfe for r in temporal] == [r.nfe for r in plain]
     assert [r.plain_votes for r in temporal] == [r.votes for r in plain]
+
+
+def test_closing_a_decode_replaces_only_its_last_steps_answer():
+    """A last step without an answer: the earlier steps' answers stay, the final one is added."""
+    steps = StepAnswers(last_token_answer)
+    for step, last in enumerate([7, 7, 7, 0]):
+        steps.observe(step, torch.tensor([3, last]))
+    steps.close(3, torch.tensor([3, 9]), 9)
+    assert steps.answers == [(0, 7), (1, 7), (2, 7), (3, 9)]
+
+
+def test_a_decode_that_never_wavered_has_an_entropy_of_plus_zero():
+    """Logged as 0.0, not -0.0 (the sum of -1 * log2(1))."""
+    assert math.copysign(1.0, temporal_entropy([7, 7, 7])) == 1.0
+
+
+def test_step_figures_read_every_candidate_with_steps_and_group_equivalent_answers():
+    same = lambda a, b: answers_equivalent(a, b, "math")  # noqa: E731
+    trace = {"plain_vote": "1/2", "candidates": [
+        {"answer": "3", "nfe": 2},  # no steps logged for this one
+        {"answer": "0.5", "nfe": 2, "steps": [[0, "\\frac{1}{2}"], [1, "0.5"]]},
+    ]}
+    scored, figures = step_figures(trace, lambda answer: same("1/2", answer), same)
+    assert scored["candidates"][1]["steps_correct"] == [True, True] and "steps_correct" not in scored["candidates"][0]
+    assert figures == {"ever_pass": 1.0, "tse": 0.0}  # one answer, spelled two ways
