@@ -40,7 +40,9 @@ from .strategies import StrategySettings
 # The rows `--strategies` may name, in the default order. A row is a strategy plus
 # overrides of its settings (`row_overrides`); the `-entropy` rows are the ablations.
 ROWS = ("single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting",
-        "temporal")
+        "temporal", "rfg")
+# `rfg` needs a reference (model arg `reference` or `peft`), so it runs only when asked for
+DEFAULT_ROWS = tuple(row for row in ROWS if row != "rfg")
 # The paired comparison: dVoting against the row that has its decoder, temperature and
 # n samples but neither remasking nor the early stop.
 PAIRED = ("dvoting", "majority-entropy")
@@ -54,7 +56,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--model_args", default="pretrained=tiny-arith",
                         help="comma-separated key=value model args shared by every strategy")
     parser.add_argument("--tasks", default="dvoting_arith", help="one task name")
-    parser.add_argument("--strategies", default=",".join(ROWS),
+    parser.add_argument("--strategies", default=",".join(DEFAULT_ROWS),
                         help=f"comma-separated rows, from {', '.join(ROWS)}")
     parser.add_argument("--seeds", type=int, default=1,
                         help="sampling seeds per sampled row (seed, seed+1, ...; the model's seed first); "
@@ -165,6 +167,14 @@ def check_shared_model_args(model_args: Mapping[str, Any]) -> None:
                          "without a decoder suffix")
 
 
+def check_rfg_reference(names: Sequence[str], model_args: Mapping[str, Any]) -> None:
+    """The rfg row needs a reference: a second model, or the base under a LoRA adapter."""
+    if "rfg" in names and not (model_args.get("reference") or model_args.get("peft")):
+        raise SystemExit("dvoting compare: the rfg row needs a reference: add reference=<hub id | folder> or "
+                         "peft=<adapter> to --model_args (on the demo: pretrained=tiny-arith,peft=tiny-arith-lora); "
+                         "the other rows then run the policy (with its adapter)")
+
+
 def check_seeds(seeds: int) -> None:
     """`--seeds` must be a whole number >= 1."""
     if seeds < 1:
@@ -195,7 +205,7 @@ SWEEP_TYPES: dict[str, type] = {
     "block_length": int, "n": int, "steps": int, "hex_samples": int,
     "alpha": float, "temperature": float, "tau": float, "threshold": float,
     "cache": str, "decoder": str, "remasking": str,
-    "vote": str, "temporal_weight": str, "temporal_alpha": float,
+    "vote": str, "temporal_weight": str, "temporal_alpha": float, "guidance": float,
 }
 # Model args `--sweep` refuses, with what to do instead.
 _NOT_SWEPT = {
@@ -577,6 +587,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     threshold = take_threshold(model_args)  # applied with use_strategy, not given to the model
     extras = {} if threshold is None else {"threshold": threshold}
     names = parse_rows(args.strategies)
+    check_rfg_reference(names, model_args)
     check_seeds(args.seeds)
     sweep = parse_sweep(getattr(args, "sweep", None))
     if sweep is not None:

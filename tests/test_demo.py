@@ -481,3 +481,39 @@ def test_packaged_dream_model_needs_its_logit_shift():
     model.logits_shift = 0
     unshifted = score_strategies(model, tokenizer, ["single"], problems)["single"]["acc"]
     assert shifted >= 0.3 and unshifted <= shifted - 0.2, (shifted, unshifted)
+
+
+@pytest.mark.slow
+def test_readme_rfg_rows_on_the_test_set_are_reproduced(tmp_path):
+    """The README's RFG table: the policy (tiny-arith + the shipped adapter) and rfg at the
+    default guidance, on the 500 test problems, to the printed digit (about a minute)."""
+    from lm_eval_dvoting import compare
+
+    torch.set_num_threads(1)
+    readme = (TASK_DIR.parent / "README.md").read_text()
+    policy = re.search(r"^\| single, `tiny-arith` \+ adapter \(the policy\) \| ([\d.]+) \| ([\d.]+) \|", readme,
+                       re.MULTILINE).groups()
+    rfg = re.search(r"^\| rfg, `guidance=1.0` \(the default\) \| ([\d.]+) \| ([\d.]+) \|", readme, re.MULTILINE).groups()
+    out = tmp_path / "cmp"
+    assert compare.main(["--model_args", "pretrained=tiny-arith,peft=tiny-arith-lora", "--tasks", "dvoting_arith",
+                         "--strategies", "single,rfg", "--batch_size", "64", "--out", str(out), "--device", "cpu"]) == 0
+    rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
+    assert all(r["questions"] == 500 for r in rows.values())
+    for name, (accuracy, nfe) in (("single", policy), ("rfg", rfg)):
+        assert (f"{rows[name]['accuracy']:.2f}", f"{rows[name]['mean_nfe']:.1f}") == (accuracy, nfe)
+
+
+@pytest.mark.slow
+def test_the_shipped_adapter_is_what_its_training_command_writes(tmp_path):
+    """`python -m lm_eval_dvoting.demo.train_adapter` (about a minute) writes the shipped
+    adapter's weights again, bit for bit, and its validation figures."""
+    from safetensors.torch import load_file
+
+    from lm_eval_dvoting.demo import train_adapter
+
+    note = train_adapter.main(["--threads", "2", "--out", str(tmp_path / "lora")])  # as it was trained
+    shipped = train_adapter.DEFAULT_OUT
+    fresh, packaged = (load_file(str(f / "adapter_model.safetensors")) for f in (tmp_path / "lora", shipped))
+    assert fresh.keys() == packaged.keys() and all(torch.equal(fresh[k], packaged[k]) for k in fresh)
+    assert f"| tiny-arith + this adapter | {note['validation']['adapter']['acc']:.3f} |" in (
+        shipped / "TRAINING.md").read_text()

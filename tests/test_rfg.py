@@ -149,3 +149,24 @@ def test_rfg_through_the_harness_with_a_reference_and_its_fingerprint(reference_
     identity = result_cache.fingerprint(lm)
     assert identity["guidance"] == 0.5 and identity["reference"].startswith("sha256:")
     assert result_cache.fingerprint(LLaDAEvalModel(pretrained="tiny-arith", device="cpu"))["reference"] is None
+
+
+def test_the_packaged_adapter_and_the_rfg_row_of_compare(tmp_path):
+    """`peft=tiny-arith-lora` resolves to the shipped adapter; the rfg row of `dvoting compare`
+    runs on it (two passes per step) and is refused without a reference."""
+    import json
+
+    from lm_eval_dvoting import compare
+    from lm_eval_dvoting.models.adapters import read_adapter
+
+    adapter = read_adapter("tiny-arith-lora")
+    assert adapter.folder.is_relative_to(Path(adapters.__file__).resolve().parents[1] / "demo")
+    assert {name.rsplit(".", 1)[-1] for name in adapter.weights} == {"q_proj", "k_proj", "v_proj", "up_proj"}
+    with pytest.raises(SystemExit, match="the rfg row needs a reference: add reference="):
+        compare.main(["--strategies", "single,rfg", "--tasks", "dvoting_arith", "--out", str(tmp_path)])
+    assert "rfg" not in compare.parse_args([]).strategies.split(",")  # not a default row
+    out = tmp_path / "cmp"
+    assert compare.main(["--model_args", "pretrained=tiny-arith,peft=tiny-arith-lora", "--strategies", "single,rfg",
+                         "--tasks", "dvoting_arith", "--limit", "4", "--out", str(out), "--device", "cpu"]) == 0
+    rows = {row["strategy"]: row for row in json.loads((out / "compare.json").read_text())["rows"]}
+    assert rows["rfg"]["mean_nfe"] == 2 * rows["single"]["mean_nfe"] == 64

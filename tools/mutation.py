@@ -61,6 +61,9 @@ MODULES: dict[str, list[str]] = {
                    "tests/test_temporal.py", KILLS, *HARNESS_PROPERTIES],
     # the temporal vote and its per-step logs (the report's figures are read from them)
     "temporal": ["tests/test_temporal.py", "tests/test_report.py", KILLS],
+    # RFG's guided model and the LoRA adapters it may guide (issue 21)
+    "guidance": ["tests/test_rfg.py", KILLS],
+    "models.adapters": ["tests/test_adapters.py", "tests/test_rfg.py", KILLS],
     # the decoder's units (lm_eval_dvoting/decoding/), one run each
     **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", "tests/test_confidence_decoder.py",
                             KILLS]

@@ -32,6 +32,8 @@ import torch
 from .loading import CheckpointError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# adapters shipped with the package: the demo's RFG policy (demo/train_adapter.py)
+PACKAGED_ADAPTERS = {"tiny-arith-lora": Path(__file__).resolve().parents[1] / "demo" / "tiny-arith-lora"}
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
 # PEFT features that change the forward beyond W + scale * B A: refused, not ignored
 _UNSUPPORTED = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "bias": "none",
@@ -62,10 +64,10 @@ class Adapter:
 
 
 def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
-    """A local folder for `source`: an existing folder, or a hub id (only the two adapter
-    files are downloaded)."""
+    """A local folder for `source`: a packaged adapter's name, an existing folder, or a hub id
+    (only the two adapter files are downloaded)."""
     key = str(source)
-    path = Path(key).expanduser()
+    path = PACKAGED_ADAPTERS.get(key, Path(key).expanduser())
     if path.is_dir():
         missing = [name for name in ADAPTER_FILES if not (path / name).exists()]
         if missing:
@@ -74,7 +76,7 @@ def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
         return path
     if key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1:
         raise AdapterError(f"peft={key!r}: no such folder; give a folder holding {' and '.join(ADAPTER_FILES)} "
-                           "or a hub id such as 'org/adapter-name'")
+                           f"a hub id such as 'org/adapter-name', or one of {sorted(PACKAGED_ADAPTERS)}")
     from huggingface_hub import snapshot_download
 
     try:
