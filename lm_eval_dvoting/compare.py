@@ -365,6 +365,9 @@ def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: 
             except ValueError as err:
                 raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
                                  "leave the row out of --strategies or the value out of --sweep") from err
+            if name == "guidance" and settings.strategy != "rfg":
+                raise SystemExit(f"dvoting compare: --sweep guidance={value}: row {row!r} does not use guidance (only "
+                                 "rfg does); leave the row out of --strategies")
             if name in ("temporal_weight", "temporal_alpha") and settings.resolved_vote != "temporal":
                 raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} (its "
                                  "vote is plain, one vote per sample): give vote=temporal in --model_args for the "

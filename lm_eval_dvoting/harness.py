@@ -70,7 +70,8 @@ from .result_cache import bind as bind_result_cache, generation_key_args, repeat
 from .guidance import GuidedModel
 from .models.adapters import attach as attach_adapter
 from .models.adapters import read_adapter
-from .models.loading import hub_revision, load_model, load_tokenizer, resolve_checkpoint, resolve_device
+from .models.loading import (checkpoint_facts, hub_revision, load_model, load_tokenizer, resolve_checkpoint,
+                             resolve_device)
 from .strategies import StrategySettings, decode_questions, derive_seed
 from .task_costs import RunCosts, install as _install_task_costs
 
@@ -186,6 +187,8 @@ class DVotingEvalModel(TemplateLM):
         self.tokenizer = load_tokenizer(tokenizer or folder)
         self._tokenizer_source = tokenizer or self.pretrained
         self.add_bos_token = _bos_setting(add_bos_token, self.tokenizer, tokenizer or self.pretrained)
+        if reference_folder is not None:
+            _check_reference(folder, self.tokenizer, reference_folder, reference)
         self.model = load_model(folder, device=self._device, dtype=dtype)
         if self.adapter is not None:
             # Unmerged: the base model stays as it was read (the reference of RFG is the base
@@ -194,10 +197,6 @@ class DVotingEvalModel(TemplateLM):
             attach_adapter(self.model, self.adapter)
         self.reference_model = None
         if reference_folder is not None:
-            if load_tokenizer(reference_folder).get_vocab() != self.tokenizer.get_vocab():
-                raise ValueError(f"reference={reference!r} has another tokenizer than pretrained={self.pretrained!r}: "
-                                 "RFG compares the two models' probabilities of the same token ids; give a "
-                                 "reference with the policy's tokenizer")
             self.reference_model = load_model(reference_folder, device=self._device, dtype=dtype)
             GuidedModel(self.model, self.reference_model)  # refuses a pair with other mask or end ids
         if self.model.family != self.family:
@@ -205,7 +204,10 @@ class DVotingEvalModel(TemplateLM):
                         self.model.family, self.family)
 
     def _checked_max_length(self, max_length: int | None) -> int:
-        """The model arg `max_length` (prompt plus generation), else the model's own maximum."""
+        """The model arg `max_length` (prompt plus generation), else the model's own maximum
+        (with an RFG reference, the shorter of the two models')."""
+        if self.reference_model is not None:
+            self.model.max_length = min(self.model.max_length, self.reference_model.max_length)
         if max_length is not None and max_length > self.model.max_length:
             # longer prompts would be refused by the decoder mid-run, after other requests' work
             raise ValueError(f"max_length {max_length} exceeds the model's maximum length {self.model.max_length}: "
@@ -232,7 +234,11 @@ class DVotingEvalModel(TemplateLM):
         evaluations that follow (`dvoting compare --seeds K`). Both apply to the settings and
         seed the model was built with, not to an earlier switch's: `use_strategy("majority")`
         after `use_strategy("majority", decoder="entropy")` is plain majority again."""
-        self.settings = replace(self._built_settings, strategy=strategy, **overrides)
+        settings = replace(self._built_settings, strategy=strategy, **overrides)
+        if settings.strategy == "rfg" and self.reference_model is None and self.adapter is None:
+            raise ValueError("strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
+                             "peft=<adapter>")
+        self.settings = settings
         self.seed, self.seed_source = self._built_seed
         if seed is not None:
             self.seed = whole_number("seed", seed)
@@ -599,6 +605,19 @@ def merge_run_args(model_args: dict[str, Any], run_args: dict[str, Any]) -> dict
                 f"give {key} in one place only"
             )
     return merged
+
+
+def _check_reference(folder: Path, tokenizer: Any, reference_folder: Path, reference: str) -> None:
+    """RFG's reference must read the policy's token ids: refused from the config files and
+    tokenizers, before any weights are read."""
+    mine, theirs = checkpoint_facts(folder), checkpoint_facts(reference_folder)
+    differ = [f"{key} {mine[key]!r} vs {theirs[key]!r}" for key in mine if mine[key] != theirs[key]]
+    if load_tokenizer(reference_folder).get_vocab() != tokenizer.get_vocab():
+        differ.append("the tokenizers' vocabularies")
+    if differ:
+        raise ValueError(f"reference={reference!r} does not read the policy's token ids ({'; '.join(differ)}): RFG "
+                         "compares the two models' probabilities of the same tokens; give a reference of the "
+                         "policy's family and tokenizer")
 
 
 # HFLM model args this plugin refuses, with what to do instead (a false/empty value is accepted)

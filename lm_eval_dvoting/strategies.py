@@ -565,6 +565,8 @@ def _model_for(model: torch.nn.Module, settings_of: Sequence[StrategySettings]) 
     from .guidance import GuidedModel
 
     guided = {s.guidance for s in settings_of if s.strategy == "rfg"}
+    if not settings_of:
+        return model  # nothing to decode
     if not guided:
         if isinstance(model, GuidedModel):
             raise ValueError("a GuidedModel (policy and reference) decodes strategy=rfg only; pass the policy "

@@ -86,6 +86,10 @@ def test_an_adapter_that_does_not_fit_is_refused_with_the_names(tmp_path):
     (lambda c: c | {"modules_to_save": ["lm_head"]}, "sets modules_to_save"),
     (lambda c: c | {"rank_pattern": {"q_proj": 8}}, "sets rank_pattern"),
     (lambda c: c | {"peft_type": "IA3"}, "peft_type='IA3'; only LoRA adapters"),
+    (lambda c: c | {"alora_invocation_tokens": [5, 6]}, "sets alora_invocation_tokens=[5, 6]"),
+    (lambda c: c | {"use_qalora": True}, "sets use_qalora=True"),
+    (lambda c: c | {"some_future_feature": 1}, "sets some_future_feature=1"),
+    (lambda c: {k: v for k, v in c.items() if k != "r"}, "has r=None; a LoRA adapter needs a positive r"),
 ])
 def test_adapter_features_this_loader_does_not_apply_are_refused(change, says, tmp_path):
     folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
@@ -126,3 +130,6 @@ def test_peft_through_the_harness_changes_the_model_and_its_fingerprint(tmp_path
     assert base.get_model_info()["dvoting"]["peft"] is None
     assert result_cache.fingerprint(adapted)["peft"] == info["digest"]
     assert result_cache.fingerprint(base)["peft"] is None
+    other, _ = peft_adapter(Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
+                            tmp_path / "b", ["q_proj", "v_proj"], alpha=64, seed=1)  # other weights, same names
+    assert adapters.read_adapter(other).identity != info["digest"]

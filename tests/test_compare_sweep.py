@@ -168,6 +168,8 @@ REFUSALS = [
      r"--sweep vote=temporal: row 'single' cannot run with it: vote=temporal does not apply to strategy=single"),
     (["--sweep", "vote=temporal", "--strategies", "majority", "--model_args", "pretrained=/x,cache=dual"],
      r"--sweep vote=temporal: cache=dual does not apply to vote=temporal"),
+    (["--sweep", "guidance=0,1", "--strategies", "single"],
+     r"--sweep guidance=0.0: row 'single' does not use guidance \(only rfg does\)"),
     (["--sweep", "temporal_alpha=5,11", "--strategies", "temporal,majority"],
      r"--sweep temporal_alpha=5.0: row 'majority' does not use temporal_alpha \(its vote is plain"),
     (["--model_args", "pretrained=/no/such/checkpoint,prefix_cache=true", "--sweep", "cache=none,prefix"],

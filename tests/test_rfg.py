@@ -119,6 +119,21 @@ def test_the_harness_refuses_rfg_without_a_reference_before_reading_weights(monk
         harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", guidance="strong", device="cpu")
     with pytest.raises(ValueError, match=r"no checkpoint folder at '/no/such/reference'"):
         harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", reference="/no/such/reference", device="cpu")
+    # another family's checkpoint: refused from its config and tokenizer, before any weights
+    with pytest.raises(ValueError, match=r"reference='tiny-arith-dream' does not read the policy's token ids "
+                                         r"\(family 'llada' vs 'dream'"):
+        harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", reference="tiny-arith-dream", device="cpu")
+
+
+def test_switching_to_rfg_needs_a_reference_and_an_empty_run_needs_no_model():
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    with pytest.raises(ValueError, match=r"strategy=rfg needs a reference: load the model with reference="):
+        lm.use_strategy("rfg")
+    assert lm.settings.strategy == "dvoting"  # the refused switch changed nothing
+    assert run_strategy(GuidedModel(lm.model, load_model("tiny-arith")), PROMPTS[:0], strategy="rfg",
+                        extract=extract, gen_length=32) == []
 
 
 def test_rfg_through_the_harness_with_a_reference_and_its_fingerprint(reference_folder):
@@ -148,6 +163,8 @@ def test_rfg_through_the_harness_with_a_reference_and_its_fingerprint(reference_
     assert results["config"]["dvoting"]["reference"] == str(reference_folder)
     identity = result_cache.fingerprint(lm)
     assert identity["guidance"] == 0.5 and identity["reference"].startswith("sha256:")
+    assert identity["reference"] != result_cache.fingerprint(LLaDAEvalModel(
+        pretrained="tiny-arith", strategy="rfg", reference="tiny-arith", device="cpu"))["reference"]
     assert result_cache.fingerprint(LLaDAEvalModel(pretrained="tiny-arith", device="cpu"))["reference"] is None
 
 
@@ -170,3 +187,14 @@ def test_the_packaged_adapter_and_the_rfg_row_of_compare(tmp_path):
                          "--tasks", "dvoting_arith", "--limit", "4", "--out", str(out), "--device", "cpu"]) == 0
     rows = {row["strategy"]: row for row in json.loads((out / "compare.json").read_text())["rows"]}
     assert rows["rfg"]["mean_nfe"] == 2 * rows["single"]["mean_nfe"] == 64
+
+
+@pytest.mark.parametrize("decoder", ["entropy", "confidence"])
+def test_rfg_takes_the_other_commit_rules_and_counts_both_passes(decoder, reference_folder):
+    """The guided logits feed any one-sample rule; each step still costs two passes."""
+    policy, reference = load_model("tiny-arith"), load_model(reference_folder)
+    common = dict(extract=extract, gen_length=32, seed=1, decoder=decoder)
+    single = run_strategy(policy, PROMPTS, strategy="single", **common)
+    unguided = run_strategy(GuidedModel(policy, reference), PROMPTS, strategy="rfg", guidance=0.0, **common)
+    assert [r.samples.tolist() for r in unguided] == [r.samples.tolist() for r in single]
+    assert [r.nfe for r in unguided] == [2 * r.nfe for r in single]

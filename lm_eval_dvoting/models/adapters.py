@@ -35,9 +35,15 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # adapters shipped with the package: the demo's RFG policy (demo/train_adapter.py)
 PACKAGED_ADAPTERS = {"tiny-arith-lora": Path(__file__).resolve().parents[1] / "demo" / "tiny-arith-lora"}
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
-# PEFT features that change the forward beyond W + scale * B A: refused, not ignored
-_UNSUPPORTED = {"use_dora": False, "fan_in_fan_out": False, "lora_bias": False, "bias": "none",
-                "modules_to_save": None, "layer_replication": None, "trainable_token_indices": None}
+# adapter_config.json keys that say nothing about the forward beyond W + scale * B A (which
+# modules: the saved weights say); every other key must be unset (None, false, empty, or
+# bias "none"), since PEFT's many other features (DoRA, aLoRA, QALoRA, biases, saved
+# modules, per-module ranks, ...) change the forward and this loader does not apply them
+_PLAIN_KEYS = {"peft_type", "r", "lora_alpha", "use_rslora", "target_modules", "lora_dropout", "task_type",
+               "inference_mode", "init_lora_weights", "base_model_name_or_path", "revision", "auto_mapping",
+               "peft_version", "layers_to_transform", "layers_pattern", "exclude_modules", "megatron_config",
+               "megatron_core", "loftq_config", "eva_config", "corda_config", "qalora_group_size",
+               "ensure_weight_tying"}
 
 
 class AdapterError(CheckpointError):
@@ -53,14 +59,7 @@ class Adapter:
     folder: Path
     config: dict[str, Any]
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]]
-
-    @property
-    def identity(self) -> str:
-        """A digest of the two adapter files, for the result cache's fingerprint."""
-        digest = hashlib.sha256()
-        for name in ADAPTER_FILES:
-            digest.update((self.folder / name).read_bytes())
-        return digest.hexdigest()[:16]
+    identity: str  # a digest of the two files as they were read, for the result cache's fingerprint
 
 
 def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
@@ -88,23 +87,26 @@ def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
 
 def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
     """The adapter's config and weights, checked for what this loader supports."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     folder = resolve_adapter(source, revision)
-    config = json.loads((folder / "adapter_config.json").read_text())
+    raw = {name: (folder / name).read_bytes() for name in ADAPTER_FILES}
+    config = json.loads(raw["adapter_config.json"])
     if config.get("peft_type") != "LORA":
         raise AdapterError(f"peft={source!s}: adapter_config.json says peft_type={config.get('peft_type')!r}; "
                            "only LoRA adapters (peft_type LORA) are supported")
-    for name, plain in _UNSUPPORTED.items():
-        if config.get(name, plain) not in (plain, False, None, [], {}):
-            raise AdapterError(f"peft={source!s}: adapter_config.json sets {name}={config[name]!r}, which this loader "
-                               f"does not support (it applies W + scale * B A only); allowed: {name}={plain!r}")
-    for name in ("rank_pattern", "alpha_pattern"):
-        if config.get(name):
-            raise AdapterError(f"peft={source!s}: adapter_config.json sets {name}, per-module ranks or alphas, which "
-                               "this loader does not support; use an adapter with one r and one lora_alpha")
+    for name, value in sorted(config.items()):
+        if name not in _PLAIN_KEYS and value not in (None, False, "none", [], {}):
+            raise AdapterError(f"peft={source!s}: adapter_config.json sets {name}={value!r}, which this loader does "
+                               "not support (it applies W + scale * B A to the saved modules only); use a plain "
+                               f"LoRA adapter, with {name} unset")
+    for name in ("r", "lora_alpha"):
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise AdapterError(f"peft={source!s}: adapter_config.json has {name}={value!r}; a LoRA adapter needs a "
+                               f"positive {name}")
     parts: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in load_file(str(folder / "adapter_model.safetensors")).items():
+    for key, tensor in load(raw["adapter_model.safetensors"]).items():
         match = _KEY.match(key)
         if match is None:
             raise AdapterError(f"peft={source!s}: adapter_model.safetensors holds {key!r}, which is no LoRA weight "
@@ -114,7 +116,8 @@ def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
     if unpaired or not parts:
         raise AdapterError(f"peft={source!s}: adapter_model.safetensors " + (
             f"lacks lora_A or lora_B for {', '.join(unpaired)}" if unpaired else "holds no LoRA weights"))
-    return Adapter(str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())})
+    digest = hashlib.sha256(b"".join(raw[name] for name in ADAPTER_FILES)).hexdigest()[:16]
+    return Adapter(str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())}, digest)
 
 
 def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:

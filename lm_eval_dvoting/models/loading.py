@@ -204,6 +204,16 @@ def model_family(config: dict[str, Any], config_file: Path) -> str:
     return family
 
 
+def checkpoint_facts(folder: Path) -> dict[str, Any]:
+    """What a checkpoint folder's config says about the token ids it reads, without its
+    weights: family, mask id, end-of-text ids and vocabulary size."""
+    config = read_config(folder)
+    family = model_family(config, folder / "config.json")
+    mask_id, end_ids = _special_ids(family, config, folder)
+    return {"family": family, "mask_token_id": mask_id, "end_token_ids": end_ids,
+            "vocabulary": int(config.get("embedding_size") or config["vocab_size"])}
+
+
 def _first_id(value: Any) -> int | None:
     if isinstance(value, list):
         return value[0] if value else None
