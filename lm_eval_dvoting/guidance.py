@@ -24,14 +24,15 @@ from .models.adapters import lora_layers
 
 
 class GuidedModel(torch.nn.Module):
-    """`policy` guided away from `reference` with strength `guidance` (module docstring).
+    """`policy` guided away from `reference` with strength `guidance` (module docstring;
+    1.0 is `StrategySettings.guidance`'s default; `run_strategy` sets the settings' own).
 
     `reference=None` takes the policy with its LoRA adapter switched off (RFG's reference
     for a policy that is "base + adapter": one model in memory, two passes per step).
     """
 
     def __init__(self, policy: torch.nn.Module, reference: torch.nn.Module | None = None,
-                 guidance: float = 0.0) -> None:
+                 guidance: float = 1.0) -> None:
         super().__init__()
         if reference is None and not lora_layers(policy):
             raise ValueError("RFG needs a reference model: give reference=<hub id | folder> (a second model), or a "
@@ -42,7 +43,8 @@ class GuidedModel(torch.nn.Module):
             if hasattr(policy, name):
                 setattr(self, name, getattr(policy, name))
         self.max_length = min(int(getattr(m, "max_length", 1 << 30)) for m in (policy, reference or policy))
-        self._split = 0  # the policy's hidden width, set by the last `hidden_states`
+        # the policy's hidden width and both models' dtypes, set by the last `hidden_states`
+        self._split, self._dtypes = 0, (torch.float32, torch.float32)
 
     def with_guidance(self, guidance: float) -> "GuidedModel":
         """The same two models at another guidance strength."""
@@ -60,13 +62,15 @@ class GuidedModel(torch.nn.Module):
         """Both models' hidden states of the same tokens, side by side on the last axis."""
         policy = self._run(False, "hidden_states", input_ids, attention_mask, position_ids)
         reference = self._run(True, "hidden_states", input_ids, attention_mask, position_ids)
-        self._split = policy.shape[-1]
-        return torch.cat([policy, reference.to(policy.dtype)], dim=-1)
+        self._split, self._dtypes = policy.shape[-1], (policy.dtype, reference.dtype)
+        common = torch.promote_types(policy.dtype, reference.dtype)  # no precision lost in the stack
+        return torch.cat([policy.to(common), reference.to(common)], dim=-1)
 
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """The guided logits (float32) at the positions `hidden` holds."""
-        policy = self._run(False, "logits_from_hidden", hidden[..., : self._split]).float()
-        reference = self._run(True, "logits_from_hidden", hidden[..., self._split:]).float()
+        policy_dtype, reference_dtype = self._dtypes  # each head reads its own model's dtype
+        policy = self._run(False, "logits_from_hidden", hidden[..., : self._split].to(policy_dtype)).float()
+        reference = self._run(True, "logits_from_hidden", hidden[..., self._split:].to(reference_dtype)).float()
         w = self.guidance
         return (1 + w) * policy - w * reference
 

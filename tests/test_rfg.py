@@ -40,6 +40,10 @@ def test_the_guided_logits_are_one_plus_w_policy_minus_w_reference(reference_fol
         expected = 1.5 * policy(ids).float() - 0.5 * reference(ids).float()
         assert torch.equal(GuidedModel(policy, reference, 0.5)(ids), expected)
         assert torch.equal(GuidedModel(policy, reference, 0.0)(ids), policy(ids).float())  # w = 0: the policy
+        mask = torch.ones_like(ids)
+        mask[0, :4] = 0  # a left-padded row: both passes must see the mask
+        expected = 1.5 * policy(ids, mask).float() - 0.5 * reference(ids, mask).float()
+        assert torch.equal(GuidedModel(policy, reference, 0.5)(ids, mask), expected)
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -198,3 +202,74 @@ def test_rfg_takes_the_other_commit_rules_and_counts_both_passes(decoder, refere
     unguided = run_strategy(GuidedModel(policy, reference), PROMPTS, strategy="rfg", guidance=0.0, **common)
     assert [r.samples.tolist() for r in unguided] == [r.samples.tolist() for r in single]
     assert [r.nfe for r in unguided] == [2 * r.nfe for r in single]
+
+
+# ------------------------------------------------------------------ kill tests (mutation runs)
+
+
+def _dream_reference(tmp_path: Path) -> Path:
+    folder = tmp_path / "dream-reference"
+    shutil.copytree(PACKAGED_CHECKPOINTS["tiny-arith-dream"], folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    generator = torch.Generator().manual_seed(4)
+    save_file({k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in weights.items()},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_guided_model_reads_as_its_policy_does(reference_folder, tmp_path):
+    """The decoder reads the guided model's mask and end ids, logits shift, family and maximum
+    length: the policy's (the shorter length of the two)."""
+    for policy, reference in ((load_model("tiny-arith"), load_model(reference_folder)),
+                              (load_model("tiny-arith-dream"), load_model(_dream_reference(tmp_path)))):
+        reference.max_length = policy.max_length - 7
+        guided = GuidedModel(policy, reference)
+        assert (guided.mask_token_id, guided.end_token_ids, guided.logits_shift, guided.family, guided.config,
+                guided.max_length) == (policy.mask_token_id, policy.end_token_ids, policy.logits_shift,
+                                       policy.family, policy.config, policy.max_length - 7)
+        assert guided.guidance == StrategySettings().guidance  # the same default as the strategy's
+
+
+def test_guidance_zero_is_single_on_dream_and_on_a_padded_batch(tmp_path):
+    """Dream reads position i from the logits at i - 1, and left-padded prompts of several
+    lengths need the attention mask and positions in both passes: w = 0 still equals single."""
+    from lm_eval_dvoting.demo import arith
+    from lm_eval_dvoting.models.loading import load_tokenizer
+
+    policy, reference = load_model("tiny-arith-dream"), load_model(_dream_reference(tmp_path))
+    tokenizer = load_tokenizer("tiny-arith-dream")
+    _, problems = arith.held_out_sets(valid_size=8)
+    enc = tokenizer([arith.format_prompt(p.question) for p in problems], add_special_tokens=False, padding=True,
+                    return_tensors="pt")
+    assert (enc.attention_mask == 0).any()  # prompts of several lengths, left-padded
+    common = dict(extract=extract, gen_length=32, seed=2)
+    single = run_strategy(policy, enc.input_ids, enc.attention_mask, strategy="single", **common)
+    unguided = run_strategy(GuidedModel(policy, reference), enc.input_ids, enc.attention_mask, strategy="rfg",
+                            guidance=0.0, **common)
+    assert [r.samples.tolist() for r in unguided] == [r.samples.tolist() for r in single]
+    assert len({tuple(r.samples[0].tolist()) for r in single}) > 1  # real answers, not padding
+
+
+def test_models_of_two_dtypes_are_guided_in_float32(reference_folder):
+    policy, reference = load_model("tiny-arith"), load_model(reference_folder, dtype="bfloat16")
+    with torch.no_grad():
+        guided = GuidedModel(policy, reference, 0.5)(PROMPTS[:1])
+        assert guided.dtype == torch.float32
+        assert torch.equal(guided, 1.5 * policy(PROMPTS[:1]).float() - 0.5 * reference(PROMPTS[:1]).float())
+
+
+def test_every_mismatch_of_the_pair_is_named_in_one_message(reference_folder):
+    policy, reference = load_model("tiny-arith"), load_model(reference_folder)
+    reference.mask_token_id, reference.end_token_ids = 3, (1, 2)
+    reference.model.transformer.wte = torch.nn.Embedding(110, 128)
+    with pytest.raises(ValueError) as refused:
+        GuidedModel(policy, reference)
+    assert str(refused.value) == (
+        "the RFG policy and reference must share their tokenizer and mask token, but they differ: mask_token_id "
+        f"{policy.mask_token_id!r} vs 3; end_token_ids {policy.end_token_ids!r} vs (1, 2); vocabulary size 104 vs "
+        "110. Give a reference of the policy's family and tokenizer")
+    with pytest.raises(ValueError) as no_reference:
+        GuidedModel(policy)
+    assert str(no_reference.value) == (
+        "RFG needs a reference model: give reference=<hub id | folder> (a second model), or a policy with a LoRA "
+        "adapter (peft=...), whose base with the adapter off is the reference")
