@@ -133,3 +133,78 @@ def test_peft_through_the_harness_changes_the_model_and_its_fingerprint(tmp_path
     other, _ = peft_adapter(Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
                             tmp_path / "b", ["q_proj", "v_proj"], alpha=64, seed=1)  # other weights, same names
     assert adapters.read_adapter(other).identity != info["digest"]
+
+
+# ------------------------------------------------------------------ kill tests (mutation runs)
+
+
+def test_a_hub_id_fetches_only_the_two_adapter_files_at_the_revision(tmp_path, monkeypatch):
+    """`org/name` (one slash, no suffix, no such folder) is a hub id; anything else that is no
+    folder is refused as a missing folder, with the whole message."""
+    import huggingface_hub
+
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda **kwargs: calls.append(kwargs) or str(folder))
+    adapter = adapters.read_adapter("org/adapter", revision="v2")
+    assert calls == [{"repo_id": "org/adapter", "revision": "v2",
+                      "allow_patterns": ["adapter_config.json", "adapter_model.safetensors"]}]
+    assert adapter.folder == folder and adapter.source == "org/adapter"
+    for local in ("org/adapter.json", "a/b/c", "./adapter", "~/adapter", "/adapter"):
+        with pytest.raises(AdapterError) as refused:
+            adapters.resolve_adapter(local)
+        assert str(refused.value) == (
+            f"peft={local!r}: no such folder; give a folder holding adapter_config.json and adapter_model.safetensors, "
+            "a hub id such as 'org/adapter-name', or one of ['tiny-arith-lora']")
+    assert len(calls) == 1
+
+
+def test_the_folder_checks_say_which_file_is_missing_and_what_a_folder_holds(tmp_path):
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (folder / name).unlink()
+    with pytest.raises(AdapterError) as refused:
+        adapters.resolve_adapter(folder)
+    assert str(refused.value) == (
+        f"peft={str(folder)!r}: the folder has no adapter_config.json or adapter_model.safetensors; a PEFT LoRA "
+        "adapter folder holds adapter_config.json and adapter_model.safetensors (as written by save_pretrained)")
+
+
+@pytest.mark.parametrize("rank, accepted", [(0, False), (-2, False), (1, True)])
+def test_a_rank_must_be_positive(rank, accepted, tmp_path):
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"], r=1)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps(config | {"r": rank}))
+    if accepted:
+        assert adapters.read_adapter(folder).config["r"] == 1
+    else:
+        with pytest.raises(AdapterError, match=rf"has r={rank}; a LoRA adapter needs a positive r"):
+            adapters.read_adapter(folder)
+
+
+def test_the_digest_is_of_the_two_files_as_read(tmp_path):
+    import hashlib
+
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    expected = hashlib.sha256((folder / "adapter_config.json").read_bytes()
+                              + (folder / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
+    assert adapters.read_adapter(folder).identity == expected
+
+
+def test_every_misfit_is_named_with_what_the_module_is(tmp_path):
+    """A weight on a norm layer names its type, on a missing module says so; past five
+    problems the message counts the rest."""
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    extra = {f"base_model.model.model.transformer.blocks.{i}.nothing.lora_{part}.weight": torch.zeros(4, 4)
+             for i in range(5) for part in "AB"}
+    extra |= {f"base_model.model.model.transformer.blocks.0.attn_norm.lora_{part}.weight": torch.zeros(4, 4)
+              for part in "AB"}
+    _edit_weights(folder, lambda w: w | extra)
+    model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
+    with pytest.raises(AdapterError) as refused:
+        adapters.check_fits(model, adapters.read_adapter(folder))
+    message = str(refused.value)
+    norm = type(dict(model.named_modules())["model.transformer.blocks.0.attn_norm"]).__name__
+    assert f"model.transformer.blocks.0.attn_norm: {norm} in the model" in message
+    assert message.count("no such module in the model") == 4 and "; ... (6 in all)" in message

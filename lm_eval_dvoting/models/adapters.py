@@ -74,7 +74,7 @@ def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
                                f"folder holds {' and '.join(ADAPTER_FILES)} (as written by save_pretrained)")
         return path
     if key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1:
-        raise AdapterError(f"peft={key!r}: no such folder; give a folder holding {' and '.join(ADAPTER_FILES)} "
+        raise AdapterError(f"peft={key!r}: no such folder; give a folder holding {' and '.join(ADAPTER_FILES)}, "
                            f"a hub id such as 'org/adapter-name', or one of {sorted(PACKAGED_ADAPTERS)}")
     from huggingface_hub import snapshot_download
 
