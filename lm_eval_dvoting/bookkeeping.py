@@ -51,7 +51,7 @@ def costed_text(text: str, result: Any, candidate_texts: list[str],
         "candidates": [
             {
                 "text": candidate,
-                "answer": None if answer is None else answer[1],
+                "answer": _value(answer),
                 "nfe": nfe,
                 "kept_positions": kept,
                 # generation-region token ids, for token-level measures (NUPR@k, pictures)

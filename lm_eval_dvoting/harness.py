@@ -363,9 +363,7 @@ class DVotingEvalModel(TemplateLM):
         (`reference=`'s model, else the policy with its adapter off; guidance.py)."""
         if self.settings.strategy != "rfg":
             return self.model
-        if self.reference_model is None and self.adapter is None:
-            raise ValueError("strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
-                             "peft=<adapter>")
+        # a reference or an adapter is there: construction and `use_strategy` refuse rfg without one
         return GuidedModel(self.model, self.reference_model)  # at the settings' guidance (strategies._model_for)
 
     def generated_text(self, tokens: torch.Tensor, until: list[str]) -> str:

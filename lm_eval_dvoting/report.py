@@ -436,15 +436,18 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
              "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE (bits) | "
              "wrong -> right | right -> wrong |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
-        share = lambda flags: 100 * sum(flags) / len(flags)  # noqa: E731
         gained, lost = row.overturned
-        lines.append(f"| {row.run.label} | {row.task.task} | {len(row.voted)} | {share(row.plain):.2f} | "
-                     f"{share(row.voted):.2f} | {share(row.ever):.2f} | "
+        lines.append(f"| {row.run.label} | {row.task.task} | {len(row.voted)} | {_percent(row.plain):.2f} | "
+                     f"{_percent(row.voted):.2f} | {_percent(row.ever):.2f} | "
                      f"{_fmt(sum(row.tse) / len(row.tse) if row.tse else None, '.3f')} | {gained} | {lost} |")
     return lines + ["", "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
                     "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
                     "per-step answers over its answered steps, equal answers grouped, averaged over the question's "
                     "decodes (`lm_eval_dvoting.temporal.temporal_entropy`).", ""]
+
+
+def _percent(flags: Sequence[bool]) -> float:
+    return 100 * sum(flags) / len(flags)
 
 
 STEP_GRID = 50  # points along the decode in accuracy_by_step.png
@@ -476,7 +479,7 @@ def plot_accuracy_by_step(rows: list[StepRow], path: Path) -> bool:
         ax.plot(fractions, at, label="right at this step")
         ax.plot(fractions, ever, label="right at some step so far (ever-pass)")
         for flags, name, style in ((row.plain, "final answer / plain vote", ":"), (row.voted, "temporal vote", "--")):
-            value = 100 * sum(flags) / len(flags)
+            value = _percent(flags)
             ax.axhline(value, linestyle=style, color="black" if style == ":" else "tab:red",
                        label=f"{name}: {value:.1f}%")
         ax.set_xlabel("fraction of the decode's steps")

@@ -58,10 +58,8 @@ def step_shares(steps: Sequence[int], total_steps: int, rule: str, alpha: float)
     """
     if not steps:
         return []
-    if rule == "exp":
-        weights = [math.exp(alpha * (step - max(steps)) / total_steps) for step in steps]
-    else:
-        weights = [step_weight(step, total_steps, rule, alpha) for step in steps]
+    shift = max(steps) if rule == "exp" else 0
+    weights = [step_weight(step - shift, total_steps, rule, alpha) for step in steps]
     total = sum(weights)
     return [weight / total for weight in weights]
 

@@ -83,9 +83,8 @@ class RowDecoder:
         the commits: its fixed tokens, and the most likely token (mask token excluded) at
         every still-masked position of the whole generation region, future blocks
         included. One head call for all observed rows, whose logits the rules then reuse;
-        no extra forward pass. (The
-        prediction is the argmax at any temperature: the rules' Gumbel noise is drawn for
-        the positions they commit only, and is not spent here.)"""
+        no extra forward pass. (The prediction is the argmax at any temperature: the rules'
+        Gumbel noise is drawn for the positions they commit only, and is not spent here.)"""
         watched = [(i, row) for i, row in enumerate(self.active) if row.observe is not None]
         if not watched:
             return
