@@ -128,3 +128,27 @@ class PrefixCache:
             k = torch.cat([k, self.suffix_keys[layer]], dim=2)
             v = torch.cat([v, self.suffix_values[layer]], dim=2)
         return bidirectional_attention(q, k, v, bias)
+
+
+def block_causal_bias(key_mask: torch.Tensor, query_positions: torch.Tensor, block_lengths: torch.Tensor,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """Additive (batch, 1, queries, keys) mask of block diffusion (LLaDA2): a query at
+    position p sees a real key at position q when q // B <= p // B, with each row's block
+    length B (`block_lengths`, (batch,)): bidirectional inside a block, causal across
+    blocks. Positions count a row's real tokens from 0 (`key_mask` 0/1 marks them; a key's
+    position is its count of real keys before it), so blocks are aligned at the row's
+    first real token whatever its padding or cached prefix, as upstream aligns them."""
+    key_positions = key_mask.long().cumsum(-1) - 1
+    blocks = block_lengths.to(key_mask.device).long()[:, None]
+    see = (key_positions // blocks)[:, None, :] <= (query_positions.long() // blocks)[:, :, None]
+    see = see & key_mask.bool()[:, None, :]
+    bias = torch.zeros(see.shape, dtype=dtype, device=key_mask.device)
+    return bias.masked_fill_(~see, torch.finfo(dtype).min)[:, None]
+
+
+def repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped key/value heads repeated to `heads` query heads."""
+    if k.shape[1] == heads:
+        return k, v
+    groups = heads // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

@@ -25,12 +25,31 @@ from torch import nn
 
 from .dream import DreamConfig, DreamModel
 from .llada import LLaDAConfig, LLaDAModel
+from .llada2 import LLaDA2Config, LLaDA2Model
+from .llada_moe import LLaDAMoEConfig, LLaDAMoEModel
 
 # Official ids, used when a config does not name them (the real checkpoints' values).
+# LLaDA-MoE and LLaDA2.x share inclusionAI's tokenizer: mask 156895 and end of text 156892
+# (the defaults of LLaDA2's generate() and dInfer; LLaDA-MoE's published examples use the
+# same mask id); their end of turn is read from the checkpoint's generation_config.json.
 OFFICIAL_IDS = {
     "llada": {"vocab_size": 126464, "mask": 126336, "eos": 126081, "end_of_turn": 126348},
     "dream": {"vocab_size": 152064, "mask": 151666, "eos": 151643, "end_of_turn": 151645},
+    "llada_moe": {"vocab_size": 157184, "mask": 156895, "eos": 156892, "end_of_turn": None},
+    "llada2": {"vocab_size": 157184, "mask": 156895, "eos": 156892, "end_of_turn": None},
 }
+# family -> (config class, model class); the family comes from `architectures` (model_family)
+ARCHITECTURES = {
+    "llada": (LLaDAConfig, LLaDAModel),
+    "dream": (DreamConfig, DreamModel),
+    "llada_moe": (LLaDAMoEConfig, LLaDAMoEModel),
+    "llada2": (LLaDA2Config, LLaDA2Model),
+}
+# upstream class names in config.json's `architectures`
+# model_type -> the families it may name (LLaDA-MoE's checkpoints say 'llada', as dense LLaDA's do)
+_MODEL_TYPES = {"llada": ("llada", "llada_moe"), "dream": ("dream",), "llada2_moe": ("llada2",)}
+_ARCHITECTURE_NAMES = {"LLaDAModelLM": "llada", "DreamModel": "dream", "LLaDAMoEModelLM": "llada_moe",
+                       "LLaDA2MoeModelLM": "llada2"}
 
 _DEMO = Path(__file__).resolve().parents[1] / "demo"
 # The demo checkpoints shipped inside the package: `pretrained=tiny-arith` (LLaDA format) and
@@ -177,7 +196,7 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 def check_config_fields(family: str, config: dict[str, Any], config_file: Path) -> None:
     """Refuse a config without the sizes the architecture needs (named), before any weight is read."""
-    config_class = LLaDAConfig if family == "llada" else DreamConfig
+    config_class = ARCHITECTURES[family][0]
     required = [f.name for f in dataclasses.fields(config_class)
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     missing = [name for name in required if config.get(name) is None]
@@ -193,13 +212,33 @@ def check_config_fields(family: str, config: dict[str, Any], config_file: Path) 
 
 
 def model_family(config: dict[str, Any], config_file: Path) -> str:
-    """'llada' or 'dream' from `model_type` (the official values are 'llada' and 'Dream')."""
+    """'llada', 'dream', 'llada_moe' or 'llada2', from `architectures` and the MoE fields.
+
+    `model_type` alone cannot tell them apart: LLaDA-MoE's is 'llada', like dense LLaDA's.
+    A config whose `architectures` and fields disagree (a dense name with experts, or the
+    reverse) is refused rather than read as either.
+    """
     model_type = str(config.get("model_type", ""))
-    family = model_type.lower()
-    if family not in OFFICIAL_IDS:
+    named = [_ARCHITECTURE_NAMES[a] for a in config.get("architectures") or [] if a in _ARCHITECTURE_NAMES]
+    has_experts = config.get("num_experts") is not None
+    families = _MODEL_TYPES.get(model_type.lower(), ())
+    if not families or (named and named[0] not in families):
         raise CheckpointError(
-            f"{config_file}: model_type {model_type!r} is not supported; "
-            f"expected one of 'llada' (LLaDA-8B-Instruct, LLaDA-1.5) or 'Dream' (Dream-v0-Instruct-7B)"
+            f"{config_file}: model_type {model_type!r} (architectures {config.get('architectures')!r}) is not "
+            "supported; expected LLaDA (model_type 'llada', LLaDAModelLM: LLaDA-8B-Instruct, LLaDA-1.5), Dream "
+            "('Dream', Dream-v0-Instruct-7B), LLaDA-MoE ('llada', LLaDAMoEModelLM) or LLaDA2.0/2.1 ('llada2_moe', "
+            "LLaDA2MoeModelLM)"
+        )
+    if named:
+        family = named[0]
+    else:
+        family = families[-1] if has_experts else families[0]
+    if has_experts != (family in ("llada_moe", "llada2")):
+        raise CheckpointError(
+            f"{config_file}: architectures {config.get('architectures')!r} names a "
+            f"{'dense' if not has_experts else 'mixture-of-experts'} model but the config "
+            f"{'has' if has_experts else 'lacks'} num_experts; the file was edited or mixed up with another "
+            "checkpoint's: use the checkpoint's original config.json"
         )
     return family
 
@@ -242,7 +281,7 @@ def _special_ids(family: str, config: dict[str, Any], folder: Path) -> tuple[int
         gen_eos = json.loads(generation_config.read_text()).get("eos_token_id")
         end_ids += gen_eos if isinstance(gen_eos, list) else ([gen_eos] if gen_eos is not None else [])
     if is_official_vocab:
-        end_ids += [official["eos"], official["end_of_turn"]]
+        end_ids += [i for i in (official["eos"], official["end_of_turn"]) if i is not None]
     if not end_ids:
         end_ids = [official["eos"]]
     return int(mask_id), tuple(dict.fromkeys(int(i) for i in end_ids if int(i) != int(mask_id)))
@@ -371,15 +410,11 @@ def load_model(
     mask_id, end_ids = _special_ids(family, config, folder)
     files = weight_files(folder)
 
+    config_class, model_class = ARCHITECTURES[family]
     with torch.device("meta"):
-        if family == "llada":
-            cfg = LLaDAConfig.from_dict(config)
-            model: nn.Module = LLaDAModel(cfg)
-            max_length = cfg.max_sequence_length
-        else:
-            cfg = DreamConfig.from_dict(config)
-            model = DreamModel(cfg)
-            max_length = cfg.max_position_embeddings
+        cfg = config_class.from_dict(config)
+        model: nn.Module = model_class(cfg)
+    max_length = cfg.max_sequence_length if family == "llada" else cfg.max_position_embeddings
     state = _read_weights(files, target, torch_dtype)
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
