@@ -5,6 +5,11 @@ steps (a row's `cache`, one of `CACHE_POLICIES`).
 * `prefix` (Fast-dLLM's prefix cache): a row entering a new block runs over its whole
   sequence and keeps the keys and values of everything before the block; while it stays
   in that block it runs over the block and what follows only, attending to the kept prefix.
+* `block` (block diffusion, LLaDA2): a row keeps the keys and values of everything before
+  its current block; each pass runs from the end of what it keeps to the end of its
+  current block (the first pass of a block also covers the blocks finished since, whose
+  keys and values it then keeps). A block never sees a later one, so what is kept is final:
+  exact, the same tokens as `none` (tested), and on by default for that family.
 * `dual` (Fast-dLLM's dual cache): as `prefix`, and the keys and values after the block
   are kept too; while it stays in the block it runs over the block alone (for Dream also
   the token before the block, whose output predicts the block's first position; Fast-dLLM's
@@ -114,6 +119,7 @@ class ForwardPass:
     def __init__(self, model: torch.nn.Module, pad_id: int, device: torch.device) -> None:
         self.model, self.pad_id, self.device = model, pad_id, device
         self.shift = int(getattr(model, "logits_shift", 0))
+        self.block_causal = bool(getattr(model, "block_causal", False))
         self.can_cache = accepts_cache(model)
         self.pass_positions = accepts_position_ids(model)
 
@@ -128,31 +134,76 @@ class ForwardPass:
         """The step's logits. `starts`: each row's current block start; `keeps`: whether
         a later step in that block could reuse what this pass would keep for the row."""
         logits = StepLogits(self.model)
-        if all(row.cache == "none" for row in rows):
-            self._plain(rows, logits)
-            return logits
+        plain = [i for i, row in enumerate(rows) if row.cache == "none"]
+        blocks = [i for i, row in enumerate(rows) if row.cache == "block"]
+        if plain:
+            self._plain(rows, plain, logits)
+        if blocks:
+            self._blocks(rows, blocks, starts, logits)
         reusing = [i for i, (row, start) in enumerate(zip(rows, starts))
-                   if row.cache != "none" and row.kept is not None and row.kept.block_start == start]
-        fresh = sorted(set(range(len(rows))) - set(reusing))
+                   if row.cache in ("prefix", "dual") and row.kept is not None and row.kept.block_start == start]
+        fresh = sorted(set(range(len(rows))) - set(reusing) - set(plain) - set(blocks))
         if fresh:
             self._fresh(rows, fresh, starts, keeps, logits)
         if reusing:
             self._reuse(rows, reusing, starts, logits)
         return logits
 
-    def _plain(self, rows: Sequence[DecodeRow], logits: StepLogits) -> None:
-        """Every row over its whole sequence, no cache."""
-        ids, attention, positions = left_pad([torch.cat([r.prompt, r.tokens]) for r in rows], self.pad_id,
-                                             self.device)
+    def _block_lengths(self, rows: Sequence[DecodeRow], members: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The block-causal model's `block_lengths` argument (nothing for the others)."""
+        if not self.block_causal:
+            return {}
+        return {"block_lengths": torch.tensor([rows[i].block_length for i in members], device=self.device)}
+
+    def _plain(self, rows: Sequence[DecodeRow], members: Sequence[int], logits: StepLogits) -> None:
+        """Rows over their whole sequence, no cache."""
+        ids, attention, positions = left_pad([torch.cat([rows[i].prompt, rows[i].tokens]) for i in members],
+                                             self.pad_id, self.device)
         # Each row's real tokens sit at positions 0..n-1 whatever its padding, so a row's
         # numbers do not depend on the rows it is batched with.
         kwargs = {"position_ids": positions} if self.pass_positions else {}
-        offsets = [ids.shape[1] - row.gen_length - self.shift for row in rows]
-        members = range(len(rows))
+        kwargs.update(self._block_lengths(rows, members))
+        offsets = [ids.shape[1] - rows[i].gen_length - self.shift for i in members]
         if hasattr(self.model, "hidden_states") and hasattr(self.model, "logits_from_hidden"):
             logits.add(members, self.model.hidden_states(ids, attention, **kwargs), offsets)
         else:
             logits.add(members, self.model(ids, attention, **kwargs), offsets, are_logits=True)
+
+    def _blocks(self, rows: Sequence[DecodeRow], members: list[int], starts: Sequence[int],
+                logits: StepLogits) -> None:
+        """Block diffusion's cache: the rows that keep nothing yet in one pass, the others in another."""
+        fresh = [i for i in members if rows[i].kept is None]
+        for group in (fresh, [i for i in members if rows[i].kept is not None]):
+            if group:
+                self._block_pass(rows, group, starts, logits)
+
+    def _block_pass(self, rows: Sequence[DecodeRow], group: list[int], starts: Sequence[int],
+                    logits: StepLogits) -> None:
+        """Each row from the end of what it keeps to the end of its current block; keeps the
+        keys and values of what lies before that block."""
+        begins = [0 if rows[i].kept is None else rows[i].kept.prefix_keys[0].shape[1] for i in group]
+        block_starts = [rows[i].prompt.numel() + starts[i] for i in group]
+        ends = [start + rows[i].block_length for i, start in zip(group, block_starts)]
+        sequences = [torch.cat([rows[i].prompt, rows[i].tokens])[b:e] for i, b, e in zip(group, begins, ends)]
+        ids, attention, positions = left_pad(sequences, self.pad_id, self.device)
+        positions = positions + torch.tensor(begins, device=self.device)[:, None]
+        cache = PrefixCache() if fresh_group(rows, group) else _stack_kept([rows[i].kept for i in group], self.device)
+        hidden = self.model.hidden_states(ids, attention, positions, cache=cache, **self._block_lengths(rows, group))
+        width = ids.shape[1]
+        for local, (i, begin, start) in enumerate(zip(group, begins, block_starts)):
+            first = width - sequences[local].numel()
+            done = slice(first, first + start - begin)  # finished blocks: final keys and values
+            keys = [k[local, :, done] for k in cache.new_keys]
+            values = [v[local, :, done] for v in cache.new_values]
+            kept = rows[i].kept
+            if kept is not None:
+                keys = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_keys, keys)]
+                values = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_values, values)]
+            rows[i].kept = KeptKeysValues(start, [k.clone() for k in keys], [v.clone() for v in values])
+        prompts = [rows[i].prompt.numel() for i in group]
+        offsets = [width - s.numel() + p - b for s, p, b in zip(sequences, prompts, begins)]
+        windows = [(max(0, b - p), e - p) for b, e, p in zip(begins, ends, prompts)]
+        logits.add(group, hidden, offsets, windows)
 
     def _fresh(self, rows: Sequence[DecodeRow], fresh: list[int], starts: Sequence[int], keeps: Sequence[bool],
                logits: StepLogits) -> None:
@@ -205,6 +256,11 @@ class ForwardPass:
         """Where a reusing row's pass ends (an index into prompt + generation region)."""
         end = row.prompt.numel() + row.gen_length
         return end if row.cache == "prefix" else row.prompt.numel() + start + row.block_length
+
+
+def fresh_group(rows: Sequence[DecodeRow], group: Sequence[int]) -> bool:
+    """Whether the rows of a block-cache pass keep nothing yet (`_blocks` never mixes them)."""
+    return rows[group[0]].kept is None
 
 
 def _stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCache:

@@ -12,9 +12,12 @@ from typing import Sequence
 
 import torch
 
+from .blocks import BlockThreshold, align
 from .caches import ForwardPass, StepLogits
 from .rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork, _inside
-from .state import DecodeResult, DecodeRow, argmax_without, check_prompt_batch, validate_row_settings
+from .state import BlockDecoding, DecodeResult, DecodeRow, argmax_without, check_prompt_batch, validate_row_settings
+
+Rule = FixedSchedule | EntropyThreshold | ConfidenceThreshold | BlockThreshold
 
 
 class RowDecoder:
@@ -32,23 +35,31 @@ class RowDecoder:
         first_parameter = next(iter(model.parameters()), None)
         self.device = first_parameter.device if first_parameter is not None else torch.device("cpu")
         self.forward = ForwardPass(model, self.mask_id if pad_token_id is None else pad_token_id, self.device)
-        self.rules = (FixedSchedule(self.mask_id), EntropyThreshold(self.mask_id), ConfidenceThreshold(self.mask_id))
+        self.block_causal = bool(getattr(model, "block_causal", False))
+        end_ids = tuple(getattr(model, "end_token_ids", ()))
+        self.rules = (FixedSchedule(self.mask_id), EntropyThreshold(self.mask_id), ConfidenceThreshold(self.mask_id),
+                      BlockThreshold(self.mask_id, end_ids))
         self.active: list[DecodeRow] = []
 
-    def rule(self, row: DecodeRow) -> FixedSchedule | EntropyThreshold | ConfidenceThreshold:
-        """The row's commit rule: `steps` -> fixed schedule, `alpha` -> entropy threshold,
-        `threshold` -> confidence threshold."""
-        fixed, entropy, confidence = self.rules
+    def rule(self, row: DecodeRow) -> Rule:
+        """The row's commit rule: `block` -> block diffusion, `steps` -> fixed schedule,
+        `alpha` -> entropy threshold, `threshold` -> confidence threshold."""
+        fixed, entropy, confidence, blocks = self.rules
+        if row.block is not None:
+            return blocks
         return fixed if row.steps is not None else entropy if row.alpha is not None else confidence
 
     def add(self, row: DecodeRow) -> None:
         """Check the row, move it to the model's device, and queue it if it has masks."""
         validate_row_settings(row.gen_length, row.block_length, row.steps, row.alpha,
-                              row.temperature, row.remasking, row.cache, row.threshold)
+                              row.temperature, row.remasking, row.cache, row.threshold, row.block)
+        self._check_family(row)
         self.forward.check(row)
         if self.forward.shift and row.prompt.numel() == 0:
             raise ValueError("this model reads predictions one position to the left: the prompt must not be empty")
         total = row.prompt.numel() + row.gen_length
+        if row.block is not None:
+            total += -total % row.block_length  # the last block is decoded whole
         if self.max_length is not None and total > self.max_length:
             raise ValueError(
                 f"prompt ({row.prompt.numel()} tokens) + generation ({row.gen_length}) = {total} tokens "
@@ -57,8 +68,19 @@ class RowDecoder:
         row.prompt = row.prompt.to(self.device)
         row.tokens = row.tokens.to(self.device).clone()
         row.progress.block, row.progress.step_in_block, row.progress.counts = 0, 0, []
+        if row.block is not None:
+            align(row, self.mask_id)
         if self._has_masks(row):
             self.active.append(row)
+
+    def _check_family(self, row: DecodeRow) -> None:
+        """Block diffusion rows for a block-causal model (LLaDA2), the other rules for the others."""
+        if self.block_causal and row.block is None:
+            raise ValueError("this model is block diffusion (LLaDA2): decode it with block=BlockDecoding(...) "
+                             "(threshold decoding), not with steps/alpha/threshold")
+        if row.block is not None and not self.block_causal:
+            raise ValueError(f"block=BlockDecoding(...) is block diffusion's, for LLaDA2 models; "
+                             f"{type(self.model).__name__} is not one: give steps, alpha or threshold")
 
     @torch.no_grad()
     def step(self) -> list[DecodeRow]:
@@ -98,7 +120,7 @@ class RowDecoder:
             logits.remember(i, positions, row_logits)  # the rules' request for the block is served from these
             prediction = row.tokens.clone()
             prediction[positions] = argmax_without(row_logits, self.mask_id)
-            row.observe(row.nfe, prediction)
+            row.observe(row.nfe, prediction[row.lead:prediction.numel() - row.trail])
 
     def _cache_plan(self) -> tuple[list[int], list[bool]]:
         """Each row's current block start, and whether a later step in that block could
@@ -115,7 +137,7 @@ class RowDecoder:
         for work in works:
             by_rule.setdefault(id(self.rule(work.row)), []).append(work)
         going_on: list[RowWork] = []
-        for rule in self.rules:  # in a fixed order: fixed schedule, entropy, confidence
+        for rule in self.rules:  # in a fixed order: fixed schedule, entropy, confidence, block diffusion
             if id(rule) in by_rule:
                 going_on += rule.commit(by_rule[id(rule)])
         return going_on
@@ -128,8 +150,12 @@ class RowDecoder:
         return finished
 
     def _has_masks(self, row: DecodeRow) -> bool:
+        """Whether the row needs another step (block diffusion: its rule says, as a block
+        with editing goes on after its last mask is filled)."""
         if self.rule(row).is_done(row):
             return False
+        if row.block is not None:
+            return True
         return bool((row.tokens == self.mask_id).any())
 
 
@@ -149,7 +175,7 @@ def generate(
     gen_length: int, block_length: int, steps: int | None = None, alpha: float | None = None,
     threshold: float | None = None, temperature: float = 0.0, remasking: str = "low_confidence",
     init_tokens: torch.Tensor | None = None, generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    cache: str = "none", prefix_cache: bool = False,
+    cache: str | None = None, prefix_cache: bool = False, block: BlockDecoding | None = None,
 ) -> DecodeResult:
     """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
 
@@ -158,11 +184,18 @@ def generate(
     `init_tokens` (batch, gen_length) pre-fills the region: mask-id positions are
     decoded, the others stay fixed. `generator` is one `torch.Generator` shared by the
     rows in order, or one per row (then a row's tokens do not depend on the batch).
-    `cache` is "none" (exact), "prefix" or "dual" (Fast-dLLM's approximate caches);
-    `prefix_cache=True` is the older spelling of `cache="prefix"`.
+    `cache` is "none" (exact, the default), "prefix" or "dual" (Fast-dLLM's approximate
+    caches); `prefix_cache=True` is the older spelling of `cache="prefix"`.
+    A block-causal model (LLaDA2) decodes by block diffusion (decoding/blocks.py) with
+    `block` (default `BlockDecoding()`: LLaDA2.0's threshold 0.95, one token per step at
+    least) and `cache` "block" (exact, the default) or "none"; `gen_length` need not be a
+    multiple of `block_length` there (the last block is decoded whole, then cut).
     """
-    cache = _cache_setting(cache, prefix_cache)
-    validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold)
+    if getattr(model, "block_causal", False) and block is None and steps is None and alpha is None and threshold is None:
+        block = BlockDecoding()
+    cache = _cache_setting("block" if block is not None else "none", prefix_cache) if cache is None \
+        else _cache_setting(cache, prefix_cache)
+    validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold, block)
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
     if init_tokens is None:
@@ -173,7 +206,7 @@ def generate(
     rows = [
         DecodeRow(prompt=input_ids[i][attention_mask[i].bool()], tokens=init_tokens[i], block_length=block_length,
                   steps=steps, alpha=alpha, threshold=threshold, temperature=temperature, remasking=remasking,
-                  generator=g, cache=cache)
+                  generator=g, cache=cache, block=block)
         for i, g in enumerate(_as_generators(generator, batch))
     ]
     for row in rows:
@@ -181,7 +214,7 @@ def generate(
     while decoder.active:
         decoder.step()
     return DecodeResult(
-        tokens=torch.stack([r.tokens for r in rows]).cpu(),
+        tokens=torch.stack([r.answer_tokens for r in rows]).cpu(),
         nfe=torch.tensor([r.nfe for r in rows], dtype=torch.long),
     )
 

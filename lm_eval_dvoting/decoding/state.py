@@ -17,7 +17,9 @@ REMASKING_RULES = ("low_confidence", "random")
 # What the forward pass of a step covers (caches.py): the whole sequence; the current
 # block and everything after it, with the prefix's keys and values kept (Fast-dLLM's
 # prefix cache); or the current block only, with prefix and suffix kept (its dual cache).
-CACHE_POLICIES = ("none", "prefix", "dual")
+# `block` is block diffusion's (LLaDA2): the keys and values of finished blocks, which are
+# final (a block never sees a later one), so it changes no output.
+CACHE_POLICIES = ("none", "prefix", "dual", "block")
 
 
 def default_block_length(gen_length: int) -> int:
@@ -41,6 +43,35 @@ class ScheduleProgress:
     block: int = 0
     step_in_block: int = 0
     counts: list[int] = field(default_factory=list)
+    post: int = 0  # block diffusion with editing: post-fill steps taken in the block
+
+
+@dataclass(frozen=True)
+class BlockDecoding:
+    """Block diffusion's settings (LLaDA2, decoding/blocks.py): the confidence `threshold`
+    (strict `>`), `steps` per block for the fallback quota (None: the block length, one
+    token per step), and LLaDA2.1's editing: `editing_threshold` (None: no editing, i.e.
+    LLaDA2.0) and `max_post_steps` (post-fill steps per block at most)."""
+
+    threshold: float = 0.95
+    steps: int | None = None
+    editing_threshold: float | None = None
+    max_post_steps: int = 16
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.threshold, (int, float)) and 0 <= self.threshold <= 1):
+            raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}: e.g. 0.95 (LLaDA2.0's default)")
+        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
+                                       or self.steps < 1):
+            raise ValueError(f"steps (per block) must be a whole number >= 1, got {self.steps!r}: leave it out for "
+                             "the block length (LLaDA2.0's default)")
+        if self.editing_threshold is not None and not (
+                isinstance(self.editing_threshold, (int, float)) and 0 <= self.editing_threshold <= 1):
+            raise ValueError(f"editing_threshold must be in [0, 1], got {self.editing_threshold!r}: e.g. 0.5 "
+                             "(LLaDA2.1's quality mode) or 0.0 (speed mode)")
+        if isinstance(self.max_post_steps, bool) or not isinstance(self.max_post_steps, int) or self.max_post_steps < 0:
+            raise ValueError(f"max_post_steps must be a whole number >= 0, got {self.max_post_steps!r}: e.g. 16 "
+                             "(LLaDA2.1's default)")
 
 
 @dataclass(eq=False)
@@ -83,10 +114,19 @@ class DecodeRow:
     progress: ScheduleProgress = field(default_factory=ScheduleProgress, repr=False)
     kept: KeptKeysValues | None = field(default=None, repr=False)
     observe: Callable[[int, torch.Tensor], None] | None = field(default=None, repr=False)
+    block: BlockDecoding | None = None  # block diffusion (a block-causal model), instead of steps/alpha/threshold
+    lead: int = 0  # block diffusion: prompt tokens at the front of `tokens` (blocks align at the prompt's start)
+    trail: int = 0  # block diffusion: masks appended to fill the last block (decoded, then cut off)
+    editable: torch.Tensor | None = field(default=None, repr=False)  # block diffusion: bool over `tokens`
 
     @property
     def gen_length(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def answer_tokens(self) -> torch.Tensor:
+        """The generation region the caller asked for (`tokens` without `lead` and `trail`)."""
+        return self.tokens[self.lead:self.tokens.shape[0] - self.trail]
 
     @property
     def num_blocks(self) -> int:
@@ -106,10 +146,16 @@ def validate_row_settings(
     remasking: str,
     cache: str = "none",
     threshold: float | None = None,
+    block: BlockDecoding | None = None,
 ) -> None:
     """Raise a ValueError naming the setting that cannot work, and what would."""
     if gen_length <= 0:
         raise ValueError(f"gen_length must be positive, got {gen_length}")
+    if block is not None:
+        _validate_block_row(block_length, steps, alpha, threshold, temperature, cache)
+        return
+    if cache == "block":
+        raise ValueError("cache=block is block diffusion's (LLaDA2 models); use none, prefix or dual here")
     if block_length <= 0 or gen_length % block_length:
         raise ValueError(
             f"block_length {block_length} must be positive and divide gen_length {gen_length}"
@@ -136,6 +182,21 @@ def validate_row_settings(
     if cache not in CACHE_POLICIES:
         raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}: none (exact, the default), "
                          "prefix or dual (Fast-dLLM's approximate key/value caches)")
+
+
+def _validate_block_row(block_length: int, steps: int | None, alpha: float | None, threshold: float | None,
+                        temperature: float, cache: str) -> None:
+    """A block-diffusion row: its rule's settings live in `block`; its cache is none or block."""
+    if block_length <= 0:
+        raise ValueError(f"block_length must be positive, got {block_length}: e.g. 32 (LLaDA2's)")
+    if any(rule is not None for rule in (steps, alpha, threshold)):
+        raise ValueError("a block-diffusion row takes its rule's settings from `block` (BlockDecoding), not from "
+                         "steps/alpha/threshold")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample")
+    if cache not in ("none", "block"):
+        raise ValueError(f"cache={cache} does not apply to block diffusion (LLaDA2): use cache=block (exact, the "
+                         "default) or cache=none")
 
 
 def masked_block(tokens: list[int], mask_id: int, length: int, after: int = 0) -> tuple[int, list[int]] | None:

@@ -1,0 +1,165 @@
+"""Block diffusion (LLaDA2.0 threshold decoding, LLaDA2.1 joint threshold decoding) on the
+official-format LLaDA2 fixture, against a transcription of upstream `generate()`
+(tests/llada2_reference.py), and the block cache's exactness."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lm_eval_dvoting.decoding import generate
+from lm_eval_dvoting.decoding.blocks import block_schedule
+from lm_eval_dvoting.decoding.state import BlockDecoding
+from llada2_reference import upstream_generate
+from references import load_float32
+
+QUALITY = BlockDecoding(threshold=0.7, editing_threshold=0.5)
+SPEED = BlockDecoding(threshold=0.5, editing_threshold=0.0)
+SETTINGS = {"2.0": BlockDecoding(), "2.0-steps2": BlockDecoding(steps=2), "2.0-low": BlockDecoding(threshold=0.3),
+            "2.1-quality": QUALITY, "2.1-speed": SPEED, "2.1-post2": BlockDecoding(0.5, None, 0.0, 2)}
+
+
+@pytest.fixture
+def model(llada2_fixture):
+    return load_float32(str(llada2_fixture))
+
+
+def _prompts() -> list[list[int]]:
+    """Random prompts of 3, 4, 6 and 9 tokens (at block 4: no prompt tail in the first block,
+    and tails of 1-3 tokens), and one that speed mode answers with an end token at once."""
+    generator = torch.Generator().manual_seed(7)
+    drawn = [torch.randint(0, 240, (n,), generator=generator).tolist() for n in (3, 4, 6, 9)]
+    return drawn + [[56, 216, 108, 74, 33, 86]]
+
+
+def _cut(tokens: list[int], ends: set[int]) -> list[int]:
+    cut = next((k for k, t in enumerate(tokens) if t in ends), None)
+    return tokens if cut is None else tokens[:cut + 1]
+
+
+@pytest.mark.parametrize("cache", ["none", "block"])
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_greedy_decoding_matches_upstream_generate(model, name: str, cache: str):
+    settings, ends = SETTINGS[name], set(model.end_token_ids)
+    for prompt in _prompts():
+        for gen_length in (5, 8):
+            expected, passes = upstream_generate(model, prompt, gen_length, 4, settings.threshold, settings.steps,
+                                                 settings.editing_threshold, settings.max_post_steps)
+            result = generate(model, torch.tensor([prompt]), gen_length=gen_length, block_length=4, block=settings,
+                              cache=cache)
+            assert _cut(result.tokens[0].tolist(), ends) == expected, (name, prompt, gen_length)
+            assert int(result.nfe[0]) == passes
+
+
+def test_the_cases_are_not_vacuous(model):
+    """Editing changes answers, the threshold changes answers, and some decodes stop at an end token."""
+    prompts, ends = _prompts(), set(model.end_token_ids)
+    outputs = {name: [tuple(upstream_generate(model, p, 8, 4, s.threshold, s.steps, s.editing_threshold,
+                                              s.max_post_steps)[0]) for p in prompts] for name, s in SETTINGS.items()}
+    assert outputs["2.0"] != outputs["2.1-speed"] and outputs["2.0"] != outputs["2.0-low"]
+    assert outputs["2.1-speed"] != outputs["2.1-post2"]
+    assert any(answer and answer[-1] in ends and len(answer) < 8 for answers in outputs.values() for answer in answers)
+
+
+@pytest.mark.parametrize("settings", [BlockDecoding(), QUALITY], ids=["2.0", "2.1"])
+def test_block_cache_gives_the_same_tokens_when_sampling_and_batched(model, settings):
+    prompts = _prompts()[:4]
+    width = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention[row, width - len(prompt):] = 1
+    results = {}
+    for cache in ("none", "block"):
+        generators = [torch.Generator().manual_seed(row) for row in range(len(prompts))]
+        results[cache] = generate(model, ids, attention, gen_length=11, block_length=4, block=settings, cache=cache,
+                                  temperature=0.8, generator=generators)
+    assert torch.equal(results["none"].tokens, results["block"].tokens)
+    assert torch.equal(results["none"].nfe, results["block"].nfe)
+    alone = generate(model, torch.tensor([prompts[0]]), gen_length=11, block_length=4, block=settings,
+                     temperature=0.8, generator=[torch.Generator().manual_seed(0)])
+    assert torch.equal(alone.tokens[0], results["block"].tokens[0])
+
+
+def test_block_cache_passes_cover_the_current_block_only(model):
+    """The first pass runs over prompt + first block; later passes of a block over that
+    block; the first pass of the next block over the finished block and the new one."""
+    lengths: list[int] = []
+    original = model.hidden_states
+
+    def spy(input_ids, attention_mask=None, position_ids=None, cache=None, block_lengths=None):
+        lengths.append(input_ids.shape[1])
+        return original(input_ids, attention_mask, position_ids, cache=cache, block_lengths=block_lengths)
+
+    model.hidden_states = spy
+    try:
+        result = generate(model, torch.tensor([_prompts()[3]]), gen_length=12, block_length=4,
+                          block=BlockDecoding(threshold=1.0), cache="block")  # one token per pass
+    finally:
+        del model.hidden_states
+    # prompt 9 tokens: blocks [0,4) [4,8) prompt, [8,12) holds the prompt's last token and 3 masks
+    assert lengths[:3] == [12, 4, 4]
+    assert lengths[3] == 8  # the finished block [8,12) again, with its final tokens, and block [12,16)
+    assert int(result.nfe[0]) == len(lengths)
+
+
+def test_kept_tokens_and_the_prompt_are_never_edited(model):
+    """LLaDA2.1 rewrites only positions that were masks when the decode began: never the
+    prompt's tail in the first block, nor tokens a dVoting sample keeps."""
+    prompt = _prompts()[2]  # 6 tokens: the first decoded block starts with 2 of them
+    init = torch.full((1, 10), model.mask_token_id)
+    init[0, 3], init[0, 7] = 17, 18
+    result = generate(model, torch.tensor([prompt]), gen_length=10, block_length=4, block=SPEED, init_tokens=init)
+    tokens = result.tokens[0]
+    ends = set(model.end_token_ids)
+    first_end = next((k for k, t in enumerate(tokens.tolist()) if t in ends), 10)
+    assert all(int(tokens[k]) == v for k, v in ((3, 17), (7, 18)) if k < first_end)
+
+
+def test_an_end_token_stops_the_decode_and_fills_the_rest(model):
+    for prompt in _prompts():
+        result = generate(model, torch.tensor([prompt]), gen_length=16, block_length=4, block=SPEED)
+        tokens = result.tokens[0].tolist()
+        ends = [k for k, t in enumerate(tokens) if t in model.end_token_ids]
+        if ends:
+            assert all(t == tokens[ends[0]] for t in tokens[ends[0]:])
+            return
+    pytest.fail("no prompt decoded an end token: the test checks nothing")
+
+
+def test_block_schedule_spreads_the_block_over_the_steps():
+    assert block_schedule(32, 32) == [1] * 32
+    assert block_schedule(10, 4) == [3, 3, 2, 2]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(block=BlockDecoding(), cache="prefix"), "cache=prefix does not apply to block diffusion"),
+    (dict(steps=8), "block diffusion"),
+])
+def test_refusals(model, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(model, torch.tensor([[1, 2, 3]]), gen_length=8, block_length=4, **kwargs)
+
+
+def test_block_decoding_is_refused_for_a_bidirectional_model(llada_fixture):
+    with pytest.raises(ValueError, match="block diffusion's, for LLaDA2"):
+        generate(load_float32(str(llada_fixture)), torch.tensor([[1, 2, 3]]), gen_length=8, block_length=4,
+                 block=BlockDecoding())
+
+
+@pytest.mark.parametrize("field, value", [("threshold", 1.5), ("steps", 0), ("editing_threshold", -0.1),
+                                          ("max_post_steps", -1)])
+def test_bad_block_settings_are_named(field, value):
+    with pytest.raises(ValueError, match=field):
+        BlockDecoding(**{field: value})
+
+
+def test_the_threshold_is_strict_and_the_quota_falls_back_to_the_most_confident():
+    from lm_eval_dvoting.decoding.blocks import BlockThreshold
+
+    masked = torch.tensor([True, True, True, False])
+    confidence = torch.tensor([0.95, 0.5, 0.96, 0.99], dtype=torch.float64)
+    at_threshold = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.95), 0, 4)
+    assert at_threshold.tolist() == [False, False, True, False]  # 0.95 is not above 0.95
+    none_above = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4)
+    assert none_above.tolist() == [True, False, True, False]  # quota 2 (4 over 2 steps): the two most confident masks
