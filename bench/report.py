@@ -101,7 +101,8 @@ def write_report(args: argparse.Namespace, results: RunResults, verdict_lines: l
 # bench/run.py keeps them as they are.
 KEPT_MARKERS = (("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),
                 ("<!-- ablations:start -->", "<!-- ablations:end -->"),
-                ("<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"))
+                ("<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"),
+                ("<!-- moe_bench:start -->", "<!-- moe_bench:end -->"))
 
 
 def kept_sections(path: Path) -> str:

@@ -30,6 +30,7 @@ def resolved_settings(settings: StrategySettings) -> dict[str, Any]:
         "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
         "decoder": settings.resolved_decoder,
         "vote": settings.resolved_vote,
+        "threshold": settings.resolved_threshold,
     }
 
 

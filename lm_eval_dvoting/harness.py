@@ -37,6 +37,9 @@ Choices a user of the harness should know (also in the README):
   `dtype`, `device` and `batch_rows` so a run can be repeated exactly.
 * lm-eval's run-wide `device`/`batch_size` and the same model args merge without clashes
   (`merge_run_args`); HFLM's model args are honoured or refused by name (README table).
+* `parallelize=True` (HFLM's, with `max_memory_per_gpu`/`max_cpu_memory`) spreads one model
+  over this process's GPUs by layers (models/placement.py); the args are checked, and the
+  GPUs' budget read, before any model work (`_parallel_budget`).
 * Characters the tokenizer does not know become its unknown token. Lone surrogates
   (invalid unicode, from a prompt template or function) become U+FFFD in the request
   itself before any model work (`sanitise_requests`, one warning per call), so
@@ -51,6 +54,7 @@ import difflib
 import inspect
 import logging
 import os
+import re
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -70,8 +74,10 @@ from .result_cache import bind as bind_result_cache, generation_key_args, repeat
 from .guidance import GuidedModel
 from .models.adapters import attach as attach_adapter
 from .models.adapters import read_adapter
-from .models.loading import (checkpoint_facts, hub_revision, load_model, load_tokenizer, resolve_checkpoint,
-                             resolve_device)
+from .models.loading import (checkpoint_facts, hub_revision, load_model, load_tokenizer, model_family, read_config,
+                             resolve_checkpoint, resolve_device)
+from .models.placement import describe as describe_placement
+from .models.placement import gpu_budget
 from .strategies import StrategySettings, decode_questions, derive_seed
 from .task_costs import RunCosts, install as _install_task_costs
 
@@ -97,24 +103,32 @@ class DVotingEvalModel(TemplateLM):
         n: int = 5, alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0,
         block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
         hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
-        cache: str = "none", threshold: float = 0.9, temporal_weight: str = "exp", temporal_alpha: float = 5.0,
-        vote: str | None = None, peft: str | None = None, reference: str | None = None, guidance: float = 1.0,
+        cache: str | None = None, threshold: float | None = None, temporal_weight: str = "exp",
+        temporal_alpha: float = 5.0, editing: str | None = None, editing_threshold: float | None = None,
+        max_post_steps: int = 16, vote: str | None = None, peft: str | None = None, reference: str | None = None, guidance: float = 1.0,
         seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
         max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
         max_batch_size: int | None = None, device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
         revision: str | None = None, subfolder: str | None = None, trust_remote_code: bool | str = False,
         use_fast_tokenizer: bool | str = True, add_bos_token: bool | str = False,
+        parallelize: bool | str = False, max_memory_per_gpu: int | str | None = None,
+        max_cpu_memory: int | str | None = None, device_map: str | None = None,
         **unknown: Any,
     ) -> None:
         super().__init__()
         _refuse_unknown_args(unknown)
         hf_args = _hflm_args(trust_remote_code, use_fast_tokenizer, add_bos_token)
+        # parallelize=True: the GPUs' memory budget (None: one device), before any model work
+        self._max_memory = _parallel_budget(parallelize, max_memory_per_gpu, max_cpu_memory, device_map, device,
+                                            reference, peft)
         self.settings = _strategy_settings(
             strategy=strategy, max_gen_toks=max_gen_toks, block_length=block_length, n=n, alpha=alpha,
             temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
             prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
             temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote, guidance=guidance,
+            block_decoding=self._block_decoding(editing), editing_threshold=editing_threshold,
+            max_post_steps=max_post_steps,
         )
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
@@ -134,6 +148,39 @@ class DVotingEvalModel(TemplateLM):
     # ---------------------------------------------------------------- set-up
 
     family = ""
+    # the checkpoint families this name decodes (model_family's names); `block_decoding`:
+    # None for the bidirectional families, else block diffusion's default (strategies.BLOCK_DECODINGS)
+    families: tuple[str, ...] = ()
+    block_decoding: str | None = None
+
+    def _block_decoding(self, editing: str | None) -> str | None:
+        """The block-diffusion rule of this model name, with LLaDA2.1's `editing` preset."""
+        if editing is None:
+            return self.block_decoding
+        if self.block_decoding not in ("quality", "speed"):
+            raise ValueError(f"editing={editing!r} is LLaDA2.1's (joint threshold decoding): use --model "
+                             "dvoting-llada21, or leave editing out")
+        if editing not in ("quality", "speed"):
+            raise ValueError(f"editing must be quality or speed (LLaDA2.1's model card presets), got {editing!r}")
+        return editing
+
+    def _check_family(self, folder: Any) -> None:
+        """Refuse, before any weights are read, a checkpoint that this model name would decode
+        with another family's semantics; name the model that decodes it."""
+        family = model_family(read_config(folder), folder / "config.json")
+        named_21 = re.search(r"llada-?2\.1", str(self.pretrained), re.IGNORECASE) is not None
+        named_20 = re.search(r"llada-?2\.0", str(self.pretrained), re.IGNORECASE) is not None
+        right = MODEL_FOR_FAMILY[family]
+        if family == "llada2" and (named_21 and self.block_decoding == "threshold"):
+            right = "dvoting-llada21"
+        elif family == "llada2" and named_20 and self.block_decoding in ("quality", "speed"):
+            right = "dvoting-llada2"
+        elif family == "llada2" and self.block_decoding is not None:
+            return
+        if family not in self.families or right != MODEL_FOR_FAMILY[family] or (
+                (family == "llada2") != (self.block_decoding is not None)):
+            raise ValueError(f"pretrained={self.pretrained} is a {FAMILY_NAMES[family]} checkpoint, which "
+                             f"--model {self.model_name} does not decode: use --model {right}")
 
     def _setup_processes(self, device: str | None) -> None:
         """One process, or one rank of `torchrun`/`accelerate launch` (data parallel)."""
@@ -181,6 +228,8 @@ class DVotingEvalModel(TemplateLM):
         # one resolution of the checkpoint, so config, weights and tokenizer come from the
         # same snapshot (a hub branch that moves between two look-ups cannot mix them)
         folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
+        if self.families:
+            self._check_family(folder)
         self.revision = hub_revision(folder)  # the hub commit loaded; None for a local folder
         self.subfolder = subfolder or None
         # the tokenizer first: it is cheap, and add_bos_token is checked against it
@@ -189,7 +238,13 @@ class DVotingEvalModel(TemplateLM):
         self.add_bos_token = _bos_setting(add_bos_token, self.tokenizer, tokenizer or self.pretrained)
         if reference_folder is not None:
             _check_reference(folder, self.tokenizer, reference_folder, reference)
-        self.model = load_model(folder, device=self._device, dtype=dtype)
+        max_memory = getattr(self, "_max_memory", None)
+        if max_memory is None:
+            self.model = load_model(folder, device=self._device, dtype=dtype)
+        else:  # parallelize=True: spread over the GPUs; token ids go to the embedding's GPU
+            self.model = load_model(folder, dtype=dtype, device_map="auto", max_memory=max_memory)
+            self._device = self.model.main_device
+            log.info("parallelize=True: %s", describe_placement(self.model.device_map))
         if self.adapter is not None:
             # Unmerged: the base model stays as it was read (the reference of RFG is the base
             # with the adapter switched off), and no weight is rounded twice by merging and
@@ -420,6 +475,7 @@ class DVotingEvalModel(TemplateLM):
     # ------------------------------------------------------------ likelihood
 
     def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        self._refuse_block_likelihood()
         pairs = [(torch.tensor(ctx, dtype=torch.long), torch.tensor(cont, dtype=torch.long))
                  for _, ctx, cont in requests]
         seeds = [derive_seed(self.seed, "loglikelihood", ctx, cont) for _, ctx, cont in requests]
@@ -431,11 +487,19 @@ class DVotingEvalModel(TemplateLM):
             self.cache_hook.add_partial("loglikelihood", string_pair, result)
         return results
 
+    def _refuse_block_likelihood(self) -> None:
+        if getattr(self.model, "block_causal", False):
+            raise ValueError(f"--model {self.model_name} has no log-likelihood path: the Monte-Carlo estimate "
+                             "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block diffusion; "
+                             "run generation tasks (generate_until) with it")
+
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._refuse_block_likelihood()
         sanitise_requests(requests)
         return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        self._refuse_block_likelihood()
         sanitise_requests(requests)
         scores = []
         for req in tqdm(requests, desc="dVoting loglikelihood_rolling", disable=disable_tqdm or self.rank != 0):
@@ -486,6 +550,8 @@ class DVotingEvalModel(TemplateLM):
                 # dtype, device and batch_rows are what a rerun must repeat
                 "dtype": self.dtype_name,
                 "device": "cpu" if self._device.type == "cpu" else str(self._device),  # a CPU rank is "cpu:0"
+                # parallelize=True: module -> GPU index ("cpu": offloaded) per layer; None: all on `device`
+                "device_map": getattr(self.model, "device_map", None),
                 # settings, settings_used, totals, tasks, computed (bookkeeping.py)
                 **self.costs.report(self.settings, self.seed),
             }
@@ -496,9 +562,15 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
                        temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
                        prefix_cache: bool | str, decoder: str | None, cache: str,
                        threshold: Any, temporal_weight: str, temporal_alpha: Any,
-                       vote: str | None, guidance: Any) -> StrategySettings:
+                       vote: str | None, guidance: Any, block_decoding: str | None = None,
+                       editing_threshold: Any = None, max_post_steps: Any = 16) -> StrategySettings:
     """The model args' strategy settings, each value checked once, at construction, with the
-    default generation length (a task's `max_gen_toks` replaces it per request)."""
+    default generation length (a task's `max_gen_toks` replaces it per request). `cache`
+    left out is `none`, or for block diffusion (LLaDA2) `block`, which is exact (`none`
+    where the temporal vote needs every step's whole prediction)."""
+    if cache is None:
+        temporal = strategy == "temporal" or vote == "temporal"
+        cache = "block" if block_decoding is not None and not temporal else "none"
     return StrategySettings(
         strategy=strategy, gen_length=whole_number("max_gen_toks", max_gen_toks),
         block_length=None if block_length is None else whole_number("block_length", block_length),
@@ -507,9 +579,11 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         tau=real_number("tau", tau), steps=None if steps is None else whole_number("steps", steps),
         remasking=remasking, hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
         prefix_cache=flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
-        threshold=real_number("threshold", threshold),
+        threshold=None if threshold is None else real_number("threshold", threshold),
         temporal_weight=temporal_weight, temporal_alpha=real_number("temporal_alpha", temporal_alpha), vote=vote,
-        guidance=real_number("guidance", guidance),
+        guidance=real_number("guidance", guidance), block_decoding=block_decoding,
+        editing_threshold=None if editing_threshold is None else real_number("editing_threshold", editing_threshold),
+        max_post_steps=whole_number("max_post_steps", max_post_steps),
     )
 
 
@@ -620,9 +694,8 @@ def _check_reference(folder: Path, tokenizer: Any, reference_folder: Path, refer
 
 # HFLM model args this plugin refuses, with what to do instead (a false/empty value is accepted)
 _REFUSED_HFLM_ARGS = {
-    "parallelize": "splitting one model across GPUs is not supported; run data parallel instead "
-                   "(accelerate launch -m lm_eval ... or torchrun, one model per GPU; README "
-                   "'Several processes / GPUs')",
+    "offload_folder": "offloading to disk is not supported: with parallelize=True the model must fit the GPUs "
+                      "(max_memory_per_gpu) plus the CPU (max_cpu_memory); drop offload_folder",
     "delta": "delta weights are not supported; add them to the base weights, save the result as "
              "safetensors beside config.json and pass that folder as pretrained",
 }
@@ -643,6 +716,36 @@ def _refuse_unknown_args(unknown: dict[str, Any]) -> None:
         close = difflib.get_close_matches(name, accepted, n=1)
         hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
     raise ValueError(f"unknown model args {', '.join(hints)}; accepted model args are: {', '.join(accepted)}")
+
+
+def _parallel_budget(parallelize: bool | str, max_memory_per_gpu: Any, max_cpu_memory: Any, device_map: Any,
+                     device: str | None, reference: str | None, peft: str | None) -> dict[Any, int] | None:
+    """HFLM's model-parallel args, checked before any model work: the memory budget of
+    `device_map="auto"` over this process's GPUs (`placement.gpu_budget`, as HFLM builds it),
+    or None without `parallelize` (one device)."""
+    if not flag("parallelize", parallelize):
+        given = [(name, value) for name, value in (("max_memory_per_gpu", max_memory_per_gpu),
+                                                   ("max_cpu_memory", max_cpu_memory), ("device_map", device_map))
+                 if value is not None]
+        if given:
+            name, value = given[0]
+            raise ValueError(f"{name}={value!r} applies with parallelize=True only (one model spread over the GPUs): "
+                             f"add parallelize=True, or drop {name}")
+        return None
+    if device_map not in (None, "auto"):
+        raise ValueError(f"device_map={device_map!r}: parallelize=True places the model with device_map='auto' "
+                         "(balanced over the GPUs, as lm-eval's hf model does), the only map supported here: drop "
+                         "device_map (in Python, load_model(device_map=...) also takes a dict)")
+    if device is not None and torch.device(device).type != "cuda":
+        raise ValueError(f"device={device!r} with parallelize=True, which spreads the model over the GPUs: drop "
+                         f"device (--device), or drop parallelize to run on {device}")
+    if reference is not None:
+        raise ValueError(f"reference={reference!r} with parallelize=True: RFG's second model is not spread over the "
+                         "GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop parallelize")
+    if peft is not None and max_cpu_memory is not None:
+        raise ValueError(f"peft={peft!r} with max_cpu_memory={max_cpu_memory!r}: a LoRA adapter cannot sit on layers "
+                         "offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) or peft")
+    return gpu_budget(max_memory_per_gpu, max_cpu_memory)
 
 
 def _hflm_args(trust_remote_code: bool | str, use_fast_tokenizer: bool | str, add_bos_token: bool | str) -> dict[str, bool]:
@@ -720,9 +823,12 @@ def _same_answer(a: tuple[str, str], b: tuple[str, str]) -> bool:
 
 
 class LLaDAEvalModel(DVotingEvalModel):
-    """`--model dvoting-llada`: LLaDA-8B-Instruct / LLaDA-1.5 (or any LLaDA-format folder)."""
+    """`--model dvoting-llada`: LLaDA-8B-Instruct / LLaDA-1.5 and LLaDA-MoE-7B-A1B (or any
+    folder in their formats): bidirectional semi-autoregressive decoding."""
 
     family = "llada"
+    families = ("llada", "llada_moe", "dream")  # a Dream checkpoint is decoded (with a warning), as before
+    model_name = "dvoting-llada"
     default_pretrained = "GSAI-ML/LLaDA-8B-Instruct"
 
 
@@ -730,5 +836,36 @@ class DreamEvalModel(DVotingEvalModel):
     """`--model dvoting-dream`: Dream-v0-Instruct-7B (or any Dream-format folder)."""
 
     family = "dream"
+    families = ("dream", "llada", "llada_moe")
+    model_name = "dvoting-dream"
     default_pretrained = "Dream-org/Dream-v0-Instruct-7B"
+
+
+class LLaDA2EvalModel(DVotingEvalModel):
+    """`--model dvoting-llada2`: LLaDA2.0-mini / -flash: block diffusion, LLaDA2.0's threshold
+    decoding (threshold 0.95, block 32, the block cache)."""
+
+    family = "llada2"
+    families = ("llada2",)
+    model_name = "dvoting-llada2"
+    block_decoding = "threshold"
+    default_pretrained = "inclusionAI/LLaDA2.0-mini"
+
+
+class LLaDA21EvalModel(DVotingEvalModel):
+    """`--model dvoting-llada21`: LLaDA2.1-mini / -flash: block diffusion with token editing
+    (joint threshold decoding), `editing=quality` (default) or `speed`."""
+
+    family = "llada2"
+    families = ("llada2",)
+    model_name = "dvoting-llada21"
+    block_decoding = "quality"
+    default_pretrained = "inclusionAI/LLaDA2.1-mini"
+
+
+# which model name decodes a family, and the family's name in messages
+MODEL_FOR_FAMILY = {"llada": "dvoting-llada", "llada_moe": "dvoting-llada", "dream": "dvoting-dream",
+                    "llada2": "dvoting-llada2 (LLaDA2.0) or dvoting-llada21 (LLaDA2.1)"}
+FAMILY_NAMES = {"llada": "LLaDA", "llada_moe": "LLaDA-MoE", "dream": "Dream",
+                "llada2": "LLaDA2 (block diffusion)"}
 

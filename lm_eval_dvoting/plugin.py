@@ -27,6 +27,8 @@ from typing import Any
 MODELS: dict[str, str] = {
     "dvoting-llada": "lm_eval_dvoting.harness:LLaDAEvalModel",
     "dvoting-dream": "lm_eval_dvoting.harness:DreamEvalModel",
+    "dvoting-llada2": "lm_eval_dvoting.harness:LLaDA2EvalModel",
+    "dvoting-llada21": "lm_eval_dvoting.harness:LLaDA21EvalModel",
 }
 
 _PACKAGE_DIR = Path(__file__).resolve().parent

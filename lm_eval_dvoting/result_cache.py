@@ -234,7 +234,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     checkpoint, tokenizer, the resolved strategy settings (strategy, `max_gen_toks` (the
     default length; a task's own is in the request), block_length, n, alpha, temperature,
     tau, steps, remasking, hex_samples, prefix_cache, decoder, cache, threshold, temporal_weight,
-    temporal_alpha, vote), seed, mc_num, dtype, device (its
+    temporal_alpha, vote, block_decoding, editing_threshold, max_post_steps), seed, mc_num, dtype, device (its
     type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where `batch_dependent`.
     """
     settings = lm.settings
@@ -243,6 +243,7 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
         "temperature": settings.resolved_temperature,
         "steps": settings.resolved_steps,
         "vote": settings.resolved_vote,  # vote=plain and no vote give majority the same samples
+        "threshold": settings.resolved_threshold,  # left out and given as its default decode alike
     }
     resolved["max_gen_toks"] = resolved.pop("gen_length")
     dtype = lm.dtype_name

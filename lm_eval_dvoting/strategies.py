@@ -42,6 +42,8 @@ import torch
 from .answers import tally
 from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
                        default_block_length)
+from .decoding.caches import shared_block_prefix
+from .decoding.state import BlockDecoding
 from .temporal import TEMPORAL_WEIGHTS, StepAnswer, StepAnswers, temporal_vote
 
 STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal", "rfg")
@@ -59,6 +61,13 @@ TEMPORAL_BLOCK_LENGTH = 32  # the TSCV paper's block length (its code's default)
 # and, instead of its entropy rule, dvoting.
 DECODERS = ("fixed", "entropy", "confidence")
 HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
+# Block diffusion (LLaDA2, decoding/blocks.py), set by the model class: "threshold" is
+# LLaDA2.0's threshold decoding, "quality" and "speed" LLaDA2.1's joint threshold decoding
+# with its model card's presets. Value: (threshold, editing_threshold); sources:
+# LLaDA2.0's model card and tech report (0.95), LLaDA2.1's model card "Best Practices".
+BLOCK_DECODINGS: dict[str, tuple[float, float | None]] = {
+    "threshold": (0.95, None), "quality": (0.7, 0.5), "speed": (0.5, 0.0)}
+LLADA2_BLOCK_LENGTH = 32  # both model cards' block_length (and SGLang's hard-coded value)
 
 Answer = Hashable
 Extract = Callable[[torch.Tensor], Answer | None]
@@ -135,7 +144,9 @@ class StrategySettings:
     # Fast-dLLM's key/value caches (decoding/caches.py): "none" (exact), "prefix" or "dual"
     # (faster at long lengths, slightly different samples)
     cache: str = "none"
-    threshold: float = 0.9  # the confidence decoder's (decoder="confidence")
+    # the confidence decoder's (decoder="confidence"; default 0.9, Fast-dLLM's) or block
+    # diffusion's (default from BLOCK_DECODINGS): `resolved_threshold`
+    threshold: float | None = None
     # strategy=temporal: the weight of a step's answer, exp(temporal_alpha * s / T),
     # (s + 1) / T or 1 (temporal.py); 5.0 is the TSCV release's README example (its batch
     # script uses 11; which value the paper's tables used we could not read)
@@ -148,6 +159,11 @@ class StrategySettings:
     # strategy=rfg: the guidance strength w of (1 + w) log p_policy - w log p_ref (guidance.py);
     # RFG_GUIDANCE is our default (see there)
     guidance: float = 1.0
+    # block diffusion (LLaDA2 models; None for LLaDA and Dream): a key of BLOCK_DECODINGS,
+    # with LLaDA2.1's editing threshold (default the preset's) and post-fill steps per block
+    block_decoding: str | None = None
+    editing_threshold: float | None = None
+    max_post_steps: int = 16
 
     def __post_init__(self) -> None:
         # Every check runs before any model work; each message names the setting, its
@@ -163,7 +179,7 @@ class StrategySettings:
             # 0 would divide by zero below; a negative one "divides" the length
             require_whole("block_length", self.block_length, 1,
                           f"leave it out (default gen_length/16) or give a divisor of {self.gen_length}")
-        if self.gen_length % self.resolved_block_length:
+        if self.gen_length % self.resolved_block_length and self.block_decoding is None:
             raise ValueError(
                 f"block_length {self.resolved_block_length} does not divide the generation length "
                 f"{self.gen_length}; choose a block length that divides it"
@@ -189,6 +205,7 @@ class StrategySettings:
         self._check_cache()
         self._check_temporal()
         self._check_guidance()
+        self._check_block_decoding()
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
             raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
 
@@ -199,8 +216,12 @@ class StrategySettings:
         if self.strategy == "hex" and self.decoder in ("entropy", "confidence"):
             raise ValueError(f"decoder={self.decoder} does not apply to strategy=hex: HEX is defined by its fixed "
                              "schedules over block sizes L/32..L/2; leave decoder out for hex")
-        require_real("threshold (confidence decoder)", self.threshold, "in (0, 1]", lambda t: 0 < t <= 1,
-                     "e.g. threshold=0.9 (Fast-dLLM's default)")
+        if self.threshold is not None and self.block_decoding is None:
+            require_real("threshold (confidence decoder)", self.threshold, "in (0, 1]", lambda t: 0 < t <= 1,
+                         "e.g. threshold=0.9 (Fast-dLLM's default)")
+        elif self.threshold is not None:
+            require_real("threshold (block diffusion)", self.threshold, "in (0, 1]", lambda t: 0 < t <= 1,
+                         "e.g. threshold=0.95 (LLaDA2.0's default)")
         if self.strategy == "dvoting" and self.decoder == "fixed":
             raise ValueError("decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
                              "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
@@ -248,6 +269,51 @@ class StrategySettings:
             raise ValueError(f"cache={self.cache} does not apply to strategy=rfg: its two models would need a "
                              "cache each; use cache=none (the default)")
 
+    def _check_block_decoding(self) -> None:
+        """Block diffusion's settings; the other families' rules do not apply to it, nor it to them."""
+        if self.block_decoding is None:
+            if self.editing_threshold is not None or self.cache == "block":
+                raise ValueError("editing_threshold and cache=block are LLaDA2's (block diffusion): use "
+                                 "--model dvoting-llada2 or dvoting-llada21 with a LLaDA2 checkpoint")
+            return
+        if self.block_decoding not in BLOCK_DECODINGS:
+            raise ValueError(f"editing must be one of quality, speed (LLaDA2.1's presets), got {self.block_decoding!r}")
+        if self.decoder is not None:
+            raise ValueError(f"decoder={self.decoder} does not apply to LLaDA2 (block diffusion decodes with its "
+                             "threshold rule): leave decoder out; threshold= and steps= tune it")
+        if self.cache not in ("none", "block"):
+            raise ValueError(f"cache={self.cache} does not apply to LLaDA2: use cache=block (exact, the default) or "
+                             "cache=none")
+        if self.strategy == "rfg":
+            raise ValueError("strategy=rfg is not available for LLaDA2 models yet: use single, majority, hex, "
+                             "dvoting or temporal")
+        if self.resolved_vote == "temporal" and self.cache == "block":
+            raise ValueError("the temporal vote needs every step's whole prediction, which cache=block does not "
+                             "compute (a pass covers the current block): use cache=none with it")
+        editing = BLOCK_DECODINGS[self.block_decoding][1] is not None
+        if self.steps is not None and editing:
+            raise ValueError(f"steps does not apply to LLaDA2.1's joint threshold decoding (editing="
+                             f"{self.block_decoding}), which commits at least one token per step as upstream; "
+                             "leave steps out")
+        if self.editing_threshold is not None and not editing:
+            raise ValueError("editing_threshold is LLaDA2.1's: use --model dvoting-llada21 (editing=quality|speed)")
+        self.block_settings()  # range checks of threshold, editing_threshold, max_post_steps
+
+    def block_settings(self, block_length: int | None = None) -> BlockDecoding:
+        """Block diffusion's rule settings (`decoding/blocks.py`)."""
+        threshold, editing = BLOCK_DECODINGS[self.block_decoding]
+        if self.editing_threshold is not None:
+            editing = self.editing_threshold
+        return BlockDecoding(threshold=self.resolved_threshold, steps=self.steps, editing_threshold=editing,
+                             max_post_steps=self.max_post_steps)
+
+    @property
+    def resolved_threshold(self) -> float:
+        """The threshold in use: given, or the confidence decoder's 0.9, or block diffusion's preset."""
+        if self.threshold is not None:
+            return self.threshold
+        return 0.9 if self.block_decoding is None else BLOCK_DECODINGS[self.block_decoding][0]
+
     @property
     def passes_per_step(self) -> int:
         """Forward passes per denoising step: 2 for rfg (policy and reference), else 1."""
@@ -270,15 +336,19 @@ class StrategySettings:
     def commit_rule(self) -> dict[str, Any]:
         """The decoder's setting as `DecodeRow` takes it: `steps` (fixed schedule, as it
         really runs), `alpha` (entropy threshold) or `threshold` (confidence threshold)."""
+        if self.block_decoding is not None:
+            return dict(steps=None, alpha=None, block=self.block_settings())
         decoder = self.resolved_decoder
         return dict(steps=self.steps_run if decoder == "fixed" else None,
                     alpha=self.alpha if decoder == "entropy" else None,
-                    threshold=self.threshold if decoder == "confidence" else None)
+                    threshold=self.resolved_threshold if decoder == "confidence" else None)
 
     @property
     def resolved_block_length(self) -> int:
         if self.block_length is not None:
             return self.block_length
+        if self.block_decoding is not None:
+            return LLADA2_BLOCK_LENGTH
         if self.strategy == "temporal":  # the paper's 32 where it fits (else the usual L/16)
             block = min(TEMPORAL_BLOCK_LENGTH, self.gen_length)
             if self.gen_length % block == 0:
@@ -305,7 +375,7 @@ class StrategySettings:
         multiple of the block count); for hex one value per block size (L/32 .. L/2); None
         for the entropy decoder (dVoting's, or `decoder=entropy`), which follows no
         schedule and ignores `steps`."""
-        if self.resolved_decoder != "fixed":
+        if self.resolved_decoder != "fixed" or self.block_decoding is not None:
             return None
         if self.strategy == "hex":
             return [_fixed_steps(self.resolved_steps, self.gen_length, self.gen_length // d)
@@ -324,6 +394,7 @@ class SampleSpec:
     temperature: float
     kept: torch.Tensor | None = None  # positions fixed from earlier samples (remask samples)
     threshold: float | None = None  # the confidence rule's (when neither steps nor alpha is given)
+    block: BlockDecoding | None = None  # block diffusion's rule (LLaDA2), instead of the three above
 
 
 @dataclass
@@ -382,8 +453,10 @@ def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAns
     if settings.strategy == "hex":
         seeds = settings.hex_samples // len(HEX_BLOCK_DIVISORS)
         specs = []
-        for divisor, steps in zip(HEX_BLOCK_DIVISORS, settings.steps_run):
-            specs += [SampleSpec(fresh, length // divisor, steps, None, temperature) for _ in range(seeds)]
+        for divisor, steps in zip(HEX_BLOCK_DIVISORS, settings.steps_run or [None] * len(HEX_BLOCK_DIVISORS)):
+            # block diffusion: each block size with the family's threshold rule (attention blocks too)
+            hex_rule = dict(steps=steps, alpha=None) if settings.block_decoding is None else rule
+            specs += [SampleSpec(fresh, length // divisor, temperature=temperature, **hex_rule) for _ in range(seeds)]
         yield specs
         return
     # dVoting
@@ -435,6 +508,7 @@ class _Question:
     observed: bool = False  # whether its samples' per-step answers are kept (the temporal vote)
     steps: list[StepAnswers] = field(default_factory=list)  # per sample drawn, when observed
     draw_steps: list[StepAnswers] = field(default_factory=list)  # per row of the current draw, when observed
+    donor: DecodeRow | None = None  # block diffusion: a finished sample whose kept keys and values later ones share
 
     def next_sample_seed(self) -> int:
         """The seed of the next sample to start: derived from the question's seed and the
@@ -443,7 +517,9 @@ class _Question:
 
     def take_draw(self, rows: list[DecodeRow]) -> list[tuple[torch.Tensor, Any]]:
         """Record a finished draw's samples; return (tokens, answer) per sample for the plan."""
-        tokens = [row.tokens.cpu() for row in rows]
+        tokens = [row.answer_tokens.cpu() for row in rows]
+        if self.donor is None:
+            self.donor = next((row for row in rows if row.cache == "block" and row.kept is not None), None)
         answers = [self.answer_of(t) for t in tokens]
         self.samples += tokens
         self.answers += answers
@@ -490,8 +566,9 @@ def run_strategy(
     strategy: str = "dvoting", extract: Extract, gen_length: int, block_length: int | None = None, n: int = 5,
     alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0, seed: int = 0,
     steps: int | None = None, remasking: str = "low_confidence", hex_samples: int = 25,
-    prefix_cache: bool = False, decoder: str | None = None, cache: str = "none", threshold: float = 0.9,
+    prefix_cache: bool = False, decoder: str | None = None, cache: str | None = None, threshold: float | None = None,
     temporal_weight: str = "exp", temporal_alpha: float = 5.0, vote: str | None = None, guidance: float = 1.0,
+    block_decoding: str | None = None, editing_threshold: float | None = None, max_post_steps: int = 16,
     same_answer: SameAnswer | None = None, row_seeds: Sequence[int] | None = None, max_rows: int = 16,
     on_done: Callable[[int, StrategyResult], None] | None = None,
 ) -> list[StrategyResult]:
@@ -511,12 +588,21 @@ def run_strategy(
     steps (default: temporal for strategy="temporal", else one vote per sample).
     `strategy="rfg"` needs `model` to be a `guidance.GuidedModel` and decodes it at
     `guidance` (its NFE counts both models' passes).
+    A block-causal model (LLaDA2) decodes by block diffusion: `block_decoding` "threshold"
+    (LLaDA2.0, the default there), "quality" or "speed" (LLaDA2.1's presets), with
+    `threshold`, `steps` (per block), `editing_threshold` and `max_post_steps`; its
+    `cache` is "block" (exact, the default there) or "none".
     """
+    if getattr(model, "block_causal", False) and block_decoding is None:
+        block_decoding = "threshold"
+    if cache is None:
+        cache = "block" if block_decoding is not None and strategy != "temporal" and vote != "temporal" else "none"
     settings = StrategySettings(
         strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
         temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
         prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
         temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote, guidance=guidance,
+        block_decoding=block_decoding, editing_threshold=editing_threshold, max_post_steps=max_post_steps,
     )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
@@ -636,9 +722,12 @@ class _Scheduler:
         if steps is not None:
             question.draw_steps.append(steps)
         row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
-                        steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, temperature=spec.temperature,
+                        steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, block=spec.block,
+                        temperature=spec.temperature,
                         remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec,
                         observe=None if steps is None else steps.observe)
+        if spec.kept is not None and question.donor is not None and question.donor.block_length == row.block_length:
+            row.kept = shared_block_prefix(question.donor, row.prompt, row.tokens)
         question.decoding.append(row)
         self.decoder.add(row)
 
@@ -665,6 +754,7 @@ class _Scheduler:
 
     def _finish(self, question: _Question) -> None:
         question.done = True
+        question.donor = None  # its kept keys and values are no longer needed
         if question.observed:
             result = question.temporal_result(self.settings_of[question.index], self.same_answer)
         else:

@@ -111,6 +111,41 @@ def _write_random_llada(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
+def _write_random_llada2(folder: Path, seed: int = 0) -> Path:
+    """A tiny random-weight LLaDA2 checkpoint (the official-format fixture's config, the
+    demo's character tokenizer and its ids) for end-to-end runs through lm-eval."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from lm_eval_dvoting.demo.tokenizer import EOS, MASK, build_tokenizer
+    from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Model
+
+    tokenizer = build_tokenizer()
+    config = json.loads((fixture_folder("llada2") / "config.json").read_text())
+    config.update(vocab_size=len(tokenizer), mask_token_id=tokenizer.convert_tokens_to_ids(MASK),
+                  eos_token_id=tokenizer.convert_tokens_to_ids(EOS), pad_token_id=tokenizer.convert_tokens_to_ids(EOS),
+                  max_position_embeddings=512)
+    torch.manual_seed(seed)
+    model = LLaDA2Model(LLaDA2Config.from_dict(config))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.3) if "norm" not in name else p.fill_(1.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llada2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny LLaDA2-format checkpoint folder with a tokenizer."""
+    return _write_random_llada2(tmp_path_factory.mktemp("tiny-llada2"))
+
+
 @pytest.fixture(scope="session")
 def tiny_llada_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random tiny LLaDA-format checkpoint folder with a tokenizer (needs no ../shared)."""

@@ -163,3 +163,58 @@ def test_the_threshold_is_strict_and_the_quota_falls_back_to_the_most_confident(
     assert at_threshold.tolist() == [False, False, True, False]  # 0.95 is not above 0.95
     none_above = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4)
     assert none_above.tolist() == [True, False, True, False]  # quota 2 (4 over 2 steps): the two most confident masks
+
+
+@pytest.mark.parametrize("settings", ["threshold", "speed"])
+def test_every_strategy_gives_the_same_samples_with_and_without_the_block_cache(model, settings):
+    """dVoting's remask samples start from the kept keys and values of an earlier sample's
+    agreed blocks (recomputing only from the first remasked block on): same samples, same NFE.
+    Hex runs one row per pass here: with its rows of five block lengths batched, the passes
+    of the two policies pad differently, the float32 sums move by ~1e-6, and on this random
+    fixture that once flipped a near-tie of the MoE router (a discontinuity), changing one
+    sample; exact arithmetic gives equal samples (README, "Model families"). (Hex with
+    editing, one row per pass, takes over a minute here: threshold decoding only.)"""
+    from lm_eval_dvoting.strategies import run_strategy
+
+    prompts = _prompts()[:4]
+    width = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention[row, width - len(prompt):] = 1
+    for strategy in ("majority", "dvoting", "hex") if settings == "threshold" else ("majority", "dvoting"):
+        runs = {cache: run_strategy(model, ids, attention, strategy=strategy, extract=lambda t: int(t[0]) % 2,
+                                    gen_length=32, block_length=4, n=5, tau=0.6, cache=cache,
+                                    block_decoding=settings, temperature=0.8,
+                                    max_rows=1 if strategy == "hex" else 16)
+                for cache in ("none", "block")}
+        for plain, cached in zip(runs["none"], runs["block"]):
+            assert torch.equal(plain.samples, cached.samples), strategy
+            assert plain.sample_nfe == cached.sample_nfe
+
+
+def test_a_remask_sample_recomputes_only_from_its_first_remasked_block(model):
+    from lm_eval_dvoting.strategies import run_strategy
+
+    lengths: list[int] = []
+    original = model.hidden_states
+
+    def spy(input_ids, attention_mask=None, position_ids=None, cache=None, block_lengths=None):
+        lengths.append((input_ids.shape[1], 0 if cache is None or not cache.keys else cache.keys[0].shape[2]))
+        return original(input_ids, attention_mask, position_ids, cache=cache, block_lengths=block_lengths)
+
+    model.hidden_states = spy
+    try:
+        [result] = run_strategy(model, torch.tensor([_prompts()[3]]), strategy="dvoting", extract=lambda t: None,
+                                gen_length=32, block_length=4, n=5, tau=0.6, temperature=0.8, max_rows=1)
+    finally:
+        del model.hidden_states
+    remasked = [i for i, kept in enumerate(result.kept) if kept]
+    assert remasked, "no remask sample was drawn: the test checks nothing"
+    # a remask sample's first pass attends to the kept keys of every whole block before its
+    # first remasked position (prompt 9 tokens, block 4), and runs from there to that block's end
+    for i in remasked:
+        first_masked = 9 + min(set(range(32)) - set(result.kept[i]))
+        shared = first_masked // 4 * 4
+        assert lengths[sum(result.sample_nfe[:i])] == (4, shared)

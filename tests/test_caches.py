@@ -139,7 +139,7 @@ def test_dual_cache_stays_close_to_the_exact_decoder(rule):
 
 def test_bad_cache_settings_are_refused_before_any_model_work():
     scripted = ScriptedModel(gen_choices(2, lambda q, g: (1,)), vocab=8)
-    with pytest.raises(ValueError, match=r"cache must be one of \('none', 'prefix', 'dual'\), got 'full'"):
+    with pytest.raises(ValueError, match=r"cache must be one of \('none', 'prefix', 'dual', 'block'\), got 'full'"):
         generate(scripted, torch.tensor([[1, 2]]), gen_length=2, block_length=2, steps=2, cache="full")
     with pytest.raises(ValueError, match=r"cache=dual .*needs one of this package's LLaDA/Dream models"):
         generate(scripted, torch.tensor([[1, 2]]), gen_length=2, block_length=2, steps=2, cache="dual")

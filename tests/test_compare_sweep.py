@@ -140,7 +140,7 @@ REFUSALS = [
     (["--sweep", "threshold=high"], r"--sweep threshold=high: threshold takes numbers, got 'high'"),
     (["--sweep", "threshold=0.5,1.5"], r"--sweep threshold=1.5: threshold \(confidence decoder\) must be in "
                                        r"\(0, 1\], got 1.5"),
-    (["--sweep", "cache=none,full"], r"--sweep cache=full: cache must be one of \('none', 'prefix', 'dual'\)"),
+    (["--sweep", "cache=none,full"], r"--sweep cache=full: cache must be one of \('none', 'prefix', 'dual', 'block'\)"),
     (["--sweep", "hex_samples=5,7"], r"--sweep hex_samples=7: hex_samples must be 25 .* or 5"),
     # the task's length, read from its YAML (32), and the model's (256)
     (["--sweep", "block_length=2,64"], r"--sweep block_length=64: 64 does not divide the generation length 32 "

@@ -709,7 +709,7 @@ def test_threshold_refusal_says_what_is_allowed_and_one_is_allowed():
 
 
 @pytest.mark.parametrize("settings, says", [
-    (dict(cache="full"), "cache must be one of ('none', 'prefix', 'dual'), got 'full': none (exact, the default), "
+    (dict(cache="full"), "cache must be one of ('none', 'prefix', 'dual', 'block'), got 'full': none (exact, the default), "
                          "prefix or dual (Fast-dLLM's approximate key/value caches)"),
     (dict(prefix_cache="yes"), "prefix_cache must be true or false, got 'yes'"),
     (dict(prefix_cache=True, cache="dual"), "prefix_cache=true and cache=dual disagree: give cache alone "

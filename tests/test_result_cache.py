@@ -166,6 +166,8 @@ OTHER_SETTINGS = {
     "decoder": "entropy",  # tried on strategy=single (dvoting's own decoder is the entropy one)
     "cache": "dual", "threshold": 0.7, "temporal_weight": "linear", "temporal_alpha": 11.0, "vote": "temporal",
     "guidance": 2.0,
+    # block diffusion's (LLaDA2): tried on block_decoding="quality" (they are refused without it)
+    "block_decoding": "threshold", "editing_threshold": 0.3, "max_post_steps": 3,
 }
 
 
@@ -176,6 +178,14 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
     changed = {}
     for name, value in OTHER_SETTINGS.items():
         original = lm.settings
+        if name in ("editing_threshold", "max_post_steps"):
+            lm.settings = dataclasses.replace(original, block_decoding="quality")
+            quality = result_cache.fingerprint_id(result_cache.fingerprint(lm))
+            lm.settings = dataclasses.replace(original, block_decoding="quality", **{name: value})
+            changed[name] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
+            assert changed[name] != quality
+            lm.settings = original
+            continue
         if name == "decoder":
             lm.settings = dataclasses.replace(original, strategy="single")
             single = result_cache.fingerprint_id(result_cache.fingerprint(lm))

@@ -143,7 +143,8 @@ def test_a_used_or_greedy_request_is_not_warned_about(caplog):
 
 
 @pytest.mark.parametrize("arg, says", [
-    ("parallelize=True", "accelerate launch"),
+    ("max_memory_per_gpu=10GiB", "applies with parallelize=True only"),  # parallelize: tests/test_parallelize.py
+    ("offload_folder=./offload", "offloading to disk is not supported"),
     ("peft=/no/such/adapter", "peft='/no/such/adapter': no such folder; give a folder holding adapter_config.json"),
     ("delta=some/delta", "delta weights are not supported"),
     ("use_fast_tokenizer=False", "only fast"),

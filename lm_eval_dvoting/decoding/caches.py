@@ -258,6 +258,27 @@ class ForwardPass:
         return end if row.cache == "prefix" else row.prompt.numel() + start + row.block_length
 
 
+def shared_block_prefix(donor: DecodeRow, prompt: torch.Tensor, tokens: torch.Tensor) -> KeptKeysValues | None:
+    """The keys and values a block-cache row (`donor`, finished) kept that a new row of the
+    same block length can start from: those of the whole blocks before the first position
+    where the new sequence (`prompt` + `tokens`, masks included) differs from the donor's.
+    A block never sees a later one, so they are exactly what the new row would compute
+    (a dVoting remask sample recomputes only its blocks from the first remasked one on).
+    None when nothing is shared."""
+    kept = donor.kept
+    if kept is None or donor.cache != "block":
+        return None
+    mine = torch.cat([prompt, tokens]).to(donor.tokens.device)
+    theirs = torch.cat([donor.prompt, donor.tokens])
+    width = min(mine.numel(), theirs.numel(), kept.prefix_keys[0].shape[1])
+    differs = (mine[:width] != theirs[:width]).nonzero()
+    same = width if not len(differs) else int(differs[0])
+    shared = same // donor.block_length * donor.block_length
+    if shared == 0:
+        return None
+    return KeptKeysValues(shared, [k[:, :shared] for k in kept.prefix_keys], [v[:, :shared] for v in kept.prefix_values])
+
+
 def fresh_group(rows: Sequence[DecodeRow], group: Sequence[int]) -> bool:
     """Whether the rows of a block-cache pass keep nothing yet (`_blocks` never mixes them)."""
     return rows[group[0]].kept is None

@@ -145,7 +145,8 @@ class RowDecoder:
     def _retire(self) -> list[DecodeRow]:
         finished = [row for row in self.active if not self._has_masks(row)]
         for row in finished:
-            row.kept = None  # free the kept keys and values
+            if row.cache != "block":  # block diffusion's are final: a dVoting remask sample may start from them
+                row.kept = None  # free the kept keys and values
         self.active = [row for row in self.active if row not in finished]
         return finished
 

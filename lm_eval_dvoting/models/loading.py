@@ -9,17 +9,20 @@ float32 on the host.
 The returned module exposes what the sampler needs:
 `mask_token_id`, `end_token_ids` (end-of-text and end-of-turn), `logits_shift`
 (0 for LLaDA, 1 for Dream), `max_length` and `source` (the folder it came from).
+With `device_map`, one model is spread over several GPUs, each weight read straight onto
+its own (models/placement.py).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
@@ -27,6 +30,7 @@ from .dream import DreamConfig, DreamModel
 from .llada import LLaDAConfig, LLaDAModel
 from .llada2 import LLaDA2Config, LLaDA2Model
 from .llada_moe import LLaDAMoEConfig, LLaDAMoEModel
+from . import placement
 
 # Official ids, used when a config does not name them (the real checkpoints' values).
 # LLaDA-MoE and LLaDA2.x share inclusionAI's tokenizer: mask 156895 and end of text 156892
@@ -352,12 +356,45 @@ def _read_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -
                 f"cannot read weight file {file} ({err}); it is corrupt or truncated: download it again"
             ) from err
         for name, tensor in tensors.items():
-            state[name] = tensor.to(dtype)
-            # a corrupt file of the right size loads "fine" and decodes garbage: one pass per
-            # tensor at load, none per step
-            if state[name].is_floating_point() and not _all_finite(state[name]):
-                _refuse_non_finite(file, name, tensor, state[name], dtype)
+            state[name] = _checked(file, name, tensor, tensor.device, dtype)
     return state
+
+
+def _checked(file: Path, name: str, tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` on `device` in `dtype`, refused when it holds NaN/inf."""
+    loaded = tensor.to(device=device, dtype=dtype)
+    # a corrupt file of the right size loads "fine" and decodes garbage: one pass per
+    # tensor at load, none per step
+    if loaded.is_floating_point() and not _all_finite(loaded):
+        _refuse_non_finite(file, name, tensor, loaded, dtype)
+    return loaded
+
+
+def _read_weights_placed(files: list[Path], device_of: Callable[[str], torch.device],
+                         dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """As `_read_weights`, each tensor onto its own device (`device_of(name)`, a device map's).
+
+    Tensors are read one at a time from the memory-mapped file, so host memory holds one
+    tensor in transit, never a second copy of the model (or of a shard)."""
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        opening = functools.partial(safe_open, str(file), framework="pt", device="cpu")
+        with _corrupt_file_refused(file, opening) as opened:
+            for name in opened.keys():
+                tensor = _corrupt_file_refused(file, functools.partial(opened.get_tensor, name))
+                # converted on its device (a GPU's, usually): only reading is a file's fault
+                state[name] = _checked(file, name, tensor, device_of(name), dtype)
+    return state
+
+
+def _corrupt_file_refused(file: Path, read: Callable[[], Any]) -> Any:
+    """`read()`, its failure reported as a corrupt weight file."""
+    try:
+        return read()
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"cannot read weight file {file} ({err}); it is corrupt or truncated: download it again"
+        ) from err
 
 
 def _all_finite(tensor: torch.Tensor) -> bool:
@@ -391,6 +428,8 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     revision: str | None = None,
     subfolder: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[Any, Any] | None = None,
 ) -> nn.Module:
     """Load LLaDA or Dream from a hub id, a local folder, or a packaged demo name (`PACKAGED_CHECKPOINTS`).
 
@@ -399,12 +438,27 @@ def load_model(
     `forward(input_ids, attention_mask=None)` gives raw logits (batch, length, vocab); it
     carries `mask_token_id`, `end_token_ids`, `logits_shift`, `max_length`, `family` and
     `source` (the folder it was read from).
+
+    `device_map` spreads the model over several devices instead of `device` (models/placement.py):
+    "auto" computes the map from `max_memory` (GPU index or "cpu" -> bytes or "80GiB"; default
+    every visible GPU's free memory), or give a dict of module name -> GPU index or "cpu" ('' for
+    the whole model; a layer is never split). Each weight is read straight onto its device;
+    the model then carries `device_map` (one entry per layer and module) and `main_device`.
     """
     folder = resolve_checkpoint(name_or_path, revision=revision, subfolder=subfolder)
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
     check_config_fields(family, config, folder / "config.json")
-    target = resolve_device(device)
+    if device_map is None:
+        if max_memory is not None:
+            raise ValueError("max_memory applies with device_map='auto' only: give device_map='auto' or drop "
+                             "max_memory")
+        target = resolve_device(device)
+    else:
+        if device is not None:
+            raise ValueError(f"device={device!r} and device_map: give one (device_map places every module itself)")
+        max_memory = placement.gpu_budget() if device_map == "auto" and max_memory is None else max_memory
+        target = placement.named_device(device_map, max_memory)
     torch_dtype = parse_dtype(dtype, target)
     check_device_dtype(target, torch_dtype)
     mask_id, end_ids = _special_ids(family, config, folder)
@@ -415,7 +469,11 @@ def load_model(
         cfg = config_class.from_dict(config)
         model: nn.Module = model_class(cfg)
     max_length = cfg.max_sequence_length if family == "llada" else cfg.max_position_embeddings
-    state = _read_weights(files, target, torch_dtype)
+    placed = None if device_map is None else _planned_map(model, device_map, max_memory, torch_dtype)
+    if placed is None:
+        state = _read_weights(files, target, torch_dtype)
+    else:
+        state = _read_weights_placed(files, placement.weight_device(placed), torch_dtype)
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
@@ -426,12 +484,27 @@ def load_model(
         )
     model.load_state_dict(state, assign=True)
     model.eval().requires_grad_(False)
+    if placed is not None:
+        placement.dispatch(model, placed)
     model.mask_token_id = mask_id
     model.end_token_ids = end_ids
     model.max_length = int(max_length)
     model.family = family
     model.source = str(folder)
     return model
+
+
+def _planned_map(model: nn.Module, device_map: str | dict[str, Any], max_memory: dict[Any, Any] | None,
+                 dtype: torch.dtype) -> dict[str, placement.Device]:
+    """The expanded map (one entry per layer and module) of `device_map` for the meta-device `model`."""
+    if device_map == "auto":
+        return placement.auto_device_map(model, max_memory or {}, dtype)
+    if not isinstance(device_map, dict):
+        raise ValueError(f"device_map={device_map!r}: give 'auto' or a dict of module name -> GPU index or 'cpu'")
+    if max_memory is not None:
+        raise ValueError("max_memory applies with device_map='auto' only: a dict device_map places every module "
+                         "itself")
+    return placement.expand_device_map(model, device_map)
 
 
 def load_tokenizer(name_or_path: str | Path, revision: str | None = None, subfolder: str | None = None) -> Any:

@@ -1,0 +1,578 @@
+"""A real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against a dense
+layer with the same active parameters. Writes its own section of BENCHMARKS.md.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py            # the full run (about 6 min)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --quick --out /tmp/B.md   # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --report-only   # rewrite the section from --json
+
+The model: LLaDA2.0-mini's published shape (`LLADA2_MINI` below: width 2048, 16 query and 4
+key/value heads of 128, 256 experts of intermediate 512, top-8 routing within the best 4 of 8
+groups, one shared expert), random weights (seeded, normal with std 0.02, zero expert bias),
+one layer of its 20. float32 by default: the published weights are bfloat16, but float32 is
+the dtype this package runs on a CPU (`--dtype bfloat16` runs the same cells in bfloat16).
+
+Part `moe`: one forward call of LLaDA2's MoE MLP (`LLaDA2SparseMLP`: the group-limited router,
+the routed experts, the shared expert) against a dense SwiGLU of the same active width
+(top-k x moe_intermediate + shared x moe_intermediate = 4608), on the tokens of one decoding
+step: `--rows` rows of one block (`--block` 32 tokens, what the block cache feeds a step) and,
+unless `--no-whole`, of the whole sequence (prompt 256 + generation 256, what a step without
+a cache feeds). The same for the whole `LLaDA2Layer` (attention included): the MoE layer
+against the same layer with the dense-active MLP; in the block cells the block attends to
+`prompt + (gen - block) / 2` cached keys (the mean over the generation's blocks). Each cell
+runs the two models back to back, `--repeats` times, alternating which goes first (the load
+of the shared machine drifts over minutes); the section gives the medians and the median of
+the per-repeat ratios. For the block cells the MoE's time is also split into the router, the
+routed experts, the experts' SwiGLUs alone (inputs gathered beforehand: the part the
+dispatch in `Experts.forward` cannot change) and the shared expert.
+
+Part `cache` (the block cache against no cache at prompt 256 + generation 256) is to come:
+`PARTS` maps each part to its runner and its lines; `--parts` picks which run, and `--keep`
+keeps the other parts found in `--json`, so that parts can be run apart into one section.
+
+The section goes between `<!-- moe_bench:start -->` and `<!-- moe_bench:end -->` of `--out`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.caches_bench import uptime, write_section  # noqa: E402
+from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
+from lm_eval_dvoting.models.common import PrefixCache, rotary_tables  # noqa: E402
+from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+START, END = "<!-- moe_bench:start -->", "<!-- moe_bench:end -->"
+GOAL_RATIO = 1.5  # MoE / dense-active at 16 rows (issue)
+Results = dict[str, Any]
+
+# inclusionAI/LLaDA2.0-mini's config.json, the fields the forward pass reads. Source: the
+# config.json of inclusionAI/LLaDA2.1-mini (https://huggingface.co/inclusionAI/LLaDA2.1-mini/
+# blob/main/config.json: same `LLaDA2MoeModelLM`, 16B total / 1.4B active), identical in every
+# field below to that of Zigeng/DMax-Math-16B (a LLaDA2.0-mini fine-tune, https://huggingface.co/
+# Zigeng/DMax-Math-16B/blob/main/config.json); the LLaDA2.0-mini file itself (huggingface.co/
+# inclusionAI/LLaDA2.0-mini/blob/main/config.json) was not readable from here. Cross-checks:
+# 20 layers, 16 heads, vocabulary 157,184, 16B total and 1.4B active parameters as the model
+# card and its reviews say (`parameter_counts` gives 16.3B and 1.43B from these fields).
+LLADA2_MINI: dict[str, Any] = {
+    "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
+    "num_hidden_layers": 20, "intermediate_size": 5120, "vocab_size": 157184, "num_experts": 256,
+    "num_experts_per_tok": 8, "moe_intermediate_size": 512, "num_shared_experts": 1, "n_group": 8,
+    "topk_group": 4, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "partial_rotary_factor": 0.5,
+    "rope_theta": 600000, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+}
+CONFIG_SOURCE = ("inclusionAI/LLaDA2.1-mini `config.json` (same architecture and size as LLaDA2.0-mini; "
+                 "equal in these fields to the LLaDA2.0-mini fine-tune Zigeng/DMax-Math-16B's)")
+DTYPE_NOTE = {"float32": " (the published weights are bfloat16; float32 is what this package runs on a CPU)"}
+# a tiny model of the same structure, for --quick
+QUICK: dict[str, Any] = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                         "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
+                         "n_group": 4, "topk_group": 2, "intermediate_size": 128, "vocab_size": 1000}
+
+
+# ----------------------------------------------------------------- the proxy
+
+
+def proxy_config(quick: bool = False) -> LLaDA2Config:
+    """LLaDA2.0-mini's config (tiny with `quick`)."""
+    return LLaDA2Config.from_dict({**LLADA2_MINI, **(QUICK if quick else {})})
+
+
+def dense_active_width(cfg: LLaDA2Config) -> int:
+    """The intermediate size of a SwiGLU with the MoE MLP's active parameters (router aside)."""
+    return (cfg.num_experts_per_tok + cfg.num_shared_experts) * cfg.moe_intermediate_size
+
+
+def parameter_counts(cfg: LLaDA2Config) -> tuple[int, int]:
+    """(total, active per token) parameters of the whole model (norms left out)."""
+    h, heads = cfg.hidden_size, cfg.num_attention_heads + 2 * cfg.kv_heads
+    attention = h * heads * cfg.dim_per_head + cfg.num_attention_heads * cfg.dim_per_head * h
+    expert = 3 * h * cfg.moe_intermediate_size
+    moe_layers = cfg.num_hidden_layers - cfg.first_k_dense_replace
+    dense = cfg.first_k_dense_replace * (attention + 3 * h * cfg.intermediate_size)
+    shared = (attention + cfg.num_experts * h + cfg.num_shared_experts * expert) * moe_layers
+    head = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    total = dense + shared + cfg.num_experts * expert * moe_layers + head
+    return total, dense + shared + cfg.num_experts_per_tok * expert * moe_layers + head
+
+
+def random_layers(cfg: LLaDA2Config, dtype: torch.dtype, seed: int) -> dict[str, LLaDA2Layer]:
+    """The MoE layer and the same layer with the dense-active MLP, random weights."""
+    dense_cfg = LLaDA2Config.from_dict({**asdict(cfg), "intermediate_size": dense_active_width(cfg),
+                                        "first_k_dense_replace": 1})
+    torch.manual_seed(seed)
+    with torch.device("meta"):  # no default initialisation: 256 experts' kaiming init costs seconds
+        layers = {"moe": LLaDA2Layer(cfg, 1), "dense": LLaDA2Layer(dense_cfg, 0)}
+    for name, layer in layers.items():
+        layers[name] = layer.to_empty(device="cpu").to(dtype).eval().requires_grad_(False)
+        fill_random(layers[name])
+    return layers
+
+
+@torch.no_grad()
+def fill_random(module: torch.nn.Module, std: float = 0.02) -> None:
+    """Matrices normal(0, std), norm weights 1, buffers (the router's expert bias) 0."""
+    for p in module.parameters():
+        if p.dim() >= 2:
+            p.normal_(0, std)
+        else:
+            p.fill_(1.0)
+    for b in module.buffers():
+        b.zero_()
+
+
+# ----------------------------------------------------------------- cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one step feeds: `rows` x `tokens` through the MLP or the layer (with `prefix` cached keys)."""
+
+    kind: str
+    rows: int
+    tokens: int
+    prefix: int = 0
+
+    @property
+    def name(self) -> str:
+        cached = f" + {self.prefix} cached keys" if self.prefix else ""
+        return f"{self.kind} {self.rows}x{self.tokens}{cached}"
+
+
+def cells_of(args: argparse.Namespace) -> list[Cell]:
+    """The block cells, then the whole-sequence cells, for every kind and row count."""
+    whole = args.prompt_length + args.gen_length
+    prefix = args.prompt_length + (args.gen_length - args.block) // 2
+    shapes = [(args.block, prefix)] + ([] if args.no_whole else [(whole, 0)])
+    return [Cell(kind, rows, tokens, prefix if kind == "layer" else 0)
+            for kind in args.kinds for tokens, prefix in shapes for rows in args.rows]
+
+
+def step_input(cell: Cell, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """The hidden states of one step: (rows, tokens, width), standard normal (about what a norm gives)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(cell.rows, cell.tokens, width, generator=gen).to(dtype)
+
+
+def step_call(layer: LLaDA2Layer, cfg: LLaDA2Config, cell: Cell, dtype: torch.dtype,
+              seed: int) -> Callable[[], torch.Tensor]:
+    """A call of `layer` (its MLP for kind `mlp`) on the cell's random inputs; in a layer cell
+    with a prefix, the block attends to that many cached keys (random) as well."""
+    x = step_input(cell, cfg.hidden_size, dtype, seed)
+    if cell.kind == "mlp":
+        return lambda: layer.mlp(x)
+    gen = torch.Generator().manual_seed(seed + 1)
+    shape = (cell.rows, cfg.kv_heads, cell.prefix, cfg.dim_per_head)
+    keys, values = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+    positions = torch.arange(cell.prefix, cell.prefix + cell.tokens).expand(cell.rows, -1)
+    rotary = rotary_tables(positions, cfg.rotary_dim, cfg.rope_theta)
+
+    def call() -> torch.Tensor:
+        cache = PrefixCache(keys=[keys], values=[values]) if cell.prefix else None  # fresh: a pass appends to it
+        return layer(x, rotary, None, cache, 0)
+
+    return call
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    """Seconds of one call."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def moe_parts(mlp: torch.nn.Module, x: torch.Tensor, reverse: bool) -> dict[str, float]:
+    """Seconds of the MoE MLP's parts: router, routed experts, their SwiGLUs alone (on inputs
+    gathered beforehand), shared expert; timed in turn, in reverse order when `reverse`."""
+    flat = x.reshape(-1, x.shape[-1])
+    chosen, weights = mlp.gate(flat)
+    counts = torch.bincount(chosen.flatten(), minlength=len(mlp.experts)).tolist()
+    order = chosen.flatten().argsort(stable=True)
+    inputs = [(e, part) for e, part in enumerate(flat[order // chosen.shape[1]].split(counts)) if counts[e]]
+    calls = {"router": lambda: mlp.gate(flat), "experts": lambda: mlp.experts(flat, chosen, weights),
+             "swiglus": lambda: [mlp.experts[e](part) for e, part in inputs],
+             "shared": lambda: mlp.shared_experts(x) if mlp.shared_experts is not None else None}
+    return {name: timed(calls[name]) for name in (reversed(calls) if reverse else calls)}
+
+
+def experts_used(mlp: torch.nn.Module, x: torch.Tensor) -> int:
+    """How many distinct experts the router sends the step's tokens to."""
+    chosen, _ = mlp.gate(x.reshape(-1, x.shape[-1]))
+    return int(chosen.unique().numel())
+
+
+@torch.inference_mode()
+def run_cell(layers: dict[str, LLaDA2Layer], cfg: LLaDA2Config, cell: Cell, args: argparse.Namespace,
+             dtype: torch.dtype) -> Results:
+    """`args.repeats` paired timings of the MoE and the dense-active model on one cell."""
+    calls = {name: step_call(layer, cfg, cell, dtype, args.seed) for name, layer in layers.items()}
+    x = step_input(cell, cfg.hidden_size, dtype, args.seed)
+    for call in calls.values():
+        call()  # warm-up
+    result: Results = {"moe": [], "dense": [], "parts": [], "experts_used": experts_used(layers["moe"].mlp, x)}
+    for repeat in range(args.repeats):
+        for name in ("moe", "dense") if repeat % 2 == 0 else ("dense", "moe"):
+            result[name].append(timed(calls[name]))
+        if cell.kind == "mlp" and cell.tokens == args.block:
+            result["parts"].append(moe_parts(layers["moe"].mlp, x, reverse=repeat % 2 == 1))
+    return result
+
+
+def run_moe(args: argparse.Namespace, save: Callable[[Results], None]) -> Results:
+    """Part `moe`: every cell; saved after each."""
+    dtype = getattr(torch, args.dtype)
+    cfg = proxy_config(args.quick)
+    part: Results = {"meta": start_meta(args), "cells": {},
+                     "model": {"config": asdict(cfg), "dense_width": dense_active_width(cfg),
+                               "counts": parameter_counts(cfg), "dtype": args.dtype, "quick": args.quick}}
+    began = time.perf_counter()
+    layers = random_layers(cfg, dtype, args.seed)
+    for cell in cells_of(args):
+        part["cells"][cell.name] = {"cell": asdict(cell), **run_cell(layers, cfg, cell, args, dtype)}
+        times = part["cells"][cell.name]
+        print(f"  [{cell.name}] MoE {1000 * statistics.median(times['moe']):.1f} ms, dense "
+              f"{1000 * statistics.median(times['dense']):.1f} ms", flush=True)
+        save(part)
+    part["meta"].update(elapsed=time.perf_counter() - began, load_after=load_average(), busy_after=busy_processes())
+    save(part)
+    return part
+
+
+# ----------------------------------------------------------------- the machine
+
+
+def git_commit() -> str:
+    """HEAD's short hash, with a note when the working tree has changes."""
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+
+    try:
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes' if dirty else ''}"
+
+
+def start_meta(args: argparse.Namespace) -> Results:
+    """The command, machine, date, commit and the other processes, at the start of a part."""
+    env = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} " if "OMP_NUM_THREADS" in os.environ else ""
+    return {"command": f"{env}.venv/bin/python bench/moe_bench.py" + "".join(f" {a}" for a in args.argv),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
+            "facts": machine_description(torch.device("cpu")), "load_before": load_average(),
+            "uptime_before": uptime(), "busy": busy_processes()}
+
+
+# ----------------------------------------------------------------- the section
+
+
+def ms(seconds: list[float]) -> float:
+    return 1000 * statistics.median(seconds)
+
+
+def ratios(cell: Results) -> list[float]:
+    """MoE / dense time within each repeat (the two ran back to back)."""
+    return [m / d for m, d in zip(cell["moe"], cell["dense"])]
+
+
+def mlp_flops(model: Results, cell: Results) -> float:
+    """Multiply-adds x 2 of the dense-active MLP on the cell's tokens (the MoE's too, router aside)."""
+    c = cell["cell"]
+    return 2 * 3 * model["config"]["hidden_size"] * model["dense_width"] * c["rows"] * c["tokens"]
+
+
+def weight_mib(model: Results, cell: Results) -> tuple[float, float]:
+    """MiB of weights (MoE, dense) a call reads: the experts hit, the shared one and the router
+    (float32) against the dense MLP; plus the attention's in a layer cell."""
+    cfg, size = model["config"], torch.finfo(getattr(torch, model["dtype"])).bits // 8
+    h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    moe = (cell["experts_used"] + cfg["num_shared_experts"]) * 3 * h * inter * size + cfg["num_experts"] * h * 4
+    dense = 3 * h * model["dense_width"] * size
+    if cell["cell"]["kind"] == "layer":
+        heads = cfg["num_attention_heads"] + 2 * (cfg["num_key_value_heads"] or cfg["num_attention_heads"])
+        attention = (heads + cfg["num_attention_heads"]) * cfg["head_dim"] * h * size
+        moe, dense = moe + attention, dense + attention
+    return moe / 2**20, dense / 2**20
+
+
+def cell_row(model: Results, name: str, cell: Results) -> str:
+    """One table row: sizes, weights read, medians, the ratio with its range, GFLOP/s (MLP cells)."""
+    c, r = cell["cell"], ratios(cell)
+    moe_w, dense_w = weight_mib(model, cell)
+    speed = " | |"
+    if c["kind"] == "mlp":
+        moe_speed, dense_speed = (mlp_flops(model, cell) / statistics.median(cell[k]) / 1e9 for k in ("moe", "dense"))
+        speed = f" {moe_speed:.0f} | {dense_speed:.0f} |"
+    return (f"| {name} | {c['rows'] * c['tokens']} | {cell['experts_used']} | {moe_w:,.0f} / {dense_w:,.0f} | "
+            f"{ms(cell['moe']):.1f} | {ms(cell['dense']):.1f} | {statistics.median(r):.2f} "
+            f"({min(r):.2f}-{max(r):.2f}) |{speed}")
+
+
+def cells_table(part: Results) -> list[str]:
+    experts = part["model"]["config"]["num_experts"]
+    lines = [f"| cell (rows x tokens) | tokens | experts hit (of {experts}) by the step's input | weights read MiB, "
+             "MoE / dense | MoE ms | dense ms | MoE / dense: median of repeats (range) | MoE GFLOP/s | dense GFLOP/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    return lines + [cell_row(part["model"], name, cell) for name, cell in part["cells"].items()]
+
+
+def part_medians(cell: Results) -> dict[str, float]:
+    """Median ms of each MoE part over the repeats; `dispatch`: the median of the per-repeat
+    differences experts - SwiGLUs alone (the two ran back to back)."""
+    runs = cell["parts"]
+    medians = {key: ms([run[key] for run in runs]) for key in runs[0]}
+    return {**medians, "dispatch": ms([run["experts"] - run["swiglus"] for run in runs])}
+
+
+def parts_table(part: Results) -> list[str]:
+    """Where the MoE MLP's time goes in the block cells (medians of the repeats)."""
+    lines = ["| cell | router ms | routed experts ms | of which the SwiGLUs alone | dispatch: the rest (median "
+             "of repeats) | shared expert ms |", "|---|---:|---:|---:|---:|---:|"]
+    for name, cell in part["cells"].items():
+        if cell["parts"]:
+            p = part_medians(cell)
+            lines.append(f"| {name} | {p['router']:.1f} | {p['experts']:.1f} | {p['swiglus']:.1f} | "
+                         f"{p['dispatch']:.1f} ({100 * p['dispatch'] / p['experts']:.0f}%) | "
+                         f"{p['shared']:.1f} |")
+    return lines
+
+
+def find_cell(part: Results, kind: str, rows: int, tokens: int) -> Results | None:
+    return next((c for c in part["cells"].values() if (c["cell"]["kind"], c["cell"]["rows"], c["cell"]["tokens"])
+                 == (kind, rows, tokens)), None)
+
+
+def goal_lines(part: Results) -> list[str]:
+    """The verdict on the issue's goal: the MoE MLP within 1.5x of dense-active at 16 rows of a block."""
+    a = part["args"]
+    cell = find_cell(part, "mlp", max(a["rows"]), a["block"])
+    if cell is None:
+        return ["- goal: not measured (no block cell at 16 rows)."]
+    ratio = statistics.median(ratios(cell))
+    verdict = "met" if ratio <= GOAL_RATIO else "**missed**"
+    layer = find_cell(part, "layer", max(a["rows"]), a["block"])
+    diluted = "" if layer is None else (f" (the whole layer, attention over the cached keys included: "
+                                        f"{statistics.median(ratios(layer)):.2f}x)")
+    return [f"- **Goal** (issue): the MoE MLP within {GOAL_RATIO}x of its dense-active equivalent at "
+            f"{max(a['rows'])} rows x {a['block']} tokens: {ratio:.2f}x, {verdict}{diluted}."]
+
+
+def why_lines(part: Results) -> list[str]:
+    """The reasons behind the ratios, with this run's numbers."""
+    a, model, cfg = part["args"], part["model"], part["model"]["config"]
+    lines = []
+    big = find_cell(part, "mlp", max(a["rows"]), a["block"])
+    if big is not None:
+        tokens = big["cell"]["rows"] * big["cell"]["tokens"]
+        moe_w, dense_w = weight_mib(model, big)
+        flops = mlp_flops(model, big)
+        lines.append(
+            f"- At {big['cell']['rows']} rows x {big['cell']['tokens']} tokens = {tokens} tokens and top-"
+            f"{cfg['num_experts_per_tok']}, the router makes {tokens * cfg['num_experts_per_tok']} assignments; they "
+            f"hit {big['experts_used']} of the {cfg['num_experts']} experts, about "
+            f"{tokens * cfg['num_experts_per_tok'] / big['experts_used']:.0f} tokens each. Both layers do the same "
+            f"multiply-adds, but the MoE's come as {big['experts_used']} x 3 GEMMs of ~"
+            f"{tokens * cfg['num_experts_per_tok'] // big['experts_used']} rows that read {moe_w:,.0f} MiB of "
+            f"weights, the dense layer's as 3 GEMMs of {tokens} rows over {dense_w:,.0f} MiB. The CPU's GEMM "
+            f"(MKL, one thread) runs at {flops / statistics.median(big['moe']) / 1e9:.0f} GFLOP/s on the MoE and "
+            f"{flops / statistics.median(big['dense']) / 1e9:.0f} on the dense layer: a GEMM of a few rows "
+            f"streams and packs a whole weight matrix for little arithmetic. That nearly every expert is hit is "
+            f"the nature of a {tokens}-token step at top-{cfg['num_experts_per_tok']}, not of this implementation.")
+    lines += dispatch_lines(part) + small_lines(part) + whole_lines(part) + gpu_lines(part)
+    return lines
+
+
+def dispatch_lines(part: Results) -> list[str]:
+    """How much of the MoE's time its dispatch takes, and what is left without it."""
+    big = find_cell(part, "mlp", max(part["args"]["rows"]), part["args"]["block"])
+    if big is None or not big["parts"]:
+        return []
+    p = part_medians(big)
+    dispatch = p["dispatch"]
+    share = f"{dispatch:.0f} ms of the routed experts' {p['experts']:.0f} ms"
+    if abs(dispatch) <= 0.05 * p["experts"]:
+        share = (f"small: {dispatch:+.0f} ms of the routed experts' {p['experts']:.0f} ms, within the noise of "
+                 "timing the two apart")
+    floor = (p["swiglus"] + p["shared"]) / ms(big["dense"])
+    return [f"- The dispatch in `Experts.forward` (sorting the assignments, gathering each expert's tokens, "
+            f"weighting and scattering the outputs, the loop over experts) is {share}; the experts' SwiGLUs on "
+            f"inputs gathered beforehand take {p['swiglus']:.0f} ms. "
+            f"Those SwiGLUs and the shared expert alone come to {floor:.2f}x the dense layer's time, so no "
+            f"dispatch could meet the goal with these GEMMs; the router adds {p['router']:.0f} ms."]
+
+
+def small_lines(part: Results) -> list[str]:
+    a, cfg = part["args"], part["model"]["config"]
+    one = find_cell(part, "mlp", min(a["rows"]), a["block"])
+    if one is None or min(a["rows"]) == max(a["rows"]):
+        return []
+    tokens = one["cell"]["rows"] * one["cell"]["tokens"]
+    assignments = tokens * cfg["num_experts_per_tok"]
+    moe_w, dense_w = weight_mib(part["model"], one)
+    return [f"- At {one['cell']['rows']} row ({tokens} tokens, {assignments} assignments) "
+            f"{one['experts_used']} experts are hit with ~{assignments / one['experts_used']:.1f} tokens each: the "
+            f"step reads {moe_w:,.0f} MiB of weights against {dense_w:,.0f} MiB for the same arithmetic (at "
+            f"{moe_w * 2**20 / statistics.median(one['moe']) / 1e9:.0f} GB/s), so its cost follows the weights it "
+            f"touches, not its arithmetic, and the MoE takes {statistics.median(ratios(one)):.1f}x the dense "
+            "layer's time."]
+
+
+def whole_lines(part: Results) -> list[str]:
+    a, cfg = part["args"], part["model"]["config"]
+    whole = find_cell(part, "mlp", max(a["rows"]), a["prompt_length"] + a["gen_length"])
+    if whole is None:
+        return []
+    tokens, ratio = whole["cell"]["rows"] * whole["cell"]["tokens"], statistics.median(ratios(whole))
+    per_expert = tokens * cfg["num_experts_per_tok"] // cfg["num_experts"]
+    within = "within" if ratio <= GOAL_RATIO else "still outside"
+    return [f"- Without a cache a step feeds the whole sequence: at {whole['cell']['rows']} rows x "
+            f"{whole['cell']['tokens']} tokens each expert gets ~{per_expert} tokens, and the MoE takes {ratio:.2f}x "
+            f"the dense layer, {within} {GOAL_RATIO}x: the closer a call comes to hundreds of tokens per expert, "
+            "the closer the MoE comes to the cost of its active parameters."]
+
+
+def gpu_lines(part: Results) -> list[str]:
+    """What a GPU would change: an estimate from the byte and FLOP counts, not a measurement."""
+    a, model, cfg = part["args"], part["model"], part["model"]["config"]
+    tokens = max(a["rows"]) * a["block"]
+    h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    moe_gib = (cfg["num_experts"] + cfg["num_shared_experts"]) * 3 * h * inter * 2 / 2**30
+    dense_mib = 3 * h * model["dense_width"] * 2 / 2**20
+    gflop = 2 * 3 * h * model["dense_width"] * tokens / 1e9
+    return [f"- On a GPU (not measured: this machine has none) a grouped GEMM would run all experts in one "
+            f"kernel instead of {3 * cfg['num_experts']} small ones, which removes the launch and dispatch "
+            f"overheads but not the weight traffic: a {tokens}-token step still reads every expert, "
+            f"{moe_gib:.2f} GiB in bfloat16 against {dense_mib:.0f} MiB for the dense-active layer, for "
+            f"{gflop:.0f} GFLOP either way. On an H100 (assumed 3.3 TB/s and 500 bf16 TFLOP/s) that is about "
+            f"{moe_gib * 2**30 / 3.3e12 * 1e3:.2f} ms of reads against about {gflop / 500e3 * 1e3:.2f} ms of "
+            f"dense arithmetic (estimates): the ratio there would be further from {GOAL_RATIO}x, not closer. What "
+            "the MoE saves is against a dense model of its *total* size (the arithmetic of 1.4B parameters per "
+            "token instead of 16B); against the dense-active layer it loses whenever a step's tokens spread over "
+            "all experts, since the dense weights serve every token and each expert's only a few."]
+
+
+def machine_lines(meta: Results, args: Results) -> list[str]:
+    lines = ["Machine and command:", "", f"- command: `{meta['command']}` (from the repository root)",
+             f"- date: {meta['date']}; commit: {meta['commit']}"]
+    lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
+    lines += [f"- threads: {args['threads']}, dtype: {args['dtype']}, repeats: {args['repeats']} (paired, the order "
+              "alternating), one warm-up call per model and cell",
+              f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; other busy processes "
+              "at the start (the 2 cores are shared):"]
+    lines += [f"  - `{b}`" for b in meta["busy"]]
+    if meta.get("busy_after"):
+        lines += ["- and at the end:"] + [f"  - `{b}`" for b in meta["busy_after"]]
+    return lines + [f"- wall time of the part: {meta.get('elapsed', 0) / 60:.1f} min"]
+
+
+def moe_lines(part: Results) -> list[str]:
+    """Part `moe`'s subsection."""
+    model, a = part["model"], part["args"]
+    total, active = model["counts"]
+    quick = " (**--quick: a tiny model, not the real shape**)" if model["quick"] else ""
+    return ["### The MoE layer against its dense-active equivalent" + quick, "",
+            f"One call per step shape; *MLP* = `LLaDA2SparseMLP` (router, {model['config']['num_experts']} routed "
+            f"experts, shared expert) against a SwiGLU of intermediate {model['dense_width']}; *layer* = the whole "
+            f"`LLaDA2Layer` (norms, attention, MLP) with either MLP; in the block cells of the layer the "
+            f"{a['block']} tokens attend to {a['prompt_length'] + (a['gen_length'] - a['block']) // 2} cached keys "
+            f"as well (prompt {a['prompt_length']} + generation {a['gen_length']}: the mean over the blocks). The "
+            f"MoE's config gives {total / 1e9:.1f}B parameters in all and {active / 1e9:.2f}B active per token "
+            "for the whole model (the published 16B / 1.4B).", "",
+            *cells_table(part), "", "Where the MoE MLP's time goes (block cells, medians of the repeats):", "",
+            *parts_table(part), "", *goal_lines(part), *why_lines(part), "", *machine_lines(part["meta"], a), ""]
+
+
+PARTS: dict[str, tuple[Callable[[argparse.Namespace, Callable[[Results], None]], Results],
+                       Callable[[Results], list[str]]]] = {"moe": (run_moe, moe_lines)}
+
+
+def model_description(model: Results) -> str:
+    """The proxy's shape in words, from the config a part ran."""
+    c = model["config"]
+    return (f"width {c['hidden_size']}, {c['num_attention_heads']} query and {c['num_key_value_heads']} key/value "
+            f"heads of {c['head_dim']}, {c['num_experts']} experts of intermediate {c['moe_intermediate_size']}, "
+            f"top-{c['num_experts_per_tok']} within the best {c['topk_group']} of {c['n_group']} groups, "
+            f"{c['num_shared_experts']} shared expert(s); one layer of its {c['num_hidden_layers']}, random weights "
+            f"(std 0.02, zero expert bias), {model['dtype']}{DTYPE_NOTE.get(model['dtype'], '')}, inputs standard "
+            "normal. The dense-active equivalent "
+            f"is a SwiGLU of intermediate ({c['num_experts_per_tok']} + {c['num_shared_experts']}) x "
+            f"{c['moe_intermediate_size']} = {model['dense_width']}: the MoE MLP's multiply-adds per token, "
+            "router aside")
+
+
+def section(results: Results) -> list[str]:
+    """The whole section: the model, then each part that ran, in `PARTS` order."""
+    model = next(iter(results["parts"].values()))["model"]
+    lines = [START, "## LLaDA2.0-mini proxy on the CPU", "",
+             f"Written by `bench/moe_bench.py` (its docstring says what runs). The model: LLaDA2.0-mini's shape "
+             f"from {CONFIG_SOURCE}: {model_description(model)}.", ""]
+    for name, (_, part_lines) in PARTS.items():
+        if name in results["parts"]:
+            lines += part_lines(results["parts"][name])
+    return lines + [END]
+
+
+# ----------------------------------------------------------------- command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="rows per step")
+    p.add_argument("--block", type=int, default=32, help="tokens of one block: a step's input with the block cache")
+    p.add_argument("--prompt-length", type=int, default=256)
+    p.add_argument("--gen-length", type=int, default=256)
+    p.add_argument("--kinds", nargs="+", default=["mlp", "layer"], choices=["mlp", "layer"])
+    p.add_argument("--no-whole", action="store_true", help="skip the whole-sequence (no cache) cells")
+    p.add_argument("--repeats", type=int, default=7, help="paired timings per cell (medians)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a tiny model and sizes, for a smoke test")
+    p.add_argument("--keep", action="store_true", help="keep the parts found in --json that this run skips")
+    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
+    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
+    p.add_argument("--json", type=Path, default=Path("/tmp/moe_bench.json"))
+    args = p.parse_args(argv)
+    args.argv = list(argv or [])
+    if args.quick:
+        args.rows, args.block, args.prompt_length, args.gen_length, args.repeats = [1, 2], 4, 8, 8, 2
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.report_only:
+        write_section(args.out, section(json.loads(args.json.read_text())), START, END)
+        return 0
+    kept = json.loads(args.json.read_text())["parts"] if args.keep and args.json.exists() else {}
+    results: Results = {"parts": {k: v for k, v in kept.items() if k not in args.parts}}
+    for name in args.parts:
+        def save(part: Results, name: str = name) -> None:
+            part["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+            results["parts"][name] = part
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results))
+
+        PARTS[name][0](args, save)
+    write_section(args.out, section(results), START, END)
+    print("\n".join(section(results)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
