@@ -1,7 +1,8 @@
 """A real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against a dense
 layer with the same active parameters. Writes its own section of BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py            # the full run (about 6 min)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py            # both parts (about 5 + 7 min)
+    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --parts cache --keep   # one part, keeping the other
     OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --quick --out /tmp/B.md   # a smoke run
     OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --report-only   # rewrite the section from --json
 
@@ -25,7 +26,24 @@ the per-repeat ratios. For the block cells the MoE's time is also split into the
 routed experts, the experts' SwiGLUs alone (inputs gathered beforehand: the part the
 dispatch in `Experts.forward` cannot change) and the shared expert.
 
-Part `cache` (the block cache against no cache at prompt 256 + generation 256) is to come:
+Part `cache`: the block cache against no cache at prompt 256 + generation 256, block 32. The
+model: `LLaDA2Model` at the same shape with `--depth` 2 of its 20 layers (layer 0 dense, layer
+1 MoE, as `first_k_dense_replace` = 1), the embedding and untied head of 157,184 tokens, random
+weights as above. `RowDecoder` decodes `--cache-rows` rows of random tokens with
+`BlockDecoding(threshold=1.0, steps=--cache-steps)` (4: 8 tokens a step) and `cache` `none` or
+`block`; timed is the middle block (4 of 8: 128 generated tokens before it), the blocks before
+it pre-filled. The block cache's rows start one block earlier and that block's steps are left
+out (its first pass runs over the whole prefix, nothing kept yet), so the timed steps find what
+decoding would have kept: the first step of the block runs over the finished block + the new
+one (64 tokens, 352 cached keys), the others over the block (32 tokens, 384 cached keys); no
+cache runs every step over all 512 tokens. Per step: the decoder's forward pass
+(`ForwardPass.run`; the head is lazy and runs after it), the whole `RowDecoder.step()` (head
+at the block's masked positions and float64 rules too) and each layer (hooks), from which the
+20-layer model is estimated (the forward pass + 18 more MoE layers at layer 1's time). Each row
+count runs `--cache-repeats` paired decodes (no cache and block cache back to back, the order
+alternating); the section gives the medians and the median of the per-repeat ratios, for the
+mid-block step, the first of a block and the mean over a block decoded one token a step.
+
 `PARTS` maps each part to its runner and its lines; `--parts` picks which run, and `--keep`
 keeps the other parts found in `--json`, so that parts can be run apart into one section.
 
@@ -51,12 +69,16 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 
 from bench.caches_bench import uptime, write_section  # noqa: E402
 from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
+from lm_eval_dvoting.decoding import DecodeRow, RowDecoder  # noqa: E402
+from lm_eval_dvoting.decoding.state import BlockDecoding  # noqa: E402
 from lm_eval_dvoting.models.common import PrefixCache, rotary_tables  # noqa: E402
-from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer  # noqa: E402
+from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model  # noqa: E402
+from lm_eval_dvoting.models.loading import OFFICIAL_IDS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- moe_bench:start -->", "<!-- moe_bench:end -->"
 GOAL_RATIO = 1.5  # MoE / dense-active at 16 rows (issue)
+CACHE_GOAL = 5.0  # no cache / block cache, per step at prompt 256 + generation 256 (issue)
 Results = dict[str, Any]
 
 # inclusionAI/LLaDA2.0-mini's config.json, the fields the forward pass reads. Source: the
@@ -246,6 +268,132 @@ def run_moe(args: argparse.Namespace, save: Callable[[Results], None]) -> Result
         print(f"  [{cell.name}] MoE {1000 * statistics.median(times['moe']):.1f} ms, dense "
               f"{1000 * statistics.median(times['dense']):.1f} ms", flush=True)
         save(part)
+    part["meta"].update(elapsed=time.perf_counter() - began, load_after=load_average(), busy_after=busy_processes())
+    save(part)
+    return part
+
+
+# ----------------------------------------------------------------- part `cache`
+
+
+def random_model(cfg: LLaDA2Config, depth: int, dtype: torch.dtype, seed: int) -> LLaDA2Model:
+    """`LLaDA2Model` at `cfg`'s shape with its first `depth` layers, random weights (`fill_random`),
+    the official mask id and no end token (random weights would end a row at random)."""
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = LLaDA2Model(LLaDA2Config.from_dict({**asdict(cfg), "num_hidden_layers": depth}))
+    model = model.to_empty(device="cpu").to(dtype).eval().requires_grad_(False)
+    fill_random(model)
+    model.mask_token_id = min(OFFICIAL_IDS["llada2"]["mask"], cfg.vocab_size - 1)
+    model.end_token_ids = ()
+    model.max_length = cfg.max_position_embeddings
+    return model
+
+
+def timed_block(gen_length: int, block: int) -> int:
+    """The block whose steps are timed: the middle one (block 4 of 8 at 256 / 32)."""
+    return gen_length // block // 2
+
+
+def cache_rows(args: argparse.Namespace, model: LLaDA2Model, cache: str, rows: int) -> list[DecodeRow]:
+    """`rows` rows of random tokens, blocks before the timed one pre-filled; the block cache's rows
+    from one block earlier, so that decoding that block fills their cache as decoding would."""
+    gen, mask = torch.Generator().manual_seed(args.seed), model.mask_token_id
+    filled = args.block * (timed_block(args.gen_length, args.block) - (cache == "block"))
+    out = []
+    for _ in range(rows):
+        prompt = torch.randint(0, mask, (args.prompt_length,), generator=gen)
+        tokens = torch.full((args.gen_length,), mask, dtype=torch.long)
+        tokens[:filled] = torch.randint(0, mask, (filled,), generator=gen)
+        out.append(DecodeRow(prompt=prompt, tokens=tokens, block_length=args.block, cache=cache,
+                             block=BlockDecoding(threshold=1.0, steps=args.cache_steps)))
+    return out
+
+
+def layer_clock(model: LLaDA2Model, record: Results) -> list[Any]:
+    """Hooks that add each layer's seconds to `record["layers"]`, the pass's (rows, tokens) to
+    `record["shape"]` and how many experts the last layer's router picks to `record["experts"]`;
+    returns their handles."""
+    def before(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        record["shape"] = list(inputs[0].shape[:2])
+        record["layers"].append(-time.perf_counter())
+
+    def after(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        record["layers"][-1] += time.perf_counter()
+
+    def routed(module: torch.nn.Module, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        record["experts"] = int(output[0].unique().numel())
+
+    layers = model.model.layers
+    handles = [h for layer in layers for h in (layer.register_forward_pre_hook(before),
+                                               layer.register_forward_hook(after))]
+    gate = getattr(layers[-1].mlp, "gate", None)
+    return handles + ([gate.register_forward_hook(routed)] if gate is not None else [])
+
+
+def timed_step(decoder: RowDecoder) -> Results:
+    """One `decoder.step()`: where the first row stood (block, step in block, cached keys), the
+    pass's shape, and the seconds of the whole step, of its forward pass and of each layer."""
+    row, record = decoder.active[0], {"layers": []}
+    run = decoder.forward.run
+
+    def forward_run(*a: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return run(*a)
+        finally:
+            record["forward"] = time.perf_counter() - start
+
+    kept = 0 if row.kept is None else int(row.kept.prefix_keys[0].shape[1])
+    where = {"block": row.progress.block, "step": row.progress.step_in_block, "kept": kept}
+    decoder.forward.run, handles = forward_run, layer_clock(decoder.model, record)
+    try:
+        record["seconds"] = timed(decoder.step)
+    finally:
+        decoder.forward.run = run
+        for handle in handles:
+            handle.remove()
+    return {**where, **record}
+
+
+@torch.inference_mode()
+def decode_steps(model: LLaDA2Model, args: argparse.Namespace, cache: str, rows: int) -> list[Results]:
+    """Every step of one decode of `cache_rows`, up to the end of the timed block."""
+    decoder = RowDecoder(model)
+    for row in cache_rows(args, model, cache, rows):
+        decoder.add(row)
+    steps = []
+    while decoder.active and decoder.active[0].progress.block <= timed_block(args.gen_length, args.block):
+        steps.append(timed_step(decoder))
+    return steps
+
+
+def run_cache_cell(model: LLaDA2Model, args: argparse.Namespace, rows: int, repeats: int) -> Results:
+    """`repeats` paired decodes, no cache and block cache back to back (the order alternating)."""
+    cell: Results = {"rows": rows, "none": [], "block": []}
+    for repeat in range(repeats):
+        for cache in ("none", "block") if repeat % 2 == 0 else ("block", "none"):
+            cell[cache].append(decode_steps(model, args, cache, rows))
+    return cell
+
+
+def run_cache(args: argparse.Namespace, save: Callable[[Results], None]) -> Results:
+    """Part `cache`: a decode at each row count; saved after each."""
+    dtype = getattr(torch, args.dtype)
+    cfg = proxy_config(args.quick)
+    part: Results = {"meta": start_meta(args), "cells": {},
+                     "model": {"config": asdict(cfg), "dense_width": dense_active_width(cfg), "depth": args.depth,
+                               "dtype": args.dtype, "quick": args.quick}}
+    began = time.perf_counter()
+    model = random_model(cfg, args.depth, dtype, args.seed)
+    part["meta"]["build_seconds"] = time.perf_counter() - began
+    for k, rows in enumerate(args.cache_rows):
+        repeats = args.cache_repeats[min(k, len(args.cache_repeats) - 1)]
+        cell = part["cells"][str(rows)] = run_cache_cell(model, args, rows, repeats)
+        save(part)
+        s = cache_summary(cell, "forward", part)
+        print(f"  [cache, {rows} row(s)] forward passes: none {s['none']:.1f} ms, block mid-block {s['mid']:.1f} "
+              f"ms, first of a block {s['first']:.1f} ms", flush=True)
     part["meta"].update(elapsed=time.perf_counter() - began, load_after=load_average(), busy_after=busy_processes())
     save(part)
     return part
@@ -463,12 +611,14 @@ def gpu_lines(part: Results) -> list[str]:
             "all experts, since the dense weights serve every token and each expert's only a few."]
 
 
-def machine_lines(meta: Results, args: Results) -> list[str]:
+def machine_lines(meta: Results, args: Results, runs: str | None = None) -> list[str]:
+    """The command, machine, settings (`runs`: how the timings were repeated; default part `moe`'s),
+    load and the other busy processes of a part."""
+    runs = runs or f"repeats: {args['repeats']} (paired, the order alternating), one warm-up call per model and cell"
     lines = ["Machine and command:", "", f"- command: `{meta['command']}` (from the repository root)",
              f"- date: {meta['date']}; commit: {meta['commit']}"]
     lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
-    lines += [f"- threads: {args['threads']}, dtype: {args['dtype']}, repeats: {args['repeats']} (paired, the order "
-              "alternating), one warm-up call per model and cell",
+    lines += [f"- threads: {args['threads']}, dtype: {args['dtype']}, {runs}",
               f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; other busy processes "
               "at the start (the 2 cores are shared):"]
     lines += [f"  - `{b}`" for b in meta["busy"]]
@@ -494,8 +644,186 @@ def moe_lines(part: Results) -> list[str]:
             *parts_table(part), "", *goal_lines(part), *why_lines(part), "", *machine_lines(part["meta"], a), ""]
 
 
+# ----------------------------------------------------------------- part `cache`'s section
+
+# A step's seconds, by what is timed: the forward pass, the whole step (head and rules too), a
+# layer (0: dense, -1: MoE); `_full`: with `extra` more MoE layers (the 20-layer model, estimated).
+METRICS: dict[str, Callable[[Results, int], float]] = {
+    "forward": lambda s, extra: s["forward"], "step": lambda s, extra: s["seconds"],
+    "forward_full": lambda s, extra: s["forward"] + extra * s["layers"][-1],
+    "step_full": lambda s, extra: s["seconds"] + extra * s["layers"][-1],
+    "dense": lambda s, extra: s["layers"][0], "moe": lambda s, extra: s["layers"][-1]}
+
+
+def timed_steps(decode: list[Results], block: int) -> list[Results]:
+    """The steps of one decode in the timed block (the block cache's earlier block left out)."""
+    return [s for s in decode if s["block"] == block]
+
+
+def repeat_seconds(cell: Results, metric: str, repeat: int, part: Results) -> dict[str, float]:
+    """One repeat's seconds per step: `none` (median of its steps: all the same pass), `first`
+    and `mid` (the block cache's first step of the block, median of the others), `mean` (the mean
+    over a block decoded one token a step: 1 first + block - 1 mid)."""
+    a, cfg = part["args"], part["model"]["config"]
+    block, extra = timed_block(a["gen_length"], a["block"]), cfg["num_hidden_layers"] - part["model"]["depth"]
+    value = METRICS[metric]
+    none = [value(s, extra) for s in timed_steps(cell["none"][repeat], block)]
+    cached = [value(s, extra) for s in timed_steps(cell["block"][repeat], block)]
+    first, mid = cached[0], statistics.median(cached[1:])
+    return {"none": statistics.median(none), "first": first, "mid": mid,
+            "mean": (first + (a["block"] - 1) * mid) / a["block"]}
+
+
+def cache_summary(cell: Results, metric: str, part: Results) -> Results:
+    """Medians over the repeats (ms) and the per-repeat ratios none / block for each step kind."""
+    runs = [repeat_seconds(cell, metric, r, part) for r in range(len(cell["none"]))]
+    out: Results = {key: ms([run[key] for run in runs]) for key in runs[0]}
+    out["ratios"] = {key: [run["none"] / run[key] for run in runs] for key in ("first", "mid", "mean")}
+    return out
+
+
+def ratio_text(values: list[float]) -> str:
+    """Median of the per-repeat ratios (their range)."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def pass_shape(cell: Results, part: Results) -> dict[str, str]:
+    """What each kind of step's pass covers: rows x tokens + the cached keys it attends to."""
+    block = timed_block(part["args"]["gen_length"], part["args"]["block"])
+    none, cached = timed_steps(cell["none"][0], block)[0], timed_steps(cell["block"][0], block)
+    def text(s: Results) -> str:
+        return f"{s['shape'][0]} x {s['shape'][1]}" + (f" + {s['kept']} cached" if s["kept"] else "")
+    return {"none": text(none), "first": text(cached[0]), "mid": text(cached[1])}
+
+
+STEP_KINDS = {"mid": "mid-block", "first": "first of a block", "mean": "mean over a block at one token a step"}
+
+
+def forward_table(part: Results) -> list[str]:
+    """The forward passes at the proxy's depth: none against block, per step kind."""
+    lines = ["| rows | step | the pass (rows x tokens + cached keys): no cache / block cache | no cache ms | "
+             "block cache ms | no cache / block cache: median of repeats (range) |", "|---:|---|---|---:|---:|---:|"]
+    for rows, cell in part["cells"].items():
+        s, shape = cache_summary(cell, "forward", part), pass_shape(cell, part)
+        for kind, name in STEP_KINDS.items():
+            covers = f"{shape['none']} / {shape[kind]}" if kind in shape else (
+                f"1 first + {part['args']['block'] - 1} mid-block")
+            lines.append(f"| {rows} | {name} | {covers} | {s['none']:.1f} | {s[kind]:.1f} | "
+                         f"{ratio_text(s['ratios'][kind])} |")
+    return lines
+
+
+def other_table(part: Results) -> list[str]:
+    """Mid-block and block-mean ratios for the whole step and for the 20-layer model (estimated)."""
+    layers = part["model"]["config"]["num_hidden_layers"]
+    lines = [f"| rows | timed | no cache ms | block cache ms, mid-block | ratio, mid-block | ratio, mean over a block |",
+             "|---:|---|---:|---:|---:|---:|"]
+    names = {"step": "whole step (forward pass, head at the block's masked positions, rules)",
+             "forward_full": f"forward pass of the {layers}-layer model (estimate)",
+             "step_full": f"whole step of the {layers}-layer model (estimate)",
+             "dense": "layer 0 alone (dense MLP)", "moe": "layer 1 alone (MoE MLP)"}
+    for rows, cell in part["cells"].items():
+        for metric, name in names.items():
+            s = cache_summary(cell, metric, part)
+            lines.append(f"| {rows} | {name} | {s['none']:.1f} | {s['mid']:.1f} | {ratio_text(s['ratios']['mid'])} | "
+                         f"{ratio_text(s['ratios']['mean'])} |")
+    return lines
+
+
+
+def cache_model_text(part: Results) -> str:
+    """What part `cache` decodes and times, in words."""
+    a, model, cfg = part["args"], part["model"], part["model"]["config"]
+    blocks, timed = a["gen_length"] // a["block"], timed_block(a["gen_length"], a["block"])
+    per_step = a["block"] // a["cache_steps"]
+    return (f"`LLaDA2Model` at the proxy's shape with {model['depth']} of its {cfg['num_hidden_layers']} layers "
+            f"(layer 0 dense, a SwiGLU of intermediate {cfg['intermediate_size']}, then MoE layers, as "
+            f"`first_k_dense_replace` = {cfg['first_k_dense_replace']}), the embedding and untied head of "
+            f"{cfg['vocab_size']:,} tokens, random weights as above, {model['dtype']}; decoded by `RowDecoder` "
+            f"(`BlockDecoding(threshold=1.0, steps={a['cache_steps']})`: {per_step} tokens a step, "
+            f"{a['cache_steps']} steps a block) with `cache` `none` or `block`, prompt {a['prompt_length']} + "
+            f"generation {a['gen_length']} (random tokens), block {a['block']}. Timed: block {timed} of {blocks} "
+            f"(0-based: {timed * a['block']} generated tokens before it), the blocks before it pre-filled; the "
+            "block cache's rows start one block earlier, and that block's steps (the first of which runs over "
+            "the whole prefix, as no cache is kept yet) are left out, so that the timed steps find the cache "
+            "decoding would have kept. Per step: `ForwardPass.run` (the decoder's forward pass: embedding, "
+            "layers, final norm, gathering and keeping the cached keys and values; the output head is lazy and "
+            "runs after it), the whole `RowDecoder.step()` (also the head at the block's masked positions and "
+            "the float64 rules) and each layer (forward hooks). The block cache is exact: it decodes the same "
+            "tokens as no cache (tests/test_block_diffusion.py).")
+
+
+def cache_goal_lines(part: Results) -> list[str]:
+    """The verdict on the issue's goal: the block cache at least `CACHE_GOAL` x faster per step."""
+    found = []
+    for rows, cell in part["cells"].items():
+        s = cache_summary(cell, "forward", part)
+        mid, mean = (statistics.median(s["ratios"][k]) for k in ("mid", "mean"))
+        found.append((rows, mid, mean))
+    met = all(min(mid, mean) >= CACHE_GOAL for _, mid, mean in found)
+    ratios_text = "; ".join(f"{rows} row(s): {mid:.1f}x mid-block, {mean:.1f}x over a block" for rows, mid, mean in found)
+    a = part["args"]
+    return [f"- **Goal** (issue): the block cache at least {CACHE_GOAL:.0f}x faster per step than no cache at "
+            f"prompt {a['prompt_length']} + generation {a['gen_length']}, the decoder's forward pass at the "
+            f"proxy's depth: {ratios_text}: **{'met' if met else 'missed'}**."]
+
+
+def cache_why_lines(part: Results) -> list[str]:
+    """Why the ratios are what they are: tokens per pass, the layers' ratios, the head's share."""
+    a, cfg = part["args"], part["model"]["config"]
+    lines = []
+    for rows, cell in part["cells"].items():
+        dense, moe = (cache_summary(cell, k, part) for k in ("dense", "moe"))
+        fwd, step = cache_summary(cell, "forward", part), cache_summary(cell, "step", part)
+        full = cache_summary(cell, "step_full", part)
+        shared = step["mid"] - fwd["mid"]
+        experts = cache_experts(cell, part)
+        lines.append(
+            f"- {rows} row(s): a mid-block step feeds {a['prompt_length'] + a['gen_length']} / {a['block']} = "
+            f"{(a['prompt_length'] + a['gen_length']) // a['block']}x fewer tokens through every layer. The dense "
+            f"layer gains {statistics.median(dense['ratios']['mid']):.1f}x, the MoE layer "
+            f"{statistics.median(moe['ratios']['mid']):.1f}x: its router sends the block's tokens to "
+            f"{experts['mid']:.0f} of the {cfg['num_experts']} experts (no cache: {experts['none']:.0f}), and a "
+            f"call of the MoE costs about the expert weights it reads (part `moe` above). The head "
+            f"({cfg['vocab_size']:,} x {cfg['hidden_size']}, at the block's masked positions) and the float64 "
+            f"rules cost the same with either cache, {shared:.0f} ms of the block cache's mid-block step of "
+            f"{step['mid']:.0f} ms: at {part['model']['depth']} layers the whole step gains "
+            f"{statistics.median(step['ratios']['mid']):.1f}x, at {cfg['num_hidden_layers']} (estimated) "
+            f"{statistics.median(full['ratios']['mid']):.1f}x.")
+    return lines + [
+        f"- The {cfg['num_hidden_layers']}-layer estimates add {cfg['num_hidden_layers'] - part['model']['depth']} "
+        "more MoE layers at the time the MoE layer took in the same step: the same shape, but trained weights "
+        "would route otherwise than random ones (the block's tokens are mostly mask tokens mid-block, which "
+        "random weights route alike)."]
+
+
+def cache_experts(cell: Results, part: Results) -> dict[str, float]:
+    """Median experts hit by the MoE layer's router: no cache's steps and the block cache's mid-block ones."""
+    block = timed_block(part["args"]["gen_length"], part["args"]["block"])
+    none = [s["experts"] for d in cell["none"] for s in timed_steps(d, block)]
+    mid = [s["experts"] for d in cell["block"] for s in timed_steps(d, block)[1:]]
+    return {"none": statistics.median(none), "mid": statistics.median(mid)}
+
+
+def cache_lines(part: Results) -> list[str]:
+    """Part `cache`'s subsection."""
+    a, quick = part["args"], " (**--quick: a tiny model, not the real shape**)" if part["model"]["quick"] else ""
+    repeats = ", ".join(f"{len(c['none'])} at {rows} row(s)" for rows, c in part["cells"].items())
+    runs = (f"paired decodes (no cache and block cache back to back, the order alternating): {repeats}; per "
+            "repeat the median of its steps of each kind, then the median over the repeats")
+    return ["### The block cache against no cache" + quick, "", cache_model_text(part), "",
+            "The decoder's forward pass per step (medians over the repeats; no cache runs every step over the "
+            "whole sequence, so its steps are alike; *mean over a block*: a block decoded one token a step, as "
+            f"`BlockDecoding(threshold=1.0)`, takes 1 first and {a['block'] - 1} mid-block steps):", "",
+            *forward_table(part), "", *cache_goal_lines(part), "",
+            "The whole step, the model at full depth (estimated), and the two layers alone:", "",
+            *other_table(part), "", *cache_why_lines(part), "",
+            *machine_lines(part["meta"], a, runs), f"- building the model: {part['meta']['build_seconds']:.0f} s", ""]
+
+
 PARTS: dict[str, tuple[Callable[[argparse.Namespace, Callable[[Results], None]], Results],
-                       Callable[[Results], list[str]]]] = {"moe": (run_moe, moe_lines)}
+                       Callable[[Results], list[str]]]] = {"moe": (run_moe, moe_lines),
+                                                                  "cache": (run_cache, cache_lines)}
 
 
 def model_description(model: Results) -> str:
@@ -537,6 +865,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kinds", nargs="+", default=["mlp", "layer"], choices=["mlp", "layer"])
     p.add_argument("--no-whole", action="store_true", help="skip the whole-sequence (no cache) cells")
     p.add_argument("--repeats", type=int, default=7, help="paired timings per cell (medians)")
+    p.add_argument("--cache-rows", type=int, nargs="+", default=[1, 16], help="rows per decode (part cache)")
+    p.add_argument("--cache-steps", type=int, default=4, help="steps per block (part cache; 32 / 4 tokens a step)")
+    p.add_argument("--cache-repeats", type=int, nargs="+", default=[3, 2],
+                   help="paired decodes per row count, in --cache-rows' order (the last for the rest; part cache)")
+    p.add_argument("--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
@@ -549,6 +882,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.argv = list(argv or [])
     if args.quick:
         args.rows, args.block, args.prompt_length, args.gen_length, args.repeats = [1, 2], 4, 8, 8, 2
+        args.cache_rows, args.cache_steps, args.cache_repeats = [1, 2], 2, [2]
     return args
 
 

@@ -43,7 +43,7 @@ from .answers import tally
 from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
                        default_block_length)
 from .decoding.caches import shared_block_prefix
-from .decoding.state import BlockDecoding
+from .decoding.state import LLADA2_STEPS, BlockDecoding
 from .temporal import TEMPORAL_WEIGHTS, StepAnswer, StepAnswers, temporal_vote
 
 STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal", "rfg")
@@ -187,7 +187,8 @@ class StrategySettings:
         require_whole("n (samples per question)", self.n, 1, "e.g. n=5 (the default)")
         if self.steps is not None:
             require_whole("steps", self.steps, 1, "leave it out (default: gen_length for single, gen_length/2 "
-                          "for majority and hex) or give the forward passes per sample")
+                          "for majority and hex; LLaDA2: 32 per block) or give the forward passes per sample "
+                          "(LLaDA2: per block)")
         # alpha=inf is allowed: every entropy is finite, so it commits every masked position at once
         require_real("alpha (entropy threshold)", self.alpha, ">= 0", lambda a: a >= 0,
                      "e.g. alpha=0.3 (the default)", allow_inf=True)
@@ -277,7 +278,11 @@ class StrategySettings:
                                  "--model dvoting-llada2 or dvoting-llada21 with a LLaDA2 checkpoint")
             return
         if self.block_decoding not in BLOCK_DECODINGS:
-            raise ValueError(f"editing must be one of quality, speed (LLaDA2.1's presets), got {self.block_decoding!r}")
+            raise ValueError(f"block_decoding must be one of {tuple(BLOCK_DECODINGS)} (threshold: LLaDA2.0; quality, "
+                             f"speed: LLaDA2.1's presets), got {self.block_decoding!r}")
+        if self.remasking != "low_confidence":
+            raise ValueError(f"remasking={self.remasking} does not apply to LLaDA2: its threshold rule commits by "
+                             "confidence; leave remasking out")
         if self.decoder is not None:
             raise ValueError(f"decoder={self.decoder} does not apply to LLaDA2 (block diffusion decodes with its "
                              "threshold rule): leave decoder out; threshold= and steps= tune it")
@@ -297,9 +302,12 @@ class StrategySettings:
                              "leave steps out")
         if self.editing_threshold is not None and not editing:
             raise ValueError("editing_threshold is LLaDA2.1's: use --model dvoting-llada21 (editing=quality|speed)")
+        if self.max_post_steps != 16 and not editing:
+            raise ValueError(f"max_post_steps={self.max_post_steps!r} is LLaDA2.1's (post-fill editing steps): use "
+                             "--model dvoting-llada21, or leave it out")
         self.block_settings()  # range checks of threshold, editing_threshold, max_post_steps
 
-    def block_settings(self, block_length: int | None = None) -> BlockDecoding:
+    def block_settings(self) -> BlockDecoding:
         """Block diffusion's rule settings (`decoding/blocks.py`)."""
         threshold, editing = BLOCK_DECODINGS[self.block_decoding]
         if self.editing_threshold is not None:
@@ -328,7 +336,10 @@ class StrategySettings:
 
     @property
     def resolved_decoder(self) -> str:
-        """"entropy" (dVoting's threshold rule) or "fixed" (LLaDA's schedule of `steps`)."""
+        """"entropy" (dVoting's threshold rule), "fixed" (LLaDA's schedule of `steps`),
+        "confidence" (Fast-dLLM's), or for LLaDA2 its block decoding ("threshold", "quality", "speed")."""
+        if self.block_decoding is not None:
+            return self.block_decoding
         if self.decoder is not None:
             return self.decoder
         return "entropy" if self.strategy == "dvoting" else "fixed"
@@ -365,8 +376,11 @@ class StrategySettings:
 
     @property
     def resolved_steps(self) -> int:
+        """Steps per sample (LLaDA, Dream) or per block (LLaDA2.0, before the cap at the answer length)."""
         if self.steps is not None:
             return self.steps
+        if self.block_decoding is not None:
+            return LLADA2_STEPS
         return self.gen_length if self.strategy in ("single", "rfg") else self.gen_length // 2
 
     @property
@@ -519,7 +533,10 @@ class _Question:
         """Record a finished draw's samples; return (tokens, answer) per sample for the plan."""
         tokens = [row.answer_tokens.cpu() for row in rows]
         if self.donor is None:
-            self.donor = next((row for row in rows if row.cache == "block" and row.kept is not None), None)
+            self.donor = next((row for row in rows if row.keep_cache and row.kept is not None), None)
+        for row in rows:
+            if row is not self.donor:
+                row.kept = None  # only the donor's keys and values are shared
         answers = [self.answer_of(t) for t in tokens]
         self.samples += tokens
         self.answers += answers
@@ -728,6 +745,8 @@ class _Scheduler:
                         observe=None if steps is None else steps.observe)
         if spec.kept is not None and question.donor is not None and question.donor.block_length == row.block_length:
             row.kept = shared_block_prefix(question.donor, row.prompt, row.tokens)
+        # dVoting's fresh samples keep their block cache for the remask samples to share
+        row.keep_cache = settings.cache == "block" and settings.strategy == "dvoting" and question.donor is None
         question.decoding.append(row)
         self.decoder.add(row)
 

@@ -29,7 +29,7 @@ def upstream_generate(model: nn.Module, prompt: list[int], gen_length: int, bloc
     total = -(-(len(prompt) + gen_length) // block) * block
     x = torch.full((total,), mask, dtype=torch.long)
     x[:len(prompt)] = torch.tensor(prompt)
-    steps = steps or block
+    steps = min(steps or 32, gen_length)  # upstream's default steps=32, capped by min(steps, gen_length)
     base, extra = divmod(block, steps)
     quotas = [base + 1 if s < extra else base for s in range(steps)]
     passes = 0

@@ -50,6 +50,20 @@ def test_greedy_decoding_matches_upstream_generate(model, name: str, cache: str)
             assert int(result.nfe[0]) == passes
 
 
+@pytest.mark.parametrize("gen_length", [3, 12])
+def test_default_steps_are_upstreams_32_capped_at_the_answer_length(model, gen_length: int):
+    """At block 8 with steps left out: 32 steps (one token per step at least) for a long answer,
+    `min(32, gen_length)` = 3 for a 3-token one (3 tokens per step at least, the block over 3)."""
+    for prompt in _prompts():
+        expected, passes = upstream_generate(model, prompt, gen_length, 8, threshold=1.0)
+        result = generate(model, torch.tensor([prompt]), gen_length=gen_length, block_length=8,
+                          block=BlockDecoding(threshold=1.0))
+        assert _cut(result.tokens[0].tolist(), set(model.end_token_ids)) == expected
+        assert int(result.nfe[0]) == passes
+    if gen_length == 3:  # 8 - (9 % 8) = 7 masks at the last prompt's first block: 3 + 3 + 1 over 3 passes
+        assert upstream_generate(model, _prompts()[3], 3, 8, threshold=1.0)[1] == 3
+
+
 def test_the_cases_are_not_vacuous(model):
     """Editing changes answers, the threshold changes answers, and some decodes stop at an end token."""
     prompts, ends = _prompts(), set(model.end_token_ids)
@@ -105,15 +119,26 @@ def test_block_cache_passes_cover_the_current_block_only(model):
 
 def test_kept_tokens_and_the_prompt_are_never_edited(model):
     """LLaDA2.1 rewrites only positions that were masks when the decode began: never the
-    prompt's tail in the first block, nor tokens a dVoting sample keeps."""
-    prompt = _prompts()[2]  # 6 tokens: the first decoded block starts with 2 of them
-    init = torch.full((1, 10), model.mask_token_id)
-    init[0, 3], init[0, 7] = 17, 18
-    result = generate(model, torch.tensor([prompt]), gen_length=10, block_length=4, block=SPEED, init_tokens=init)
-    tokens = result.tokens[0]
-    ends = set(model.end_token_ids)
-    first_end = next((k for k, t in enumerate(tokens.tolist()) if t in ends), 10)
-    assert all(int(tokens[k]) == v for k, v in ((3, 17), (7, 18)) if k < first_end)
+    prompt's tail in the first block, nor tokens a dVoting sample keeps (editing_threshold 0:
+    any other argmax would be written)."""
+    from lm_eval_dvoting.decoding import DecodeRow, RowDecoder
+
+    prompt = torch.tensor(_prompts()[2])  # 6 tokens: the first decoded block starts with 2 of them
+    init = torch.full((10,), model.mask_token_id)
+    init[3], init[7] = 17, 18
+    row = DecodeRow(prompt=prompt, tokens=init, block_length=4, cache="block", block=SPEED)
+    decoder = RowDecoder(model)
+    decoder.add(row)
+    edits_elsewhere = 0
+    while decoder.active:
+        before = row.tokens.clone()
+        decoder.step()
+        changed = (before != row.tokens) & (before != model.mask_token_id)
+        edits_elsewhere += int(changed.sum())
+        assert row.tokens[:2].tolist() == prompt[4:].tolist()  # the prompt's tail
+    tokens = row.answer_tokens.tolist()
+    assert (tokens[3], tokens[7]) == (17, 18) and not set(tokens[:8]) & set(model.end_token_ids)
+    assert edits_elsewhere > 0  # editing did rewrite the generated tokens: the check is not vacuous
 
 
 def test_an_end_token_stops_the_decode_and_fills_the_rest(model):
@@ -123,6 +148,8 @@ def test_an_end_token_stops_the_decode_and_fills_the_rest(model):
         ends = [k for k, t in enumerate(tokens) if t in model.end_token_ids]
         if ends:
             assert all(t == tokens[ends[0]] for t in tokens[ends[0]:])
+            longer = generate(model, torch.tensor([prompt]), gen_length=32, block_length=4, block=SPEED)
+            assert torch.equal(longer.nfe, result.nfe)  # 16 more tokens after the end: no more passes
             return
     pytest.fail("no prompt decoded an end token: the test checks nothing")
 
@@ -159,9 +186,9 @@ def test_the_threshold_is_strict_and_the_quota_falls_back_to_the_most_confident(
 
     masked = torch.tensor([True, True, True, False])
     confidence = torch.tensor([0.95, 0.5, 0.96, 0.99], dtype=torch.float64)
-    at_threshold = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.95), 0, 4)
+    at_threshold = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.95), 0, 4, 16)
     assert at_threshold.tolist() == [False, False, True, False]  # 0.95 is not above 0.95
-    none_above = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4)
+    none_above = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4, 16)
     assert none_above.tolist() == [True, False, True, False]  # quota 2 (4 over 2 steps): the two most confident masks
 
 

@@ -34,11 +34,17 @@ def test_every_strategy_runs_end_to_end(tiny_llada2_dir: Path, strategy: str):
 
 
 def test_llada21_editing_presets_run_and_are_recorded(tiny_llada2_dir: Path):
+    used = {}
     for editing in ("quality", "speed"):
         results = _evaluate("dvoting-llada21", f"pretrained={tiny_llada2_dir},strategy=dvoting,max_gen_toks=32,"
                                                f"editing={editing},n=3", limit=1)
-        settings = results["samples"]["dvoting_arith"][0]["dvoting_trace"]
-        assert all(c["nfe"] >= 1 for c in settings["candidates"])
+        trace = results["samples"]["dvoting_arith"][0]["dvoting_trace"]
+        assert all(c["nfe"] >= 1 for c in trace["candidates"])
+        [used[editing]] = results["config"]["dvoting"]["settings_used"]
+    assert used["quality"]["decoder"] == used["quality"]["block_decoding"] == "quality"
+    assert used["speed"]["block_decoding"] == "speed"
+    assert (used["quality"]["threshold"], used["speed"]["threshold"]) == (0.7, 0.5)
+    assert used["quality"]["cache"] == "block"
 
 
 def test_the_block_cache_is_the_default_and_changes_no_answer(tiny_llada2_dir: Path):

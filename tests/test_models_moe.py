@@ -118,3 +118,18 @@ def test_llada2_config_without_experts_is_refused(llada2_fixture: Path, tmp_path
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="num_experts"):
         load_model(folder)
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_llada_moe_decodes_like_llada_with_every_cache(llada_moe_fixture: Path, cache: str):
+    """LLaDA-MoE decodes as dense LLaDA does (bidirectional, semi-autoregressive blocks),
+    Fast-dLLM's caches included; a padded row decodes as the row alone (greedy, float32)."""
+    from lm_eval_dvoting.decoding import generate
+
+    model = _load(str(llada_moe_fixture))
+    expected = _expected(llada_moe_fixture)
+    ids, mask = expected["input_ids"][:, :8], expected["attention_mask"][:, :8]
+    batched = generate(model, ids, mask, gen_length=8, block_length=4, steps=8, cache=cache)
+    alone = generate(model, ids[1:, 3:], gen_length=8, block_length=4, steps=8, cache=cache)
+    assert torch.equal(batched.tokens[1], alone.tokens[0])
+    assert int((batched.tokens == model.mask_token_id).sum()) == 0

@@ -31,3 +31,25 @@ def test_a_quick_run_writes_its_section_in_place_and_rewrites_it_from_its_json(t
     out.write_text("# Benchmarks\n")
     assert moe_bench.main(["--report-only", "--out", str(out), "--json", str(data)]) == 0
     assert out.read_text().startswith(f"# Benchmarks\n\n{moe_bench.START}") and "| mlp 1x4 |" in out.read_text()
+
+
+def test_a_quick_cache_part_times_the_passes_the_block_cache_runs_and_keeps_the_moe_part(tmp_path):
+    import json
+
+    out, data = tmp_path / "BENCHMARKS.md", tmp_path / "moe.json"
+    assert moe_bench.main(["--quick", "--parts", "moe", "--out", str(out), "--json", str(data)]) == 0
+    assert moe_bench.main(["--quick", "--parts", "cache", "--keep", "--out", str(out), "--json", str(data)]) == 0
+    text = out.read_text()
+    assert "### The MoE layer against its dense-active equivalent" in text  # kept from the first run
+    assert "### The block cache against no cache (**--quick" in text
+    assert "| 2 | mid-block | 2 x 16 / 2 x 4 + 12 cached |" in text and "| 2 | first of a block | 2 x 16 / 2 x 8 + 8 cached |" in text
+    assert "- **Goal** (issue): the block cache at least 5x faster per step than no cache" in text
+    cell = json.loads(data.read_text())["parts"]["cache"]["cells"]["1"]
+    assert len(cell["none"]) == len(cell["block"]) == 2  # paired repeats
+    # prompt 8 + generation 8, block 4, 2 steps a block: no cache decodes block 1 over the whole sequence; the
+    # block cache decodes block 0 (its first pass over everything, nothing kept yet), then block 1 from its cache
+    assert [(s["block"], s["step"], s["shape"], s["kept"]) for s in cell["none"][0]] == [(1, 0, [1, 16], 0),
+                                                                                         (1, 1, [1, 16], 0)]
+    assert [(s["block"], s["step"], s["shape"], s["kept"]) for s in cell["block"][0]] == [
+        (0, 0, [1, 8], 0), (0, 1, [1, 4], 8), (1, 0, [1, 8], 8), (1, 1, [1, 4], 12)]
+    assert all(len(s["layers"]) == 2 and 0 < sum(s["layers"]) <= s["forward"] <= s["seconds"] for s in cell["block"][0])

@@ -14,7 +14,9 @@ pass (attention bidirectional inside a block, causal across blocks):
 * LLaDA2.0 (`editing_threshold is None`): commit every masked position of the block whose
   candidate's confidence is strictly above `threshold`; if fewer than this step's quota
   pass, commit the quota's most confident masked positions instead (the block length
-  spread evenly over `steps` steps, remainder to the early ones, capped at the masks left).
+  spread evenly over `steps` steps, remainder to the early ones, capped at the masks left;
+  `steps` defaults to upstream's 32 whatever the block length, and is capped at the
+  answer's length, as upstream's `min(steps, gen_length)`).
   A block is done when no mask is left.
 * LLaDA2.1 (joint threshold, `editing_threshold` set): the same commits with a quota of 1
   (upstream's `num_to_transfer`), and in the same step every *editable* position of the
@@ -48,7 +50,7 @@ from typing import Sequence
 import torch
 
 from .rules import RowWork, _ScheduledWork
-from .state import BlockDecoding, DecodeRow, suppress_mask
+from .state import LLADA2_STEPS, BlockDecoding, DecodeRow, suppress_mask
 
 
 def align(row: DecodeRow, mask_id: int) -> None:
@@ -79,11 +81,13 @@ class BlockThreshold:
         self.end_ids = torch.tensor(sorted(set(end_ids)), dtype=torch.long)
 
     def block_start(self, row: DecodeRow) -> int:
+        """The first index (into the row's re-laid tokens) of the block it decodes now."""
         if row.progress.block < 0:
             self._advance(row, 0)
         return row.progress.block * row.block_length
 
     def is_done(self, row: DecodeRow) -> bool:
+        """Whether the row stopped: no block with a mask left, or an end token in its answer."""
         self.block_start(row)
         return row.progress.block >= row.num_blocks
 
@@ -102,7 +106,8 @@ class BlockThreshold:
             positions = torch.tensor(work.wanted, dtype=torch.long, device=row.tokens.device)
             chosen, confidence = self._candidates(work.logits, row)
             masked = row.tokens[positions] == self.mask_id
-            unmask = self._unmasked(masked, confidence, settings, row.progress.step_in_block, row.block_length)
+            unmask = self._unmasked(masked, confidence, settings, row.progress.step_in_block, row.block_length,
+                                    row.gen_length - row.lead - row.trail)
             edit = torch.zeros_like(masked)
             if settings.editing_threshold is not None:
                 edit = ~masked & (confidence > settings.editing_threshold) & (chosen != row.tokens[positions])
@@ -129,13 +134,14 @@ class BlockThreshold:
 
     @staticmethod
     def _unmasked(masked: torch.Tensor, confidence: torch.Tensor, settings: BlockDecoding, step: int,
-                  block_length: int) -> torch.Tensor:
+                  block_length: int, answer_length: int) -> torch.Tensor:
         """The masked positions to commit: those above the threshold, or the quota's most confident."""
         hot = masked & (confidence > settings.threshold)
         if settings.editing_threshold is not None:
             quota = 1  # upstream LLaDA2.1's num_to_transfer
         else:
-            schedule = block_schedule(block_length, settings.steps or block_length)
+            steps = min(settings.steps or LLADA2_STEPS, answer_length)  # upstream's min(steps, gen_length)
+            schedule = block_schedule(block_length, steps)
             quota = schedule[step] if step < len(schedule) else 1
         quota = min(quota, int(masked.sum()))
         if int(hot.sum()) >= quota:

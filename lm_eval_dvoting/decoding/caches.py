@@ -187,7 +187,8 @@ class ForwardPass:
         sequences = [torch.cat([rows[i].prompt, rows[i].tokens])[b:e] for i, b, e in zip(group, begins, ends)]
         ids, attention, positions = left_pad(sequences, self.pad_id, self.device)
         positions = positions + torch.tensor(begins, device=self.device)[:, None]
-        cache = PrefixCache() if fresh_group(rows, group) else _stack_kept([rows[i].kept for i in group], self.device)
+        fresh = rows[group[0]].kept is None  # `_blocks` never mixes rows that keep something with rows that do not
+        cache = PrefixCache() if fresh else _stack_kept([rows[i].kept for i in group], self.device)
         hidden = self.model.hidden_states(ids, attention, positions, cache=cache, **self._block_lengths(rows, group))
         width = ids.shape[1]
         for local, (i, begin, start) in enumerate(zip(group, begins, block_starts)):
@@ -277,11 +278,6 @@ def shared_block_prefix(donor: DecodeRow, prompt: torch.Tensor, tokens: torch.Te
     if shared == 0:
         return None
     return KeptKeysValues(shared, [k[:, :shared] for k in kept.prefix_keys], [v[:, :shared] for v in kept.prefix_values])
-
-
-def fresh_group(rows: Sequence[DecodeRow], group: Sequence[int]) -> bool:
-    """Whether the rows of a block-cache pass keep nothing yet (`_blocks` never mixes them)."""
-    return rows[group[0]].kept is None
 
 
 def _stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCache:

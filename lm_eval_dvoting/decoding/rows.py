@@ -113,8 +113,9 @@ class RowDecoder:
         masked = [(row.tokens == self.mask_id).nonzero().flatten().tolist() for _, row in watched]
         for (i, row), positions in zip(watched, masked):
             if not _inside(logits.window(i), positions):
+                fix = "cache=none" if row.block is not None else "cache=none or cache=prefix"
                 raise ValueError(f"cache={row.cache} computes no prediction beyond the current block, which an "
-                                 "observed row (strategy=temporal or vote=temporal) needs: use cache=none or cache=prefix")
+                                 f"observed row (strategy=temporal or vote=temporal) needs: use {fix}")
         found = logits.many([(i, positions) for (i, _), positions in zip(watched, masked)])
         for (i, row), positions, row_logits in zip(watched, masked, found):
             logits.remember(i, positions, row_logits)  # the rules' request for the block is served from these
@@ -145,7 +146,7 @@ class RowDecoder:
     def _retire(self) -> list[DecodeRow]:
         finished = [row for row in self.active if not self._has_masks(row)]
         for row in finished:
-            if row.cache != "block":  # block diffusion's are final: a dVoting remask sample may start from them
+            if not row.keep_cache:  # block diffusion's are final: a dVoting remask sample may start from them
                 row.kept = None  # free the kept keys and values
         self.active = [row for row in self.active if row not in finished]
         return finished

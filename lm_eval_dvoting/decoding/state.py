@@ -46,11 +46,15 @@ class ScheduleProgress:
     post: int = 0  # block diffusion with editing: post-fill steps taken in the block
 
 
+LLADA2_STEPS = 32  # upstream LLaDA2.0 generate()'s default steps (per block), capped at the answer length
+
+
 @dataclass(frozen=True)
 class BlockDecoding:
     """Block diffusion's settings (LLaDA2, decoding/blocks.py): the confidence `threshold`
-    (strict `>`), `steps` per block for the fallback quota (None: the block length, one
-    token per step), and LLaDA2.1's editing: `editing_threshold` (None: no editing, i.e.
+    (strict `>`), `steps` per block for LLaDA2.0's fallback quota (the block length spread
+    over them; None: upstream's default `LLADA2_STEPS`; either is capped at the answer's
+    length, as upstream caps it), and LLaDA2.1's editing: `editing_threshold` (None: no editing, i.e.
     LLaDA2.0) and `max_post_steps` (post-fill steps per block at most)."""
 
     threshold: float = 0.95
@@ -59,14 +63,15 @@ class BlockDecoding:
     max_post_steps: int = 16
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.threshold, (int, float)) and 0 <= self.threshold <= 1):
+        if isinstance(self.threshold, bool) or not (isinstance(self.threshold, (int, float))
+                                                     and 0 <= self.threshold <= 1):
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}: e.g. 0.95 (LLaDA2.0's default)")
         if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
                                        or self.steps < 1):
             raise ValueError(f"steps (per block) must be a whole number >= 1, got {self.steps!r}: leave it out for "
-                             "the block length (LLaDA2.0's default)")
-        if self.editing_threshold is not None and not (
-                isinstance(self.editing_threshold, (int, float)) and 0 <= self.editing_threshold <= 1):
+                             f"LLaDA2.0's default ({LLADA2_STEPS})")
+        if self.editing_threshold is not None and (isinstance(self.editing_threshold, bool) or not (
+                isinstance(self.editing_threshold, (int, float)) and 0 <= self.editing_threshold <= 1)):
             raise ValueError(f"editing_threshold must be in [0, 1], got {self.editing_threshold!r}: e.g. 0.5 "
                              "(LLaDA2.1's quality mode) or 0.0 (speed mode)")
         if isinstance(self.max_post_steps, bool) or not isinstance(self.max_post_steps, int) or self.max_post_steps < 0:
@@ -118,6 +123,7 @@ class DecodeRow:
     lead: int = 0  # block diffusion: prompt tokens at the front of `tokens` (blocks align at the prompt's start)
     trail: int = 0  # block diffusion: masks appended to fill the last block (decoded, then cut off)
     editable: torch.Tensor | None = field(default=None, repr=False)  # block diffusion: bool over `tokens`
+    keep_cache: bool = False  # block cache: keep `kept` after the row finishes (a dVoting sample may share it)
 
     @property
     def gen_length(self) -> int:
