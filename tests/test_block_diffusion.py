@@ -8,7 +8,7 @@ import torch
 
 from lm_eval_dvoting.decoding import generate
 from lm_eval_dvoting.decoding.blocks import block_schedule
-from lm_eval_dvoting.decoding.state import BlockDecoding
+from lm_eval_dvoting.decoding.state import BlockDecoding, left_pad
 from llada2_reference import upstream_generate
 from references import load_float32
 
@@ -77,12 +77,7 @@ def test_the_cases_are_not_vacuous(model):
 @pytest.mark.parametrize("settings", [BlockDecoding(), QUALITY], ids=["2.0", "2.1"])
 def test_block_cache_gives_the_same_tokens_when_sampling_and_batched(model, settings):
     prompts = _prompts()[:4]
-    width = max(map(len, prompts))
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention[row, width - len(prompt):] = 1
+    ids, attention, _ = left_pad([torch.tensor(p) for p in prompts], 0, torch.device("cpu"))
     results = {}
     for cache in ("none", "block"):
         generators = [torch.Generator().manual_seed(row) for row in range(len(prompts))]
@@ -204,12 +199,7 @@ def test_every_strategy_gives_the_same_samples_with_and_without_the_block_cache(
     from lm_eval_dvoting.strategies import run_strategy
 
     prompts = _prompts()[:4]
-    width = max(map(len, prompts))
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention[row, width - len(prompt):] = 1
+    ids, attention, _ = left_pad([torch.tensor(p) for p in prompts], 0, torch.device("cpu"))
     for strategy in ("majority", "dvoting", "hex") if settings == "threshold" else ("majority", "dvoting"):
         runs = {cache: run_strategy(model, ids, attention, strategy=strategy, extract=lambda t: int(t[0]) % 2,
                                     gen_length=32, block_length=4, n=5, tau=0.6, cache=cache,

@@ -8,6 +8,7 @@ the weights' dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -152,3 +153,32 @@ def repeat_kv(k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple[torch.Tenso
         return k, v
     groups = heads // k.shape[1]
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+class FromConfigDict:
+    """`from_dict` for the config dataclasses: the fields a `config.json` gives, None left out."""
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Any:
+        fields = cls.__dataclass_fields__  # type: ignore[attr-defined]
+        return cls(**{k: raw[k] for k in fields if k in raw and raw[k] is not None})
+
+
+class HeadedLM(nn.Module):
+    """The output head and `forward` of the Qwen/Ling-style models (Dream, LLaDA-MoE, LLaDA2):
+    an `lm_head`, or the input embedding when `config.tie_word_embeddings`. A subclass
+    defines `hidden_states` and `input_embedding()`."""
+
+    def input_embedding(self) -> nn.Embedding:
+        raise NotImplementedError
+
+    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The output head alone, so a sampler can apply it to the positions it needs."""
+        if self.config.tie_word_embeddings:
+            return F.linear(hidden, self.input_embedding().weight)
+        return self.lm_head(hidden)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """Raw logits (batch, length, vocabulary); `kwargs` go to `hidden_states`."""
+        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids, **kwargs))

@@ -23,20 +23,19 @@ are not shifted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import (PrefixCache, RMSNorm, attention_bias, block_causal_bias, default_position_ids, repeat_kv,
+from .common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, attention_bias, block_causal_bias, default_position_ids, repeat_kv,
                      rotary_tables)
 from .llada_moe import apply_partial_rotary
 from .moe import Experts, SwiGLU
 
 
 @dataclass(frozen=True)
-class LLaDA2Config:
+class LLaDA2Config(FromConfigDict):
     """The fields of LLaDA2's `config.json` that the forward pass needs."""
 
     hidden_size: int
@@ -59,11 +58,6 @@ class LLaDA2Config:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "LLaDA2Config":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: raw[k] for k in fields if k in raw and raw[k] is not None})
 
     @property
     def dim_per_head(self) -> int:
@@ -169,7 +163,7 @@ class _Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LLaDA2Model(nn.Module):
+class LLaDA2Model(HeadedLM):
     """LLaDA2's mask predictor: `forward(input_ids, attention_mask, position_ids,
     block_lengths) -> logits` (shift 0). `block_causal` tells the decoder to decode it as
     block diffusion (decoding/blocks.py)."""
@@ -209,12 +203,5 @@ class LLaDA2Model(nn.Module):
             x = layer(x, rotary, bias, cache, index)
         return self.model.norm(x)
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.config.tie_word_embeddings:
-            return F.linear(hidden, self.model.word_embeddings.weight)
-        return self.lm_head(hidden)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, block_lengths: torch.Tensor | None = None) -> torch.Tensor:
-        return self.logits_from_hidden(
-            self.hidden_states(input_ids, attention_mask, position_ids, block_lengths=block_lengths))
+    def input_embedding(self) -> nn.Embedding:
+        return self.model.word_embeddings

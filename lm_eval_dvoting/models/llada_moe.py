@@ -16,14 +16,13 @@ not copy that: padded keys are masked, so a padded row gives the logits of the r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import (PrefixCache, RMSNorm, apply_rotary, attention_bias, bidirectional_attention,
-                     default_position_ids, rotary_tables)
+from .common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, apply_rotary, attention_bias,
+                     bidirectional_attention, default_position_ids, rotary_tables)
 from .moe import Experts, SwiGLU
 
 
@@ -37,7 +36,7 @@ def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 
 
 @dataclass(frozen=True)
-class LLaDAMoEConfig:
+class LLaDAMoEConfig(FromConfigDict):
     """The fields of LLaDA-MoE's `config.json` that the forward pass needs."""
 
     hidden_size: int
@@ -56,11 +55,6 @@ class LLaDAMoEConfig:
     partial_rotary_factor: float = 1.0
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "LLaDAMoEConfig":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: raw[k] for k in fields if k in raw and raw[k] is not None})
 
     @property
     def head_dim(self) -> int:
@@ -149,7 +143,7 @@ class _Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class LLaDAMoEModel(nn.Module):
+class LLaDAMoEModel(HeadedLM):
     """LLaDA-MoE's mask predictor: `forward(input_ids, attention_mask) -> logits` (shift 0)."""
 
     logits_shift = 0
@@ -175,11 +169,5 @@ class LLaDAMoEModel(nn.Module):
             x = layer(x, rotary, bias, cache, index)
         return self.model.norm(x)
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.config.tie_word_embeddings:
-            return F.linear(hidden, self.model.embed_tokens.weight)
-        return self.lm_head(hidden)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids))
+    def input_embedding(self) -> nn.Embedding:
+        return self.model.embed_tokens
