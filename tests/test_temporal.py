@@ -305,9 +305,46 @@ def test_majority_with_the_temporal_vote_returns_the_carriers_prediction_when_no
     [flat] = run_strategy(OscillatingModel(), PROMPT, temporal_weight="fixed", **common)
     assert flat.votes == [(7, pytest.approx(2.25)), (9, pytest.approx(0.75))] and flat.plain_vote == 9
     assert flat.returned_tokens.tolist() == [3, 3, 3, 7] and flat.chosen == 0
+    assert flat.returned_step == GEN - 2  # the latest step whose prediction answers 7 (the last says 9)
     assert flat.nfe == 3 * GEN and len(flat.step_answers) == 3  # no extra pass; every sample's steps
     [steep] = run_strategy(OscillatingModel(), PROMPT, temporal_alpha=50.0, **common)
     assert steep.votes[0][0] == 9 and steep.returned is None and steep.returned_tokens.tolist() == [3, 3, 3, 9]
+
+
+def test_the_temporal_vote_groups_answers_with_same_answer():
+    """Answers that `same_answer` calls equal are one answer for the temporal vote, the plain
+    vote beside it and the choice of the returned sample: grouping 7 with 9, the steps' 7s
+    and the finals' 9s are one answer, so the first sample is returned as it is."""
+    [grouped] = run_strategy(OscillatingModel(), PROMPT, strategy="majority", n=3, temperature=0.0,
+                             extract=last_token_answer, gen_length=GEN, block_length=GEN, steps=GEN, vote="temporal",
+                             temporal_weight="fixed", same_answer=lambda a, b: {a, b} <= {7, 9})
+    assert len(grouped.votes) == 1 and grouped.votes[0][1] == pytest.approx(3.0)
+    assert grouped.returned is None and grouped.returned_step is None and grouped.chosen == 0
+    mixed = [r for seed in range(8) for r in run_strategy(
+        CloseCallModel(), PROMPT, strategy="majority", n=4, temperature=1.0, seed=seed, extract=last_token_answer,
+        gen_length=GEN, block_length=GEN, steps=GEN, vote="temporal", same_answer=lambda a, b: {a, b} <= {7, 9})
+        if set(r.answers) == {7, 9}]
+    assert mixed, "no seed mixed the final answers: the plain-vote check below is vacuous"
+    assert all(r.plain_votes == [(r.answers[0], 4)] for r in mixed)
+
+
+def test_run_strategy_hands_every_setting_to_the_strategy(monkeypatch):
+    """run_strategy's keywords reach StrategySettings as given, and its defaults are the settings'."""
+    import inspect
+
+    from lm_eval_dvoting import strategies
+
+    seen = []
+    monkeypatch.setattr(strategies, "decode_questions", lambda model, prompts, settings, *a, **k: seen.append(settings))
+    given_values = dict(strategy="majority", gen_length=8, block_length=4, n=3, alpha=0.4, temperature=0.5, tau=0.8,
+                        steps=4, remasking="random", hex_samples=5, decoder="fixed", threshold=0.8,
+                        temporal_weight="linear", temporal_alpha=7.0, vote="temporal", guidance=0.5)
+    run_strategy(OscillatingModel(), PROMPT, extract=last_token_answer, **given_values)
+    assert all(getattr(seen[0], name) == value for name, value in given_values.items())
+    defaults = {name: p.default for name, p in inspect.signature(run_strategy).parameters.items()}
+    for field in ("alpha", "tau", "hex_samples", "temporal_weight", "temporal_alpha", "guidance", "n",
+                  "max_post_steps", "remasking"):
+        assert defaults[field] == StrategySettings.__dataclass_fields__[field].default, field
 
 
 class CloseCallModel(OscillatingModel):
