@@ -26,7 +26,7 @@ def test_a_quick_run_writes_its_section_in_place_and_rewrites_it_from_its_json(t
     assert moe_bench.main(["--quick", "--out", str(out), "--json", str(data)]) == 0
     text = out.read_text()
     assert text.startswith(f"# Benchmarks\nabove\n{moe_bench.START}") and text.endswith(f"{moe_bench.END}\nbelow\n")
-    assert "old" not in text and "| mlp 2x4 | 8 |" in text and "| layer 2x16 | 32 |" in text
+    assert "\nold\n" not in text and "| mlp 2x4 | 8 |" in text and "| layer 2x16 | 32 |" in text
     assert "- **Goal** (issue): the MoE MLP within 1.5x" in text and "--quick: a tiny model" in text
     out.write_text("# Benchmarks\n")
     assert moe_bench.main(["--report-only", "--out", str(out), "--json", str(data)]) == 0
@@ -42,14 +42,18 @@ def test_a_quick_cache_part_times_the_passes_the_block_cache_runs_and_keeps_the_
     text = out.read_text()
     assert "### The MoE layer against its dense-active equivalent" in text  # kept from the first run
     assert "### The block cache against no cache (**--quick" in text
-    assert "| 2 | mid-block | 2 x 16 / 2 x 4 + 12 cached |" in text and "| 2 | first of a block | 2 x 16 / 2 x 8 + 8 cached |" in text
+    assert "| 2 | mid-block | 2 x 16 / 2 x 4 + 12 cached |" in text
+    assert "| 2 | first of a block | 2 x 16 / 2 x 8 + 8 cached |" in text
     assert "- **Goal** (issue): the block cache at least 5x faster per step than no cache" in text
     cell = json.loads(data.read_text())["parts"]["cache"]["cells"]["1"]
     assert len(cell["none"]) == len(cell["block"]) == 2  # paired repeats
+    assert len(cell["spread"]["none"]) == len(cell["spread"]["block"]) == 2  # the MoE layer on spread inputs
+    assert "layer 1 alone on standard-normal" in text
     # prompt 8 + generation 8, block 4, 2 steps a block: no cache decodes block 1 over the whole sequence; the
-    # block cache decodes block 0 (its first pass over everything, nothing kept yet), then block 1 from its cache
+    # block cache decodes block 0 (its first pass over prompt + block 0, nothing kept yet), then block 1: first
+    # over block 0 + block 1 (8 cached keys), then over block 1 alone (12 cached keys)
     assert [(s["block"], s["step"], s["shape"], s["kept"]) for s in cell["none"][0]] == [(1, 0, [1, 16], 0),
                                                                                          (1, 1, [1, 16], 0)]
     assert [(s["block"], s["step"], s["shape"], s["kept"]) for s in cell["block"][0]] == [
-        (0, 0, [1, 8], 0), (0, 1, [1, 4], 8), (1, 0, [1, 8], 8), (1, 1, [1, 4], 12)]
+        (0, 0, [1, 12], 0), (0, 1, [1, 4], 8), (1, 0, [1, 8], 8), (1, 1, [1, 4], 12)]
     assert all(len(s["layers"]) == 2 and 0 < sum(s["layers"]) <= s["forward"] <= s["seconds"] for s in cell["block"][0])
