@@ -778,3 +778,37 @@ def test_run_wide_args_reach_the_model_from_an_arg_string_and_none_is_skipped():
     lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith", {"batch_size": 4, "device": "cpu"})
     assert lm.batch_rows == 4
     assert merge_run_args({}, {"max_batch_size": None, "batch_size": 4}) == {"batch_size": 4}
+
+
+# ------------------------------------------------------------- the model a run decodes (strategies._model_for)
+
+
+def test_the_model_for_a_run_is_the_guided_one_only_for_rfg():
+    """strategy=rfg decodes a GuidedModel at the settings' guidance; any other strategy decodes
+    the policy itself; mixing them, two guidance strengths, or rfg without a GuidedModel is
+    refused with the whole reason."""
+    from lm_eval_dvoting.guidance import GuidedModel
+    from lm_eval_dvoting.models.loading import load_model
+    from lm_eval_dvoting.strategies import _model_for
+
+    policy = load_model("tiny-arith", device="cpu")
+    guided = GuidedModel(policy, load_model("tiny-arith", device="cpu"))
+    rfg = StrategySettings(strategy="rfg", gen_length=32, guidance=0.5)
+    single = StrategySettings(strategy="single", gen_length=32)
+    assert _model_for(guided, []) is guided and _model_for(policy, [single]) is policy
+    chosen = _model_for(guided, [rfg, rfg])
+    assert isinstance(chosen, GuidedModel) and chosen.guidance == 0.5 and chosen.policy is policy
+    with pytest.raises(ValueError) as other:
+        _model_for(guided, [single])
+    assert str(other.value) == ("a GuidedModel (policy and reference) decodes strategy=rfg only; pass the policy "
+                                "itself for the other strategies")
+    with pytest.raises(ValueError) as mixed:
+        _model_for(guided, [rfg, single])
+    assert str(mixed.value) == ("strategy=rfg decodes with one guidance strength and no other strategy in the same "
+                                "run; got guidance [0.5] and strategies ['rfg', 'single']")
+    with pytest.raises(ValueError, match=r"one guidance strength.*got guidance \[0.5, 1.0\] and strategies \['rfg'\]"):
+        _model_for(guided, [rfg, StrategySettings(strategy="rfg", gen_length=32)])
+    with pytest.raises(ValueError) as plain:
+        _model_for(policy, [rfg])
+    assert str(plain.value) == ("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.guidance): the "
+                                "harness builds it from reference=... or peft=...; got a LLaDAModel")
