@@ -66,8 +66,11 @@ MODULES: dict[str, list[str]] = {
     "models.adapters": ["tests/test_adapters.py", "tests/test_rfg.py", KILLS],
     # the decoder's units (lm_eval_dvoting/decoding/), one run each
     **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", "tests/test_confidence_decoder.py",
-                            KILLS]
-       for unit in ("state", "rules", "caches", "rows")},
+                            "tests/test_block_diffusion.py", KILLS]
+       for unit in ("state", "rules", "caches", "rows", "blocks")},
+    # the MoE families' modules (issue 22): the upstream-logits fixtures and block diffusion
+    **{f"models.{unit}": ["tests/test_models_moe.py", "tests/test_block_diffusion.py", "tests/test_parallelize.py"]
+       for unit in ("llada2", "llada_moe", "moe")},
     "likelihood": ["tests/test_likelihood.py", KILLS],
     # harness.py is exercised through lm-eval end to end: its run is by far the slowest
     # (about 1,260 mutants; see docs/MUTATION.md for the time it takes)
