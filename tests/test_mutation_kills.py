@@ -486,7 +486,8 @@ _TAU_FIX = "e.g. tau=1.0 (the default: keep a position only when every earlier s
                                              "block length that divides it"),
     ({"n": 0}, "n (samples per question) must be >= 1, got 0: e.g. n=5 (the default)"),
     ({"steps": "2"}, "steps must be a whole number >= 1, got '2': leave it out (default: gen_length for single, "
-                     "gen_length/2 for majority and hex) or give the forward passes per sample"),
+                     "gen_length/2 for majority and hex; LLaDA2: 32 per block) or give the forward passes per "
+                         "sample (LLaDA2: per block)"),
     ({"alpha": -0.1}, "alpha (entropy threshold) must be >= 0, got -0.1: e.g. alpha=0.3 (the default)"),
     ({"alpha": float("nan")}, "alpha (entropy threshold) must be >= 0, got nan: e.g. alpha=0.3 (the default)"),
     ({"tau": 0}, f"tau (position-consistency share) must be in (0, 1], got 0: {_TAU_FIX}"),

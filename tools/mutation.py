@@ -35,6 +35,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "lm_eval_dvoting"
 RESULTS = REPO / ".mutation"
+# What outlives a checkout: each module's per-mutant results (mutmut's meta file: exit code
+# per mutant, hash per function) and its last summary, tracked in git. `.mutation/` is
+# git-ignored (it holds whole copies of the package), so without these every new clone
+# started the hours-long runs from nothing; seeded from them, mutmut keeps the result of
+# every mutant whose function is unchanged and tests only the rest.
+STATE = REPO / "tools" / "mutation_state"
 # mutmut statuses that count as caught: a failing test, or a mutant that hangs (an endless
 # loop; a user would notice that too, as would the suite's time limit)
 DETECTED = ("killed", "timeout")
@@ -137,6 +143,46 @@ def _source(module: str) -> str:
     return f"{PACKAGE}/{module.replace('.', '/')}.py"
 
 
+def _tracked(module: str) -> tuple[Path, Path]:
+    """The tracked copies of `module`'s mutmut meta file and of its last summary."""
+    return STATE / f"{module}.meta.json", STATE / f"{module}.summary.json"
+
+
+def save_state(module: str, folder: Path) -> bool:
+    """Copy `module`'s per-mutant results (and its summary, once a run has written one)
+    from a results folder (`mutants/` during a run, `.mutation/<module>/` after it) into
+    the tracked state; False when the folder holds no results of that module yet.
+
+    mutmut saves the meta file after every mutant, so a copy taken during a run keeps
+    everything tested so far (`--save-state`)."""
+    meta = folder / f"{_source(module)}.meta"
+    if not meta.exists():
+        return False
+    STATE.mkdir(exist_ok=True)
+    tracked_meta, tracked_summary = _tracked(module)
+    # one line per mutant, so that git diffs of the state stay readable
+    data = json.loads(meta.read_text(encoding="utf-8"))
+    tracked_meta.write_text(json.dumps(data, indent=0, sort_keys=True) + "\n", encoding="utf-8")
+    summary = folder / "summary.json"
+    if summary.exists() and summary.stat().st_mtime >= meta.stat().st_mtime - 1:
+        shutil.copyfile(summary, tracked_summary)
+    return True
+
+
+def _seed_from_state(module: str, mutants: Path) -> None:
+    """Start a module's first run in this checkout from its tracked results: mutmut then
+    regenerates the mutants, keeps the exit code of every mutant whose function's hash is
+    unchanged and marks the others untested."""
+    tracked_meta, tracked_summary = _tracked(module)
+    if not tracked_meta.exists():
+        return
+    meta = mutants / f"{_source(module)}.meta"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tracked_meta, meta)
+    if tracked_summary.exists():
+        shutil.copyfile(tracked_summary, mutants / "summary.json")
+
+
 def run_module(module: str, max_children: int, fresh_stats: bool = False) -> dict:
     """Run mutmut on `module` in its own results folder and return its summary."""
     mutants, kept = REPO / "mutants", RESULTS / module
@@ -144,6 +190,8 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False) -> dic
         raise SystemExit(f"{mutants} exists (a bare `mutmut run`, or an interrupted run of this "
                          "script): delete it or move it to .mutation/<module>/ first")
     RESULTS.mkdir(exist_ok=True)
+    if not kept.exists():
+        _seed_from_state(module, kept)
     summary_file = kept / "summary.json"
     earlier = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.exists() else None
     if kept.exists():
@@ -175,6 +223,7 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False) -> dic
     finally:
         if mutants.exists():
             mutants.rename(kept)
+        save_state(module, kept)
     if done.returncode != 0 or not summary_file.exists():
         raise SystemExit(f"mutmut failed on {module} (exit status {done.returncode}); "
                          f"its output is above, its files in {kept}")
@@ -225,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                              "functions or modules: a stale map reports false survivors)")
     parser.add_argument("--report-only", action="store_true",
                         help="print the scores of the last runs without running mutmut")
+    parser.add_argument("--save-state", action="store_true",
+                        help=f"copy the results tested so far (of a run in progress too) into "
+                             f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -243,12 +295,22 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(REPO)
     summaries = []
     for module in args.modules or list(MODULES):
+        if args.save_state:
+            # a run in progress works in mutants/; a finished or stopped one is in .mutation/
+            for folder in (REPO / "mutants", RESULTS / module):
+                if save_state(module, folder):
+                    print(f"{module}: results of {folder} saved in {STATE.relative_to(REPO)}/")
+                    break
+            continue
         if args.report_only:
-            summary_file = RESULTS / module / "summary.json"
-            if summary_file.exists():
-                summaries.append(json.loads(summary_file.read_text(encoding="utf-8")))
+            for summary_file in (RESULTS / module / "summary.json", _tracked(module)[1]):
+                if summary_file.exists():
+                    summaries.append(json.loads(summary_file.read_text(encoding="utf-8")))
+                    break
             continue
         summaries.append(run_module(module, args.max_children, args.fresh_stats))
+    if args.save_state:
+        return 0
     return 1 if report(summaries) else 0
 
 
