@@ -235,3 +235,47 @@ def test_a_remask_sample_recomputes_only_from_its_first_remasked_block(model):
         first_masked = 9 + min(set(range(32)) - set(result.kept[i]))
         shared = first_masked // 4 * 4
         assert lengths[sum(result.sample_nfe[:i])] == (4, shared)
+
+
+@pytest.mark.parametrize("preset, overrides, expected", [
+    ("threshold", {}, BlockDecoding(threshold=0.95)),
+    ("threshold", dict(threshold=0.3, steps=2), BlockDecoding(threshold=0.3, steps=2)),
+    ("quality", {}, QUALITY),
+    ("speed", dict(max_post_steps=2), BlockDecoding(threshold=0.5, editing_threshold=0.0, max_post_steps=2)),
+    ("quality", dict(editing_threshold=0.2, threshold=0.6), BlockDecoding(threshold=0.6, editing_threshold=0.2)),
+])
+def test_run_strategy_hands_every_block_setting_to_the_decoder(model, preset, overrides, expected):
+    """`strategy=single` through `run_strategy` decodes as `generate` with the `BlockDecoding`
+    its settings name (the preset's threshold and editing threshold, each override, `steps`
+    per block, `max_post_steps`): same tokens and passes per prompt, and the settings object
+    is that one."""
+    from lm_eval_dvoting.strategies import StrategySettings, run_strategy
+
+    settings = StrategySettings(strategy="single", gen_length=8, block_length=4, block_decoding=preset, **overrides)
+    assert settings.block_settings() == expected
+    for prompt in _prompts():
+        [result] = run_strategy(model, torch.tensor([prompt]), strategy="single", extract=lambda t: None,
+                                gen_length=8, block_length=4, block_decoding=preset, **overrides)
+        reference = generate(model, torch.tensor([prompt]), gen_length=8, block_length=4, block=expected,
+                             cache="block")
+        assert result.samples[0].tolist() == reference.tokens[0].tolist(), (preset, overrides, prompt)
+        assert result.sample_nfe == [int(reference.nfe[0])]
+
+
+def test_the_block_settings_cases_are_not_vacuous(model):
+    """Each override of the test above changes what the fixture decodes or how many passes it
+    takes, so a setting dropped on the way to the decoder would be seen."""
+    def decode(settings: BlockDecoding) -> list[tuple[list[int], int]]:
+        out = []
+        for prompt in _prompts():
+            result = generate(model, torch.tensor([prompt]), gen_length=8, block_length=4, block=settings)
+            out.append((result.tokens[0].tolist(), int(result.nfe[0])))
+        return out
+
+    pairs = [(BlockDecoding(threshold=0.95), BlockDecoding(threshold=0.3)),
+             (BlockDecoding(threshold=0.95), BlockDecoding(threshold=0.95, steps=2)),
+             (BlockDecoding(threshold=0.6), BlockDecoding(threshold=0.6, editing_threshold=0.2)),
+             (QUALITY, BlockDecoding(threshold=0.7, editing_threshold=0.2)),
+             (SPEED, BlockDecoding(threshold=0.5, editing_threshold=0.0, max_post_steps=2))]
+    for left, right in pairs:
+        assert decode(left) != decode(right), (left, right)

@@ -532,3 +532,32 @@ def test_step_figures_read_every_candidate_with_steps_and_group_equivalent_answe
     scored, figures = step_figures(trace, lambda answer: same("1/2", answer), same)
     assert scored["candidates"][1]["steps_correct"] == [True, True] and "steps_correct" not in scored["candidates"][0]
     assert figures == {"ever_pass": 1.0, "tse": 0.0}  # one answer, spelled two ways
+
+
+def test_the_temporal_vote_returns_a_later_samples_carrier_with_that_sample_chosen():
+    """When the temporal winner is no sample's final answer and the latest step carrying it
+    is in another sample than the plain vote's choice, the response is that step's
+    prediction and `chosen` names its sample (the trace and `returned_step` refer to it)."""
+    from lm_eval_dvoting.strategies import _Question
+
+    def decode(per_step: list[int]) -> tuple[torch.Tensor, StepAnswers]:
+        steps = StepAnswers(answer_of=lambda t: int(t[-1]))
+        for step, answer in enumerate(per_step):
+            steps.observe(step, torch.tensor([3, answer]))
+        final = torch.tensor([3, per_step[-1]])
+        steps.close(len(per_step) - 1, final, per_step[-1])
+        return final, steps
+
+    # finals 9, 8, 8, 9: the plain vote ties 9 and 8 and takes 9 (seen first): sample 0;
+    # over the steps 7 wins (1.5 against 1.25 and 1.25 at equal weights), carried by samples 2 and 3
+    decodes = [decode(s) for s in ([9, 9, 9, 9], [8, 8, 8, 8], [7, 7, 7, 8], [7, 7, 7, 9])]
+    question = _Question(index=0, seed=0, plan=iter(()), answer_of=lambda t: int(t[-1]),
+                         samples=[final for final, _ in decodes], answers=[9, 8, 8, 9], sample_nfe=[4] * 4,
+                         kept=[None] * 4, observed=True, steps=[steps for _, steps in decodes])
+    settings = StrategySettings(strategy="majority", gen_length=GEN, block_length=GEN, steps=GEN, n=4,
+                                vote="temporal", temporal_weight="fixed")
+    result = question.temporal_result(settings, None)
+    assert result.plain_vote == 9 and result.votes[0] == (7, pytest.approx(1.5))
+    assert result.chosen in (2, 3) and result.returned_step == 2
+    assert result.returned.tolist() == [3, 7] and result.returned_tokens.tolist() == [3, 7]
+    assert result.step_answers[result.chosen][result.returned_step] == (2, 7)

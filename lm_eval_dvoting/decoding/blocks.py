@@ -34,7 +34,11 @@ Candidates: the argmax at temperature 0 (upstream LLaDA2.0 samples even there, a
 its authors confirmed: LLADA2_DECODING.md section 1); a float64 Gumbel-max draw from
 softmax(logits / T) otherwise, which is upstream's multinomial draw in distribution.
 Confidence: the candidate's probability under softmax(logits / T) (T = 0: softmax(logits)),
-as upstream. The mask token is never a candidate.
+as upstream, except that the mask token is never a candidate: its logit is set to -inf
+before the softmax, so the confidences are renormalised over the other tokens (upstream
+keeps the mask token in its softmax; a trained model gives it next to no probability at a
+masked position, so the two differ only in rounding there, but a confidence right at the
+threshold could fall on either side).
 
 End of text: after a block is done, if the answer so far holds an end token, every later
 position becomes that token and the row stops (upstream LLaDA2.0 stops there always, 2.1
