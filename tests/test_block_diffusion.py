@@ -279,3 +279,22 @@ def test_the_block_settings_cases_are_not_vacuous(model):
              (SPEED, BlockDecoding(threshold=0.5, editing_threshold=0.0, max_post_steps=2))]
     for left, right in pairs:
         assert decode(left) != decode(right), (left, right)
+
+
+@pytest.mark.parametrize("strategy, vote, cache", [
+    ("single", None, "block"), ("majority", None, "block"), ("temporal", None, "none"),
+    ("majority", "temporal", "none"), ("dvoting", "plain", "block")])
+def test_run_strategy_picks_the_block_cache_unless_a_temporal_vote_needs_every_steps_prediction(
+        model, monkeypatch, strategy, vote, cache):
+    """On a block-causal model with `cache` left out, `run_strategy` decodes by threshold
+    decoding with the exact block cache, except under a temporal vote (which reads each
+    step's whole prediction and so refuses that cache): there it takes no cache, rather
+    than refusing a default the caller never chose."""
+    from lm_eval_dvoting import strategies
+
+    seen = []
+    monkeypatch.setattr(strategies, "decode_questions", lambda model, prompts, settings, *a, **k: seen.append(settings))
+    strategies.run_strategy(model, torch.tensor([_prompts()[0]]), strategy=strategy, vote=vote, extract=lambda t: None,
+                            gen_length=8, block_length=4, n=3)
+    [settings] = seen
+    assert (settings.cache, settings.block_decoding) == (cache, "threshold")
