@@ -184,8 +184,23 @@ def _seed_from_state(module: str, mutants: Path) -> None:
         shutil.copyfile(tracked_summary, mutants / "summary.json")
 
 
-def run_module(module: str, max_children: int, fresh_stats: bool = False) -> dict:
-    """Run mutmut on `module` in its own results folder and return its summary."""
+def _survivors(folder: Path, module: str) -> list[str]:
+    """The mutants of `module` whose last result in `folder` is neither a kill nor untested."""
+    from mutmut.stats import status_by_exit_code
+
+    meta_file = folder / f"{_source(module)}.meta"
+    if not meta_file.exists():
+        return []
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    return [name for name, code in meta["exit_code_by_key"].items()
+            if code is not None and status_by_exit_code[code] not in DETECTED]
+
+
+def run_module(module: str, max_children: int, fresh_stats: bool = False, survivors_only: bool = False) -> dict:
+    """Run mutmut on `module` in its own results folder and return its summary.
+
+    `survivors_only`: test only the survivors recorded so far, against the tests as they
+    are now (to confirm new kill tests without waiting for the untested mutants)."""
     mutants, kept = REPO / "mutants", RESULTS / module
     if mutants.exists():
         raise SystemExit(f"{mutants} exists (a bare `mutmut run`, or an interrupted run of this "
@@ -210,8 +225,14 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False) -> dic
         # the tests run from mutants/, whose parent is the checkout: point them at the
         # benchmark data beside the checkout, or every test that needs them would skip
         env = {**os.environ, "DVOTING_SHARED_DIR": str(REPO.parent / "shared")}
-        # new mutants (functions changed since) and the ones not reached last time
-        done = subprocess.run(command, cwd=REPO, env=env)
+        if survivors_only:
+            retest = _survivors(mutants, module)
+            print(f"Testing the {len(retest)} survivors of {module} again")
+            done = subprocess.run(command + retest, cwd=REPO, env=env) if retest else subprocess.CompletedProcess([], 0)
+            earlier = None
+        else:
+            # new mutants (functions changed since) and the ones not reached last time
+            done = subprocess.run(command, cwd=REPO, env=env)
         if done.returncode == 0 and earlier is not None:
             # the earlier survivors, against the tests as they are now
             retest = [name for name, status in earlier["status"].items()
@@ -275,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                              "functions or modules: a stale map reports false survivors)")
     parser.add_argument("--report-only", action="store_true",
                         help="print the scores of the last runs without running mutmut")
+    parser.add_argument("--survivors-only", action="store_true",
+                        help="test only the survivors recorded so far, against the current tests (confirms "
+                             "new kill tests; the untested mutants stay untested)")
     parser.add_argument("--save-state", action="store_true",
                         help=f"copy the results tested so far (of a run in progress too) into "
                              f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut")
@@ -309,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
                     summaries.append(json.loads(summary_file.read_text(encoding="utf-8")))
                     break
             continue
-        summaries.append(run_module(module, args.max_children, args.fresh_stats))
+        summaries.append(run_module(module, args.max_children, args.fresh_stats, args.survivors_only))
     if args.save_state:
         return 0
     return 1 if report(summaries) else 0

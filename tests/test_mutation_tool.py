@@ -1,0 +1,55 @@
+"""tools/mutation.py's tracked results (tools/mutation_state/): what a new clone resumes from."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+
+@pytest.fixture
+def tool(monkeypatch, tmp_path):
+    spec = importlib.util.spec_from_file_location("mutation_tool", REPO_ROOT / "tools" / "mutation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "STATE", tmp_path / "state")
+    return module
+
+
+def _meta(codes: dict[str, int | None]) -> dict:
+    return {"exit_code_by_key": codes, "hash_by_function_name": {"f": "abc"}, "durations_by_key": {},
+            "estimated_durations_by_key": {}, "type_check_error_by_key": {}}
+
+
+def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path):
+    run = tmp_path / "mutants"
+    meta = run / "lm_eval_dvoting" / "decoding" / "rules.py.meta"
+    meta.parent.mkdir(parents=True)
+    codes = {"lm_eval_dvoting.decoding.rules.x_f__mutmut_1": 1, "lm_eval_dvoting.decoding.rules.x_f__mutmut_2": 0,
+             "lm_eval_dvoting.decoding.rules.x_f__mutmut_3": None}
+    meta.write_text(json.dumps(_meta(codes)))
+    assert not tool.save_state("answers", run)  # no results of that module there: nothing saved
+    assert tool.save_state("decoding.rules", run)
+    fresh = tmp_path / "fresh"
+    tool._seed_from_state("decoding.rules", fresh)
+    seeded = json.loads((fresh / "lm_eval_dvoting" / "decoding" / "rules.py.meta").read_text())
+    assert seeded == _meta(codes)
+    # the survivors to test again: recorded and not killed (untested ones are not survivors)
+    assert tool._survivors(fresh, "decoding.rules") == ["lm_eval_dvoting.decoding.rules.x_f__mutmut_2"]
+
+
+def test_the_tracked_results_are_mutmuts_meta_files_of_known_modules():
+    tool_path = REPO_ROOT / "tools" / "mutation.py"
+    spec = importlib.util.spec_from_file_location("mutation_tool_real", tool_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tracked = sorted(module.STATE.glob("*.meta.json"))
+    for path in tracked:
+        name = path.name.removesuffix(".meta.json")
+        assert name in module.MODULES, path
+        meta = json.loads(path.read_text())
+        prefix = f"lm_eval_dvoting.{name}."
+        assert meta["exit_code_by_key"] and all(key.startswith(prefix) for key in meta["exit_code_by_key"]), path
