@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
+import sys
+import types
 
 import pytest
 
@@ -24,12 +25,16 @@ def _meta(codes: dict[str, int | None]) -> dict:
             "estimated_durations_by_key": {}, "type_check_error_by_key": {}}
 
 
-def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path):
+def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path, monkeypatch):
+    # mutmut is an optional extra (not installed by CI): its exit-code table, as far as used here
+    statuses = {1: "killed", 0: "survived", 36: "timeout", None: "not checked"}
+    monkeypatch.setitem(sys.modules, "mutmut", types.ModuleType("mutmut"))
+    monkeypatch.setitem(sys.modules, "mutmut.stats", types.SimpleNamespace(status_by_exit_code=statuses))
     run = tmp_path / "mutants"
     meta = run / "lm_eval_dvoting" / "decoding" / "rules.py.meta"
     meta.parent.mkdir(parents=True)
     codes = {"lm_eval_dvoting.decoding.rules.x_f__mutmut_1": 1, "lm_eval_dvoting.decoding.rules.x_f__mutmut_2": 0,
-             "lm_eval_dvoting.decoding.rules.x_f__mutmut_3": None}
+             "lm_eval_dvoting.decoding.rules.x_f__mutmut_3": None, "lm_eval_dvoting.decoding.rules.x_f__mutmut_4": 36}
     meta.write_text(json.dumps(_meta(codes)))
     assert not tool.save_state("answers", run)  # no results of that module there: nothing saved
     assert tool.save_state("decoding.rules", run)
