@@ -126,7 +126,7 @@ def _run_one(module: str, max_children: int, retest: list[str]) -> None:
     data = SourceFileMutationData(path=Path(source))
     data.load()
     statuses = {name: status_by_exit_code[code] for name, code in data.exit_code_by_key.items()}
-    survivors = sorted(name for name, status in statuses.items() if status not in DETECTED)
+    survivors = sorted(name for name, status in statuses.items() if status not in (*DETECTED, "not checked"))
     summary = {
         "module": module,
         "tests": MODULES[module],
