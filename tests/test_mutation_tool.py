@@ -11,11 +11,17 @@ import pytest
 from conftest import REPO_ROOT
 
 
-@pytest.fixture
-def tool(monkeypatch, tmp_path):
+def _load_tool() -> types.ModuleType:
+    """tools/mutation.py as a module (it is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("mutation_tool", REPO_ROOT / "tools" / "mutation.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def tool(monkeypatch, tmp_path):
+    module = _load_tool()
     monkeypatch.setattr(module, "STATE", tmp_path / "state")
     return module
 
@@ -47,10 +53,7 @@ def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path,
 
 
 def test_the_tracked_results_are_mutmuts_meta_files_of_known_modules():
-    tool_path = REPO_ROOT / "tools" / "mutation.py"
-    spec = importlib.util.spec_from_file_location("mutation_tool_real", tool_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_tool()
     tracked = sorted(module.STATE.glob("*.meta.json"))
     for path in tracked:
         name = path.name.removesuffix(".meta.json")

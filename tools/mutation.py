@@ -44,6 +44,12 @@ STATE = REPO / "tools" / "mutation_state"
 # mutmut statuses that count as caught: a failing test, or a mutant that hangs (an endless
 # loop; a user would notice that too, as would the suite's time limit)
 DETECTED = ("killed", "timeout")
+
+
+def survived(status: str) -> bool:
+    """Whether a mutant with this mutmut status is a survivor: tested, and neither killed nor
+    hung ("not checked": an interrupted run never reached it)."""
+    return status not in (*DETECTED, "not checked")
 EQUIVALENT_FILE = REPO / "docs" / "mutation_equivalent.md"
 KILLS = "tests/test_mutation_kills.py"
 
@@ -126,7 +132,7 @@ def _run_one(module: str, max_children: int, retest: list[str]) -> None:
     data = SourceFileMutationData(path=Path(source))
     data.load()
     statuses = {name: status_by_exit_code[code] for name, code in data.exit_code_by_key.items()}
-    survivors = sorted(name for name, status in statuses.items() if status not in (*DETECTED, "not checked"))
+    survivors = sorted(name for name, status in statuses.items() if survived(status))
     summary = {
         "module": module,
         "tests": MODULES[module],
@@ -165,6 +171,8 @@ def save_state(module: str, folder: Path) -> bool:
     data = json.loads(meta.read_text(encoding="utf-8"))
     tracked_meta.write_text(json.dumps(data, indent=0, sort_keys=True) + "\n", encoding="utf-8")
     summary = folder / "summary.json"
+    # a summary older than the meta file describes an earlier run (a run in progress has not
+    # written its own yet): keep the tracked one until the run ends
     if summary.exists() and summary.stat().st_mtime >= meta.stat().st_mtime - 1:
         shutil.copyfile(summary, tracked_summary)
     return True
@@ -192,8 +200,7 @@ def _survivors(folder: Path, module: str) -> list[str]:
     if not meta_file.exists():
         return []
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    return [name for name, code in meta["exit_code_by_key"].items()
-            if code is not None and status_by_exit_code[code] not in DETECTED]
+    return [name for name, code in meta["exit_code_by_key"].items() if survived(status_by_exit_code[code])]
 
 
 def run_module(module: str, max_children: int, fresh_stats: bool = False, survivors_only: bool = False) -> dict:
@@ -229,14 +236,12 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False, surviv
             retest = _survivors(mutants, module)
             print(f"Testing the {len(retest)} survivors of {module} again")
             done = subprocess.run(command + retest, cwd=REPO, env=env) if retest else subprocess.CompletedProcess([], 0)
-            earlier = None
         else:
             # new mutants (functions changed since) and the ones not reached last time
             done = subprocess.run(command, cwd=REPO, env=env)
-        if done.returncode == 0 and earlier is not None:
+        if done.returncode == 0 and earlier is not None and not survivors_only:
             # the earlier survivors, against the tests as they are now
-            retest = [name for name, status in earlier["status"].items()
-                      if status not in DETECTED and status != "not checked"]
+            retest = [name for name, status in earlier["status"].items() if survived(status)]
             current = json.loads((mutants / "summary.json").read_text(encoding="utf-8"))["status"]
             retest = [name for name in retest if current.get(name) not in (None, *DETECTED)]
             if retest:
@@ -262,7 +267,7 @@ def report(summaries: list[dict]) -> int:
         statuses = summary["status"]
         # "not checked": the run was interrupted before testing it (a rerun continues)
         unchecked = sum(status == "not checked" for status in statuses.values())
-        survivors = [name for name, status in statuses.items() if status not in (*DETECTED, "not checked")]
+        survivors = [name for name, status in statuses.items() if survived(status)]
         listed = [name for name in survivors if name in equivalent]
         total = len(statuses) - unchecked
         killed = sum(status in DETECTED for status in statuses.values())
@@ -273,7 +278,7 @@ def report(summaries: list[dict]) -> int:
     for summary in summaries:
         for name in sorted(summary["status"]):
             status = summary["status"][name]
-            if status in (*DETECTED, "not checked") or name in equivalent:
+            if not survived(status) or name in equivalent:
                 continue
             unexplained += 1
             print(f"\n--- {name}: {status}")
