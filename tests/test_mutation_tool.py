@@ -61,3 +61,41 @@ def test_the_tracked_results_are_mutmuts_meta_files_of_known_modules():
         meta = json.loads(path.read_text())
         prefix = f"lm_eval_dvoting.{name}."
         assert meta["exit_code_by_key"] and all(key.startswith(prefix) for key in meta["exit_code_by_key"]), path
+
+
+_DIFF = """--- lm_eval_dvoting/strategies.py
++++ lm_eval_dvoting/strategies.py
+@@ -6,7 +6,7 @@
+     seeds: Sequence[int],
+-    max_rows: int = 16,
++    max_rows: int = 17,
+ ) -> list[StrategyResult]:
+"""
+_NAME = "lm_eval_dvoting.strategies.x_decode_questions__mutmut_1"
+
+
+def _summary(diff: str) -> dict:
+    return {"module": "strategies", "status": {_NAME: "survived", _NAME[:-1] + "2": "killed"},
+            "diffs": {_NAME: diff}}
+
+
+def test_a_diff_pin_ignores_where_the_mutation_is_but_not_what_it_does():
+    tool = _load_tool()
+    moved = _DIFF.replace("@@ -6,7 +6,7 @@", "@@ -60,7 +60,7 @@")
+    other = _DIFF.replace("max_rows: int = 17", "max_rows: int = 15")
+    assert tool.diff_pin(moved) == tool.diff_pin(_DIFF) != tool.diff_pin(other)
+
+
+def test_a_pinned_equivalent_stops_excusing_its_survivor_once_the_mutation_changes(tool, tmp_path, monkeypatch):
+    listed = tmp_path / "equivalent.md"
+    listed.write_text(f"# Equivalents\n\n- `{_NAME}`: the row cap only orders the work.\n")
+    monkeypatch.setattr(tool, "EQUIVALENT_FILE", listed)
+    renumbered = _DIFF.replace("max_rows: int = 17", "max_rows: int = 15")
+    # unpinned (an entry from before pins): it excuses whatever the name now denotes
+    assert tool.report([_summary(renumbered)]) == 0
+    assert tool.pin_equivalents([_summary(_DIFF)]) == 1
+    assert tool.equivalent_mutants()[_NAME] == ("the row cap only orders the work.", tool.diff_pin(_DIFF))
+    assert tool.pin_equivalents([_summary(_DIFF)]) == 0  # already pinned: left alone
+    assert tool.report([_summary(_DIFF)]) == 0
+    assert tool.report([_summary(renumbered)]) == 1
+    assert tool.report([{**_summary(_DIFF), "status": {_NAME: "killed"}}]) == 0

@@ -24,6 +24,7 @@ sys.path, and a module imported before that would be the un-mutated one.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "lm_eval_dvoting"
@@ -95,16 +97,42 @@ MODULES: dict[str, list[str]] = {
 }
 
 
-def equivalent_mutants(path: Path = EQUIVALENT_FILE) -> dict[str, str]:
-    """Mutant name -> reason, from the `- `name`: reason` lines of the equivalents file."""
+def diff_pin(diff: str) -> str:
+    """A short fingerprint of what a mutant changes: its removed and added lines, without the
+    hunk headers (whose line numbers move when code elsewhere in the file changes)."""
+    changed = [line.rstrip() for line in diff.splitlines()
+               if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+    return hashlib.sha1("\n".join(changed).encode("utf-8")).hexdigest()[:8]
+
+
+class Equivalent(NamedTuple):
+    """One entry of the equivalents file: why the mutant cannot be told from the original, and
+    the `diff_pin` of the mutation that reason was written for (None: an entry from before
+    pins; it still excuses its survivor, and the report counts it as unpinned)."""
+    reason: str
+    pin: str | None
+
+
+def equivalent_mutants(path: Path | None = None) -> dict[str, Equivalent]:
+    """Mutant name -> its entry, from the ``- `name` [pin]: reason`` lines of the equivalents file."""
+    path = path or EQUIVALENT_FILE
     if not path.exists():
         return {}
     found = {}
     for line in path.read_text(encoding="utf-8").splitlines():
-        match = re.match(r"^\s*[-*]\s+`([^`]+)`\s*[:—-]\s*(.+)$", line)
+        match = re.match(r"^\s*[-*]\s+`([^`]+)`(?:\s+\[([0-9a-f]{8})\])?\s*[:—-]\s*(.+)$", line)
         if match:
-            found[match.group(1)] = match.group(2).strip()
+            found[match.group(1)] = Equivalent(match.group(3).strip(), match.group(2))
     return found
+
+
+def excuses(entry: Equivalent | None, diff: str | None) -> bool:
+    """Whether an equivalents entry excuses a survivor with this diff. mutmut renumbers a
+    function's mutants when the function changes, so an entry's name can come to denote
+    another, observable mutation: a pinned entry excuses only the mutation it was pinned to."""
+    if entry is None:
+        return False
+    return entry.pin is None or diff is None or entry.pin == diff_pin(diff)
 
 
 def _run_one(module: str, max_children: int, retest: list[str]) -> None:
@@ -258,34 +286,56 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False, surviv
 
 
 def report(summaries: list[dict]) -> int:
-    """Print scores and survivors; return the number of survivors not listed as equivalent."""
+    """Print scores and survivors; return the number of survivors no equivalents entry excuses."""
     equivalent = equivalent_mutants()
     unexplained = 0
     print("\nMutation score per module: killed (a test failed or the mutant hung) / total; "
-          f"equivalent = survivors listed in {EQUIVALENT_FILE.relative_to(REPO)}")
+          f"equivalent = survivors listed in {EQUIVALENT_FILE}")
     for summary in summaries:
-        statuses = summary["status"]
+        statuses, diffs = summary["status"], summary["diffs"]
         # "not checked": the run was interrupted before testing it (a rerun continues)
         unchecked = sum(status == "not checked" for status in statuses.values())
         survivors = [name for name, status in statuses.items() if survived(status)]
-        listed = [name for name in survivors if name in equivalent]
+        listed = [name for name in survivors if excuses(equivalent.get(name), diffs.get(name))]
+        unpinned = sum(equivalent[name].pin is None for name in listed)
         total = len(statuses) - unchecked
         killed = sum(status in DETECTED for status in statuses.values())
         score = 100.0 * killed / total if total else 100.0
         print(f"  {summary['module']:<11} {killed:>4} / {total:<4} = {score:5.1f} %"
-              f"   survivors: {len(survivors)} ({len(listed)} equivalent)"
+              f"   survivors: {len(survivors)} ({len(listed)} equivalent"
+              + (f", {unpinned} of them unpinned" if unpinned else "") + ")"
               + (f"   NOT CHECKED: {unchecked} (interrupted; run again)" if unchecked else ""))
     for summary in summaries:
         for name in sorted(summary["status"]):
-            status = summary["status"][name]
-            if not survived(status) or name in equivalent:
+            status, diff, entry = summary["status"][name], summary["diffs"].get(name), equivalent.get(name)
+            if not survived(status) or excuses(entry, diff):
                 continue
             unexplained += 1
             print(f"\n--- {name}: {status}")
-            print(summary["diffs"].get(name, "(no diff)"))
+            if entry is not None:
+                print(f"(listed as equivalent for the mutation pinned [{entry.pin}], but this mutant's "
+                      f"diff is pinned [{diff_pin(diff)}]: the function changed; re-check the entry)")
+            print(diff or "(no diff)")
     print(f"\nSurvivors judged equivalent, one reason each: {EQUIVALENT_FILE}")
-    print(f"Survivors not listed there: {unexplained}")
+    print(f"Survivors not excused there: {unexplained}")
     return unexplained
+
+
+def pin_equivalents(summaries: list[dict], path: Path | None = None) -> int:
+    """Write the `diff_pin` of each listed survivor's current diff into its unpinned entry;
+    return how many were pinned. Run it only after checking those entries' reasons against
+    the diffs (`--report-only` prints them): a pin records that check."""
+    diffs = {name: diff for summary in summaries for name, diff in summary["diffs"].items()
+             if survived(summary["status"].get(name, "not checked"))}
+    path = path or EQUIVALENT_FILE
+    lines, pinned = path.read_text(encoding="utf-8").splitlines(keepends=True), 0
+    for i, line in enumerate(lines):
+        match = re.match(r"^(\s*[-*]\s+`([^`]+)`)(\s*[:—-])", line)
+        if match and match.group(2) in diffs:
+            lines[i] = f"{match.group(1)} [{diff_pin(diffs[match.group(2)])}]{line[match.end(1):]}"
+            pinned += 1
+    path.write_text("".join(lines), encoding="utf-8")
+    return pinned
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,6 +357,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-state", action="store_true",
                         help=f"copy the results tested so far (of a run in progress too) into "
                              f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut")
+    parser.add_argument("--pin-equivalents", action="store_true",
+                        help=f"after checking the listed survivors' reasons against their diffs, pin each "
+                             f"unpinned entry of {EQUIVALENT_FILE.relative_to(REPO)} to its mutant's current "
+                             "diff (a pinned entry stops excusing its mutant once the mutation changes)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -332,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{module}: results of {folder} saved in {STATE.relative_to(REPO)}/")
                     break
             continue
-        if args.report_only:
+        if args.report_only or args.pin_equivalents:
             for summary_file in (RESULTS / module / "summary.json", _tracked(module)[1]):
                 if summary_file.exists():
                     summaries.append(json.loads(summary_file.read_text(encoding="utf-8")))
@@ -341,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         summaries.append(run_module(module, args.max_children, args.fresh_stats, args.survivors_only))
     if args.save_state:
         return 0
+    if args.pin_equivalents:
+        print(f"{pin_equivalents(summaries)} entries of {EQUIVALENT_FILE.relative_to(REPO)} pinned")
     return 1 if report(summaries) else 0
 
 
