@@ -55,6 +55,7 @@ def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path,
 def test_the_tracked_results_are_mutmuts_meta_files_of_known_modules():
     module = _load_tool()
     tracked = sorted(module.STATE.glob("*.meta.json"))
+    assert tracked, f"no tracked mutation results in {module.STATE}"
     for path in tracked:
         name = path.name.removesuffix(".meta.json")
         assert name in module.MODULES, path
