@@ -523,6 +523,126 @@ def test_the_smallest_allowed_settings_are_accepted(setting):
         assert getattr(settings, name) == value
 
 
+_FASTDLLM_TAU = "e.g. threshold=0.9 (Fast-dLLM's default)"
+_TEMPORAL_NEEDS = "the vote needs every step's whole prediction; use cache=none (the default) or cache=prefix"
+_NOT_LLADA2 = ("editing_threshold and cache=block are LLaDA2's (block diffusion): use --model dvoting-llada2 or "
+               "dvoting-llada21 with a LLaDA2 checkpoint")
+_BLOCK_TEMPORAL = ("the temporal vote needs every step's whole prediction, which cache=block does not compute (a "
+                   "pass covers the current block): use cache=none with it")
+_HEX_DECODER = ("does not apply to strategy=hex: HEX is defined by its fixed schedules over block sizes L/32..L/2; "
+                "leave decoder out for hex")
+_NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over one decode's steps"
+
+
+@pytest.mark.parametrize("setting, message", [
+    # the decoders (_check_decoder)
+    ({"decoder": "foo"}, "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
+                         "strategy's own), got 'foo'"),
+    ({"strategy": "hex", "decoder": "entropy"}, f"decoder=entropy {_HEX_DECODER}"),
+    ({"strategy": "hex", "decoder": "confidence"}, f"decoder=confidence {_HEX_DECODER}"),
+    ({"decoder": "confidence", "threshold": 0},
+     f"threshold (confidence decoder) must be in (0, 1], got 0: {_FASTDLLM_TAU}"),
+    ({"decoder": "confidence", "threshold": 1.5},
+     f"threshold (confidence decoder) must be in (0, 1], got 1.5: {_FASTDLLM_TAU}"),
+    ({"threshold": "0.9"}, f"threshold (confidence decoder) must be a number (in (0, 1]), got '0.9': {_FASTDLLM_TAU}"),
+    ({"threshold": float("inf")},
+     f"threshold (confidence decoder) must be finite (in (0, 1]), got inf: {_FASTDLLM_TAU}"),
+    ({"block_decoding": "threshold", "threshold": 0},
+     "threshold (block diffusion) must be in (0, 1], got 0: e.g. threshold=0.95 (LLaDA2.0's default)"),
+    ({"strategy": "dvoting", "decoder": "fixed"},
+     "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its entropy threshold (alpha) or, "
+     "with decoder=confidence, Fast-dLLM's rule; leave decoder out for dvoting, or compare with "
+     "strategy=majority,decoder=entropy"),
+    # the key/value caches (_check_cache)
+    ({"cache": "foo"}, "cache must be one of ('none', 'prefix', 'dual', 'block'), got 'foo': none (exact, the "
+                       "default), prefix or dual (Fast-dLLM's approximate key/value caches)"),
+    ({"prefix_cache": "yes"}, "prefix_cache must be true or false, got 'yes'"),
+    ({"prefix_cache": True, "cache": "dual"}, "prefix_cache=true and cache=dual disagree: give cache alone "
+                                              "(prefix_cache=true is the older spelling of cache=prefix)"),
+    # the temporal vote (_check_temporal)
+    ({"temporal_weight": "foo"}, "temporal_weight must be one of ('exp', 'linear', 'fixed'), got 'foo': exp (the "
+                                 "default), linear or fixed"),
+    ({"temporal_alpha": -1}, "temporal_alpha must be >= 0, got -1: e.g. temporal_alpha=5.0 (the default)"),
+    ({"vote": "foo"}, "vote must be one of ('plain', 'temporal'), got 'foo': plain (one vote per sample) or temporal "
+                      "(each sample's per-step answers), or leave it out for the strategy's own"),
+    ({"strategy": "single", "vote": "temporal"}, f"vote=temporal does not apply to strategy=single, {_NO_VOTE}"),
+    ({"strategy": "rfg", "vote": "temporal"}, f"vote=temporal does not apply to strategy=rfg, {_NO_VOTE}"),
+    ({"strategy": "temporal", "vote": "plain"}, "vote=plain does not apply to strategy=temporal, whose answer is the "
+                                                "temporal vote: use strategy=single for the decode's final answer"),
+    ({"strategy": "temporal", "cache": "dual"}, "cache=dual does not apply to strategy=temporal: the dual cache "
+                                                f"computes no prediction beyond the current block, and {_TEMPORAL_NEEDS}"),
+    ({"strategy": "majority", "vote": "temporal", "cache": "dual"},
+     f"cache=dual does not apply to vote=temporal: the dual cache computes no prediction beyond the current block, "
+     f"and {_TEMPORAL_NEEDS}"),
+    # RFG (_check_guidance)
+    ({"guidance": -1}, "guidance (RFG strength w) must be >= 0, got -1: e.g. guidance=1.0 (the default); 0 decodes "
+                       "the policy alone"),
+    ({"strategy": "rfg", "cache": "prefix"}, "cache=prefix does not apply to strategy=rfg: its two models would need "
+                                             "a cache each; use cache=none (the default)"),
+    ({"strategy": "rfg", "cache": "dual"}, "cache=dual does not apply to strategy=rfg: its two models would need "
+                                           "a cache each; use cache=none (the default)"),
+    # block diffusion (_check_block_decoding): its settings elsewhere, the others' settings on it
+    ({"editing_threshold": 0.5}, _NOT_LLADA2),
+    ({"editing_threshold": 0.0}, _NOT_LLADA2),
+    ({"cache": "block"}, _NOT_LLADA2),
+    ({"block_decoding": "foo"}, "block_decoding must be one of ('threshold', 'quality', 'speed') (threshold: "
+                                "LLaDA2.0; quality, speed: LLaDA2.1's presets), got 'foo'"),
+    ({"block_decoding": "threshold", "remasking": "random"},
+     "remasking=random does not apply to LLaDA2: its threshold rule commits by confidence; leave remasking out"),
+    ({"block_decoding": "threshold", "strategy": "majority", "decoder": "fixed"},
+     "decoder=fixed does not apply to LLaDA2 (block diffusion decodes with its threshold rule): leave decoder out; "
+     "threshold= and steps= tune it"),
+    ({"block_decoding": "threshold", "cache": "prefix"},
+     "cache=prefix does not apply to LLaDA2: use cache=block (exact, the default) or cache=none"),
+    ({"block_decoding": "threshold", "strategy": "rfg"},
+     "strategy=rfg is not available for LLaDA2 models yet: use single, majority, hex, dvoting or temporal"),
+    ({"block_decoding": "threshold", "strategy": "temporal", "cache": "block"}, _BLOCK_TEMPORAL),
+    ({"block_decoding": "threshold", "strategy": "majority", "vote": "temporal", "cache": "block"}, _BLOCK_TEMPORAL),
+    ({"block_decoding": "quality", "steps": 4},
+     "steps does not apply to LLaDA2.1's joint threshold decoding (editing=quality), which commits at least one "
+     "token per step as upstream; leave steps out"),
+    ({"block_decoding": "threshold", "editing_threshold": 0.5},
+     "editing_threshold is LLaDA2.1's: use --model dvoting-llada21 (editing=quality|speed)"),
+    ({"block_decoding": "threshold", "max_post_steps": 8},
+     "max_post_steps=8 is LLaDA2.1's (post-fill editing steps): use --model dvoting-llada21, or leave it out"),
+    ({"block_decoding": "quality", "editing_threshold": 1.5},
+     "editing_threshold must be in [0, 1], got 1.5: e.g. 0.5 (LLaDA2.1's quality mode) or 0.0 (speed mode)"),
+    ({"block_decoding": "quality", "max_post_steps": -1},
+     "max_post_steps must be a whole number >= 0, got -1: e.g. 16 (LLaDA2.1's default)"),
+    ({"gen_length": 2.5}, "gen_length must be a whole number, got 2.5: set max_gen_toks (model arg or --gen_kwargs) "
+                          "to the answer length in tokens, e.g. 256"),
+])
+def test_every_bad_combination_of_settings_gets_its_full_message(setting, message):
+    """Each setting that does not apply to the strategy, decoder, cache or model family it is
+    given with is refused before any model work with the whole message (a reworded or
+    emptied message, or a check that lets the combination through, fails)."""
+    with pytest.raises(ValueError) as error:
+        StrategySettings(**setting)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize("setting", [
+    {"decoder": "confidence", "threshold": 1}, {"block_decoding": "threshold", "threshold": 1},
+    {"strategy": "single", "decoder": "fixed"}, {"strategy": "hex", "decoder": "fixed"}, {"strategy": "majority", "decoder": "entropy"},
+    {"strategy": "dvoting", "decoder": "confidence"}, {"cache": "prefix"}, {"cache": "dual"},
+    {"prefix_cache": True, "cache": "prefix"}, {"strategy": "temporal", "cache": "prefix"},
+    {"strategy": "majority", "vote": "temporal", "cache": "prefix"}, {"strategy": "majority", "vote": "plain"},
+    {"strategy": "temporal", "vote": "temporal"}, {"temporal_weight": "fixed", "temporal_alpha": 0},
+    {"strategy": "rfg", "guidance": 0}, {"strategy": "single", "vote": "plain"},
+    {"block_decoding": "threshold", "cache": "block"}, {"block_decoding": "threshold", "cache": "none"},
+    {"block_decoding": "threshold", "strategy": "temporal", "cache": "none"},
+    {"block_decoding": "threshold", "steps": 4}, {"block_decoding": "quality", "editing_threshold": 0.0},
+    {"block_decoding": "speed", "editing_threshold": 1.0}, {"block_decoding": "quality", "max_post_steps": 0},
+    {"block_decoding": "threshold", "max_post_steps": 16}, {"block_decoding": "threshold", "gen_length": 40},
+])
+def test_the_allowed_combinations_at_each_checks_edge_are_accepted(setting):
+    """The combinations next to each refusal above are accepted, with the values given."""
+    settings = StrategySettings(**setting)
+    for name, value in setting.items():
+        if name != "prefix_cache":
+            assert getattr(settings, name) == value
+
+
 def test_derive_seed_is_the_documented_hash_and_takes_lone_surrogates():
     """A sample's seed is the first 8 bytes (little-endian) of sha256 over the parts
     joined by \\x1f, cut to 63 bits: the same on every platform and version, so a
