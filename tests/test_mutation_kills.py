@@ -549,6 +549,8 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
      f"threshold (confidence decoder) must be finite (in (0, 1]), got inf: {_FASTDLLM_TAU}"),
     ({"block_decoding": "threshold", "threshold": 0},
      "threshold (block diffusion) must be in (0, 1], got 0: e.g. threshold=0.95 (LLaDA2.0's default)"),
+    ({"block_decoding": "threshold", "threshold": 1.5},
+     "threshold (block diffusion) must be in (0, 1], got 1.5: e.g. threshold=0.95 (LLaDA2.0's default)"),
     ({"strategy": "dvoting", "decoder": "fixed"},
      "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its entropy threshold (alpha) or, "
      "with decoder=confidence, Fast-dLLM's rule; leave decoder out for dvoting, or compare with "
