@@ -117,8 +117,11 @@ def test_the_harness_refuses_rfg_without_a_reference_before_reading_weights(monk
         raise AssertionError("the weights were read before the bad arguments were refused")
 
     monkeypatch.setattr(harness, "load_model", no_model)
-    with pytest.raises(ValueError, match=r"strategy=rfg needs a reference: give reference="):
+    with pytest.raises(ValueError) as refused:
         harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", device="cpu")
+    assert str(refused.value) == ("strategy=rfg needs a reference: give reference=<hub id | folder> (a second model "
+                                  "of the policy's family) or peft=<adapter> (the reference is then the base model "
+                                  "with the adapter switched off)")
     with pytest.raises(ValueError, match=r"guidance must be a number, got 'strong'"):
         harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", guidance="strong", device="cpu")
     with pytest.raises(ValueError, match=r"no checkpoint folder at '/no/such/reference'"):
@@ -133,8 +136,10 @@ def test_switching_to_rfg_needs_a_reference_and_an_empty_run_needs_no_model():
     from lm_eval_dvoting.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
-    with pytest.raises(ValueError, match=r"strategy=rfg needs a reference: load the model with reference="):
+    with pytest.raises(ValueError) as refused:
         lm.use_strategy("rfg")
+    assert str(refused.value) == ("strategy=rfg needs a reference: load the model with reference=<hub id | folder> "
+                                  "or peft=<adapter>")
     assert lm.settings.strategy == "dvoting"  # the refused switch changed nothing
     assert run_strategy(GuidedModel(lm.model, load_model("tiny-arith")), PROMPTS[:0], strategy="rfg",
                         extract=extract, gen_length=32) == []
