@@ -91,5 +91,8 @@ def test_editing_is_refused_for_llada20(tiny_llada2_dir: Path):
 
 def test_log_likelihood_is_refused(tiny_llada2_dir: Path):
     model = LLaDA2EvalModel(pretrained=str(tiny_llada2_dir))
-    with pytest.raises(ValueError, match="no log-likelihood path"):
+    with pytest.raises(ValueError) as refused:
         model.loglikelihood([])
+    assert str(refused.value) == (
+        "--model dvoting-llada2 has no log-likelihood path: the Monte-Carlo estimate (likelihood.py) assumes a "
+        "bidirectional mask predictor, and LLaDA2 is block diffusion; run generation tasks (generate_until) with it")
