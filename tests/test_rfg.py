@@ -1,6 +1,7 @@
 """strategy=rfg: reward-free guidance of a policy by a reference model (guidance.py)."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -280,3 +281,21 @@ def test_every_mismatch_of_the_pair_is_named_in_one_message(reference_folder):
     assert str(no_reference.value) == (
         "RFG needs a reference model: give reference=<hub id | folder> (a second model), or a policy with a LoRA "
         "adapter (peft=...), whose base with the adapter off is the reference")
+
+
+def test_a_reference_of_another_family_and_vocabulary_is_refused_with_both_differences(tmp_path):
+    """Every difference is named, joined by '; ': here the family and the tokenizers' vocabularies
+    (the Dream demo's tokenizer with one token added)."""
+    from lm_eval_dvoting import harness
+
+    folder = tmp_path / "other-vocabulary"
+    shutil.copytree(PACKAGED_CHECKPOINTS["tiny-arith-dream"], folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["model"]["vocab"]["<|extra|>"] = len(tokenizer["model"]["vocab"])
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    with pytest.raises(ValueError) as refused:
+        harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="rfg", reference=str(folder), device="cpu")
+    assert str(refused.value) == (
+        f"reference={str(folder)!r} does not read the policy's token ids (family 'llada' vs 'dream'; the tokenizers' "
+        "vocabularies): RFG compares the two models' probabilities of the same tokens; give a reference of the "
+        "policy's family and tokenizer")
