@@ -56,11 +56,13 @@ def demo_config() -> dict[str, Any]:
     return train.model_config(train.parse_args([]), build_tokenizer())
 
 
-def random_llada(config: dict[str, Any], seed: int = 0, std: float = 0.02) -> LLaDAModel:
+def random_llada(config: dict[str, Any], seed: int = 0, std: float = 0.02, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> LLaDAModel:
+    """A LLaDA of `config` with N(0, std) weights, built on `device` in `dtype` (no float32 copy first)."""
     torch.manual_seed(seed)
     with torch.device("meta"):  # no default initialisation: at LLaDA-8B's width it costs seconds
         model = LLaDAModel(LLaDAConfig.from_dict(config))
-    model = model.to_empty(device="cpu")
+    model = model.to(dtype).to_empty(device=device)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
@@ -117,9 +119,9 @@ def real_vocab_config(d_model: int = 256, n_layers: int = 2, n_heads: int = 4, m
 
 def real_vocab_workload(questions: int, gen_length: int = 64, prompt_length: int = 48,
                         d_model: int = 256, n_layers: int = 2, n_heads: int = 4, name: str = "real-vocab",
-                        std: float = 0.05) -> Workload:
+                        std: float = 0.05, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Workload:
     config = real_vocab_config(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp=3 * d_model)
-    model = random_llada(config, seed=1, std=std)
+    model = random_llada(config, seed=1, std=std, device=device, dtype=dtype)
     generator = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 126_000, (prompt_length,), generator=generator) for _ in range(questions)]
 

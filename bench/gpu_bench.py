@@ -1,0 +1,362 @@
+"""The GPU rows of BENCHMARKS.md: LLaDA-8B's full shape in bfloat16, and batch invariance on a GPU.
+
+    python3 bench/gpu_bench.py --json $OUT/gpu_bench.json                 # on a lent GPU (about 4 min on an H200)
+    .venv/bin/python bench/gpu_bench.py --report-only --json FILE         # write BENCHMARKS.md's section from FILE
+    .venv/bin/python bench/gpu_bench.py --quick --device cpu --json /tmp/g.json   # a smoke run on the CPU
+
+The CPU rows stand in for a GPU with one layer of LLaDA-8B's 32 in float32 and extrapolate;
+this script measures the whole shape (random weights, 32 layers, width 4096, 32 heads, MLP
+12,288, vocabulary 126,464) in bfloat16, in four parts, each saved to `--json` as it ends (a
+part that fails records its traceback and the next one runs):
+
+1. *forward*: one forward pass (hidden states + the head at 32 positions per row) at
+   prompt 256 + generation 256, for 1, 4 and 16 rows: the batch ceiling on this GPU.
+2. *caches*: `bench/caches_bench.py`'s real-shape cells (`single`'s fixed schedule per
+   block, the entropy rule's first steps) for `none`, `prefix` and `dual`, at 1 and 16 rows.
+3. *strategies*: `bench/strategies_bench.py`'s cells on the real shape with `bench/run.py`'s
+   real-shape sizes (prompt 32, generation 32, block 2), batch 1 and 16.
+4. *invariance*: the demo model on the GPU in float32 and bfloat16, strategies single,
+   majority and dvoting, 1 and 16 rows per pass: accuracy, NFE, and the questions whose
+   samples differ from the 1-row run; and float32 on the GPU against float32 on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make `bench` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import caches_bench  # noqa: E402
+from bench.strategies_bench import cells_table, run_cells  # noqa: E402
+from bench.timing import machine_description  # noqa: E402
+from bench.workloads import Workload, demo_workload, real_vocab_workload  # noqa: E402
+from lm_eval_dvoting.decoding import DecodeRow, RowDecoder  # noqa: E402
+from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+START, END = "<!-- gpu_bench:start -->", "<!-- gpu_bench:end -->"
+Results = dict[str, Any]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=32, help="layers of the real-shape model (LLaDA-8B: 32)")
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--parts", nargs="+", default=["forward", "caches", "strategies", "invariance"])
+    p.add_argument("--cache-rows", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--cache-repeats", type=int, default=2)
+    p.add_argument("--strategy-questions", type=int, default=16)
+    p.add_argument("--demo-questions", type=int, default=50)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.width, args.heads, args.cache_rows = 1, 256, 4, [1, 2]
+        args.cache_repeats, args.strategy_questions, args.demo_questions = 1, 2, 4
+    return args
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------ part 1: forward
+
+
+def forward_ms(model: torch.nn.Module, rows: int, length: int, head_positions: int, repeats: int = 5) -> float:
+    """Median milliseconds of hidden states over `length` tokens + the head at the last positions."""
+    device = next(model.parameters()).device
+    ids = torch.randint(0, 126_000, (rows, length), device=device)
+    times = []
+    with torch.no_grad():
+        for i in range(repeats + 2):  # two warm-ups
+            sync(device)
+            start = time.perf_counter()
+            model.logits_from_hidden(model.hidden_states(ids)[:, -head_positions:])
+            sync(device)
+            if i >= 2:
+                times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def part_forward(work: Workload, args: argparse.Namespace) -> Results:
+    return {str(rows): forward_ms(work.model, rows, 512, 32) for rows in (1, 4, 16)}
+
+
+# ------------------------------------------------------------------ part 2: caches
+
+
+def entering_decoder(model: caches_bench.PassCounter, prompt: torch.Tensor, rule: str, cache: str,
+                     block_index: int, rows: int) -> RowDecoder:
+    """`caches_bench.entering_decoder` with `rows` rows (same prompt, own noise) about to enter a block."""
+    mask_id, gen, block = int(model.mask_token_id), 256, 32
+    decoder = RowDecoder(model)
+    for r in range(rows):
+        tokens = torch.full((gen,), mask_id, dtype=torch.long)
+        filled = block_index * block
+        tokens[:filled] = torch.randint(0, 126_000, (filled,), generator=torch.Generator().manual_seed(5 + r))
+        row = DecodeRow(prompt=prompt, tokens=tokens, block_length=block, cache=cache,
+                        generator=torch.Generator(device=prompt.device).manual_seed(6 + r),
+                        **caches_bench.real_rule(rule, gen))
+        decoder.add(row)
+        row.progress.block = block_index  # the fixed schedule walks blocks by count (see caches_bench)
+    return decoder
+
+
+def cache_repeat(model: caches_bench.PassCounter, prompt: torch.Tensor, rows: int, repeat: int) -> Results:
+    """One repeat of every real-shape cache cell at `rows` rows, stepped round-robin."""
+    cells_spec = caches_bench.real_cells(SimpleNamespace(gen_length=256, block=32, entropy_steps=4))
+    cells = {f"{rule}/{cache}/block{b}/repeat{repeat}": (entering_decoder(model, prompt, rule, cache, b, rows), n)
+             for rule, cache, b, n in cells_spec}
+    timings: Results = {key: [] for key in cells}
+    while pending := [k for k, (d, n) in cells.items() if len(timings[k]) < n and d.active]:
+        for key in pending:
+            timings[key] += caches_bench.timed_steps(model, cells[key][0], 1)
+    return timings
+
+
+def part_caches(work: Workload, args: argparse.Namespace) -> Results:
+    counter = caches_bench.PassCounter(work.model)
+    device = next(work.model.parameters()).device
+    prompt = torch.randint(0, 126_000, (256,), generator=torch.Generator().manual_seed(2)).to(device)
+    out: Results = {}
+    for rows in args.cache_rows:
+        real: Results = {}
+        for repeat in range(args.cache_repeats):
+            real.update(cache_repeat(counter, prompt, rows, repeat))
+        out[str(rows)] = real
+        print(f"  [caches] {rows} row(s) done", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------ part 3: strategies
+
+
+def part_strategies(work: Workload, args: argparse.Namespace) -> Results:
+    cells = run_cells(work, ["single", "majority", "dvoting", "hex"], [1, 16], args.strategy_questions,
+                      max(1, args.strategy_questions // 8), repeats=1)
+    return {"cells": [c.as_json() for c in cells], "table": cells_table(cells)}
+
+
+# ------------------------------------------------------------------ part 4: invariance
+
+
+def sample_digests(results: list[Any]) -> list[str]:
+    return [hashlib.sha256(r.samples.cpu().numpy().tobytes()).hexdigest()[:12] for r in results]
+
+
+def demo_run(model: torch.nn.Module, work: Any, strategy: str, rows: int, count: int) -> Results:
+    start = time.perf_counter()
+    results = decode_questions(model, work.prompts[:count], StrategySettings(strategy=strategy, gen_length=32),
+                               work.extract, list(range(count)), max_rows=rows)
+    chosen = [r.answers[r.chosen] for r in results]
+    return {"wall": time.perf_counter() - start, "nfe": sum(r.nfe for r in results) / count,
+            "accuracy": sum(str(a) == t for a, t in zip(chosen, work.targets)) / count,
+            "answers": [str(a) for a in chosen], "digests": sample_digests(results)}
+
+
+def part_invariance(shape: Workload, args: argparse.Namespace) -> Results:
+    del shape  # the demo model, not the real shape
+    count = args.demo_questions
+    work = demo_workload("tiny-arith", count)
+    out: Results = {"description": work.description}
+    cpu_model = work.model
+    for dtype in ("float32", "bfloat16"):
+        gpu_model = demo_workload("tiny-arith", 1).model.to(args.device, getattr(torch, dtype))
+        for strategy in ("single", "majority", "dvoting"):
+            for rows in (1, 16):
+                out[f"{args.device}/{dtype}/{strategy}/{rows}"] = demo_run(gpu_model, work, strategy, rows, count)
+            print(f"  [invariance] {dtype} {strategy} done", flush=True)
+    for strategy in ("single", "majority", "dvoting"):
+        out[f"cpu/float32/{strategy}/16"] = demo_run(cpu_model, work, strategy, 16, count)
+    return out
+
+
+# ------------------------------------------------------------------ running
+
+
+def run_parts(args: argparse.Namespace, results: Results, save: Callable[[], None]) -> None:
+    device = torch.device(args.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    start = time.perf_counter()
+    shape = real_vocab_workload(args.strategy_questions, 32, 32, name="real-shape", d_model=args.width, n_layers=args.layers, n_heads=args.heads,
+                                std=0.02, device=str(device), dtype=dtype)
+    results["model_seconds"] = time.perf_counter() - start
+    results["real_description"] = shape.description
+    results["dtype"] = str(dtype).replace("torch.", "")
+    parts = {"forward": part_forward, "caches": part_caches, "strategies": part_strategies,
+             "invariance": part_invariance}
+    for name in args.parts:
+        start = time.perf_counter()
+        try:
+            results[name] = parts[name](shape, args)
+        except Exception:  # noqa: BLE001 - record it and go on: the lease is short
+            results[name] = {"error": traceback.format_exc()}
+            print(results[name]["error"], flush=True)
+        results.setdefault("seconds", {})[name] = time.perf_counter() - start
+        print(f"[{name}] {results['seconds'][name]:.1f} s", flush=True)
+        save()
+
+
+# ------------------------------------------------------------------ the section
+
+
+def ms(value: float) -> str:
+    return "n/a" if value != value else f"{1e3 * value:.1f}"  # NaN: not measured
+
+
+def forward_lines(forward: Results) -> list[str]:
+    base = forward["1"]
+    lines = ["| rows | ms per pass | ms per row | rows/s against 1 row |", "|---:|---:|---:|---:|"]
+    for rows, value in forward.items():
+        lines.append(f"| {rows} | {value:.1f} | {value / int(rows):.1f} | {base * int(rows) / value:.2f}x |")
+    return lines
+
+
+def cache_lines(real: Results, rows: str) -> list[str]:
+    """`single`'s fixed schedule per block and per question, and the entropy rule's steps, in ms."""
+    fixed, blocks = caches_bench.fixed_block, 8
+    lines = [f"**{rows} row(s).**", "", "| cache | block | full step ms | reuse step ms | reuse pass tokens | "
+             "head ms/step | ms/step over a question (`single`) | none/cache |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    steps = 256  # one question of `single`: 8 blocks x 32 steps
+    base = caches_bench.per_question(real, "none", blocks, 1.0)
+    for cache, b in [("none", 0), ("prefix", 0), ("prefix", 7), ("dual", 0), ("dual", 7)]:
+        cell = fixed(real, cache, b, 1.0)
+        question = caches_bench.per_question(real, cache, blocks, 1.0)
+        reuse, width = ("-", "-") if cache == "none" else (ms(cell["reuse"]), f"{cell['width']:.0f}")
+        lines.append(f"| {cache} | {b + 1} of {blocks} | {ms(cell['full'])} | {reuse} | {width} | {ms(cell['head'])} | "
+                     f"{ms(question / steps)} | {base / question:.2f}x |")
+    lines += ["", "| cache | entropy rule: first step of a block ms (full) | later step ms |", "|---|---:|---:|"]
+    for cache in caches_bench.CACHES:
+        step = caches_bench.entropy_steps(real, cache)
+        lines.append(f"| {cache} | {ms(step['full'])} | {ms(step['later'])} |")
+    return lines
+
+
+def strategy_targets(cells: list[dict[str, Any]]) -> list[str]:
+    """Targets 1 and 3 of BENCHMARKS.md on the GPU cells."""
+    by = {(c["strategy"], c["batch"]): c for c in cells}
+    lines = ["| strategy | q/s, batch 1 | q/s, batch 16 | speed-up | answers identical across batch sizes |",
+             "|---|---:|---:|---:|---|"]
+    for strategy in ("single", "majority", "dvoting", "hex"):
+        one, many = by.get((strategy, 1)), by.get((strategy, 16))
+        if one and many:
+            same = "yes" if one["tokens_digest"] == many["tokens_digest"] else "NO (token digests differ)"
+            lines.append(f"| {strategy} | {one['qps']:.3f} | {many['qps']:.3f} | {many['qps'] / one['qps']:.2f}x | {same} |")
+    lines += ["", "| batch | dVoting/majority time per question | NFE ratio | time ratio / NFE ratio |",
+              "|---:|---:|---:|---:|"]
+    for batch in (1, 16):
+        d, m = by.get(("dvoting", batch)), by.get(("majority", batch))
+        if d and m:
+            time_ratio = (statistics.median(d["wall"]) / d["questions"]) / (statistics.median(m["wall"]) / m["questions"])
+            nfe_ratio = d["nfe"] / m["nfe"]
+            lines.append(f"| {batch} | {time_ratio:.3f} | {nfe_ratio:.3f} | {time_ratio / nfe_ratio:.3f} |")
+    return lines
+
+
+def differing(a: Results, b: Results, key: str) -> int:
+    return sum(x != y for x, y in zip(a[key], b[key]))
+
+
+INVARIANCE_NOTE = (
+    "The first 50 held-out problems, generation 32, block 2, each strategy's defaults, the seeds "
+    "the harness would give (question index). Only `single` (greedy) can match the CPU token for token: "
+    "the sampling strategies draw their noise from a generator on the model's device, and a CUDA "
+    "generator's stream differs from the CPU's for the same seed, so their samples differ from the CPU's "
+    "by design (a seed reproduces a run on the same kind of device, not across kinds).")
+
+
+def invariance_lines(inv: Results, device: str) -> list[str]:
+    lines = ["| dtype | strategy | accuracy %, 1 row / 16 rows | mean NFE, 1 / 16 | questions whose samples differ, "
+             "16 rows vs 1 | whose returned answer differs | samples differ from the CPU's (float32, 16 rows) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for dtype in ("float32", "bfloat16"):
+        for strategy in ("single", "majority", "dvoting"):
+            one, many = inv.get(f"{device}/{dtype}/{strategy}/1"), inv.get(f"{device}/{dtype}/{strategy}/16")
+            cpu = inv.get(f"cpu/float32/{strategy}/16")
+            if not (one and many):
+                continue
+            against_cpu = f"{differing(many, cpu, 'digests')} of {len(cpu['digests'])}" if cpu else "n/a"
+            lines.append(f"| {dtype} | {strategy} | {100 * one['accuracy']:.1f} / {100 * many['accuracy']:.1f} | "
+                         f"{one['nfe']:.2f} / {many['nfe']:.2f} | {differing(one, many, 'digests')} of "
+                         f"{len(one['digests'])} | {differing(one, many, 'answers')} | {against_cpu} |")
+    return lines
+
+
+def part_lines(results: Results, name: str, title: str, render: Callable[[Any], list[str]]) -> list[str]:
+    part = results.get(name)
+    if part is None:
+        return [f"### {title}", "", "Not run.", ""]
+    if isinstance(part, dict) and "error" in part:
+        last = part["error"].strip().splitlines()[-1]
+        return [f"### {title}", "", f"Failed on the GPU: `{last}` (the traceback is in the JSON).", ""]
+    return [f"### {title}", "", *render(part), ""]
+
+
+def section(results: Results) -> list[str]:
+    facts = results["facts"]
+    device = results["device"]
+    lines = [START, "## GPU: LLaDA-8B's full shape in bfloat16", "",
+             "Written by `bench/gpu_bench.py` on a lent GPU machine (rerun it there, then "
+             "`--report-only` here). " + results["real_description"] + f"; {results['dtype']}, on the GPU.", "",
+             f"- command: `{results['command']}`"] + [f"- {k}: {v}" for k, v in facts.items()] + [
+             f"- date: {results['date']}; building the random model took {results['model_seconds']:.1f} s", ""]
+    lines += part_lines(results, "forward", "One forward pass, prompt 256 + generation 256, head at 32 positions "
+                        "per row (medians of 5)", forward_lines)
+    lines += part_lines(results, "caches", "Key/value caches: step times (`bench/caches_bench.py`'s cells, "
+                        "block 32, 8 blocks)", lambda c: [x for rows in c for x in cache_lines(c[rows], rows) + [""]])
+    lines += part_lines(results, "strategies", "Strategies at the real shape (prompt 32, generation 32, block 2; "
+                        "one repeat)", lambda s: s["table"] + [""] + strategy_targets(s["cells"]))
+    lines += part_lines(results, "invariance", "The demo model on the GPU: does the batch change the answers?",
+                        lambda inv: [inv["description"] + ". " + INVARIANCE_NOTE, ""] + invariance_lines(inv, device))
+    return lines + [END]
+
+
+def write_section(path: Path, lines: list[str]) -> None:
+    text = path.read_text()
+    block = "\n".join(lines)
+    if START in text:
+        head, rest = text.split(START, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report_only:
+        write_section(args.out, section(json.loads(args.json.read_text())))
+        return 0
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: no CUDA device is visible here; use --device cpu for a smoke run")
+    results: Results = {"command": "python3 bench/gpu_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                        "device": args.device, "facts": machine_description(torch.device(args.device)),
+                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+    def save() -> None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+
+    run_parts(args, results, save)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
