@@ -1,0 +1,56 @@
+"""bench/gpu_bench.py: its BENCHMARKS.md section is rewritten from the committed GPU run's JSON
+exactly, a part that failed on the GPU says so, and a run without CUDA is refused up front."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import gpu_bench  # noqa: E402
+
+RUN = REPO / "bench" / "gpu_bench_h200.json"
+
+
+def _section(text: str) -> str:
+    return gpu_bench.START + text.split(gpu_bench.START, 1)[1].split(gpu_bench.END, 1)[0] + gpu_bench.END
+
+
+def test_the_section_in_benchmarks_md_is_what_the_committed_run_renders(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text(f"# Benchmarks\nabove\n{gpu_bench.START}\nold\n{gpu_bench.END}\nbelow\n")
+    assert gpu_bench.main(["--report-only", "--json", str(RUN), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# Benchmarks\nabove\n") and text.endswith(f"{gpu_bench.END}\nbelow\n")
+    assert _section(text) == _section((REPO / "BENCHMARKS.md").read_text())
+    assert "| 16 x 64 |" in text and "**16 row(s).**" in text and "| dvoting | 16 | 16 |" in text
+
+
+def test_the_reading_is_computed_from_the_run(tmp_path):
+    results = json.loads(RUN.read_text())
+    results["forward"]["1x64"] = 99.0
+    results["invariance"]["cuda/float32/dvoting/16"]["digests"][0] = "changed"
+    text = "\n".join(gpu_bench.section(results))
+    assert "a pass over 64 tokens costs 99.0 ms" in text
+    assert "**The demo model on the GPU:** 1 of 300 question-runs changed" in text
+
+
+def test_a_part_that_failed_on_the_gpu_is_reported_as_failed():
+    results = json.loads(RUN.read_text())
+    results["caches"] = {"error": "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory"}
+    del results["strategies"]
+    text = "\n".join(gpu_bench.section(results))
+    assert "Failed on the GPU: `RuntimeError: CUDA out of memory`" in text
+    assert "### Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)\n\nNot run." in text
+    assert "**Caches at" not in text and "**Batch 16 against batch 1**" not in text
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_asking_for_cuda_without_one_is_refused_before_any_model_work(tmp_path):
+    with pytest.raises(SystemExit, match="--device cuda: no CUDA device is visible here; use --device cpu"):
+        gpu_bench.main(["--json", str(tmp_path / "g.json")])
+    assert not (tmp_path / "g.json").exists()
