@@ -191,6 +191,87 @@ def part_invariance(shape: Workload, args: argparse.Namespace) -> Results:
     return out
 
 
+# ------------------------------------------------------------------ part 5: fixtures
+
+
+FIXTURES = REPO / "tests" / "fixtures" / "official-tiny"
+
+
+def fixture_logits(folder: Path, device: str, dtype: str) -> Results:
+    """Max |ours - upstream| of a fixture's logits (plain and left-padded) and argmax agreement."""
+    from safetensors.torch import load_file
+
+    from lm_eval_dvoting.models.loading import load_model
+
+    model = load_model(str(folder), device=device, dtype=dtype)
+    expected = load_file(str(folder / "expected.safetensors"))
+    ids, attention = expected["input_ids"].to(device), expected["attention_mask"].to(device)
+    with torch.no_grad():
+        plain, masked = model(ids).float().cpu(), model(ids, attention_mask=attention).float().cpu()
+    # the padded reference as tests/test_models*.py read it (the README of the fixtures says why)
+    padded = next(expected[k] for k in ("logits_pad4d", "logits_masked_dllm", "logits_masked") if k in expected)
+    return {"plain": (plain - expected["logits"]).abs().max().item(),
+            "masked": (masked - padded).abs().max().item(),
+            "argmax": (plain.argmax(-1) == expected["logits"].argmax(-1)).float().mean().item()}
+
+
+def llada2_block_cache(device: str, dtype: str) -> Results:
+    """LLaDA2's block cache against no cache on the fixture: greedy over the block-diffusion presets, and
+    sampled over 4 batched rows; sequences (and pass counts) that differ."""
+    from lm_eval_dvoting.decoding import generate
+    from lm_eval_dvoting.decoding.state import BlockDecoding, left_pad
+    from lm_eval_dvoting.models.loading import load_model
+
+    model = load_model(str(FIXTURES / "llada2"), device=device, dtype=dtype)
+    drawn = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 240, (n,), generator=drawn) for n in (3, 4, 6, 9)]
+    presets = {"2.0": BlockDecoding(), "2.1-quality": BlockDecoding(threshold=0.7, editing_threshold=0.5),
+               "2.1-speed": BlockDecoding(threshold=0.5, editing_threshold=0.0)}
+    differ, total = 0, 0
+    for settings in presets.values():
+        for prompt in prompts:
+            runs = [generate(model, prompt[None], gen_length=8, block_length=4, block=settings, cache=c)
+                    for c in ("none", "block")]
+            differ += int(not (torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].nfe, runs[1].nfe)))
+            total += 1
+    ids, attention, _ = left_pad(prompts, 0, torch.device(device))
+    sampled = [generate(model, ids, attention, gen_length=11, block_length=4, block=presets["2.1-quality"], cache=c,
+                        temperature=0.8, generator=[torch.Generator(device=device).manual_seed(r) for r in range(4)])
+               for c in ("none", "block")]
+    rows_differ = int((sampled[0].tokens != sampled[1].tokens).any(-1).sum())
+    return {"greedy_differ": differ, "greedy_total": total, "sampled_rows_differ": rows_differ, "sampled_rows": 4}
+
+
+def part_fidelity(shape: Workload, args: argparse.Namespace) -> Results:
+    del shape  # the tiny official-format fixtures, not the real shape
+    out: Results = {}
+    for dtype in ("float32", "bfloat16"):
+        for family in ("llada", "dream", "llada_moe", "llada2"):
+            out[f"logits/{family}/{dtype}"] = fixture_logits(FIXTURES / family, args.device, dtype)
+        for device in dict.fromkeys([args.device, "cpu"]):  # the CPU for comparison
+            out[f"block_cache/{device}/{dtype}"] = llada2_block_cache(device, dtype)
+    return out
+
+
+def fidelity_lines(fidelity: Results) -> list[str]:
+    lines = ["| fixture | dtype | max abs diff of the logits (plain / left-padded) | argmax agreement |",
+             "|---|---|---:|---:|"]
+    for key, value in fidelity.items():
+        if key.startswith("logits/"):
+            _, family, dtype = key.split("/")
+            lines.append(f"| {family} | {dtype} | {value['plain']:.2e} / {value['masked']:.2e} | "
+                         f"{100 * value['argmax']:.1f}% |")
+    lines += ["", "| device | dtype | LLaDA2 `cache=block` vs `none`: greedy decodes that differ (3 presets x 4 "
+              "prompts, generation 8, block 4) | sampled rows that differ (4 batched rows, generation 11) |",
+              "|---|---|---:|---:|"]
+    for key, value in fidelity.items():
+        if key.startswith("block_cache/"):
+            _, device, dtype = key.split("/")
+            lines.append(f"| {device} | {dtype} | {value['greedy_differ']} of {value['greedy_total']} | "
+                         f"{value['sampled_rows_differ']} of {value['sampled_rows']} |")
+    return lines
+
+
 # ------------------------------------------------------------------ running
 
 
@@ -204,7 +285,7 @@ def run_parts(args: argparse.Namespace, results: Results, save: Callable[[], Non
     results["real_description"] = shape.description
     results["dtype"] = str(dtype).replace("torch.", "")
     parts = {"forward": part_forward, "caches": part_caches, "strategies": part_strategies,
-             "invariance": part_invariance}
+             "invariance": part_invariance, "fidelity": part_fidelity}
     for name in args.parts:
         start = time.perf_counter()
         try:
@@ -373,6 +454,8 @@ def section(results: Results) -> list[str]:
                         "one repeat)", lambda s: s["table"] + [""] + strategy_targets(s["cells"]))
     lines += part_lines(results, "invariance", "The demo model on the GPU: does the batch change the answers?",
                         lambda inv: [inv["description"] + ". " + INVARIANCE_NOTE, ""] + invariance_lines(inv, device))
+    lines += part_lines(results, "fidelity", "The official-format fixtures on the GPU (tests/fixtures/official-tiny; "
+                        "logits against what the upstream code computed on the CPU in float32)", fidelity_lines)
     return lines + reading_lines(results) + [WHAT_IT_DOES_NOT_SHOW, "", END]
 
 
