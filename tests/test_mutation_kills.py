@@ -4,6 +4,7 @@ or scored answer, an NFE count, a seed, a stop decision or a metric.
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -901,6 +902,16 @@ def test_run_wide_args_reach_the_model_from_an_arg_string_and_none_is_skipped():
     lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith", {"batch_size": 4, "device": "cpu"})
     assert lm.batch_rows == 4
     assert merge_run_args({}, {"max_batch_size": None, "batch_size": 4}) == {"batch_size": 4}
+
+
+def test_lm_evals_other_run_args_and_its_default_batch_size_are_passed_on(monkeypatch):
+    """A run arg without a CLI default (`max_batch_size`) is passed on as given, and so is lm-eval's
+    default `batch_size` 1 when the model args leave it out; only the default device is dropped."""
+    from lm_eval_dvoting.harness import merge_run_args
+
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "dvoting-llada"])
+    assert merge_run_args({"n": 3}, {"max_batch_size": 64, "batch_size": 1, "device": "cuda:0"}) == {
+        "n": 3, "max_batch_size": 64, "batch_size": 1}
 
 
 # ------------------------------------------------------------- the model a run decodes (strategies._model_for)
