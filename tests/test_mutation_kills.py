@@ -946,3 +946,21 @@ def test_the_model_for_a_run_is_the_guided_one_only_for_rfg():
         _model_for(policy, [rfg])
     assert str(plain.value) == ("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.guidance): the "
                                 "harness builds it from reference=... or peft=...; got a LLaDAModel")
+
+
+def test_the_model_info_of_a_fresh_model_is_exactly_its_settings_and_sources():
+    """`config.dvoting` before any request: every key, with values that are not the defaults where
+    the model args allow it, so that a renamed key or a swapped value shows (get_model_info)."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith-dream,device=cpu,seed=7,n=3,mc_num=16",
+                                               {"batch_size": 4})
+    settings = dict(alpha=0.3, block_decoding=None, block_length=16, cache="none", decoder="entropy",
+                    editing_threshold=None, gen_length=256, guidance=1.0, hex_samples=25, max_post_steps=16, n=3,
+                    prefix_cache=False, remasking="low_confidence", steps=128, steps_run=None, strategy="dvoting",
+                    tau=1.0, temperature=0.6, temporal_alpha=5.0, temporal_weight="exp", threshold=0.9, vote="plain")
+    assert lm.get_model_info() == {"dvoting": {
+        "pretrained": "tiny-arith-dream", "family": "dream", "revision": None, "subfolder": None, "reference": None,
+        "peft": None, "seed": 7, "seed_source": "model_args", "mc_num": 16, "batch_rows": 4, "dtype": "float32",
+        "device": "cpu", "device_map": None, "settings": settings, "settings_used": [], "tasks": {},
+        "totals": {"nfe": 0, "requests": 0, "samples": 0}, "computed": {"nfe": 0, "requests": 0, "samples": 0}}}
