@@ -207,7 +207,8 @@ class DVotingEvalModel(TemplateLM):
     def _parse_batch_size(self, batch_size: int | str, max_batch_size: int | None) -> int:
         if str(batch_size).startswith("auto"):
             rows = AUTO_BATCH_ROWS["cuda" if self._device.type == "cuda" else "cpu"]
-            return min(rows, whole_number("max_batch_size", max_batch_size, 1)) if max_batch_size else rows
+            # 0 is refused, not read as "no cap"
+            return rows if max_batch_size is None else min(rows, whole_number("max_batch_size", max_batch_size, 1))
         try:
             return whole_number("batch_size", batch_size, 1)
         except ValueError:

@@ -964,3 +964,56 @@ def test_the_model_info_of_a_fresh_model_is_exactly_its_settings_and_sources():
         "peft": None, "seed": 7, "seed_source": "model_args", "mc_num": 16, "batch_rows": 4, "dtype": "float32",
         "device": "cpu", "device_map": None, "settings": settings, "settings_used": [], "tasks": {},
         "totals": {"nfe": 0, "requests": 0, "samples": 0}, "computed": {"nfe": 0, "requests": 0, "samples": 0}}}
+
+
+_ON_PARALLELIZE = "applies with parallelize=True only (one model spread over the GPUs): add parallelize=True, or drop"
+
+
+@pytest.mark.parametrize("args, run_args, message", [
+    ("max_memory_per_gpu=10GiB", {"device": "cpu"}, f"max_memory_per_gpu='10GiB' {_ON_PARALLELIZE} max_memory_per_gpu"),
+    ("max_cpu_memory=1GiB", {"device": "cpu"}, f"max_cpu_memory='1GiB' {_ON_PARALLELIZE} max_cpu_memory"),
+    ("device_map=auto", {"device": "cpu"}, f"device_map='auto' {_ON_PARALLELIZE} device_map"),
+    ("parallelize=True,device_map=balanced", {}, "device_map='balanced': parallelize=True places the model with "
+     "device_map='auto' (balanced over the GPUs, as lm-eval's hf model does), the only map supported here: drop "
+     "device_map (in Python, load_model(device_map=...) also takes a dict)"),
+    ("parallelize=True,device=cpu", {}, "device='cpu' with parallelize=True, which spreads the model over the GPUs: "
+     "drop device (--device), or drop parallelize to run on cpu"),
+    ("parallelize=True,reference=tiny-arith", {}, "reference='tiny-arith' with parallelize=True: RFG's second model "
+     "is not spread over the GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop "
+     "parallelize"),
+    ("parallelize=True,peft=/x,max_cpu_memory=1GiB", {}, "peft='/x' with max_cpu_memory='1GiB': a LoRA adapter "
+     "cannot sit on layers offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) or peft"),
+    ("offload_folder=./offload", {"device": "cpu"}, "model arg offload_folder='./offload': offloading to disk is not "
+     "supported: with parallelize=True the model must fit the GPUs (max_memory_per_gpu) plus the CPU "
+     "(max_cpu_memory); drop offload_folder"),
+    ("delta=some/delta", {"device": "cpu"}, "model arg delta='some/delta': delta weights are not supported; add them "
+     "to the base weights, save the result as safetensors beside config.json and pass that folder as pretrained"),
+    ("use_fast_tokenizer=False", {"device": "cpu"}, "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) "
+     "tokenizers, so a slow one cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the same files)"),
+    ("add_bos_token=True", {"device": "cpu"}, "add_bos_token=True, but the tokenizer of tiny-arith has no BOS token: "
+     "drop add_bos_token (prompts are encoded without special tokens; a chat template adds its own)"),
+    ("batch_size=abc", {"device": "cpu"}, "batch_size must be a positive integer or 'auto', got 'abc'"),
+    ("batch_size=0", {"device": "cpu"}, "batch_size must be a positive integer or 'auto', got 0"),
+    ("batch_size=auto,max_batch_size=0", {"device": "cpu"}, "max_batch_size must be a whole number >= 1, got 0: give "
+     "max_batch_size as such a number, or leave it out for its default"),
+])
+def test_every_bad_run_control_gets_its_full_message(args, run_args, message):
+    """The harness's refusals of HFLM-style args, whole (a fragment passes a mangled message)."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{args}", run_args)
+    assert str(refused.value) == message
+
+
+def test_unknown_model_args_are_refused_with_the_closest_names_and_the_accepted_list():
+    import inspect
+
+    from lm_eval_dvoting.harness import DVotingEvalModel, LLaDAEvalModel
+
+    accepted = [p for p in inspect.signature(DVotingEvalModel.__init__).parameters if p not in ("self", "unknown")]
+    assert accepted[:4] == ["pretrained", "tokenizer", "strategy", "n"] and "device_map" in accepted
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,stpes=8,nn=3,zzzz=1", {"device": "cpu"})
+    assert str(refused.value) == ("unknown model args 'nn' (did you mean 'n'?), 'stpes' (did you mean 'steps'?), "
+                                  f"'zzzz'; accepted model args are: {', '.join(accepted)}")
