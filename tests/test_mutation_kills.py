@@ -4,6 +4,7 @@ or scored answer, an NFE count, a seed, a stop decision or a metric.
 """
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 
@@ -1017,3 +1018,51 @@ def test_unknown_model_args_are_refused_with_the_closest_names_and_the_accepted_
         LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,stpes=8,nn=3,zzzz=1", {"device": "cpu"})
     assert str(refused.value) == ("unknown model args 'nn' (did you mean 'n'?), 'stpes' (did you mean 'steps'?), "
                                   f"'zzzz'; accepted model args are: {', '.join(accepted)}")
+
+
+_LLADA2_MODELS = "dvoting-llada2 (LLaDA2.0) or dvoting-llada21 (LLaDA2.1)"
+
+
+def _model_class(name: str) -> type:
+    from lm_eval_dvoting import harness
+
+    classes = (harness.LLaDAEvalModel, harness.DreamEvalModel, harness.LLaDA2EvalModel, harness.LLaDA21EvalModel)
+    return {c.model_name: c for c in classes}[name]
+
+
+@pytest.mark.parametrize("model, folder, checkpoint, right", [
+    ("dvoting-llada2", "LLaDA-2.1-mini", "LLaDA2 (block diffusion)", "dvoting-llada21"),
+    ("dvoting-llada2", "llada2.1", "LLaDA2 (block diffusion)", "dvoting-llada21"),
+    ("dvoting-llada21", "LLaDA-2.0-mini", "LLaDA2 (block diffusion)", "dvoting-llada2"),
+    ("dvoting-llada21", "llada2.0", "LLaDA2 (block diffusion)", "dvoting-llada2"),
+    ("dvoting-llada", "LLaDA2.1-mini", "LLaDA2 (block diffusion)", _LLADA2_MODELS),
+    ("dvoting-dream", "ckpt", "LLaDA2 (block diffusion)", _LLADA2_MODELS),
+    ("dvoting-llada21", "llada", "LLaDA", "dvoting-llada"),
+    ("dvoting-llada2", "llada_moe", "LLaDA-MoE", "dvoting-llada"),
+    ("dvoting-llada2", "dream", "Dream", "dvoting-dream"),
+])
+def test_a_checkpoint_of_another_family_is_refused_naming_the_model_that_decodes_it(
+        model, folder, checkpoint, right, tiny_llada2_dir, tmp_path):
+    """`_check_family`, whole messages: the family's name and the model name to use instead,
+    LLaDA2.0 and LLaDA2.1 told apart by the checkpoint's name."""
+    from conftest import fixture_folder
+
+    if checkpoint.startswith("LLaDA2"):
+        path = tmp_path / folder
+        shutil.copytree(tiny_llada2_dir, path)
+        (path / "model.safetensors").write_bytes(b"not weights")  # never read: the refusal comes first
+    else:
+        path = fixture_folder(folder)
+    with pytest.raises(ValueError) as refused:
+        _model_class(model)(pretrained=str(path), device="cpu")
+    assert str(refused.value) == (f"pretrained={path} is a {checkpoint} checkpoint, which --model {model} does not "
+                                  f"decode: use --model {right}")
+
+
+@pytest.mark.parametrize("model, folder", [("dvoting-llada2", "LLaDA2.0-mini"), ("dvoting-llada21", "llada2.1-mini"),
+                                           ("dvoting-llada2", "ckpt"), ("dvoting-llada21", "ckpt")])
+def test_each_llada2_model_decodes_its_own_and_unnamed_checkpoints(model, folder, tiny_llada2_dir, tmp_path):
+    path = tmp_path / folder
+    shutil.copytree(tiny_llada2_dir, path)
+    lm = _model_class(model)(pretrained=str(path), device="cpu")
+    assert lm.model.family == "llada2" and lm.settings.block_decoding == _model_class(model).block_decoding
