@@ -273,8 +273,16 @@ class DVotingEvalModel(TemplateLM):
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
-        """What lm-eval calls with the model args and its run-wide `device`/`batch_size` (`merge_run_args`)."""
-        return cls(**merge_run_args(dict(arg_dict), additional_config or {}))
+        """What lm-eval calls with the model args and its run-wide `device`/`batch_size` (`merge_run_args`).
+
+        lm-eval's parser of a model-args text (`simple_evaluate(model_args="...")`; its CLI keeps
+        the string) reads the value `none` as None, which for every other arg means "the default";
+        but `cache=none` names a policy, the exact one, which for LLaDA2 is not the default
+        (`block`). A `cache` given as None is therefore that policy."""
+        args = dict(arg_dict)
+        if "cache" in args and args["cache"] is None:
+            args["cache"] = "none"
+        return cls(**merge_run_args(args, additional_config or {}))
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:

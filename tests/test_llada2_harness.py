@@ -48,11 +48,14 @@ def test_llada21_editing_presets_run_and_are_recorded(tiny_llada2_dir: Path):
 
 
 def test_the_block_cache_is_the_default_and_changes_no_answer(tiny_llada2_dir: Path):
-    texts = {}
+    texts, used = {}, {}
     for cache in ("", ",cache=none"):
         results = _evaluate("dvoting-llada2", f"pretrained={tiny_llada2_dir},strategy=majority,max_gen_toks=32,n=3"
                                               f"{cache}", limit=3)
         texts[cache] = [r["resps"] for r in sorted(results["samples"]["dvoting_arith"], key=lambda r: r["doc_id"])]
+        [used[cache]] = results["config"]["dvoting"]["settings_used"]
+    # lm-eval's parser reads `none` as None: the comparison is vacuous unless cache=none really ran
+    assert (used[""]["cache"], used[",cache=none"]["cache"]) == ("block", "none")
     assert texts[""] == texts[",cache=none"]
     model = LLaDA2EvalModel(pretrained=str(tiny_llada2_dir))
     assert model.settings.cache == "block" and model.settings.resolved_threshold == 0.95

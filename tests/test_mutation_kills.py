@@ -1066,3 +1066,65 @@ def test_each_llada2_model_decodes_its_own_and_unnamed_checkpoints(model, folder
     shutil.copytree(tiny_llada2_dir, path)
     lm = _model_class(model)(pretrained=str(path), device="cpu")
     assert lm.model.family == "llada2" and lm.settings.block_decoding == _model_class(model).block_decoding
+
+
+_DEFAULT_SETTINGS = dict(strategy="dvoting", gen_length=256, block_length=None, n=5, alpha=0.3, temperature=None,
+                         tau=1.0, steps=None, remasking="low_confidence", hex_samples=25, prefix_cache=False,
+                         decoder=None, cache="none", threshold=None, temporal_weight="exp", temporal_alpha=5.0,
+                         vote=None, guidance=1.0, block_decoding=None, editing_threshold=None, max_post_steps=16)
+
+
+@pytest.mark.parametrize("args, changed", [
+    ("strategy=dvoting,max_gen_toks=64,block_length=8,n=3,alpha=0.4,temperature=0.5,tau=0.8,remasking=random,"
+     "cache=prefix", dict(gen_length=64, block_length=8, n=3, alpha=0.4, temperature=0.5, tau=0.8,
+                          remasking="random", prefix_cache=True, cache="prefix")),
+    ("strategy=hex,max_gen_toks=64,hex_samples=5,steps=16,temperature=0.7",
+     dict(strategy="hex", gen_length=64, hex_samples=5, steps=16, temperature=0.7)),
+    ("strategy=temporal,max_gen_toks=64,temporal_weight=linear,temporal_alpha=3.0,steps=32",
+     dict(strategy="temporal", gen_length=64, temporal_weight="linear", temporal_alpha=3.0, steps=32)),
+    ("strategy=single,decoder=confidence,threshold=0.8", dict(strategy="single", decoder="confidence", threshold=0.8)),
+    ("strategy=majority,prefix_cache=true,vote=temporal", dict(strategy="majority", prefix_cache=True, cache="prefix",
+                                                              vote="temporal")),
+])
+def test_every_strategy_model_arg_reaches_its_own_setting(args, changed):
+    """`_strategy_settings`: each model arg lands in its own field, parsed, and nothing else moves."""
+    import dataclasses
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{args}", {"device": "cpu"})
+    assert dataclasses.asdict(lm.settings) == _DEFAULT_SETTINGS | changed
+
+
+@pytest.mark.parametrize("args, cache", [("strategy=majority", "block"), ("strategy=temporal", "none"),
+                                         ("strategy=majority,vote=temporal", "none"),
+                                         ("strategy=majority,vote=plain", "block"),
+                                         ("strategy=majority,cache=none", "none")])
+def test_llada2s_cache_defaults_to_block_unless_the_temporal_vote_needs_every_step(args, cache, tiny_llada2_dir):
+    from lm_eval_dvoting.harness import LLaDA2EvalModel
+
+    lm = LLaDA2EvalModel.create_from_arg_string(f"pretrained={tiny_llada2_dir},{args}", {"device": "cpu"})
+    assert lm.settings.cache == cache and lm.settings.block_decoding == "threshold"
+
+
+_WHOLE = "{name} must be a whole number, got 'x': give {name} as such a number, or leave it out for its default"
+_REAL = "{name} must be a number, got 'x': give e.g. {name}=0.5, or leave {name} out for its default"
+
+
+@pytest.mark.parametrize("name, template", [
+    ("max_gen_toks", _WHOLE), ("block_length", _WHOLE), ("n", _WHOLE), ("steps", _WHOLE), ("max_post_steps", _WHOLE),
+    ("seed", _WHOLE), ("alpha", _REAL), ("temperature", _REAL), ("tau", _REAL), ("threshold", _REAL),
+    ("temporal_alpha", _REAL), ("guidance", _REAL), ("editing_threshold", _REAL),
+    ("hex_samples", "hex_samples must be 25 or 5, got 'x': give hex_samples as such a number, or leave it out for "
+                    "its default"),
+    ("mc_num", "mc_num must be a whole number >= 1, got 'x': give mc_num as such a number, or leave it out for its "
+               "default"),
+    ("max_length", "max_length must be a whole number >= 1, got 'x': give max_length as such a number, or leave it "
+                   "out for its default"),
+])
+def test_a_model_arg_that_is_no_number_is_refused_by_its_own_name(name, template):
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{name}=x", {"device": "cpu"})
+    assert str(refused.value) == template.format(name=name)
