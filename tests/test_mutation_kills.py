@@ -1128,3 +1128,87 @@ def test_a_model_arg_that_is_no_number_is_refused_by_its_own_name(name, template
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{name}=x", {"device": "cpu"})
     assert str(refused.value) == template.format(name=name)
+
+
+@pytest.mark.parametrize("value", ["", "false", "False", "none", "None", "0"])
+def test_a_refused_hflm_arg_left_empty_or_off_is_accepted(value):
+    """`offload_folder`/`delta` set to an "off" value (what a recipe passes to mean none) are not refused."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,offload_folder={value},delta={value}",
+                                               {"device": "cpu"})
+    assert lm.batch_rows == 1
+
+
+@pytest.mark.parametrize("args, rows", [("batch_size=auto", 8), ("batch_size=auto,max_batch_size=3", 3),
+                                        ("batch_size=auto,max_batch_size=100", 8), ("batch_size=auto:4", 8),
+                                        ("batch_size=5", 5), ("batch_size=5,max_batch_size=2", 5)])
+def test_batch_size_auto_is_eight_rows_on_the_cpu_capped_by_max_batch_size(args, rows):
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    assert LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{args}", {"device": "cpu"}).batch_rows == rows
+
+
+def test_max_length_beyond_the_models_is_refused_whole_and_the_models_is_the_default():
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,max_length=100000", {"device": "cpu"})
+    assert str(refused.value) == ("max_length 100000 exceeds the model's maximum length 256: give max_length <= 256, "
+                                  "or leave it out for the model's")
+    assert LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith", {"device": "cpu"}).max_length == 256
+    assert LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,max_length=256", {"device": "cpu"}).max_length == 256
+    assert LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,max_length=100", {"device": "cpu"}).max_length == 100
+
+
+def test_editing_is_refused_whole_outside_llada21_and_outside_its_presets(tiny_llada2_dir):
+    from lm_eval_dvoting.harness import LLaDA21EvalModel, LLaDAEvalModel
+
+    with pytest.raises(ValueError) as outside:
+        LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,editing=speed", {"device": "cpu"})
+    assert str(outside.value) == ("editing='speed' is LLaDA2.1's (joint threshold decoding): use --model "
+                                  "dvoting-llada21, or leave editing out")
+    with pytest.raises(ValueError) as preset:
+        LLaDA21EvalModel.create_from_arg_string(f"pretrained={tiny_llada2_dir},editing=fast", {"device": "cpu"})
+    assert str(preset.value) == "editing must be quality or speed (LLaDA2.1's model card presets), got 'fast'"
+
+
+def test_trust_remote_code_is_accepted_with_one_whole_warning(caplog):
+    import logging
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,trust_remote_code=True", {"device": "cpu"})
+    assert [r.getMessage() for r in caplog.records if "trust_remote_code" in r.getMessage()] == [
+        "trust_remote_code=True has no effect: dvoting models are built by this plugin's own code from the "
+        "checkpoint's config and weights; no downloaded code is ever run"]
+    caplog.clear()
+    LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,trust_remote_code=False", {"device": "cpu"})
+    assert not [r for r in caplog.records if "trust_remote_code" in r.getMessage()]
+
+
+def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog, monkeypatch):
+    import logging
+    from types import SimpleNamespace
+
+    from lm_eval_dvoting import harness
+    from lm_eval_dvoting.harness import sanitise_requests
+
+    monkeypatch.setattr(harness._encodable, "warned", False)  # the per-process warning, as in a fresh run
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    requests = [SimpleNamespace(args=(f"q{i} \ud800", {"until": ["\n"]}), task_name="t", doc_id=i) for i in range(7)]
+    requests.append(SimpleNamespace(args=("fine", {}), task_name="t", doc_id=7))
+    sanitise_requests(requests)
+    assert [r.args[0] for r in requests] == [f"q{i} \ufffd" for i in range(7)] + ["fine"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "text with lone surrogates (invalid unicode): they are replaced by U+FFFD",
+        "7 request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: "
+        "task t, document 0; task t, document 1; task t, document 2; task t, document 3; task t, document 4; ..."]
+    caplog.clear()
+    sanitise_requests(requests[:2])  # already clean: nothing to say
+    assert caplog.records == []
+    sanitise_requests([SimpleNamespace(args=("again \udfff",), task_name="u", doc_id=9)])  # the text warning was said
+    assert [r.getMessage() for r in caplog.records] == [
+        "1 request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: task u, "
+        "document 9"]
