@@ -1212,3 +1212,15 @@ def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog,
     assert [r.getMessage() for r in caplog.records] == [
         "1 request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: task u, "
         "document 9"]
+
+
+def test_the_model_info_names_the_adapter_by_source_and_digest():
+    """`config.dvoting.peft` with the shipped adapter: its source as given and the digest of its files."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.models import adapters
+
+    lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,peft=tiny-arith-lora", {"device": "cpu"})
+    info = lm.get_model_info()["dvoting"]
+    assert info["peft"] == {"source": "tiny-arith-lora", "digest": lm.adapter.identity}
+    assert len(info["peft"]["digest"]) >= 16 and info["reference"] is None and info["family"] == "llada"
+    assert lm.adapter.identity == adapters.read_adapter(lm.adapter.folder).identity
