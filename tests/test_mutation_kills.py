@@ -1224,3 +1224,19 @@ def test_the_model_info_names_the_adapter_by_source_and_digest():
     assert info["peft"] == {"source": "tiny-arith-lora", "digest": lm.adapter.identity}
     assert len(info["peft"]["digest"]) >= 16 and info["reference"] is None and info["family"] == "llada"
     assert lm.adapter.identity == adapters.read_adapter(lm.adapter.folder).identity
+
+
+def test_a_model_built_with_no_args_has_the_documented_defaults():
+    """Every default of the model args (README's table), as `config.dvoting` reports them."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    info = LLaDAEvalModel(pretrained="tiny-arith", device="cpu").get_model_info()["dvoting"]
+    settings = dict(alpha=0.3, block_decoding=None, block_length=16, cache="none", decoder="entropy",
+                    editing_threshold=None, gen_length=256, guidance=1.0, hex_samples=25, max_post_steps=16, n=5,
+                    prefix_cache=False, remasking="low_confidence", steps=128, steps_run=None, strategy="dvoting",
+                    tau=1.0, temperature=0.6, temporal_alpha=5.0, temporal_weight="exp", threshold=0.9, vote="plain")
+    assert info == {
+        "pretrained": "tiny-arith", "family": "llada", "revision": None, "subfolder": None, "reference": None,
+        "peft": None, "seed": 1234, "seed_source": "default", "mc_num": 128, "batch_rows": 1, "dtype": "float32",
+        "device": "cpu", "device_map": None, "settings": settings, "settings_used": [], "tasks": {},
+        "totals": {"nfe": 0, "requests": 0, "samples": 0}, "computed": {"nfe": 0, "requests": 0, "samples": 0}}
