@@ -1240,3 +1240,31 @@ def test_a_model_built_with_no_args_has_the_documented_defaults():
         "peft": None, "seed": 1234, "seed_source": "default", "mc_num": 128, "batch_rows": 1, "dtype": "float32",
         "device": "cpu", "device_map": None, "settings": settings, "settings_used": [], "tasks": {},
         "totals": {"nfe": 0, "requests": 0, "samples": 0}, "computed": {"nfe": 0, "requests": 0, "samples": 0}}
+
+
+class _FakeAccelerator:
+    """What `_setup_processes` reads of accelerate's Accelerator on rank 1 of 2 (CPU)."""
+
+    device = torch.device("cpu")
+    process_index = 1
+    num_processes = 2
+
+
+def test_under_a_launcher_each_rank_takes_accelerates_device_and_rank(monkeypatch):
+    import accelerate
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(accelerate, "Accelerator", _FakeAccelerator)
+    lm = LLaDAEvalModel(pretrained="tiny-arith")
+    assert (lm.rank, lm.world_size, lm.device.type) == (1, 2, "cpu") and isinstance(lm.accelerator, _FakeAccelerator)
+    assert LLaDAEvalModel(pretrained="tiny-arith", device="cpu").rank == 1  # the same device type is fine
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel(pretrained="tiny-arith", device="cuda:0")
+    assert str(refused.value) == (
+        "device 'cuda:0' was asked for, but under torchrun/accelerate each rank runs on the device accelerate gives "
+        "it (cpu): drop --device/device=, or for the CPU set ACCELERATE_USE_CPU=1")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    alone = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    assert (alone.rank, alone.world_size, alone.accelerator) == (0, 1, None)
