@@ -1242,7 +1242,7 @@ def test_a_model_built_with_no_args_has_the_documented_defaults():
         "totals": {"nfe": 0, "requests": 0, "samples": 0}, "computed": {"nfe": 0, "requests": 0, "samples": 0}}
 
 
-class _FakeAccelerator:
+class _LauncherAccelerator:
     """What `_setup_processes` reads of accelerate's Accelerator on rank 1 of 2 (CPU)."""
 
     device = torch.device("cpu")
@@ -1256,9 +1256,9 @@ def test_under_a_launcher_each_rank_takes_accelerates_device_and_rank(monkeypatc
     from lm_eval_dvoting.harness import LLaDAEvalModel
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(accelerate, "Accelerator", _FakeAccelerator)
+    monkeypatch.setattr(accelerate, "Accelerator", _LauncherAccelerator)
     lm = LLaDAEvalModel(pretrained="tiny-arith")
-    assert (lm.rank, lm.world_size, lm.device.type) == (1, 2, "cpu") and isinstance(lm.accelerator, _FakeAccelerator)
+    assert (lm.rank, lm.world_size, lm.device.type) == (1, 2, "cpu") and isinstance(lm.accelerator, _LauncherAccelerator)
     assert LLaDAEvalModel(pretrained="tiny-arith", device="cpu").rank == 1  # the same device type is fine
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel(pretrained="tiny-arith", device="cuda:0")
