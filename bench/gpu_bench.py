@@ -253,22 +253,21 @@ def part_fidelity(shape: Workload, args: argparse.Namespace) -> Results:
     return out
 
 
+def _entries(fidelity: Results, kind: str) -> list[tuple[str, str, Results]]:
+    """(second, third part of the key, value) of the entries `kind/x/y`."""
+    return [(*key.split("/")[1:], value) for key, value in fidelity.items() if key.startswith(kind + "/")]
+
+
 def fidelity_lines(fidelity: Results) -> list[str]:
     lines = ["| fixture | dtype | max abs diff of the logits (plain / left-padded) | argmax agreement |",
              "|---|---|---:|---:|"]
-    for key, value in fidelity.items():
-        if key.startswith("logits/"):
-            _, family, dtype = key.split("/")
-            lines.append(f"| {family} | {dtype} | {value['plain']:.2e} / {value['masked']:.2e} | "
-                         f"{100 * value['argmax']:.1f}% |")
+    lines += [f"| {family} | {dtype} | {v['plain']:.2e} / {v['masked']:.2e} | {100 * v['argmax']:.1f}% |"
+              for family, dtype, v in _entries(fidelity, "logits")]
     lines += ["", "| device | dtype | LLaDA2 `cache=block` vs `none`: greedy decodes that differ (3 presets x 4 "
               "prompts, generation 8, block 4) | sampled rows that differ (4 batched rows, generation 11) |",
               "|---|---|---:|---:|"]
-    for key, value in fidelity.items():
-        if key.startswith("block_cache/"):
-            _, device, dtype = key.split("/")
-            lines.append(f"| {device} | {dtype} | {value['greedy_differ']} of {value['greedy_total']} | "
-                         f"{value['sampled_rows_differ']} of {value['sampled_rows']} |")
+    lines += [f"| {device} | {dtype} | {v['greedy_differ']} of {v['greedy_total']} | {v['sampled_rows_differ']} of "
+              f"{v['sampled_rows']} |" for device, dtype, v in _entries(fidelity, "block_cache")]
     return lines
 
 
