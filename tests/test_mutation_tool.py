@@ -100,3 +100,22 @@ def test_a_pinned_equivalent_stops_excusing_its_survivor_once_the_mutation_chang
     assert tool.report([_summary(_DIFF)]) == 0
     assert tool.report([_summary(renumbered)]) == 1
     assert tool.report([{**_summary(_DIFF), "status": {_NAME: "killed"}}]) == 0
+
+
+def test_survivors_only_skips_the_pinned_equivalents_at_their_diff_and_nothing_else(tool):
+    """A pinned entry whose pin still matches is judged: not retested. A changed mutation, an
+    unpinned entry and an unlisted survivor are all tested again."""
+    diffs = {"m_1": "-    x = 1\n+    x = 2", "m_2": "-    y = a\n+    y = None", "m_3": "-    z\n+    None",
+             "m_4": "-    w = 3\n+    w = 4"}
+    equivalents = {"m_1": tool.Equivalent("same", tool.diff_pin(diffs["m_1"])),
+                   "m_2": tool.Equivalent("was another mutation", tool.diff_pin("-    y = a\n+    y = b")),
+                   "m_3": tool.Equivalent("never pinned", None)}
+    asked = []
+
+    def diff_of(name: str) -> str:
+        asked.append(name)
+        return diffs[name]
+
+    assert tool.unjudged(["m_1", "m_2", "m_3", "m_4"], equivalents, diff_of) == ["m_2", "m_3", "m_4"]
+    assert sorted(asked) == ["m_1", "m_2"]  # only pinned entries need a diff
+    assert tool.unjudged([], equivalents, diff_of) == []

@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = "lm_eval_dvoting"
@@ -231,6 +231,30 @@ def _survivors(folder: Path, module: str) -> list[str]:
     return [name for name, code in meta["exit_code_by_key"].items() if survived(status_by_exit_code[code])]
 
 
+def unjudged(survivors: list[str], equivalents: dict[str, Equivalent], diff_of: Callable[[str], str]) -> list[str]:
+    """The survivors worth testing again: all but those a *pinned* entry excuses at their
+    current diff (judged equivalent already; retesting one costs its whole test selection,
+    minutes for harness.py). Unpinned entries were never checked against a diff: retested."""
+    judged = {name for name in survivors if name in equivalents and equivalents[name].pin is not None
+              and excuses(equivalents[name], diff_of(name))}
+    return [name for name in survivors if name not in judged]
+
+
+def _mutant_diff(module: str) -> Callable[[str], str]:
+    """A mutant's diff, read from `mutants/` (mutmut resolves it from the working directory)."""
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    def diff_of(name: str) -> str:
+        here = Path.cwd()
+        os.chdir(REPO)
+        try:
+            return get_diff_for_mutant(name, path=Path(_source(module)))
+        finally:
+            os.chdir(here)
+
+    return diff_of
+
+
 def run_module(module: str, max_children: int, fresh_stats: bool = False, survivors_only: bool = False) -> dict:
     """Run mutmut on `module` in its own results folder and return its summary.
 
@@ -261,8 +285,10 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False, surviv
         # benchmark data beside the checkout, or every test that needs them would skip
         env = {**os.environ, "DVOTING_SHARED_DIR": str(REPO.parent / "shared")}
         if survivors_only:
-            retest = _survivors(mutants, module)
-            print(f"Testing the {len(retest)} survivors of {module} again")
+            survivors = _survivors(mutants, module)
+            retest = unjudged(survivors, equivalent_mutants(), _mutant_diff(module))
+            print(f"Testing the {len(retest)} survivors of {module} again ({len(survivors) - len(retest)} more are "
+                  "pinned equivalents at their current diff: not retested)")
             done = subprocess.run(command + retest, cwd=REPO, env=env) if retest else subprocess.CompletedProcess([], 0)
         else:
             # new mutants (functions changed since) and the ones not reached last time
@@ -353,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the scores of the last runs without running mutmut")
     parser.add_argument("--survivors-only", action="store_true",
                         help="test only the survivors recorded so far, against the current tests (confirms "
-                             "new kill tests; the untested mutants stay untested)")
+                             "new kill tests; the untested mutants stay untested); survivors that a pinned "
+                             "equivalents entry excuses at their current diff are not retested")
     parser.add_argument("--save-state", action="store_true",
                         help=f"copy the results tested so far (of a run in progress too) into "
                              f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut")
