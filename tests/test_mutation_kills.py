@@ -1268,3 +1268,15 @@ def test_under_a_launcher_each_rank_takes_accelerates_device_and_rank(monkeypatc
     monkeypatch.setenv("WORLD_SIZE", "1")
     alone = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     assert (alone.rank, alone.world_size, alone.accelerator) == (0, 1, None)
+
+
+def test_the_reported_device_is_cpu_for_any_cpu_rank_and_the_gpu_with_its_index():
+    """`config.dvoting.device`: a CPU rank's `cpu:0` is reported as `cpu` (runs on one CPU or
+    several CPU ranks compare equal); a GPU keeps its index. Reporting only: no model work."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    for device, reported in [(torch.device("cpu", 0), "cpu"), (torch.device("cpu"), "cpu"),
+                             (torch.device("cuda", 1), "cuda:1")]:
+        lm._device = device
+        assert lm.get_model_info()["dvoting"]["device"] == reported
