@@ -1280,3 +1280,22 @@ def test_the_reported_device_is_cpu_for_any_cpu_rank_and_the_gpu_with_its_index(
                              (torch.device("cuda", 1), "cuda:1")]:
         lm._device = device
         assert lm.get_model_info()["dvoting"]["device"] == reported
+
+
+def test_settings_used_before_any_evaluation_carry_the_models_seed_and_the_device_map_is_reported():
+    """`generate_until` called directly (no lm-eval evaluation): each settings entry of
+    `config.dvoting.settings_used` carries the sampling seed; `device_map` is the model's own
+    (a parallelized model's layer map; None on one device)."""
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single", seed=7)
+    request = Instance(request_type="generate_until", doc={}, arguments=("1+2=", {"until": ["\n"], "max_gen_toks": 8}),
+                       idx=0, metadata=("demo", 0, 1))
+    lm.generate_until([request])
+    [used] = lm.get_model_info()["dvoting"]["settings_used"]
+    assert used["seed"] == 7 and used["strategy"] == "single" and used["gen_length"] == 8
+    assert lm.get_model_info()["dvoting"]["device_map"] is None
+    lm.model.device_map = {"transformer.blocks.0": 0, "transformer.blocks.1": "cpu"}
+    assert lm.get_model_info()["dvoting"]["device_map"] == {"transformer.blocks.0": 0, "transformer.blocks.1": "cpu"}
