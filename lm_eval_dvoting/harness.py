@@ -474,11 +474,10 @@ class DVotingEvalModel(TemplateLM):
             texts[position] = texts[first]
         return texts  # type: ignore[return-value]
 
-    def _costed(self, text: str, result: Any, until: list[str], settings: StrategySettings | None = None) -> CostedText:
+    def _costed(self, text: str, result: Any, until: list[str], settings: StrategySettings) -> CostedText:
         """The response for one computed request (`bookkeeping.costed_text`), counted in the totals."""
         candidates = [self.generated_text(sample, until) for sample in result.samples]
-        used = None if settings is None else settings_entry(settings, self.seed)
-        response = costed_text(text, result, candidates, used)
+        response = costed_text(text, result, candidates, settings_entry(settings, self.seed))
         self.costs.count(result)
         return response
 
