@@ -98,19 +98,22 @@ def real_rule(rule: str, gen_length: int) -> dict[str, Any]:
 
 
 def entering_decoder(model: PassCounter, prompt: torch.Tensor, args: argparse.Namespace, rule: str,
-                     cache: str, block_index: int) -> RowDecoder:
-    """A decoder holding one row about to enter block `block_index` (earlier blocks pre-filled)."""
+                     cache: str, block_index: int, rows: int = 1) -> RowDecoder:
+    """A decoder holding `rows` rows (the same prompt, each its own noise) about to enter block
+    `block_index` (earlier blocks pre-filled); the noise is drawn on the prompt's device."""
     mask_id = int(model.mask_token_id)
-    tokens = torch.full((args.gen_length,), mask_id, dtype=torch.long)
-    filled = block_index * args.block
-    tokens[:filled] = torch.randint(0, 126_000, (filled,), generator=torch.Generator().manual_seed(5))
-    row = DecodeRow(prompt=prompt, tokens=tokens, block_length=args.block, cache=cache,
-                    generator=torch.Generator().manual_seed(6), **real_rule(rule, args.gen_length))
     decoder = RowDecoder(model)
-    decoder.add(row)
-    # add() starts the fixed schedule at block 0; it walks blocks by count, not by
-    # masks, so point it at the block we time (the entropy rule finds it by itself)
-    row.progress.block = block_index
+    for r in range(rows):
+        tokens = torch.full((args.gen_length,), mask_id, dtype=torch.long)
+        filled = block_index * args.block
+        tokens[:filled] = torch.randint(0, 126_000, (filled,), generator=torch.Generator().manual_seed(5 + r))
+        row = DecodeRow(prompt=prompt, tokens=tokens, block_length=args.block, cache=cache,
+                        generator=torch.Generator(device=prompt.device).manual_seed(6 + r),
+                        **real_rule(rule, args.gen_length))
+        decoder.add(row)
+        # add() starts the fixed schedule at block 0; it walks blocks by count, not by
+        # masks, so point it at the block we time (the entropy rule finds it by itself)
+        row.progress.block = block_index
     return decoder
 
 
@@ -138,10 +141,16 @@ def real_cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
     return cells
 
 
-def run_repeat(model: PassCounter, prompt: torch.Tensor, args: argparse.Namespace, repeat: int) -> Results:
+def run_repeat(model: PassCounter, prompt: torch.Tensor, args: argparse.Namespace, repeat: int, rows: int = 1,
+               warm_up: int = 0) -> Results:
     """One repeat of every real-shape cell, stepped round-robin (one step of each cell in turn),
-    so that the other processes' load, which drifts over minutes here, hits every cache alike."""
-    cells = {f"{rule}/{cache}/block{b}/repeat{repeat}": (entering_decoder(model, prompt, args, rule, cache, b), count)
+    so that the other processes' load, which drifts over minutes here, hits every cache alike.
+    `warm_up` untimed steps of a throwaway `none` row go first (on a GPU the first step of a
+    repeat cost ~20x a later one)."""
+    if warm_up:
+        timed_steps(model, entering_decoder(model, prompt, args, "fixed", "none", 0, rows), warm_up)
+    cells = {f"{rule}/{cache}/block{b}/repeat{repeat}":
+             (entering_decoder(model, prompt, args, rule, cache, b, rows), count)
              for rule, cache, b, count in real_cells(args)}
     timings: Results = {key: [] for key in cells}
     while True:

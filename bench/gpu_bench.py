@@ -41,7 +41,6 @@ from bench import caches_bench  # noqa: E402
 from bench.strategies_bench import cells_table, run_cells  # noqa: E402
 from bench.timing import machine_description  # noqa: E402
 from bench.workloads import Workload, demo_workload, real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.decoding import DecodeRow, RowDecoder  # noqa: E402
 from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,35 +102,7 @@ def part_forward(work: Workload, args: argparse.Namespace) -> Results:
 # ------------------------------------------------------------------ part 2: caches
 
 
-def entering_decoder(model: caches_bench.PassCounter, prompt: torch.Tensor, rule: str, cache: str,
-                     block_index: int, rows: int) -> RowDecoder:
-    """`caches_bench.entering_decoder` with `rows` rows (same prompt, own noise) about to enter a block."""
-    mask_id, gen, block = int(model.mask_token_id), 256, 32
-    decoder = RowDecoder(model)
-    for r in range(rows):
-        tokens = torch.full((gen,), mask_id, dtype=torch.long)
-        filled = block_index * block
-        tokens[:filled] = torch.randint(0, 126_000, (filled,), generator=torch.Generator().manual_seed(5 + r))
-        row = DecodeRow(prompt=prompt, tokens=tokens, block_length=block, cache=cache,
-                        generator=torch.Generator(device=prompt.device).manual_seed(6 + r),
-                        **caches_bench.real_rule(rule, gen))
-        decoder.add(row)
-        row.progress.block = block_index  # the fixed schedule walks blocks by count (see caches_bench)
-    return decoder
-
-
-def cache_repeat(model: caches_bench.PassCounter, prompt: torch.Tensor, rows: int, repeat: int) -> Results:
-    """One repeat of every real-shape cache cell at `rows` rows, stepped round-robin."""
-    cells_spec = caches_bench.real_cells(SimpleNamespace(gen_length=256, block=32, entropy_steps=4))
-    # two untimed steps first: on the GPU the first step of a repeat cost ~20x a later one
-    caches_bench.timed_steps(model, entering_decoder(model, prompt, "fixed", "none", 0, rows), 2)
-    cells = {f"{rule}/{cache}/block{b}/repeat{repeat}": (entering_decoder(model, prompt, rule, cache, b, rows), n)
-             for rule, cache, b, n in cells_spec}
-    timings: Results = {key: [] for key in cells}
-    while pending := [k for k, (d, n) in cells.items() if len(timings[k]) < n and d.active]:
-        for key in pending:
-            timings[key] += caches_bench.timed_steps(model, cells[key][0], 1)
-    return timings
+CACHE_SHAPE = SimpleNamespace(gen_length=256, block=32, entropy_steps=4)  # caches_bench's real-shape cells
 
 
 def part_caches(work: Workload, args: argparse.Namespace) -> Results:
@@ -142,7 +113,7 @@ def part_caches(work: Workload, args: argparse.Namespace) -> Results:
     for rows in args.cache_rows:
         real: Results = {}
         for repeat in range(args.cache_repeats):
-            real.update(cache_repeat(counter, prompt, rows, repeat))
+            real.update(caches_bench.run_repeat(counter, prompt, CACHE_SHAPE, repeat, rows, warm_up=2))
         out[str(rows)] = real
         print(f"  [caches] {rows} row(s) done", flush=True)
     return out
