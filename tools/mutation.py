@@ -283,7 +283,12 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False, surviv
         command = [sys.executable, __file__, "--one", module, "--max-children", str(max_children)]
         # the tests run from mutants/, whose parent is the checkout: point them at the
         # benchmark data beside the checkout, or every test that needs them would skip
-        env = {**os.environ, "DVOTING_SHARED_DIR": str(REPO.parent / "shared")}
+        env = {**os.environ, "DVOTING_SHARED_DIR": str(REPO.parent / "shared"),
+               # in one process: mutmut records which tests call each function in its own
+               # process, which pytest-xdist's workers (the suite's `-n 2`) would hide from
+               # it. Set here rather than in [tool.mutmut]'s pytest args, whose change would
+               # make mutmut discard every result it kept.
+               "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip()}
         if survivors_only:
             survivors = _survivors(mutants, module)
             retest = unjudged(survivors, equivalent_mutants(), _mutant_diff(module))
