@@ -2,6 +2,8 @@
 
     python3 bench/gpu_bench.py --json $OUT/gpu_bench.json                 # on a lent GPU (about 4 min on an H200)
     .venv/bin/python bench/gpu_bench.py --report-only --json FILE         # write BENCHMARKS.md's section from FILE
+    .venv/bin/python bench/gpu_bench.py --report-only --json bench/gpu_bench_h100.json --section gpu_bench_h100
+                                                                          # another GPU's run: a section of its own
     .venv/bin/python bench/gpu_bench.py --quick --device cpu --json /tmp/g.json   # a smoke run on the CPU
 
 The CPU rows stand in for a GPU with one layer of LLaDA-8B's 32 in float32 and extrapolate;
@@ -44,7 +46,14 @@ from bench.workloads import Workload, demo_workload, real_vocab_workload  # noqa
 from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-START, END = "<!-- gpu_bench:start -->", "<!-- gpu_bench:end -->"
+SECTION = "gpu_bench"  # the H200 run's section; another GPU's run gets its own with --section
+
+
+def markers(name: str = SECTION) -> tuple[str, str]:
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+START, END = markers()  # the H200 section's
 Results = dict[str, Any]
 
 
@@ -63,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true", help="only write the section from --json")
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
+    p.add_argument("--section", default=SECTION, help="the name in the section's markers, `<!-- NAME:start -->`")
     args = p.parse_args(argv)
     if args.quick:
         args.layers, args.width, args.heads, args.cache_rows = 1, 256, 4, [1, 2]
@@ -332,7 +342,7 @@ def differing(a: Results, b: Results, key: str) -> int:
 WHAT_IT_DOES_NOT_SHOW = (
     "What it does not show: the weights are random (no real LLaDA-8B was reachable), so dVoting's "
     "step counts are its worst case (one token per step, all five samples, no early stop) and the real-shape "
-    "answers are meaningless; one GPU kind (the H200), torch 2.11 there against 2.13 in CI, eager PyTorch "
+    "answers are meaningless; one GPU kind (the {gpu}), torch 2.11 there against 2.13 in CI, eager PyTorch "
     "(no CUDA graphs, no compiled kernels); each strategy cell ran once, so its seconds carry the spread of "
     "one run (the cache cells are medians of 3 repeats).")
 INVARIANCE_NOTE = (
@@ -417,10 +427,12 @@ def reading_lines(results: Results) -> list[str]:
     return lines + [""]
 
 
-def section(results: Results) -> list[str]:
+def section(results: Results, name: str = SECTION) -> list[str]:
     facts = results["facts"]
     device = results["device"]
-    lines = [START, "## GPU: LLaDA-8B's full shape in bfloat16", "",
+    gpu = facts.get("gpu", device).removeprefix("NVIDIA ").split()[0]  # "NVIDIA H100 80GB HBM3": H100; a CPU run: cpu
+    start, end = markers(name)
+    lines = [start, "## GPU: LLaDA-8B's full shape in bfloat16" + ("" if name == SECTION else f", on the {gpu}"), "",
              "Written by `bench/gpu_bench.py` on a lent GPU machine (rerun it there, then "
              "`--report-only` here). " + results["real_description"] + f"; {results['dtype']}, on the GPU.", "",
              f"- command: `{results['command']}`"] + [f"- {k}: {v}" for k, v in facts.items()] + [
@@ -438,24 +450,14 @@ def section(results: Results) -> list[str]:
                         lambda inv: [inv["description"] + ". " + INVARIANCE_NOTE, ""] + invariance_lines(inv, device))
     lines += part_lines(results, "fidelity", "The official-format fixtures on the GPU (tests/fixtures/official-tiny; "
                         "logits against what the upstream code computed on the CPU in float32)", fidelity_lines)
-    return lines + reading_lines(results) + [WHAT_IT_DOES_NOT_SHOW, "", END]
-
-
-def write_section(path: Path, lines: list[str]) -> None:
-    text = path.read_text()
-    block = "\n".join(lines)
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
+    return lines + reading_lines(results) + [WHAT_IT_DOES_NOT_SHOW.format(gpu=gpu), "", end]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
-        write_section(args.out, section(json.loads(args.json.read_text())))
+        lines = section(json.loads(args.json.read_text()), args.section)
+        caches_bench.write_section(args.out, lines, *markers(args.section))
         return 0
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: no CUDA device is visible here; use --device cpu for a smoke run")

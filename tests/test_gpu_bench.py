@@ -14,20 +14,27 @@ sys.path.insert(0, str(REPO))
 from bench import gpu_bench  # noqa: E402
 
 RUN = REPO / "bench" / "gpu_bench_h200.json"
+RUNS = [(RUN, gpu_bench.SECTION), (REPO / "bench" / "gpu_bench_h100.json", "gpu_bench_h100")]  # (JSON, section)
 
 
-def _section(text: str) -> str:
-    return gpu_bench.START + text.split(gpu_bench.START, 1)[1].split(gpu_bench.END, 1)[0] + gpu_bench.END
+def _section(text: str, name: str) -> str:
+    start, end = gpu_bench.markers(name)
+    return start + text.split(start, 1)[1].split(end, 1)[0] + end
 
 
-def test_the_section_in_benchmarks_md_is_what_the_committed_run_renders(tmp_path):
+@pytest.mark.parametrize("run, name", RUNS, ids=["h200", "h100"])
+def test_the_section_in_benchmarks_md_is_what_the_committed_run_renders(tmp_path, run, name):
+    start, end = gpu_bench.markers(name)
     out = tmp_path / "BENCHMARKS.md"
-    out.write_text(f"# Benchmarks\nabove\n{gpu_bench.START}\nold\n{gpu_bench.END}\nbelow\n")
-    assert gpu_bench.main(["--report-only", "--json", str(RUN), "--out", str(out)]) == 0
+    out.write_text(f"# Benchmarks\nabove\n{start}\nold\n{end}\nbelow\n")
+    assert gpu_bench.main(["--report-only", "--json", str(run), "--out", str(out), "--section", name]) == 0
     text = out.read_text()
-    assert text.startswith("# Benchmarks\nabove\n") and text.endswith(f"{gpu_bench.END}\nbelow\n")
-    assert _section(text) == _section((REPO / "BENCHMARKS.md").read_text())
+    assert text.startswith("# Benchmarks\nabove\n") and text.endswith(f"{end}\nbelow\n")
+    assert _section(text, name) == _section((REPO / "BENCHMARKS.md").read_text(), name)
     assert "| 16 x 64 |" in text and "**16 row(s).**" in text and "| dvoting | 16 | 16 |" in text
+    gpu = json.loads(run.read_text())["facts"]["gpu"].split()[1]  # "NVIDIA H100 80GB HBM3": H100
+    assert f"one GPU kind (the {gpu})" in text
+    assert ("## GPU: LLaDA-8B's full shape in bfloat16\n" in text) == (name == gpu_bench.SECTION)
 
 
 def test_the_reading_is_computed_from_the_run(tmp_path):
@@ -42,7 +49,7 @@ def test_the_reading_is_computed_from_the_run(tmp_path):
 def test_a_part_that_failed_on_the_gpu_is_reported_as_failed():
     results = json.loads(RUN.read_text())
     results["caches"] = {"error": "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory"}
-    del results["strategies"]
+    del results["strategies"], results["facts"]["gpu"]  # a smoke run on the CPU records no GPU
     text = "\n".join(gpu_bench.section(results))
     assert "Failed on the GPU: `RuntimeError: CUDA out of memory`" in text
     assert "### Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)\n\nNot run." in text
