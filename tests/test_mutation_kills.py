@@ -1299,3 +1299,230 @@ def test_settings_used_before_any_evaluation_carry_the_models_seed_and_the_devic
     assert lm.get_model_info()["dvoting"]["device_map"] is None
     lm.model.device_map = {"transformer.blocks.0": 0, "transformer.blocks.1": "cpu"}
     assert lm.get_model_info()["dvoting"]["device_map"] == {"transformer.blocks.0": 0, "transformer.blocks.1": "cpu"}
+
+
+# ---- harness.py: what generate_until reports besides the texts, and how models load ------
+
+
+def _generation(context: str, doc_id: int, max_gen_toks: int = 8) -> object:
+    from lm_eval.api.instance import Instance
+
+    return Instance(request_type="generate_until", doc={}, idx=0, metadata=("demo", doc_id, 1),
+                    arguments=(context, {"until": ["\n"], "max_gen_toks": max_gen_toks}))
+
+
+class _Bar:
+    """tqdm's stand-in: records how generate_until builds and moves its progress bar."""
+    made: list[dict] = []
+
+    def __init__(self, **kwargs) -> None:
+        self.kwargs, self.updates, self.closed = kwargs, [], False
+        _Bar.made.append(self)
+
+    def update(self, step) -> None:
+        self.updates.append(step)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_generate_until_shows_one_bar_step_per_computed_request_on_rank_0_only(monkeypatch):
+    """The progress bar counts the computed requests (a duplicated document is decoded once),
+    one step each, is shown on rank 0 only and hidden by `disable_tqdm`."""
+    from lm_eval_dvoting import harness
+
+    monkeypatch.setattr(harness, "tqdm", _Bar)
+    monkeypatch.setattr(_Bar, "made", [])
+    lm = harness.LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single")
+    first = _generation("1+2=", 0)
+    requests = [first, _generation("3+4=", 1), first]  # a rank's padding repeats a request object
+    lm.generate_until(requests)
+    lm.generate_until(requests[:1], disable_tqdm=True)
+    lm._rank = 1
+    lm.generate_until(requests[:1])
+    shown, hidden, other_rank = _Bar.made
+    assert shown.kwargs == {"total": 2, "desc": "dVoting generate_until", "disable": False}
+    assert shown.updates == [1, 1] and shown.closed
+    assert hidden.kwargs["disable"] is True and other_rank.kwargs["disable"] is True
+
+
+def test_generate_until_decodes_at_most_batch_size_rows_per_forward_pass():
+    """`batch_size` caps the rows of every forward pass (the memory a user asked for), and the
+    cap is reached: 5 greedy requests at batch size 2 and 4."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    requests = [_generation(f"{a}+{a + 1}=", a) for a in range(5)]
+    for batch_size in (2, 4):
+        lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single", batch_size=batch_size)
+        rows: list[int] = []
+        hook = lm.model.model.transformer.wte.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+        try:
+            lm.generate_until(requests)
+        finally:
+            hook.remove()
+        assert max(rows) == batch_size
+
+
+def test_each_answer_goes_to_lm_evals_cache_under_its_request_and_repeat():
+    """`--use_cache`: every computed answer is handed to lm-eval's cache hook as
+    ("generate_until", the request's key with its repeat, the text)."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.result_cache import generation_key_args
+
+    class Hook:
+        def __init__(self) -> None:
+            self.added: list[tuple] = []
+
+        def add_partial(self, attr, req, res) -> None:
+            self.added.append((attr, req, res))
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single")
+    hook = Hook()
+    lm.set_cache_hook(hook)
+    requests = [_generation("1+2=", 0), _generation("3+4=", 1)]
+    texts = lm.generate_until(requests)
+    assert sorted(hook.added, key=lambda a: a[1]) == sorted(
+        [("generate_until", generation_key_args(r, 0), t) for r, t in zip(requests, texts)], key=lambda a: a[1])
+    assert all(isinstance(res, str) and res == t for (_, _, res), t in zip(hook.added, texts))
+
+
+def test_a_checkpoint_of_another_decoding_family_is_loaded_with_a_whole_warning(caplog):
+    """dvoting-llada given a Dream checkpoint (both bidirectional) loads it and says so."""
+    import logging
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    assert not caplog.records
+    lm = LLaDAEvalModel(pretrained="tiny-arith-dream", device="cpu")
+    assert lm.model.family == "dream"
+    assert [r.getMessage() for r in caplog.records] == [
+        "checkpoint tiny-arith-dream is a dream model, loaded by dvoting-llada"]
+
+
+def _spy_on_load_model(monkeypatch) -> list[tuple[tuple, dict]]:
+    from lm_eval_dvoting import harness
+
+    calls: list[tuple[tuple, dict]] = []
+    real = harness.load_model
+
+    def spy(*args, **kwargs):
+        calls.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "load_model", spy)
+    return calls
+
+
+def test_parallelize_loads_the_model_over_the_budget_with_device_map_auto(monkeypatch, caplog):
+    """parallelize=True: the weights are read with device_map="auto" under the GPU budget in
+    the asked dtype, the model's main device becomes the harness's, and the map is logged."""
+    import logging
+
+    from lm_eval_dvoting import harness
+
+    budget = {"cpu": 10**9}
+    monkeypatch.setattr(harness, "gpu_budget", lambda per_gpu, cpu: budget)
+    calls = _spy_on_load_model(monkeypatch)
+    caplog.set_level(logging.INFO, logger="lm_eval_dvoting.harness")
+    lm = harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="single", parallelize=True, dtype="bfloat16")
+    [(args, kwargs)] = calls
+    assert kwargs == {"dtype": "bfloat16", "device_map": "auto", "max_memory": budget}
+    assert next(lm.model.parameters()).dtype == torch.bfloat16
+    assert lm.device == lm.model.main_device == torch.device("cpu")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "parallelize" in r.getMessage()] \
+        == ["parallelize=True: " + harness.describe_placement(lm.model.device_map)]
+
+
+def test_rfgs_reference_is_read_onto_the_policys_device_in_its_dtype(monkeypatch):
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    calls = _spy_on_load_model(monkeypatch)
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="rfg", reference="tiny-arith",
+                        dtype="bfloat16")
+    assert [kwargs for _, kwargs in calls] == [{"device": lm.device, "dtype": "bfloat16"}] * 2
+    assert calls[1][0] == calls[0][0]  # the same folder, resolved once each
+    assert lm.reference_model is not lm.model
+    assert next(lm.reference_model.parameters()).dtype == torch.bfloat16
+
+
+def _inside(name: str, module: str, torch_random_seed):
+    """sampling_seed(None) called from a function `name` of a module named `module` whose
+    local `torch_random_seed` is given: a stand-in for lm-eval's simple_evaluate frame."""
+    from lm_eval_dvoting import harness
+
+    scope = {"__name__": module, "sampling_seed": harness.sampling_seed}
+    exec(f"def {name}(torch_random_seed):\n    return sampling_seed(None)\n", scope)
+    return scope[name](torch_random_seed)
+
+
+def test_the_harness_seed_is_read_from_lm_evals_simple_evaluate_frame_only():
+    """`sampling_seed`: a model arg first; else the `torch_random_seed` local of lm-eval's
+    own `simple_evaluate` (not of a function so named elsewhere, nor of another function of
+    lm_eval.evaluator); else 1234, also when simple_evaluate left torch unseeded."""
+    from lm_eval_dvoting.harness import sampling_seed
+
+    assert sampling_seed(5) == (5, "model_args") and sampling_seed("6") == (6, "model_args")
+    assert sampling_seed(None) == (1234, "default")
+    assert _inside("simple_evaluate", "lm_eval.evaluator", 7) == (7, "lm-eval --seed")
+    assert _inside("simple_evaluate", "lm_eval.evaluator", None) == (1234, "default")
+    assert _inside("simple_evaluate", "my_runner", 7) == (1234, "default")
+    assert _inside("evaluate", "lm_eval.evaluator", 7) == (1234, "default")
+    with pytest.raises(ValueError) as refused:
+        sampling_seed("x")
+    assert str(refused.value) == _WHOLE.format(name="seed")
+
+
+def test_lone_surrogates_are_replaced_in_lm_evals_instances_of_either_argument_shape():
+    """`sanitise_requests` on lm-eval's Instance: a generate_until request's argument tuple
+    and a loglikelihood_rolling request's single string, each keeping its shape."""
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_dvoting.harness import sanitise_requests
+
+    generation = _generation("a \ud800 b", 0)
+    rolling = Instance(request_type="loglikelihood_rolling", doc={}, idx=0, metadata=("demo", 1, 1),
+                       arguments="c \udfff d")
+    sanitise_requests([generation, rolling])
+    assert generation.arguments == ("a \ufffd b", {"until": ["\n"], "max_gen_toks": 8})
+    assert rolling.arguments == "c \ufffd d" and rolling.args == ("c \ufffd d",)
+
+
+def test_tok_encode_passes_the_callers_choice_of_special_tokens_to_the_tokenizer():
+    """lm-eval decides special tokens per call (`add_special_tokens=`); the demo tokenizer
+    adds none either way, so a stand-in records what it is asked."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    class Tokenizer:
+        bos_token_id = None
+
+        def encode(self, text, add_special_tokens="not given"):
+            return [text, add_special_tokens]
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    lm.tokenizer = Tokenizer()
+    assert lm.tok_encode("a", add_special_tokens=True) == ["a", True]
+    assert lm.tok_encode("a", add_special_tokens=False) == lm.tok_encode("a") == ["a", False]
+
+
+def test_the_smallest_mc_num_and_max_length_are_one_and_zero_is_refused_by_name():
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", mc_num=1, max_length=1)
+    assert (lm.mc_num, lm.max_length) == (1, 1)
+    for name in ("mc_num", "max_length"):
+        with pytest.raises(ValueError) as refused:
+            LLaDAEvalModel(pretrained="tiny-arith", device="cpu", **{name: 0})
+        assert str(refused.value) == (f"{name} must be a whole number >= 1, got 0: give {name} as such a number, "
+                                      "or leave it out for its default")
+
+
+def test_a_model_built_with_no_hflm_args_warns_about_none(caplog):
+    import logging
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    caplog.set_level(logging.WARNING)
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    assert caplog.records == [] and lm.add_bos_token is False and lm._max_memory is None
