@@ -1526,3 +1526,42 @@ def test_a_model_built_with_no_hflm_args_warns_about_none(caplog):
     caplog.set_level(logging.WARNING)
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     assert caplog.records == [] and lm.add_bos_token is False and lm._max_memory is None
+
+
+@pytest.mark.parametrize("count, listed", [
+    (5, "; ".join(f"task t, document {i}" for i in range(5))),
+    (6, "; ".join(f"task t, document {i}" for i in range(5)) + "; ..."),
+])
+def test_the_surrogate_warning_lists_five_documents_and_marks_only_more(count, listed, caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from lm_eval_dvoting.harness import sanitise_requests
+
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    sanitise_requests([SimpleNamespace(args=(f"q{i} \ud800",), task_name="t", doc_id=i) for i in range(count)])
+    assert caplog.records[-1].getMessage() == (
+        f"{count} request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: "
+        + listed)
+
+
+def test_generate_until_votes_math_answers_by_equivalence_and_keeps_kinds_apart(monkeypatch):
+    """The vote's grouping that generate_until hands the decoder: `\\frac{1}{2}` and `0.5`
+    are one math answer, a choice letter is compared as it is, and kinds never mix."""
+    from lm_eval_dvoting import harness
+
+    handed = {}
+    real = harness.decode_questions
+
+    def spy(*args, **kwargs):
+        handed.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "decode_questions", spy)
+    lm = harness.LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single")
+    lm.generate_until([_generation("1+2=", 0)])
+    same = handed["same_answer"]
+    assert same(("math", "0.5"), ("math", "\\frac{1}{2}")) and same(("math", "1,800"), ("math", "1800"))
+    assert not same(("math", "0.5"), ("math", "0.6"))
+    assert same(("choice", "A"), ("choice", "A")) and not same(("choice", "A"), ("choice", "B"))
+    assert not same(("math", "1"), ("choice", "1"))
