@@ -1565,3 +1565,42 @@ def test_generate_until_votes_math_answers_by_equivalence_and_keeps_kinds_apart(
     assert not same(("math", "0.5"), ("math", "0.6"))
     assert same(("choice", "A"), ("choice", "A")) and not same(("choice", "A"), ("choice", "B"))
     assert not same(("math", "1"), ("choice", "1"))
+
+
+def test_a_checkpoint_of_no_supported_family_is_refused_naming_its_config_file(tmp_path):
+    """`_check_family` reads the family before any weights: an unknown model_type is refused
+    with the config file's path in the message (the file a user must look at)."""
+    import json
+
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.models.loading import CheckpointError
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(CheckpointError) as refused:
+        LLaDAEvalModel(pretrained=str(tmp_path), device="cpu")
+    assert str(refused.value).startswith(f"{tmp_path / 'config.json'}: model_type 'gpt2' (architectures "
+                                         "['GPT2LMHeadModel']) is not supported; expected LLaDA")
+
+
+def test_the_tokenizer_name_lm_eval_sees_is_the_tokenizers_source():
+    """`tokenizer_name` (lm-eval keys chat-template caches on it): the `tokenizer=` source
+    when given, else the checkpoint's, with '/' made file-name safe."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    from lm_eval_dvoting.models.loading import resolve_checkpoint
+
+    assert LLaDAEvalModel(pretrained="tiny-arith", device="cpu").tokenizer_name == "tiny-arith"
+
+    folder = str(resolve_checkpoint("tiny-arith"))
+    lm = LLaDAEvalModel(pretrained="tiny-arith", tokenizer=folder, device="cpu")
+    assert lm.tokenizer_name == folder.replace("/", "__")
+
+
+def test_batch_size_auto_is_32_rows_on_a_gpu_and_8_on_the_cpu():
+    """`_parse_batch_size` on a CUDA device (stood in for: only the device's type is read)."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
+    assert lm._parse_batch_size("auto", None) == 8
+    lm._device = torch.device("cuda", 0)
+    assert lm._parse_batch_size("auto", None) == 32 and lm._parse_batch_size("auto:4", 12) == 12
