@@ -1604,3 +1604,11 @@ def test_batch_size_auto_is_32_rows_on_a_gpu_and_8_on_the_cpu():
     assert lm._parse_batch_size("auto", None) == 8
     lm._device = torch.device("cuda", 0)
     assert lm._parse_batch_size("auto", None) == 32 and lm._parse_batch_size("auto:4", 12) == 12
+
+
+def test_a_parallelize_that_is_no_flag_is_refused_by_its_name():
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel(pretrained="tiny-arith", parallelize="maybe")
+    assert str(refused.value) == "parallelize must be true or false, got 'maybe'"
