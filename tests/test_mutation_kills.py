@@ -1612,3 +1612,18 @@ def test_a_parallelize_that_is_no_flag_is_refused_by_its_name():
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel(pretrained="tiny-arith", parallelize="maybe")
     assert str(refused.value) == "parallelize must be true or false, got 'maybe'"
+
+
+@pytest.mark.parametrize("device_map, device, peft, max_cpu_memory", [
+    ("auto", None, None, None),          # the one map there is, named
+    (None, "cuda:0", None, None),        # a GPU device is compatible with spreading over the GPUs
+    (None, "cuda", "adapter", None),     # an adapter with every layer on the GPUs
+    (None, None, None, "100GiB"),        # CPU offload without an adapter
+])
+def test_parallelize_accepts_each_compatible_combination(device_map, device, peft, max_cpu_memory, monkeypatch):
+    """`_parallel_budget`'s accepted edges: each returns the GPU budget (stood in for: no GPU here)."""
+    from lm_eval_dvoting import harness
+
+    budget = {0: 1, "cpu": 2}
+    monkeypatch.setattr(harness, "gpu_budget", lambda per_gpu, cpu: budget)
+    assert harness._parallel_budget(True, None, max_cpu_memory, device_map, device, None, peft) is budget
