@@ -1612,6 +1612,9 @@ def test_a_parallelize_that_is_no_flag_is_refused_by_its_name():
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel(pretrained="tiny-arith", parallelize="maybe")
     assert str(refused.value) == "parallelize must be true or false, got 'maybe'"
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel(pretrained="tiny-arith", trust_remote_code="maybe")
+    assert str(refused.value) == "trust_remote_code must be true or false, got 'maybe'"
 
 
 @pytest.mark.parametrize("device_map, device, peft, max_cpu_memory", [
@@ -1624,6 +1627,7 @@ def test_parallelize_accepts_each_compatible_combination(device_map, device, pef
     """`_parallel_budget`'s accepted edges: each returns the GPU budget (stood in for: no GPU here)."""
     from lm_eval_dvoting import harness
 
-    budget = {0: 1, "cpu": 2}
-    monkeypatch.setattr(harness, "gpu_budget", lambda per_gpu, cpu: budget)
-    assert harness._parallel_budget(True, None, max_cpu_memory, device_map, device, None, peft) is budget
+    budget, asked = {0: 1, "cpu": 2}, []
+    monkeypatch.setattr(harness, "gpu_budget", lambda per_gpu, cpu: asked.append((per_gpu, cpu)) or budget)
+    assert harness._parallel_budget(True, "70GiB", max_cpu_memory, device_map, device, None, peft) is budget
+    assert asked == [("70GiB", max_cpu_memory)]  # the budget is built from both memory args
