@@ -43,7 +43,7 @@ def fixture_folder(family: str) -> Path:
     return folder
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under a mutant of tools/mutation.py (mutmut), run the quickest tests first.
 
     mutmut runs a mutant's covering tests with `-x` in the order of a Python set, so a

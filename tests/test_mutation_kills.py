@@ -1313,7 +1313,7 @@ def _generation(context: str, doc_id: int, max_gen_toks: int = 8) -> object:
 
 class _Bar:
     """tqdm's stand-in: records how generate_until builds and moves its progress bar."""
-    made: list[dict] = []
+    made: list[_Bar] = []
 
     def __init__(self, **kwargs) -> None:
         self.kwargs, self.updates, self.closed = kwargs, [], False
