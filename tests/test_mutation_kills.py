@@ -1140,6 +1140,24 @@ def test_a_refused_hflm_arg_left_empty_or_off_is_accepted(value):
     assert lm.batch_rows == 1
 
 
+@pytest.mark.parametrize("value", ["", "false", "False", "none", "None", False, 0, None])
+def test_a_refused_hflm_arg_passed_off_from_python_is_accepted(value):
+    """The same "off" values as Python objects (`simple_evaluate(model_args={...})` or the class
+    itself, where lm-eval's arg-string parsing does not turn "false" into False first)."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    assert LLaDAEvalModel(pretrained="tiny-arith", device="cpu", offload_folder=value, delta=value).batch_rows == 1
+
+
+@pytest.mark.parametrize("name", ["offload_folder", "delta"])
+def test_a_refused_hflm_arg_set_to_true_is_refused(name):
+    """`True` asks for the feature (it is no "off" value): refused with the arg's own reason."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    with pytest.raises(ValueError, match=rf"^model arg {name}=True: (offloading to disk is|delta weights are) not supported"):
+        LLaDAEvalModel(pretrained="tiny-arith", device="cpu", **{name: True})
+
+
 @pytest.mark.parametrize("args, rows", [("batch_size=auto", 8), ("batch_size=auto,max_batch_size=3", 3),
                                         ("batch_size=auto,max_batch_size=100", 8), ("batch_size=auto:4", 8),
                                         ("batch_size=5", 5), ("batch_size=5,max_batch_size=2", 5)])
@@ -1615,6 +1633,16 @@ def test_a_parallelize_that_is_no_flag_is_refused_by_its_name():
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel(pretrained="tiny-arith", trust_remote_code="maybe")
     assert str(refused.value) == "trust_remote_code must be true or false, got 'maybe'"
+
+
+@pytest.mark.parametrize("name", ["use_fast_tokenizer", "add_bos_token"])
+def test_a_tokenizer_flag_that_is_no_flag_is_refused_by_its_name(name):
+    """HFLM's tokenizer flags name themselves when their value is neither true nor false."""
+    from lm_eval_dvoting.harness import LLaDAEvalModel
+
+    with pytest.raises(ValueError) as refused:
+        LLaDAEvalModel(pretrained="tiny-arith", device="cpu", **{name: "maybe"})
+    assert str(refused.value) == f"{name} must be true or false, got 'maybe'"
 
 
 @pytest.mark.parametrize("device_map, device, peft, max_cpu_memory", [
