@@ -388,23 +388,26 @@ def rolling_windows(
     A document that fits after the prefix is one request (prefix, document). A longer
     one is scored like lm-eval's rolling windows: the first request scores the first
     `max_length - len(prefix)` tokens after the prefix alone; each later one scores the
-    next `window` tokens (default: half the room after the prefix), conditioned on the
-    prefix and on as many immediately preceding document tokens as still fit.
+    next `window` tokens (default: half the room after the prefix, at least 1),
+    conditioned on the prefix and on as many immediately preceding document tokens as
+    still fit. A `window` outside 1..room is refused, even for a document that fits.
     """
     tokens = _as_ids(token_ids, "token_ids")
     prefix = _as_ids([] if prefix_ids is None else prefix_ids, "prefix_ids")
     room = max_length - len(prefix)
     if room < 1:
         raise ValueError(f"the prefix of {len(prefix)} tokens leaves no room in max_length {max_length}")
+    # checked whether or not the document needs windows: a bad window is refused, never ignored
+    if window is not None and not 1 <= window <= room:
+        raise ValueError(f"window must lie in 1..{room} (max_length minus the prefix), got {window}")
     if len(tokens) <= room:
         return [(prefix, tokens)]
-    window = room // 2 if window is None else window
-    if not 1 <= window <= room:
-        raise ValueError(f"window must lie in 1..{room} (max_length minus the prefix), got {window}")
+    window = max(1, room // 2) if window is None else window  # room 1: windows of one token
     windows = [(prefix, tokens[:room])]
     history = room - window  # preceding document tokens that fit beside each later window
     for start in range(room, len(tokens), window):
-        context = torch.cat([prefix, tokens[max(0, start - history) : start]])
+        # start - history >= window >= 1: the history never reaches before the document
+        context = torch.cat([prefix, tokens[start - history : start]])
         windows.append((context, tokens[start : start + window]))
     return windows
 

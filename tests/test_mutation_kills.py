@@ -4,6 +4,8 @@ or scored answer, an NFE count, a seed, a stop decision or a metric.
 """
 from __future__ import annotations
 
+import functools
+import math
 import shutil
 import sys
 import threading
@@ -1659,3 +1661,298 @@ def test_parallelize_accepts_each_compatible_combination(device_map, device, pef
     monkeypatch.setattr(harness, "gpu_budget", lambda per_gpu, cpu: asked.append((per_gpu, cpu)) or budget)
     assert harness._parallel_budget(True, "70GiB", max_cpu_memory, device_map, device, None, peft) is budget
     assert asked == [("70GiB", max_cpu_memory)]  # the budget is built from both memory args
+
+
+# ---- likelihood.py: the Monte-Carlo bound's draws, windows, seeds and devices ----------------
+
+
+@functools.lru_cache(maxsize=None)
+def _likelihood_model() -> torch.nn.Module:
+    """The tiny official-format LLaDA checkpoint (max_length 128, mask id 250)."""
+    from conftest import fixture_folder
+    from lm_eval_dvoting.models.loading import load_model
+
+    return load_model(str(fixture_folder("llada")))
+
+
+def _ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, 240, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+class _UniformLogits(torch.nn.Module):
+    """A mask predictor with all-zero logits over `vocab` tokens: whatever the draws, the
+    bound is exactly -L * log(vocab). Records the device and dtype of what it is given."""
+
+    mask_token_id, logits_shift, max_length = 7, 0, 64
+
+    def __init__(self, vocab: int = 8, parameter_device: str | None = None) -> None:
+        super().__init__()
+        if parameter_device is not None:  # where a real model's weights would live
+            self.anchor = torch.nn.Parameter(torch.empty(1, device=parameter_device))
+        self.vocab, self.seen = vocab, []
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        self.seen.append((ids.device.type, ids.dtype, attention_mask.device.type, attention_mask.dtype))
+        if ids.device.type == "meta":  # nothing can be computed there: stop once it is recorded
+            raise _ReachedTheModel
+        return torch.zeros(*ids.shape, self.vocab)
+
+
+class _ReachedTheModel(Exception):
+    """Raised by `_UniformLogits` when its rows arrive on the `meta` device."""
+
+
+def test_a_model_without_parameters_is_scored_on_the_cpu():
+    from lm_eval_dvoting.likelihood import loglikelihood
+
+    model = _UniformLogits()
+    assert loglikelihood(model, _ids(3, 1) % 7, _ids(5, 2) % 7, mc_num=4) == pytest.approx(-5 * math.log(8))
+    assert {seen[0] for seen in model.seen} == {"cpu"}
+
+
+def test_ids_and_attention_mask_go_to_the_models_device_as_long_tensors():
+    """The rows go where the weights are (a GPU for a real run; `meta` stands in for it here),
+    with HF's 1/0 long attention mask, on the path for modules without `hidden_states`."""
+    from lm_eval_dvoting.likelihood import score_requests
+
+    model = _UniformLogits(parameter_device="meta")
+    with pytest.raises(_ReachedTheModel):
+        score_requests(model, [(_ids(3, 1) % 7, _ids(4, 2) % 7)], mc_num=3, seeds=[0], greedy=False)
+    assert model.seen == [("meta", torch.long, "meta", torch.long)]
+
+
+def test_independent_draws_mask_each_count_from_1_to_L_equally_often():
+    """`stratified=False`: l uniform on 1..L (not 0, not L+1, not L-1)."""
+    from lm_eval_dvoting.likelihood import _draw_masks
+
+    counts = torch.bincount(_draw_masks(4, 4000, seed=3, stratified=False).sum(dim=1), minlength=6).tolist()
+    assert counts[0] == 0 and counts[5] == 0
+    assert all(abs(count - 1000) < 150 for count in counts[1:5]), counts
+
+
+@pytest.mark.parametrize("length, mc_num, seed", [(2000, 1000, 0), (2000, 1000, 1), (2000, 1000, 2),
+                                                   (4000, 1999, 1), (4000, 1999, 5)])
+def test_stratified_draws_follow_the_documented_float64_recipe(length, mc_num, seed):
+    """l_j = 1 + floor(L * ((u + j / mc_num) mod 1)), u the generator's first float64 draw,
+    in float64 throughout (so every l_j is exactly uniform and seeded results reproduce).
+    A float32 u draws other numbers at every seed; float32 levels differ only where L * t_j
+    rounds across a whole number, which the last two cases (found by search) contain."""
+    from lm_eval_dvoting.likelihood import _draw_masks
+
+    u = torch.rand((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    levels = (u + torch.arange(mc_num, dtype=torch.float64) / mc_num) % 1.0
+    expected = 1 + (levels * length).floor().long()
+    assert torch.equal(_draw_masks(length, mc_num, seed, stratified=True).sum(dim=1), expected)
+
+
+def test_loglikelihood_defaults_are_128_draws_from_seed_0_and_it_passes_stratified_on():
+    from lm_eval_dvoting.likelihood import loglikelihood, score_requests
+
+    model, context, continuation = _likelihood_model(), _ids(3, 1), _ids(6, 2)
+    assert loglikelihood(model, context, continuation) == loglikelihood(model, context, continuation,
+                                                                       mc_num=128, seed=0)
+    independent = loglikelihood(model, context, continuation, mc_num=8, seed=4, stratified=False)
+    [(direct, _)] = score_requests(model, [(context, continuation)], mc_num=8, seeds=[4], greedy=False,
+                                   stratified=False)
+    assert independent == direct
+    assert independent != loglikelihood(model, context, continuation, mc_num=8, seed=4)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("stratified", [True, False])
+def test_rolling_loglikelihood_sums_its_windows_seeded_seed_plus_k_stride(window, stratified):
+    """Window k is scored as `loglikelihood` with seed (seed + k * 0x9E3779B97F4A7C15) mod 2**63,
+    with the window and `stratified` it was given."""
+    from lm_eval_dvoting.likelihood import loglikelihood, rolling_loglikelihood, rolling_windows
+
+    model, prefix, document = _likelihood_model(), torch.tensor([240]), _ids(158, 3)
+    windows = rolling_windows(document, max_length=128, prefix_ids=prefix, window=window)
+    assert len(windows) == (2 if window is None else 6)
+    expected = sum(loglikelihood(model, context, continuation, mc_num=2, stratified=stratified,
+                                 seed=(5 + k * 0x9E3779B97F4A7C15) % 2**63)
+                   for k, (context, continuation) in enumerate(windows))
+    total = rolling_loglikelihood(model, document, mc_num=2, seed=5, prefix_ids=prefix, window=window,
+                                  stratified=stratified)
+    assert total == pytest.approx(expected, abs=1e-4)
+
+
+def test_rolling_loglikelihood_defaults_are_128_draws_from_seed_0_and_no_greedy_check(monkeypatch):
+    """lm-eval's loglikelihood_rolling has no is_greedy: no greedy pass is run for it."""
+    from lm_eval_dvoting import likelihood
+
+    def no_greedy_check(*args, **kwargs):
+        raise AssertionError("rolling_loglikelihood ran greedy checks")
+
+    monkeypatch.setattr(likelihood, "_greedy_checks", no_greedy_check)
+    model, prefix, document = _likelihood_model(), torch.tensor([240]), _ids(150, 4)
+    assert likelihood.rolling_loglikelihood(model, document, prefix_ids=prefix) == (
+        likelihood.rolling_loglikelihood(model, document, prefix_ids=prefix, mc_num=128, seed=0))
+
+
+def test_rolling_windows_without_a_prefix_keep_the_nearest_history():
+    from lm_eval_dvoting.likelihood import rolling_windows
+
+    windows = rolling_windows(torch.arange(10), max_length=4)
+    assert [(context.tolist(), continuation.tolist()) for context, continuation in windows] == [
+        ([], [0, 1, 2, 3]), ([2, 3], [4, 5]), ([4, 5], [6, 7]), ([6, 7], [8, 9])]
+    windows = rolling_windows(torch.arange(10), max_length=6, prefix_ids=torch.tensor([99]), window=2)
+    assert [(context.tolist(), continuation.tolist()) for context, continuation in windows] == [
+        ([99], [0, 1, 2, 3, 4]), ([99, 2, 3, 4], [5, 6]), ([99, 4, 5, 6], [7, 8]), ([99, 6, 7, 8], [9])]
+
+
+def test_rolling_windows_with_room_for_one_token_score_one_token_each():
+    """A prefix one short of max_length leaves room 1: windows of one token (the default
+    window is at least 1), no history."""
+    from lm_eval_dvoting.likelihood import rolling_windows
+
+    windows = rolling_windows(torch.arange(3), max_length=4, prefix_ids=torch.tensor([7, 8, 9]))
+    assert [(context.tolist(), continuation.tolist()) for context, continuation in windows] == [
+        ([7, 8, 9], [0]), ([7, 8, 9], [1]), ([7, 8, 9], [2])]
+
+
+@pytest.mark.parametrize("document", [5, 20])
+def test_rolling_windows_refuse_a_window_outside_the_room_whole(document):
+    """1 and the room are allowed; 0 and room + 1 refused, also for a document that fits."""
+    from lm_eval_dvoting.likelihood import rolling_windows
+
+    tokens, prefix = torch.arange(document), torch.tensor([99])
+    for window in (1, 5):
+        assert torch.equal(torch.cat([c for _, c in rolling_windows(tokens, max_length=6, prefix_ids=prefix,
+                                                                      window=window)]), tokens)
+    for window in (0, 6):
+        with pytest.raises(ValueError) as refused:
+            rolling_windows(tokens, max_length=6, prefix_ids=prefix, window=window)
+        assert str(refused.value) == f"window must lie in 1..5 (max_length minus the prefix), got {window}"
+
+
+def test_rolling_windows_refusals_name_the_argument():
+    from lm_eval_dvoting.likelihood import rolling_windows
+
+    with pytest.raises(ValueError) as refused:
+        rolling_windows(torch.arange(4), max_length=4, prefix_ids=torch.tensor([1, 2, 3, 4]))
+    assert str(refused.value) == "the prefix of 4 tokens leaves no room in max_length 4"
+    with pytest.raises(ValueError) as refused:
+        rolling_windows(torch.zeros(2, 3), max_length=8)
+    assert str(refused.value) == "token_ids must be a 1-D sequence of token ids, got shape (2, 3)"
+    with pytest.raises(ValueError) as refused:
+        rolling_windows(torch.arange(3), max_length=8, prefix_ids=torch.zeros(1, 1))
+    assert str(refused.value) == "prefix_ids must be a 1-D sequence of token ids, got shape (1, 1)"
+
+
+def test_token_ids_of_any_integer_dtype_score_as_long_ids():
+    from lm_eval_dvoting.likelihood import loglikelihood
+
+    model, context, continuation = _likelihood_model(), _ids(4, 5), _ids(5, 6)
+    expected = loglikelihood(model, context, continuation, mc_num=4)
+    assert loglikelihood(model, context.int(), continuation.int(), mc_num=4) == expected
+    assert loglikelihood(model, context.tolist(), continuation.tolist(), mc_num=4) == expected
+
+
+def test_score_requests_refusals_name_the_context_or_the_continuation():
+    from lm_eval_dvoting.likelihood import score_requests
+
+    model = _likelihood_model()
+    with pytest.raises(ValueError) as refused:
+        score_requests(model, [(torch.zeros(1, 3, dtype=torch.long), _ids(2, 1))], seeds=[0])
+    assert str(refused.value) == "context_ids must be a 1-D sequence of token ids, got shape (1, 3)"
+    with pytest.raises(ValueError) as refused:
+        score_requests(model, [(_ids(2, 1), torch.zeros(2, 2, dtype=torch.long))], seeds=[0])
+    assert str(refused.value) == "continuation_ids must be a 1-D sequence of token ids, got shape (2, 2)"
+
+
+def test_a_continuation_too_long_for_one_window_is_refused_whole(dream_fixture):
+    """LLaDA's limit is max_length; Dream's one less (a context token must precede)."""
+    from lm_eval_dvoting.likelihood import loglikelihood
+    from lm_eval_dvoting.models.loading import load_model
+
+    llada, dream = _likelihood_model(), load_model(str(dream_fixture))
+    tail = "it cannot be scored in one window (split it, or use rolling_loglikelihood)"
+    with pytest.raises(ValueError) as refused:
+        loglikelihood(llada, _ids(1, 1), _ids(llada.max_length + 1, 2), mc_num=1)
+    assert str(refused.value) == (f"the continuation has {llada.max_length + 1} tokens, more than the model's "
+                                  f"max_length {llada.max_length}; {tail}")
+    with pytest.raises(ValueError) as refused:
+        loglikelihood(dream, _ids(1, 1), _ids(dream.max_length, 2), mc_num=1)
+    assert str(refused.value) == (f"the continuation has {dream.max_length} tokens, more than the model's "
+                                  f"max_length {dream.max_length} minus one context token; {tail}")
+
+
+def test_dream_needs_a_context_token_before_a_continuation_but_not_before_an_empty_one(dream_fixture):
+    from lm_eval_dvoting.likelihood import score_requests
+    from lm_eval_dvoting.models.loading import load_model
+
+    dream, empty = load_model(str(dream_fixture)), torch.zeros(0, dtype=torch.long)
+    assert score_requests(dream, [(empty, empty)], mc_num=2, seeds=[0]) == [(0.0, True)]
+    with pytest.raises(ValueError) as refused:
+        score_requests(dream, [(empty, _ids(2, 1))], mc_num=2, seeds=[0])
+    assert str(refused.value) == (
+        "this model predicts token i from position i-1 (Dream), so a continuation needs at least one context "
+        "token before it; prepend a BOS token to the empty context")
+
+
+def test_a_one_token_continuation_keeps_the_context_that_fits():
+    """Too long a context loses tokens from the left, also before a single token."""
+    from lm_eval_dvoting.likelihood import loglikelihood
+
+    model, context, token = _likelihood_model(), _ids(140, 7), _ids(1, 8)
+    assert loglikelihood(model, context, token, mc_num=2) == loglikelihood(
+        model, context[-(model.max_length - 1):], token, mc_num=2)
+
+
+def test_four_requests_sharing_one_forward_pass_score_as_each_alone():
+    from lm_eval_dvoting.likelihood import loglikelihood, score_requests
+
+    model = _likelihood_model()
+    requests = [(_ids(3 + i, 10 + i), _ids(2 + i, 20 + i)) for i in range(4)]
+    together = score_requests(model, requests, mc_num=2, batch_size=8, seeds=range(4), greedy=False)
+    alone = [loglikelihood(model, context, continuation, mc_num=2, seed=i)
+             for i, (context, continuation) in enumerate(requests)]
+    assert [value for value, _ in together] == pytest.approx(alone, rel=1e-6)  # padding: float noise
+
+
+def test_our_models_run_the_output_head_only_at_the_scored_positions(monkeypatch):
+    """`hidden_states` + `logits_from_hidden`: the vocabulary head is never run over whole rows."""
+    from lm_eval_dvoting.likelihood import loglikelihood
+
+    model, context, continuation = _likelihood_model(), _ids(3, 1), _ids(6, 2)
+    expected = loglikelihood(model, context, continuation, mc_num=4)
+
+    def whole_rows(*args, **kwargs):
+        raise AssertionError("the model was run whole")
+
+    monkeypatch.setattr(model, "forward", whole_rows)
+    assert loglikelihood(model, context, continuation, mc_num=4) == pytest.approx(expected, abs=1e-6)
+
+
+class _HiddenStatesOnly(_UniformLogits):
+    """A module with `hidden_states` but no `logits_from_hidden`: it must be run whole."""
+
+    def hidden_states(self, *args, **kwargs):
+        raise AssertionError("hidden_states used without a head to read them")
+
+
+def test_a_module_with_hidden_states_but_no_head_is_run_whole():
+    from lm_eval_dvoting.likelihood import loglikelihood
+
+    assert loglikelihood(_HiddenStatesOnly(), _ids(2, 1) % 7, _ids(3, 2) % 7, mc_num=2) == pytest.approx(
+        -3 * math.log(8))
+
+
+def test_every_likelihood_pass_holds_at_most_batch_size_rows_32_by_default(monkeypatch):
+    """`batch_size` caps the rows of each forward pass (GPU memory), in `loglikelihood` and
+    `rolling_loglikelihood` alike, and the cap is reached."""
+    from lm_eval_dvoting.likelihood import loglikelihood, rolling_loglikelihood
+
+    model, rows = _likelihood_model(), []
+    hidden_states = model.hidden_states
+    monkeypatch.setattr(model, "hidden_states",
+                        lambda ids, **kwargs: rows.append(len(ids)) or hidden_states(ids, **kwargs))
+    context, continuation, prefix, document = _ids(3, 1), _ids(4, 2), torch.tensor([240]), _ids(150, 3)
+    for run, passes in [(lambda: loglikelihood(model, context, continuation), [32] * 4),
+                        (lambda: loglikelihood(model, context, continuation, mc_num=10, batch_size=4), [4, 4, 2]),
+                        (lambda: rolling_loglikelihood(model, document, prefix_ids=prefix), [32] * 8),
+                        (lambda: rolling_loglikelihood(model, document, prefix_ids=prefix, mc_num=5, batch_size=3),
+                         [3, 3, 3, 1])]:
+        rows.clear()
+        run()
+        assert rows == passes

@@ -44,8 +44,12 @@ RESULTS = REPO / ".mutation"
 # every mutant whose function is unchanged and tests only the rest.
 STATE = REPO / "tools" / "mutation_state"
 # mutmut statuses that count as caught: a failing test, or a mutant that hangs (an endless
-# loop; a user would notice that too, as would the suite's time limit)
-DETECTED = ("killed", "timeout")
+# loop; a user would notice that too, as would the suite's time limit). mutmut reports a
+# test process ended by SIGKILL as "segfault": its own hard limit one second after the CPU
+# limit's SIGXCPU, or the kernel's, hits a loop that also eats memory (likelihood.py's
+# `_draw_batches__mutmut_11` never yields and grows its batch list without end); a real
+# crash of the tests is as visible to a user, so both count as caught.
+DETECTED = ("killed", "timeout", "segfault")
 
 
 def survived(status: str) -> bool:
@@ -320,7 +324,7 @@ def report(summaries: list[dict]) -> int:
     """Print scores and survivors; return the number of survivors no equivalents entry excuses."""
     equivalent = equivalent_mutants()
     unexplained = 0
-    print("\nMutation score per module: killed (a test failed or the mutant hung) / total; "
+    print("\nMutation score per module: killed (a test failed, or the mutant hung or crashed) / total; "
           f"equivalent = survivors listed in {EQUIVALENT_FILE}")
     for summary in summaries:
         statuses, diffs = summary["status"], summary["diffs"]
