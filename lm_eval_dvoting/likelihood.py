@@ -389,8 +389,9 @@ def rolling_windows(
     one is scored like lm-eval's rolling windows: the first request scores the first
     `max_length - len(prefix)` tokens after the prefix alone; each later one scores the
     next `window` tokens (default: half the room after the prefix, at least 1),
-    conditioned on the prefix and on as many immediately preceding document tokens as
-    still fit. A `window` outside 1..room is refused, even for a document that fits.
+    conditioned on the prefix and on the `room - window` document tokens just before it
+    (the last, shorter window too: unlike lm-eval's, it is not given the extra room).
+    A `window` outside 1..room is refused, even for a document that fits.
     """
     tokens = _as_ids(token_ids, "token_ids")
     prefix = _as_ids([] if prefix_ids is None else prefix_ids, "prefix_ids")

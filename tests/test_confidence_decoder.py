@@ -124,3 +124,46 @@ def test_exactly_one_rule():
     model = ScriptedModel(gen_choices(1, lambda q, g: (1,)))
     with pytest.raises(ValueError, match="exactly one of steps .*alpha .*threshold"):
         generate(model, torch.tensor([[4]]), gen_length=2, block_length=2, threshold=0.9, alpha=0.3)
+
+
+@torch.no_grad()
+def reference_sampled_confidence(model, prompt, gen_length, block_length, threshold, temperature, seed):
+    """The rule at temperature > 0 as the module docstring states it, one row, no cache:
+    each step draws float64 uniform noise of shape (block_length, vocab) over the whole
+    block from the row's generator, takes LLaDA's Gumbel-max candidate at the masked
+    positions, and commits by the softmax probability of the un-noised logits."""
+    generator = torch.Generator().manual_seed(seed)
+    mask_id = model.mask_token_id
+    x = torch.cat([prompt, torch.full((gen_length,), mask_id, dtype=torch.long)])
+    for start in range(len(prompt), len(x), block_length):
+        block = x[start:start + block_length]  # a view: commits land in x
+        while bool((block == mask_id).any()):
+            masked = block == mask_id
+            logits = _reference_logits(model, x)[start:start + block_length][masked]
+            noise = torch.rand((block_length, logits.shape[-1]), dtype=torch.float64, generator=generator)[masked]
+            chosen = (logits.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+            probability = F.softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+            commit = probability >= threshold
+            commit[int(probability.argmax())] = True
+            positions = masked.nonzero().squeeze(1)
+            block[positions[commit]] = chosen[commit]
+    return x[len(prompt):]
+
+
+@pytest.mark.parametrize("family", ["llada_fixture", "dream_fixture"])
+def test_sampled_confidence_rule_draws_block_noise_from_each_rows_generator(family, request):
+    """Temperature > 0: the tokens are those of the row's own seeded generator, the noise
+    drawn over the whole block at every step (the fixed schedule's random stream), rows
+    batched together each getting what they get alone."""
+    model = _load(str(request.getfixturevalue(family)))
+    prompts = [torch.randint(0, 240, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 6)]
+    ids = torch.stack([F.pad(p, (6 - p.numel(), 0)) for p in prompts])
+    mask = torch.stack([F.pad(torch.ones_like(p), (6 - p.numel(), 0)) for p in prompts])
+    generators = [torch.Generator().manual_seed(seed) for seed in (11, 12)]
+    found = generate(model, ids, mask, gen_length=8, block_length=4, threshold=0.3, temperature=0.8,
+                     generator=generators)
+    expected = [reference_sampled_confidence(model, prompt, 8, 4, 0.3, 0.8, seed)
+                for prompt, seed in zip(prompts, (11, 12))]
+    assert [row.tolist() for row in found.tokens] == [row.tolist() for row in expected]
+    greedy = generate(model, ids, mask, gen_length=8, block_length=4, threshold=0.3).tokens
+    assert not torch.equal(found.tokens, greedy)  # the sampling is seen

@@ -480,3 +480,79 @@ def test_a_surely_completed_block_hands_on_without_another_head_call(llada):
     assert calls == [2, 3, 2, 3, 2, 3, 2, 1]  # 2 masks; 1 mask + the next block's 2 ahead; ...; the last one
     reference = reference_entropy_threshold(llada, ids[0][mask[0].bool()], 8, 2, 0.0)
     assert result.tokens[0].tolist() == reference[0].tolist()
+
+
+# ------------------------------------------------------------ sampling (temperature > 0)
+
+
+@torch.no_grad()
+def reference_sampled_entropy_threshold(model, prompt, gen_length, block_length, alpha, temperature, seed):
+    """ALGORITHM.md 1.4 at temperature > 0, one row: what commits is decided on the
+    un-noised logits' entropies; then each committed position, in block order, draws one
+    float64 vocabulary row of uniform noise from the row's generator for LLaDA's
+    Gumbel-max candidate argmax(exp(logits) / (-log u)^T)."""
+    generator = torch.Generator().manual_seed(seed)
+    mask_id, start = model.mask_token_id, prompt.shape[0]
+    x = torch.cat([prompt, torch.full((gen_length,), mask_id)])
+    while (x[start:] == mask_id).any():
+        logits = _reference_logits(model, x)
+        p = logits.softmax(-1)
+        entropy = -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1)
+        fallback_used = False
+        while (x[start:] == mask_id).any():
+            lo = start + int((x[start:] == mask_id).nonzero()[0]) // block_length * block_length
+            in_block = x[lo:lo + block_length] == mask_id
+            chosen = in_block & (entropy[lo:lo + block_length] < alpha)
+            if not chosen.any():
+                if fallback_used:
+                    break
+                scores = torch.where(in_block, entropy[lo:lo + block_length], torch.tensor(float("inf")).double())
+                chosen[int(scores.argmin())] = True
+                fallback_used = True
+            positions = lo + chosen.nonzero().squeeze(1)
+            noise = torch.rand((len(positions), logits.shape[-1]), dtype=torch.float64, generator=generator)
+            x[positions] = (logits[positions].exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+            if (x[lo:lo + block_length] == mask_id).any():
+                break
+    return x[start:]
+
+
+@torch.no_grad()
+def reference_sampled_fixed_schedule(model, prompt, gen_length, block_length, steps, temperature, seed):
+    """LLaDA's fixed schedule at temperature > 0, one row, low-confidence remasking, as the
+    decoder documents it: each step draws float64 noise of shape (block_length, vocab) over
+    the whole block from the row's generator, takes the Gumbel-max candidate at the masked
+    positions, and commits the step's count of them by the un-noised softmax probability."""
+    generator = torch.Generator().manual_seed(seed)
+    mask_id, steps_per_block = model.mask_token_id, steps // (gen_length // block_length)
+    x = torch.cat([prompt, torch.full((gen_length,), mask_id)])
+    for lo in range(prompt.shape[0], len(x), block_length):
+        counts = _get_num_transfer_tokens((x[lo:lo + block_length] == mask_id)[None], steps_per_block)[0]
+        for count in counts.tolist():
+            masked = x[lo:lo + block_length] == mask_id
+            logits = _reference_logits(model, x)[lo:lo + block_length]
+            noise = torch.rand((block_length, logits.shape[-1]), dtype=torch.float64, generator=generator)
+            chosen = (logits.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+            probability = logits.softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
+            confidence = torch.where(masked, probability, torch.tensor(float("-inf")).double())
+            picked = lo + confidence.topk(count).indices
+            x[picked] = chosen[picked - lo]
+    return x[prompt.shape[0]:]
+
+
+@pytest.mark.parametrize("rule", ["fixed", "entropy"])
+def test_sampling_follows_each_rows_generator_as_documented(model, rule):
+    """Temperature > 0 (majority voting's 0.9, dVoting's 0.6): each row's tokens are those
+    of the documented noise from its own seeded generator, rows batched together."""
+    prompts, seeds, temperature = _rows(2), [21, 22], 0.8
+    ids, mask = _left_pad(prompts)
+    settings = {"steps": 8} if rule == "fixed" else {"alpha": 0.3}
+    found = generate(model, ids, mask, gen_length=8, block_length=4, temperature=temperature,
+                     generator=_generators(seeds), **settings)
+    for row, (prompt, seed) in enumerate(zip(prompts, seeds)):
+        if rule == "fixed":
+            expected = reference_sampled_fixed_schedule(model, prompt, 8, 4, 8, temperature, seed)
+        else:
+            expected = reference_sampled_entropy_threshold(model, prompt, 8, 4, 0.3, temperature, seed)
+        assert found.tokens[row].tolist() == expected.tolist()
+    assert not torch.equal(found.tokens, generate(model, ids, mask, gen_length=8, block_length=4, **settings).tokens)

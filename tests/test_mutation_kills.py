@@ -1151,12 +1151,13 @@ def test_a_refused_hflm_arg_passed_off_from_python_is_accepted(value):
     assert LLaDAEvalModel(pretrained="tiny-arith", device="cpu", offload_folder=value, delta=value).batch_rows == 1
 
 
-@pytest.mark.parametrize("name", ["offload_folder", "delta"])
-def test_a_refused_hflm_arg_set_to_true_is_refused(name):
+@pytest.mark.parametrize("name, reason", [("offload_folder", "offloading to disk is not supported"),
+                                          ("delta", "delta weights are not supported")])
+def test_a_refused_hflm_arg_set_to_true_is_refused(name, reason):
     """`True` asks for the feature (it is no "off" value): refused with the arg's own reason."""
     from lm_eval_dvoting.harness import LLaDAEvalModel
 
-    with pytest.raises(ValueError, match=rf"^model arg {name}=True: (offloading to disk is|delta weights are) not supported"):
+    with pytest.raises(ValueError, match=rf"^model arg {name}=True: {reason}"):
         LLaDAEvalModel(pretrained="tiny-arith", device="cpu", **{name: True})
 
 
@@ -1773,7 +1774,7 @@ def test_rolling_loglikelihood_sums_its_windows_seeded_seed_plus_k_stride(window
                    for k, (context, continuation) in enumerate(windows))
     total = rolling_loglikelihood(model, document, mc_num=2, seed=5, prefix_ids=prefix, window=window,
                                   stratified=stratified)
-    assert total == pytest.approx(expected, abs=1e-4)
+    assert total == pytest.approx(expected, rel=1e-6)  # batching: float noise
 
 
 def test_rolling_loglikelihood_defaults_are_128_draws_from_seed_0_and_no_greedy_check(monkeypatch):
@@ -1911,8 +1912,9 @@ def test_four_requests_sharing_one_forward_pass_score_as_each_alone():
 
 
 def test_our_models_run_the_output_head_only_at_the_scored_positions(monkeypatch):
-    """`hidden_states` + `logits_from_hidden`: the vocabulary head is never run over whole rows."""
-    from lm_eval_dvoting.likelihood import loglikelihood
+    """`hidden_states` + `logits_from_hidden`: the vocabulary head runs once per masked
+    position of each draw, never over whole rows."""
+    from lm_eval_dvoting.likelihood import _draw_masks, loglikelihood
 
     model, context, continuation = _likelihood_model(), _ids(3, 1), _ids(6, 2)
     expected = loglikelihood(model, context, continuation, mc_num=4)
@@ -1920,8 +1922,11 @@ def test_our_models_run_the_output_head_only_at_the_scored_positions(monkeypatch
     def whole_rows(*args, **kwargs):
         raise AssertionError("the model was run whole")
 
+    head_rows, head = [], model.logits_from_hidden
     monkeypatch.setattr(model, "forward", whole_rows)
+    monkeypatch.setattr(model, "logits_from_hidden", lambda hidden: head_rows.append(len(hidden)) or head(hidden))
     assert loglikelihood(model, context, continuation, mc_num=4) == pytest.approx(expected, abs=1e-6)
+    assert head_rows == [int(_draw_masks(6, 4, 0, stratified=True).sum())]
 
 
 class _HiddenStatesOnly(_UniformLogits):
@@ -1956,3 +1961,48 @@ def test_every_likelihood_pass_holds_at_most_batch_size_rows_32_by_default(monke
         rows.clear()
         run()
         assert rows == passes
+
+
+# ---- decoding/rules.py ---------------------------------------------------------------
+
+
+def test_alpha_is_a_strict_bound_on_the_entropy():
+    """ALGORITHM.md: a position commits by the threshold when its entropy is *below*
+    alpha. With alpha exactly the entropy of every (equally certain) position, none does:
+    the fallback commits one per step."""
+    from lm_eval_dvoting.decoding import generate
+    from lm_eval_dvoting.decoding.state import entropy, suppress_mask
+
+    model = ScriptedModel(gen_choices(3, lambda q, g: (1,)))  # the same certain token everywhere
+    prompt = torch.tensor([[1, 1, 1]])
+    logits = model(torch.cat([prompt, torch.full((1, 4), model.mask_token_id)], dim=1))[0, 3:]
+    entropies = entropy(suppress_mask(logits, model.mask_token_id))
+    alpha = float(entropies[0])
+    assert alpha > 0 and bool((entropies == alpha).all())
+    assert generate(model, prompt, gen_length=4, block_length=4, alpha=alpha).nfe.tolist() == [4]
+    assert generate(model, prompt, gen_length=4, block_length=4, alpha=alpha * 1.01).nfe.tolist() == [1]
+
+
+def test_rows_of_different_temperatures_decode_together_as_each_alone():
+    """A batch may mix temperatures (HEX's temperature-0 samples beside sampled ones): the
+    entropy rule samples only the rows with T > 0, each from its own generator."""
+    from lm_eval_dvoting.decoding import DecodeRow, RowDecoder
+
+    model = _likelihood_model()
+
+    def row(temperature: float, seed: int) -> DecodeRow:
+        return DecodeRow(prompt=_ids(4, seed), tokens=torch.full((8,), model.mask_token_id), block_length=4,
+                         alpha=0.3, temperature=temperature, generator=torch.Generator().manual_seed(seed))
+
+    def decode(*rows: DecodeRow) -> list[list[int]]:
+        decoder = RowDecoder(model)
+        for each in rows:
+            decoder.add(each)
+        while decoder.active:
+            decoder.step()
+        return [each.tokens.tolist() for each in rows]
+
+    settings = [(0.0, 1), (0.8, 2), (0.0, 3), (0.8, 4)]
+    alone = [decode(row(*each))[0] for each in settings]
+    assert decode(*(row(*each) for each in settings)) == alone
+    assert alone[1] != decode(row(0.0, 2))[0]  # the sampled rows are sampled

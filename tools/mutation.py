@@ -44,17 +44,17 @@ RESULTS = REPO / ".mutation"
 # every mutant whose function is unchanged and tests only the rest.
 STATE = REPO / "tools" / "mutation_state"
 # mutmut statuses that count as caught: a failing test, or a mutant that hangs (an endless
-# loop; a user would notice that too, as would the suite's time limit). mutmut reports a
-# test process ended by SIGKILL as "segfault": its own hard limit one second after the CPU
-# limit's SIGXCPU, or the kernel's, hits a loop that also eats memory (likelihood.py's
-# `_draw_batches__mutmut_11` never yields and grows its batch list without end); a real
-# crash of the tests is as visible to a user, so both count as caught.
+# loop; a user would notice that too, as would the suite's time limit), or one whose test
+# process died by a signal (mutmut's "segfault": SIGSEGV, or a SIGKILL, which a loop that
+# also eats memory draws from mutmut's hard limit or the kernel's OOM killer). A SIGKILL can
+# also hit a neighbouring mutant's process when memory runs out, so the report names every
+# "segfault" mutant: retest such a mutant alone before trusting its kill.
 DETECTED = ("killed", "timeout", "segfault")
 
 
 def survived(status: str) -> bool:
-    """Whether a mutant with this mutmut status is a survivor: tested, and neither killed nor
-    hung ("not checked": an interrupted run never reached it)."""
+    """Whether a mutant with this mutmut status is a survivor: tested, and neither killed,
+    hung nor crashed (DETECTED; "not checked": an interrupted run never reached it)."""
     return status not in (*DETECTED, "not checked")
 EQUIVALENT_FILE = REPO / "docs" / "mutation_equivalent.md"
 KILLS = "tests/test_mutation_kills.py"
@@ -340,6 +340,10 @@ def report(summaries: list[dict]) -> int:
               f"   survivors: {len(survivors)} ({len(listed)} equivalent"
               + (f", {unpinned} of them unpinned" if unpinned else "") + ")"
               + (f"   NOT CHECKED: {unchecked} (interrupted; run again)" if unchecked else ""))
+        crashed = sorted(name for name, status in statuses.items() if status == "segfault")
+        if crashed:
+            print(f"    counted as caught, but their tests died by a signal (retest each alone to rule out "
+                  f"the OOM killer hitting a neighbour): {', '.join(crashed)}")
     for summary in summaries:
         for name in sorted(summary["status"]):
             status, diff, entry = summary["status"][name], summary["diffs"].get(name), equivalent.get(name)
