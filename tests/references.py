@@ -1,5 +1,6 @@
 """Helpers the decoder's tests share: the fixture models loaded once, the upstream
-reference reading of a row's logits, and a recorder of forward-pass input lengths."""
+reference reading of a row's logits, LLaDA's Gumbel-max sampling, and a recorder of
+forward-pass input lengths."""
 from __future__ import annotations
 
 import contextlib
@@ -26,6 +27,12 @@ def reference_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
         logits = torch.cat([logits[:1], logits[:-1]])
     logits[:, model.mask_token_id] = float("-inf")
     return logits
+
+
+def gumbel_max(logits: torch.Tensor, noise: torch.Tensor, temperature: float) -> torch.Tensor:
+    """LLaDA's sampling at temperature > 0, written out: argmax(exp(logits) / (-log u)^T)
+    for float64 uniform noise u of the logits' shape."""
+    return (logits.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
 
 
 @contextlib.contextmanager

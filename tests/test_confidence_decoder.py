@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lm_eval_dvoting.decoding import DecodeRow, generate
-from references import decoded_after_each_step, load_float32, reference_logits
+from references import decoded_after_each_step, gumbel_max, load_float32, reference_logits
 from scripted import ScriptedModel, gen_choices
 
 
@@ -141,7 +141,7 @@ def reference_sampled_confidence(model, prompt, gen_length, block_length, thresh
             masked = block == mask_id
             logits = _reference_logits(model, x)[start:start + block_length][masked]
             noise = torch.rand((block_length, logits.shape[-1]), dtype=torch.float64, generator=generator)[masked]
-            chosen = (logits.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+            chosen = gumbel_max(logits, noise, temperature)
             probability = F.softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
             commit = probability >= threshold
             commit[int(probability.argmax())] = True

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm_eval_dvoting.decoding import DecodeRow, generate
-from references import decoded_after_each_step, load_float32, recorded_pass_lengths, reference_logits
+from references import decoded_after_each_step, gumbel_max, load_float32, recorded_pass_lengths, reference_logits
 from scripted import ScriptedModel, gen_choices
 
 FAMILIES = ["llada_fixture", "dream_fixture"]
@@ -96,8 +96,13 @@ def reference_llada_generate(model, prompt, steps, gen_length, block_length, mas
 
 
 @torch.no_grad()
-def reference_entropy_threshold(model, prompt, gen_length, block_length, alpha, init=None):
-    """ALGORITHM.md 1.4, entropy threshold at temperature 0, one row."""
+def reference_entropy_threshold(model, prompt, gen_length, block_length, alpha, init=None, temperature=0.0,
+                                seed=0):
+    """ALGORITHM.md 1.4, entropy threshold, one row. What commits is decided on the
+    un-noised logits' entropies; at temperature > 0 each committed position, in block
+    order, then draws one float64 vocabulary row of uniform noise u from the row's
+    generator (seeded `seed`) for LLaDA's Gumbel-max candidate."""
+    generator = torch.Generator().manual_seed(seed)
     mask_id = model.mask_token_id
     start_of_gen = prompt.shape[0]
     region = torch.full((gen_length,), mask_id) if init is None else init.clone()
@@ -127,7 +132,12 @@ def reference_entropy_threshold(model, prompt, gen_length, block_length, alpha, 
                 scores = torch.where(in_block, entropy[lo:hi], torch.tensor(float("inf"), dtype=torch.float64))
                 chosen[int(scores.argmin())] = True
                 fallback_used = True
-            x[lo:hi][chosen] = candidates[lo:hi][chosen]
+            if temperature > 0:
+                positions = lo + chosen.nonzero().squeeze(1)
+                noise = torch.rand((len(positions), logits.shape[-1]), dtype=torch.float64, generator=generator)
+                x[positions] = gumbel_max(logits[positions], noise, temperature)
+            else:
+                x[lo:hi][chosen] = candidates[lo:hi][chosen]
             committed += int(chosen.sum())
             if (x[lo:hi] == mask_id).any():
                 break
@@ -358,7 +368,7 @@ def test_gumbel_sampling_is_llada_float64():
     for temperature in (0.3, 1.0):
         got = _candidates(logits, temperature, torch.Generator().manual_seed(42))
         u = torch.rand(logits.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(42))
-        expected = (logits.exp() / (-torch.log(u)) ** temperature).argmax(-1)
+        expected = gumbel_max(logits, u, temperature)
         assert got.tolist() == expected.tolist()
         assert (got != logits.argmax(-1)).any()  # the noise does something
     assert _candidates(logits, 0.0, None).tolist() == logits.argmax(-1).tolist()
@@ -486,38 +496,6 @@ def test_a_surely_completed_block_hands_on_without_another_head_call(llada):
 
 
 @torch.no_grad()
-def reference_sampled_entropy_threshold(model, prompt, gen_length, block_length, alpha, temperature, seed):
-    """ALGORITHM.md 1.4 at temperature > 0, one row: what commits is decided on the
-    un-noised logits' entropies; then each committed position, in block order, draws one
-    float64 vocabulary row of uniform noise from the row's generator for LLaDA's
-    Gumbel-max candidate argmax(exp(logits) / (-log u)^T)."""
-    generator = torch.Generator().manual_seed(seed)
-    mask_id, start = model.mask_token_id, prompt.shape[0]
-    x = torch.cat([prompt, torch.full((gen_length,), mask_id)])
-    while (x[start:] == mask_id).any():
-        logits = _reference_logits(model, x)
-        p = logits.softmax(-1)
-        entropy = -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1)
-        fallback_used = False
-        while (x[start:] == mask_id).any():
-            lo = start + int((x[start:] == mask_id).nonzero()[0]) // block_length * block_length
-            in_block = x[lo:lo + block_length] == mask_id
-            chosen = in_block & (entropy[lo:lo + block_length] < alpha)
-            if not chosen.any():
-                if fallback_used:
-                    break
-                scores = torch.where(in_block, entropy[lo:lo + block_length], torch.tensor(float("inf")).double())
-                chosen[int(scores.argmin())] = True
-                fallback_used = True
-            positions = lo + chosen.nonzero().squeeze(1)
-            noise = torch.rand((len(positions), logits.shape[-1]), dtype=torch.float64, generator=generator)
-            x[positions] = (logits[positions].exp() / (-torch.log(noise)) ** temperature).argmax(-1)
-            if (x[lo:lo + block_length] == mask_id).any():
-                break
-    return x[start:]
-
-
-@torch.no_grad()
 def reference_sampled_fixed_schedule(model, prompt, gen_length, block_length, steps, temperature, seed):
     """LLaDA's fixed schedule at temperature > 0, one row, low-confidence remasking, as the
     decoder documents it: each step draws float64 noise of shape (block_length, vocab) over
@@ -532,7 +510,7 @@ def reference_sampled_fixed_schedule(model, prompt, gen_length, block_length, st
             masked = x[lo:lo + block_length] == mask_id
             logits = _reference_logits(model, x)[lo:lo + block_length]
             noise = torch.rand((block_length, logits.shape[-1]), dtype=torch.float64, generator=generator)
-            chosen = (logits.exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+            chosen = gumbel_max(logits, noise, temperature)
             probability = logits.softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
             confidence = torch.where(masked, probability, torch.tensor(float("-inf")).double())
             picked = lo + confidence.topk(count).indices
@@ -553,6 +531,6 @@ def test_sampling_follows_each_rows_generator_as_documented(model, rule):
         if rule == "fixed":
             expected = reference_sampled_fixed_schedule(model, prompt, 8, 4, 8, temperature, seed)
         else:
-            expected = reference_sampled_entropy_threshold(model, prompt, 8, 4, 0.3, temperature, seed)
+            expected = reference_entropy_threshold(model, prompt, 8, 4, 0.3, temperature=temperature, seed=seed)[0]
         assert found.tokens[row].tolist() == expected.tolist()
     assert not torch.equal(found.tokens, generate(model, ids, mask, gen_length=8, block_length=4, **settings).tokens)

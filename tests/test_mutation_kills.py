@@ -4,7 +4,6 @@ or scored answer, an NFE count, a seed, a stop decision or a metric.
 """
 from __future__ import annotations
 
-import functools
 import math
 import shutil
 import sys
@@ -1667,13 +1666,12 @@ def test_parallelize_accepts_each_compatible_combination(device_map, device, pef
 # ---- likelihood.py: the Monte-Carlo bound's draws, windows, seeds and devices ----------------
 
 
-@functools.lru_cache(maxsize=None)
 def _likelihood_model() -> torch.nn.Module:
-    """The tiny official-format LLaDA checkpoint (max_length 128, mask id 250)."""
+    """The tiny official-format LLaDA checkpoint (max_length 128, mask id 250), loaded once."""
     from conftest import fixture_folder
-    from lm_eval_dvoting.models.loading import load_model
+    from references import load_float32
 
-    return load_model(str(fixture_folder("llada")))
+    return load_float32(str(fixture_folder("llada")))
 
 
 def _ids(n: int, seed: int) -> torch.Tensor:
