@@ -5,16 +5,43 @@ must agree: the voting strategies (which sample's answer won?) and this project'
 task configs (is the voted answer right?). Because both call the same functions,
 what is voted is exactly what is scored.
 
+Principles: a text's answer is what a careful human grader reads in it.
+
+* **A box states a value.** ``\\boxed{...}`` is the model's delimited final answer,
+  so its content is read as a whole value, not searched for its last digits: units
+  and ``\\text{...}`` are removed with their exponents (``\\boxed{18 \\text{ m}^2}``
+  is 18, not 2), LaTeX arithmetic is evaluated exactly (``2^{10}`` is 1024,
+  ``3.5 \\times 10^3`` 3500, the mixed number ``3 \\frac{1}{2}`` 3.5, ``5 + 3`` 8,
+  ``- 3`` -3; `latex_value.latex_value`, which says why it is not sympy).
+* **A truncated box is no answer.** A generation cut at the length limit inside its
+  final box (``so \\boxed{12``, even ``\\boxed`` alone at the end) has no answer, for
+  every kind; nothing inside that box, and no earlier box, phrase or number, is
+  read instead: what the model was writing is unknown.
+* **A choice letter is a standalone option letter** of the question's range, never
+  the pronoun "I" or the article "A" inside a sentence ("A good answer is C" reads
+  C, "Answer: I think it's B" reads B).
+* **When in doubt, no answer rather than a guess**: a box that states no single
+  number, an answer stated as an unevaluated sum in prose, a negated or ambiguous
+  answer clause read as None, which no grader credits, rather than as some number
+  or letter the model did not commit to.
+
+tests/test_answer_conformance.py holds these readings on 150+ realistic endings;
+docs/ANSWER_READING.md compares them with lm-eval's own GSM8K filters.
+
 Three *kinds* of answers exist (`ANSWER_KINDS`):
 
 ``"number"`` (GSM8K and other arithmetic word problems)
     Where the answer is looked for, in order of preference:
 
     1. the last non-empty ``\\boxed{...}`` (or ``\\fbox{...}``), matched with balanced
-       braces so ``\\boxed{\\frac{3}{4}}`` is read whole. A boxed answer is
-       *authoritative*: if it holds no number (``\\boxed{x}``), the text has no
-       answer (``None``) rather than falling back to some other number in the
-       reasoning, which would be a guess the model did not make;
+       braces so ``\\boxed{\\frac{3}{4}}`` is read whole, and read as the one value it
+       states (`latex_value.latex_value`: ``=`` then the part after the last one,
+       ``x = 5`` is 5; units, ``$``, ``\\%`` and ``^\\circ`` dropped; exact
+       arithmetic). A boxed answer is *authoritative*: if it states no single number
+       (``\\boxed{x}``, ``\\boxed{5 \\text{ or } 6}``, ``\\boxed{1,8}``), the text has
+       no answer (``None``) rather than falling back to some other number in the
+       reasoning, which would be a guess the model did not make. If the last
+       non-empty box never closes, the text has no answer (see the principles);
     2. the last "answer is X" / "answer: X" phrase (case-insensitive; covers "The
        answer is", "The final answer is", "Answer:") or GSM8K's ``#### X`` line
        whose clause holds a number. The clause is the text after the phrase up to
@@ -24,11 +51,19 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
        5 + 3 = 8" is ``8``, "The answer is $1,800 - $200 = $1,600." is ``1600``;
        otherwise its first number, as in "The answer is 12 apples." (``12``). An
        expression with no result written, "the answer is 5 + 3" (also ``10-20``),
-       is *no answer* (``None``), like a box without a number, and earlier phrases
-       and rule 3 are not consulted: a GSM8K reference is one number, the model
-       stated a sum instead, and neither operand (``5`` as a strict "answer is"
-       regex reads it, ``3`` as a last-number grader does) is what it claimed;
+       is *no answer* (``None``), and earlier phrases and rule 3 are not consulted:
+       a GSM8K reference is one number, the model stated a sum in prose instead,
+       and neither operand (``5`` as a strict "answer is" regex reads it, ``3`` as a
+       last-number grader does) is what it claimed. (A box differs: it is a
+       delimited expression whose value the model presents as its answer, so
+       ``\\boxed{5 + 3}`` is 8; a prose clause may still be going on);
     3. the last number anywhere in the text.
+
+    In rules 2 and 3 the text is read as numbers the way a grader reads them:
+    ``3.5 \\times 10^3`` and ``2^{10}`` are one number each (3500, 1024), a unit's
+    exponent is no number (``18 m^2``, ``18 \\text{ m}^2`` hold only 18), a whole
+    number before a proper fraction is a mixed number (``3 1/2``,
+    ``3 \\frac{1}{2}``: 3.5).
 
     The number is then normalised to a canonical string so that equal values are
     one vote: ``$``, ``%``, units and LaTeX spacing are ignored (GSM8K states
@@ -49,25 +84,40 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
     ``\\:``), ``\\displaystyle`` are removed, ``\\dfrac`` / ``\\tfrac`` become
     ``\\frac``, runs of whitespace become one space. Without a box, the last
     "answer is $X$" is read instead (the stock ``minerva_math`` tasks ask for
-    "The final answer is $X$"); neither: ``None``.
-    Equivalence (``\\frac{1}{2}`` = ``0.5`` = ``\\dfrac12``) is decided later by
+    "The final answer is $X$"); neither, or a truncated final box: ``None``.
+    Equivalence (``\\frac{1}{2}`` = ``0.5`` = ``\\dfrac12``, and units, powers and
+    mixed numbers as for numbers: ``18 \\text{ m}^2`` = ``18``) is decided later by
     `answers_equivalent` with math-verify, not by rewriting the string.
 
 ``"choice"`` (multiple choice: ARC, MMLU, GPQA)
-    A single capital letter ``"A"``..``"J"``, looked for in this order, taking the
-    last occurrence of each pattern before trying the next:
+    A single capital letter ``"A"``..``"J"``. A truncated final box is no answer;
+    otherwise the letter is looked for in this order, taking the last occurrence of
+    each rule before trying the next:
 
     1. a boxed letter: ``\\boxed{B}``, ``\\boxed{\\text{B}}``, ``\\boxed{(B)}``,
        ``\\boxed{B) text}`` (a box whose content is not a letter, e.g. the option
-       text, is skipped: the later patterns may still find the letter);
-    2. an answer line: ``Answer: B`` / ``**Answer:** (B)``;
-    3. an "answer is" phrase: ``the answer is B``, ``The correct answer is (B)``,
-       ``The best answer is B`` (the wording of the stock ``arc_challenge_chat``);
+       text, is skipped: the later rules may still find the letter);
+    2. an answer line: ``Answer: B`` / ``**Answer:** (B)`` / ``Answer: I think it's B``;
+    3. an "is" phrase: ``the answer is B``, ``The correct answer is (B)``,
+       ``The best answer is B`` (the wording of the stock ``arc_challenge_chat``),
+       ``The correct choice is D``, ``the best option would be C``;
     4. a parenthesised letter ``(B)``;
     5. a response that is nothing but a letter (`` C``, ``B.``): what the stock
        ``arc_challenge_chat`` gets after its prefix "The best answer is".
 
-    Letters must be capitals standing alone (``the answer is Alice`` is not "A").
+    In rules 2 and 3 the phrase's clause (up to the end of its line or sentence) is
+    read for its first *standalone* letter: a capital with no letter, digit or
+    contraction attached (``the answer is Alice`` is not "A", nor is ``I'm``), and
+    not "A" or "I" followed by a lower-case word other than a few that follow option
+    letters (``is``, ``because``, ``and``, ...): "A good answer is C" is C, "I think"
+    is the pronoun. A clause with a negation before its letter ("the answer is not
+    A") is not read. A clause without a letter leaves the phrase unread.
+
+    `extract_answer`'s ``n_options`` gives the question's range (the task configs
+    pass each question's number of options; without it, A..J): a letter beyond it
+    is no answer. The range never changes *which* letter is read, only whether it
+    counts, so a reader without the range (the vote, which does not see the
+    question) and one with it (the scoring) give every text the same score.
 
 `vote` counts the answers of several samples, grouping ``math`` answers by
 mathematical equivalence. `infer_answer_kind` picks the kind for a task.
@@ -83,7 +133,9 @@ import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
+
+from .latex_value import latex_value
 
 __all__ = [
     "ANSWER_KINDS",
@@ -109,51 +161,82 @@ def _check_kind(kind: str) -> None:
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
-def _boxed_contents(text: str) -> list[str]:
+class _Truncated:
+    """The verdict on a text whose final box was cut off: no answer (see `_final_box`)."""
+
+    def __repr__(self) -> str:
+        return "TRUNCATED"
+
+
+TRUNCATED = _Truncated()
+
+
+def _box_at(text: str, i: int, command: str) -> Optional[tuple[Optional[str], int]]:
+    """The box whose command starts at `i`: (content, where scanning goes on), or None
+    when `command` is not a box there (``\\boxedx``). Content None: the box never closes
+    (its brace stays open, or the text ends right after the command)."""
+    j = i + len(command)
+    if j < len(text) and text[j].isalpha():
+        return None
+    k = j
+    while k < len(text) and text[k] in " \t":
+        k += 1
+    if k == len(text):  # `... so \boxed` and the generation stops
+        return None, j
+    if text[k] == "{":
+        depth = 0
+        for end in range(k, len(text)):
+            if text[end] == "{":
+                depth += 1
+            elif text[end] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[k + 1 : end], end + 1
+        return None, j  # unclosed: the scan goes on inside it
+    if k > j:  # `\boxed 5`: the next whitespace/`$`-delimited token
+        m = re.match(r"[^\s$]+", text[k:])
+        if m:
+            return m.group(0), k + m.end()
+    return None
+
+
+def _boxed_contents(text: str) -> list[Optional[str]]:
     """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` in `text`, in order.
 
     Braces are balanced by counting, so nested groups (``\\boxed{\\frac{1}{2}}``)
-    are read whole. An unclosed box (a generation cut off at the length limit) is
-    dropped: its content is not an answer the model finished. The brace-less form
+    are read whole. A box that never closes (a generation cut off at the length limit)
+    is listed as None: `_final_box` turns it into no answer. The brace-less form
     ``\\boxed 5`` yields the token after the space.
     """
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, Optional[str]]] = []
     for command in _BOX_COMMANDS:
         start = 0
         while True:
             i = text.find(command, start)
             if i < 0:
                 break
-            j = i + len(command)
-            start = j
-            # `\boxedx` is another command, not a box
-            if j < len(text) and (text[j].isalpha()):
+            box = _box_at(text, i, command)
+            if box is None:
+                start = i + len(command)
                 continue
-            k = j
-            while k < len(text) and text[k] in " \t":
-                k += 1
-            if k < len(text) and text[k] == "{":
-                depth = 0
-                for end in range(k, len(text)):
-                    if text[end] == "{":
-                        depth += 1
-                    elif text[end] == "}":
-                        depth -= 1
-                        if depth == 0:
-                            found.append((i, text[k + 1 : end]))
-                            start = end + 1
-                            break
-            elif k > j:  # `\boxed 5`: the next whitespace/`$`-delimited token
-                m = re.match(r"[^\s$]+", text[k:])
-                if m:
-                    found.append((i, m.group(0)))
+            found.append((i, box[0]))
+            start = box[1]
     found.sort(key=lambda pair: pair[0])
     return [content for _, content in found]
 
 
-def _last_boxed(text: str) -> Optional[str]:
-    """The last non-empty boxed content, or None."""
+def _final_box(text: str) -> Union[str, None, _Truncated]:
+    """The content of the last non-empty box; None when there is none; `TRUNCATED` when
+    the last non-empty box never closes.
+
+    A truncated final box means the generation was cut while it wrote its answer: the
+    text has no answer, and neither an earlier box nor a fallback reads one, since
+    what the model was writing is unknown and everything after ``\\boxed{`` is inside
+    the unfinished box. An empty box (the prompt's ``\\boxed{}`` echoed) is skipped.
+    """
     for content in reversed(_boxed_contents(text)):
+        if content is None:
+            return TRUNCATED
         if content.strip():
             return content
     return None
@@ -167,11 +250,29 @@ def _last_boxed(text: str) -> Optional[str]:
 _NUMBER = r"(?:(?<![\w).])-)?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 # A fraction `a/b` (optionally signed) is one value, tried before plain numbers.
 _NUMBER_OR_FRACTION = re.compile(rf"{_NUMBER}(?:\s*/\s*\d+(?:\.\d+)?)?")
-# `\frac{3}{4}`, `\frac34`, with an optional sign and a whole part glued to it
-# (the mixed number `2\frac{1}{2}` is 5/2, not 21/2).
+# `\frac{3}{4}`, `\frac34`, with an optional sign and an optional whole part before it:
+# a whole number (glued or spaced) before a proper fraction is a mixed number
+# (`2\frac{1}{2}` and `2 \frac{1}{2}` are 5/2, not 21/2 nor 1); before an improper one it
+# stays a number of its own.
 _LATEX_FRAC = re.compile(
-    r"(-?)(\d+)?\\frac\s*(?:\{\s*(-?[\d.,]+)\s*\}|(\d))\s*(?:\{\s*(-?[\d.,]+)\s*\}|(\d))"
+    r"((?<![\w).])-)?(?:(?<![\d.,])(\d+)\s*)?"
+    r"\\frac\s*(?:\{\s*(-?[\d.,]+)\s*\}|(\d))\s*(?:\{\s*(-?[\d.,]+)\s*\}|(\d))"
 )
+# `3 1/2`: a whole number, one space, a proper fraction of whole numbers
+_MIXED = re.compile(r"(?<![\w.,/])(\d+) (\d+)/(\d+)(?![\w/]|[.,]\d)")
+# `\text{ m}^2`, `\mathrm{ft}^{3}`: a unit group without a digit, with its exponent
+_UNIT_GROUP = re.compile(
+    r"\\(?:text|textrm|mathrm|mbox|operatorname)\s*\{[^{}\d]*\}(?:\s*\^\s*(?:\{[^{}]*\}|\d))?"
+)
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ\b|\\degree\b")
+# `3.5 \times 10^3`, `2 x 10^{-3}`: one number in scientific notation
+_SCIENTIFIC = re.compile(
+    rf"{_NUMBER}(?:\s*(?:\\times|\\cdot|\u00d7|\*)\s*|\s+x\s+)10\s*\^\s*(?:\{{\s*-?\d+\s*\}}|-?\d+)"
+)
+# `2^{10}`, `3^2`: a power of a number (not of a letter, a `)` or a group)
+_POWER = re.compile(r"(?<![\w.^}])\d+(?:\.\d+)?\s*\^\s*(?:\{\s*-?\d+\s*\}|\d+)")
+# `m^2`, `ft^{3}`: the exponent of a unit (a letter before the `^`) is not a number
+_UNIT_EXPONENT = re.compile(r"(?<=[A-Za-z])\s*\^\s*(?:\{\s*-?\d+\s*\}|-?\d)")
 _ANSWER_PHRASE = re.compile(
     r"answer\s*(?:is|was|=|:)\s*:?|####", re.IGNORECASE
 )
@@ -187,19 +288,50 @@ def _clean_numeric_text(text: str) -> str:
     # `-$5` is minus five dollars: the sign goes to the number, as in `-5` (a hyphen
     # after a digit, letter, `)` or `.` stays an operator, `10-$5`; `- $5` is a list item)
     text = re.sub(r"(?<![\w).])-\$", "$-", text)
+    text = _UNIT_GROUP.sub(" ", text)
+    text = _DEGREES.sub("", text)
+    # a power or a number in scientific notation is one value, as the grader reads it
+    text = _SCIENTIFIC.sub(_evaluated, text)
+    text = _POWER.sub(_evaluated, text)
+    text = _UNIT_EXPONENT.sub("", text)
+    text = _MIXED.sub(_mixed_number, text)
+    return _LATEX_FRAC.sub(_latex_fraction, text)
 
-    # `\frac{3}{4}` -> `3/4` so one rule reads both spellings of a fraction
-    def frac(m: re.Match[str]) -> str:
-        num = (m.group(3) or m.group(4)).replace(",", "")
-        den = (m.group(5) or m.group(6)).replace(",", "")
-        try:
-            value = Fraction(num) / Fraction(den) + Fraction(m.group(2) or 0)
-        except (ValueError, ZeroDivisionError):
-            return m.group(0)
-        value = -value if m.group(1) else value
-        return f" {value.numerator}/{value.denominator} " if value.denominator != 1 else f" {value.numerator} "
 
-    return _LATEX_FRAC.sub(frac, text)
+def _evaluated(m: re.Match[str]) -> str:
+    """A matched power / scientific number written as its exact value (kept as written
+    when `latex_value` refuses it, e.g. a power too large to be an answer)."""
+    value = latex_value(m.group(0))
+    return m.group(0) if value is None else _format_fraction(value)
+
+
+def _mixed_number(m: re.Match[str]) -> str:
+    whole, numerator, denominator = (int(g) for g in m.groups())
+    if not 0 < numerator < denominator:
+        return m.group(0)
+    return _format_fraction(whole + Fraction(numerator, denominator))
+
+
+def _latex_fraction(m: re.Match[str]) -> str:
+    """`\\frac{3}{4}` -> ` 3/4 `, `2\\frac{1}{2}` -> ` 5/2 `, so one rule reads every
+    spelling of a fraction."""
+    sign, whole = m.group(1), m.group(2)
+    num = (m.group(3) or m.group(4)).replace(",", "")
+    den = (m.group(5) or m.group(6)).replace(",", "")
+    try:
+        value = Fraction(num) / Fraction(den)
+    except (ValueError, ZeroDivisionError):
+        return m.group(0)
+    prefix = ""
+    if whole is not None:
+        if num.isdigit() and den.isdigit() and 0 < int(num) < int(den):
+            value += int(whole)
+        else:  # `2\frac{3}{2}`: not a mixed number, the two numbers stay apart
+            prefix = f"{sign or ''}{whole} "
+            sign = None
+    value = -value if sign else value
+    text = f"{value.numerator}/{value.denominator}" if value.denominator != 1 else f"{value.numerator}"
+    return f" {prefix}{text} "
 
 
 def _canonical_number(token: str) -> Optional[str]:
@@ -285,11 +417,13 @@ def _clause_answer(clause: str) -> Any:
 
 
 def _extract_number(text: str) -> Optional[str]:
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        # `\boxed{18 \text{ dollars}}`, `\boxed{x = 5}`: the last number in the box
-        numbers = _numbers_in(boxed)
-        return numbers[-1] if numbers else None
+    boxed = _final_box(text)
+    if boxed is TRUNCATED:
+        return None
+    if isinstance(boxed, str):
+        # a box states a value: `\boxed{18 \text{ m}^2}` is 18, `\boxed{5 + 3}` is 8
+        value = latex_value(boxed)
+        return None if value is None else _format_fraction(value)
     for phrase in reversed(list(_ANSWER_PHRASE.finditer(text))):
         line = _clean_numeric_text(text[phrase.end() :].split("\n", 1)[0])
         answer = _clause_answer(_CLAUSE_END.split(line, 1)[0])
@@ -327,7 +461,9 @@ _MATH_ANSWER_PHRASE = re.compile(r"(?i:answer\s+is)\s*:?\s*\$([^$]+)\$")
 
 
 def _extract_math(text: str) -> Optional[str]:
-    answer = _last_boxed(text)
+    answer = _final_box(text)
+    if answer is TRUNCATED:
+        return None
     if answer is None:
         phrases = _MATH_ANSWER_PHRASE.findall(text)
         answer = phrases[-1] if phrases else None
@@ -339,46 +475,118 @@ def _extract_math(text: str) -> Optional[str]:
 
 # --------------------------------------------------------------------------- choice
 
+LETTERS = "ABCDEFGHIJ"
+
 # A box holding a letter: `B`, `(B)`, `\text{B}`, `\textbf{(B)}`, `B) 42`, `B. 42`.
 _LETTER_IN_BOX = re.compile(
     r"^\s*(?:\\(?:text|textbf|mathrm|mathbf)\s*\{)?\s*\(?\s*([A-J])\s*(?:\}\s*)?(?:$|[).:].*$)",
     re.DOTALL,
 )
-_CHOICE_PATTERNS = (
-    # `Answer: B`, `**Answer:** (B)`, `Answer: $B$` (not `answer is`)
-    re.compile(r"(?i:answer)\**\s*:[\s*$(]*([A-J])(?!\w)"),
-    # `the answer is B`, `The correct answer is (B)`, `The best answer is B`
-    re.compile(r"(?i:answer\s+is)[\s:*$(]*([A-J])(?!\w)"),
-    # a parenthesised letter `(B)`
-    re.compile(r"\(([A-J])\)"),
-    # the whole response is one letter: ` C` after the stock arc_challenge_chat's
-    # `gen_prefix` "The best answer is" (which also stops at ".")
-    re.compile(r"^[\s*(]*([A-J])[\s*).:]*$"),
+# A capital A-J standing alone: no letter, digit or `\` before it, no letter, digit or
+# contraction (`I'm`, `A's`) after it. The next word, if any, is returned too.
+_STANDALONE = re.compile(r"(?<![\w\\'\u2019])([A-J])(?!\w|['\u2019]\w)(?:\s+([a-z]+)\b)?")
+# Words that follow an option letter in a sentence ("A is correct", "I because ...") but
+# never the article "A" nor the pronoun "I": after "A"/"I", any other lower-case word
+# makes it the article or the pronoun ("A good answer is C", "I think it's B").
+_AFTER_LETTER = frozenset({
+    "is", "has", "does", "seems", "appears", "fits", "matches", "gives", "states",
+    "describes", "remains", "because", "since", "and", "or", "as",
+})
+# A negation before the letter leaves the clause unread ("the answer is not A, ...").
+_NEGATION = re.compile(r"\b(?:not|never|no)\b|n't\b", re.IGNORECASE)
+# The phrases whose clause names the answer: an answer line, then an "is" phrase.
+_CHOICE_PHRASES = (
+    # `Answer: B`, `**Answer:** (B)`, `Answer: $B$`, `Answer: I think it's B`
+    re.compile(r"(?i:answer)\**\s*:"),
+    # `the answer is B`, `The correct answer is (B)`, `The best answer is B`,
+    # `The correct choice is D`, `the best option would be C`
+    re.compile(r"(?i:(?:answer|choice|option)\s+(?:is|would\s+be|should\s+be|must\s+be))\s*:?"),
 )
+_PARENTHESISED = re.compile(r"\(([A-J])\)")
+# the whole response is one letter: ` C` after the stock arc_challenge_chat's
+# `gen_prefix` "The best answer is" (which also stops at ".")
+_WHOLE_RESPONSE = re.compile(r"^[\s*(]*([A-J])[\s*).:]*$")
 
 
-def _extract_choice(text: str) -> Optional[str]:
+def _first_letter(clause: str) -> Optional[str]:
+    """The first option letter standing alone in `clause`, skipping the article "A"
+    and the pronoun "I"; None when there is none or a negation comes before it."""
+    for m in _STANDALONE.finditer(clause):
+        letter, next_word = m.group(1), m.group(2)
+        if letter in "AI" and next_word is not None and next_word not in _AFTER_LETTER:
+            continue  # "A good answer", "I think"
+        return None if _NEGATION.search(clause, 0, m.start()) else letter
+    return None
+
+
+def _phrase_letter(text: str) -> Optional[str]:
+    """The letter of the last answer line, else of the last "answer is" phrase, whose
+    clause (up to the end of its line or sentence) names one (`_first_letter`)."""
+    for phrase in _CHOICE_PHRASES:
+        for m in reversed(list(phrase.finditer(text))):
+            line = text[m.end() :].split("\n", 1)[0]
+            letter = _first_letter(_CLAUSE_END.split(line, 1)[0])
+            if letter is not None:
+                return letter
+    return None
+
+
+def _read_letter(text: str) -> Optional[str]:
+    """The option letter the text names, by the rules of the module docstring."""
+    if _final_box(text) is TRUNCATED:
+        return None
     for content in reversed(_boxed_contents(text)):
-        m = _LETTER_IN_BOX.match(content)
+        m = _LETTER_IN_BOX.match(content or "")
         if m:
             return m.group(1)
-    for pattern in _CHOICE_PATTERNS:
+    letter = _phrase_letter(text)
+    if letter is not None:
+        return letter
+    for pattern in (_PARENTHESISED, _WHOLE_RESPONSE):
         matches = pattern.findall(text)
         if matches:
             return matches[-1]
     return None
 
 
+def _extract_choice(text: str, n_options: Optional[int]) -> Optional[str]:
+    """`_read_letter`, and None when that letter is beyond the question's options.
+
+    The range never changes *which* letter is read, only whether it counts: an
+    out-of-range letter is the model's answer, just not an option, so no rule behind
+    it is consulted (that would be a guess).
+    """
+    letter = _read_letter(text)
+    if letter is None or (n_options is not None and LETTERS.index(letter) >= n_options):
+        return None
+    return letter
+
+
+def _check_options(kind: str, n_options: Optional[int]) -> None:
+    if n_options is None:
+        return
+    if kind != "choice":
+        raise ValueError(f"n_options={n_options!r} applies to kind 'choice' only, not {kind!r}; "
+                         "leave it out (None)")
+    if isinstance(n_options, bool) or not isinstance(n_options, int) \
+            or not 1 <= n_options <= len(LETTERS):
+        raise ValueError(f"n_options={n_options!r} is not a number of options; expected a whole "
+                         f"number from 1 to {len(LETTERS)} (options A to {LETTERS[-1]}), or None")
+
+
 # --------------------------------------------------------------------------- API
 
 
-def extract_answer(text: str, kind: str) -> Optional[str]:
+def extract_answer(text: str, kind: str, n_options: Optional[int] = None) -> Optional[str]:
     """The canonical answer of a generated `text`, or None when it has none.
 
     `kind` is one of `ANSWER_KINDS`; the rules for each are in the module
     docstring. The result is a hashable string that is equal for equal ``number``
     and ``choice`` answers (``"18"``, ``"-3"``, ``"0.5"``, ``"B"``); ``math``
     answers are LaTeX strings to be compared with `answers_equivalent`.
+    `n_options` (``choice`` only; None: options A to J) is the question's number of
+    options: a letter beyond them is no answer (ValueError for another kind or a
+    number outside 1..10).
 
     >>> extract_answer("so 18.00 dollars. The answer is 18.", "number")
     '18'
@@ -388,6 +596,7 @@ def extract_answer(text: str, kind: str) -> Optional[str]:
     'C'
     """
     _check_kind(kind)
+    _check_options(kind, n_options)
     if not text:
         return None
     text = str(text)  # a `str` subclass (CostedText) is read as its text
@@ -395,7 +604,7 @@ def extract_answer(text: str, kind: str) -> Optional[str]:
         return _extract_number(text)
     if kind == "math":
         return _extract_math(text)
-    return _extract_choice(text)
+    return _extract_choice(text, n_options)
 
 
 # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere

@@ -32,7 +32,11 @@ Data
 Answers
     The filters extract each response's answer with
     `lm_eval_dvoting.answers.extract_answer`, the very function the voting
-    strategies use, so what is voted is what is scored. A response may be a
+    strategies use, so what is voted is what is scored. The choice filter also passes
+    the question's number of options, so a letter beyond them is ``[invalid]``; the
+    vote, which does not see the question, reads letters A-J, and since the range
+    only decides whether a letter counts, never which one is read, both give each
+    text the same score. A response may be a
     `lm_eval_dvoting.costs.CostedText` carrying ``nfe`` / ``n_samples``; the
     filters keep those figures on their output and ``process_results`` reports
     them as metrics. A plain ``str`` response (any other lm-eval model) has no
@@ -288,12 +292,20 @@ def doc_to_text_choice_answer_line(doc: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- filters
 
 
+def _n_options(doc: dict[str, Any], kind: str) -> Optional[int]:
+    """A choice question's number of options (its letters' range), else None."""
+    return len(doc["choices"]) if kind == "choice" else None
+
+
 def _extract_filter(kind: str) -> Callable[[list[list[Any]], list[dict]], list[list[str]]]:
     def apply(resps: list[list[Any]], docs: list[dict]) -> list[list[str]]:
-        # `CostedText.like` keeps the response's cost figures on the extracted text
+        # `CostedText.like` keeps the response's cost figures on the extracted text; a
+        # letter beyond the question's options is no answer (it could never be right,
+        # so the score is the vote's, which reads letters without the range)
         return [
-            [CostedText.like(extract_answer(str(r), kind) or INVALID, r) for r in sample_resps]
-            for sample_resps in resps
+            [CostedText.like(extract_answer(str(r), kind, _n_options(doc, kind)) or INVALID, r)
+             for r in sample_resps]
+            for sample_resps, doc in zip(resps, docs, strict=True)
         ]
 
     apply.__name__ = f"extract_{kind}"

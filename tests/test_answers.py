@@ -116,9 +116,21 @@ def test_number_boxed_without_number_is_no_answer() -> None:
     assert extract_answer("no digits here", "number") is None
 
 
-def test_number_unclosed_box_is_ignored() -> None:
-    # a generation cut at the length limit leaves `\boxed{1` open: not an answer
-    assert extract_answer("The answer is 12. \\boxed{1", "number") == "12"
+def test_truncated_box_is_no_answer() -> None:
+    """Issue 38: a generation cut at the length limit leaves `\\boxed{1` open. That box
+    is no answer, and no fallback reads one instead: not the digits inside it (the old
+    reading of `so \\boxed{12`), not an earlier phrase or box (this test pinned `12`
+    for the first text before: what the model was writing in its final box is unknown)."""
+    for kind in ("number", "math", "choice"):
+        assert extract_answer("The answer is 12. \\boxed{1", kind) is None
+        assert extract_answer("so \\boxed{7} and then \\boxed{", kind) is None
+        assert extract_answer("so \\boxed", kind) is None  # cut right after the command
+    assert extract_answer("so \\boxed{12", "number") is None
+    assert extract_answer("The answer is \\boxed{12", "number") is None
+    assert extract_answer("The answer is (B) so \\boxed{B", "choice") is None
+    # a closed box after an unclosed one is the final answer; empty echoes are skipped
+    assert extract_answer("\\boxed{12 oops \\boxed{5}", "number") == "5"
+    assert extract_answer("\\boxed{5} put it in \\boxed{}", "number") == "5"
 
 
 @pytest.mark.parametrize(
