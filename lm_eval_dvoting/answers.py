@@ -57,7 +57,9 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
        last-number grader does) is what it claimed. (A box differs: it is a
        delimited expression whose value the model presents as its answer, so
        ``\\boxed{5 + 3}`` is 8; a prose clause may still be going on);
-    3. the last number anywhere in the text.
+    3. the last number anywhere in the text, unless the text ends in ``=`` or an
+       operator after an operand (``so 9 * 2 =``): a generation cut mid-calculation,
+       whose last number is an operand, is no answer.
 
     In rules 2 and 3 the text is read as numbers the way a grader reads them:
     ``3.5 \\times 10^3`` and ``2^{10}`` are one number each (3500, 1024), a unit's
@@ -330,7 +332,7 @@ def _latex_fraction(m: re.Match[str]) -> str:
             prefix = f"{sign or ''}{whole} "
             sign = None
     value = -value if sign else value
-    text = f"{value.numerator}/{value.denominator}" if value.denominator != 1 else f"{value.numerator}"
+    text = str(value.numerator) if value.denominator == 1 else str(value)  # `p/q`
     return f" {prefix}{text} "
 
 
@@ -386,6 +388,12 @@ _CLAUSE_END = re.compile(r"[.,;!?](?=\s|$)")
 # `6 \div 2`; not `5 apples + 3`, not `5 -- so`). A `/` between numbers is not here: `3/4`
 # and `3 / 4` are read as one fraction.
 _OPERATION = re.compile(r"[\s%)]*(?:[-+*x\u00d7\u00f7\u00b7]|\\times|\\cdot|\\div)[\s$(]*-?\.?\d")
+# A text that ends in `=` or an operator after an operand was cut mid-calculation: its
+# last number is an operand, not a result (`... so 9 * 2 =`), so rule 3 does not read
+# it. Markdown's `**` and `---` and a new list item's `-` are not operators.
+_CUT_MID_CALCULATION = re.compile(
+    r"[\w)}\]]\s*(?:=|\+|(?<!-)-|(?<!\*)\*|/|\u00d7|\u00f7|\\times|\\cdot|\\div)[\s$\\(\[{]*$"
+)
 # `_clause_answer`'s verdict on a clause that states an expression but no result
 _UNFINISHED = object()
 
@@ -431,6 +439,8 @@ def _extract_number(text: str) -> Optional[str]:
             return None
         if answer is not None:
             return answer
+    if _CUT_MID_CALCULATION.search(text):
+        return None
     numbers = _numbers_in(text)
     return numbers[-1] if numbers else None
 
@@ -490,9 +500,10 @@ _STANDALONE = re.compile(r"(?<![\w\\'\u2019])([A-J])(?!\w|['\u2019]\w)(?:\s+([a-
 # makes it the article or the pronoun ("A good answer is C", "I think it's B").
 _AFTER_LETTER = frozenset({
     "is", "has", "does", "seems", "appears", "fits", "matches", "gives", "states",
-    "describes", "remains", "because", "since", "and", "or", "as",
+    "describes", "remains", "because", "since", "and", "or", "as", "but", "nor",
 })
-# A negation before the letter leaves the clause unread ("the answer is not A, ...").
+# A negation before a letter (since the previous letter) rules that letter out:
+# "the answer is not A but C" is C, "I don't think it's A" names no answer.
 _NEGATION = re.compile(r"\b(?:not|never|no)\b|n't\b", re.IGNORECASE)
 # The phrases whose clause names the answer: an answer line, then an "is" phrase.
 _CHOICE_PHRASES = (
@@ -509,23 +520,35 @@ _WHOLE_RESPONSE = re.compile(r"^[\s*(]*([A-J])[\s*).:]*$")
 
 
 def _first_letter(clause: str) -> Optional[str]:
-    """The first option letter standing alone in `clause`, skipping the article "A"
-    and the pronoun "I"; None when there is none or a negation comes before it."""
+    """The first option letter standing alone in `clause`, skipping the article "A",
+    the pronoun "I" and a letter negated since the previous letter; None if none."""
+    since = 0
     for m in _STANDALONE.finditer(clause):
         letter, next_word = m.group(1), m.group(2)
         if letter in "AI" and next_word is not None and next_word not in _AFTER_LETTER:
             continue  # "A good answer", "I think"
-        return None if _NEGATION.search(clause, 0, m.start()) else letter
+        if _NEGATION.search(clause, since, m.start()) is None:
+            return letter
+        since = m.end(1)
     return None
+
+
+def _clause_after(text: str, end: int) -> str:
+    """The clause after a phrase ending at `end`: the rest of its line up to a sentence
+    end; when that rest is blank (``Answer:`` and a line break), the next non-empty
+    line's first clause."""
+    rest, _, after = text[end:].partition("\n")
+    if not rest.strip(" \t*$:"):
+        rest = next((line for line in after.split("\n") if line.strip()), "")
+    return _CLAUSE_END.split(rest, 1)[0]
 
 
 def _phrase_letter(text: str) -> Optional[str]:
     """The letter of the last answer line, else of the last "answer is" phrase, whose
-    clause (up to the end of its line or sentence) names one (`_first_letter`)."""
+    clause names one (`_clause_after`, `_first_letter`)."""
     for phrase in _CHOICE_PHRASES:
         for m in reversed(list(phrase.finditer(text))):
-            line = text[m.end() :].split("\n", 1)[0]
-            letter = _first_letter(_CLAUSE_END.split(line, 1)[0])
+            letter = _first_letter(_clause_after(text, m.end()))
             if letter is not None:
                 return letter
     return None

@@ -22,8 +22,9 @@ What is read
       ``2\\frac{3}{2}``) is refused as ambiguous;
     * powers ``a^b`` / ``a^{b}`` with a whole exponent (``10^{-3}`` too); ``2^10``
       (digits outside braces) is read as the model meant it, 1024, not as TeX's
-      ``2^1 0``. A power whose result would exceed 10,000 bits is refused, so no
-      input can make the evaluator slow;
+      ``2^1 0``. A power whose result may exceed 10,000 bits (the base's bit length
+      times the exponent) is refused before it is computed, so no input can make the
+      evaluator slow;
     * units are dropped with their exponents: ``\\text{...}``, ``\\mathrm{...}`` and
       similar groups without a digit (``\\text{ m}^2``, ``\\text{ dollars}``), words
       after an operand (``8 ft^3``, ``5 miles per hour``, ``3 m/s``), ``^\\circ``,
@@ -51,7 +52,8 @@ from typing import Optional, Union
 
 __all__ = ["latex_value"]
 
-# A power's result may hold at most this many bits (about 3,000 decimal digits).
+# A power is computed only when the base's bit length times the exponent is at most this
+# (a bound on the result's bits; about 3,000 decimal digits).
 MAX_POWER_BITS = 10_000
 
 # digit-free groups like these are units or labels; with a digit they hold the value
@@ -322,7 +324,8 @@ class _Parser:
 
 
 def _bounded_power(base: Fraction, exponent: int) -> Fraction:
-    """`base ** exponent`, refused when the result would exceed `MAX_POWER_BITS`."""
+    """`base ** exponent`; refused when its bound on the result's bits (the base's bit
+    length times the exponent) exceeds `MAX_POWER_BITS`."""
     if base == 0 and exponent < 0:
         raise _NotAValue("zero to a negative power")
     size = max(base.numerator.bit_length(), base.denominator.bit_length())
