@@ -164,17 +164,17 @@ def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: s
                     "the model arg)")
         return f"with --gen_kwargs max_gen_toks={value} or the model arg max_gen_toks={value}"
 
-    resized = replace(settings, gen_length=length, defer_length_checks=True)
-    problem = resized.length_problem()
-    if problem is not None:
-        raise ValueError(f"max_gen_toks {length} ({where}) cannot be decoded: {problem}; "
-                         f"{resized.length_advice()}, {how('N')}")
-    if length >= max_length:
+    if length >= max_length:  # first: a length that fits (the example does) fixes both
         example = _fitting_length(settings, max_length // 2)
         raise ValueError(f"max_gen_toks {length} ({where}) leaves no room for a prompt in "
                          f"{max_length_source} of {max_length} tokens (prompt plus generation): "
                          f"give a max_gen_toks below {max_length}, e.g. {example}, "
                          f"{how(str(example))}")
+    resized = replace(settings, gen_length=length, defer_length_checks=True)
+    problem = resized.length_problem()
+    if problem is not None:
+        raise ValueError(f"max_gen_toks {length} ({where}) cannot be decoded: {problem}; "
+                         f"{resized.length_advice()}, {how('N')}")
     return replace(settings, gen_length=length)  # checked in full (the length too)
 
 
