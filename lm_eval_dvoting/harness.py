@@ -14,8 +14,13 @@ Choices a user of the harness should know (also in the README):
 * `--batch_size N` is the number of *rows* decoded per forward pass; a row is one
   sample of one question, so a dVoting batch holds up to N samples of several
   questions. "auto" means 32 rows on a GPU and 8 on a CPU.
-* `max_gen_toks` is the generation length L (default 256); the block length defaults
-  to L/16 and must divide L.
+* `max_gen_toks` is the generation length L: the task's (its YAML or `--gen_kwargs`), else
+  the model arg's (default 256). LLaDA's and Dream's block length defaults to L/16 and must
+  divide L; LLaDA2 decodes in blocks of 32 aligned to the prompt's start, any L. Each
+  task's L is checked against the block rule and the model's maximum length when lm-eval's
+  `evaluate` starts, before any request is built or decoded (length_checks.py), and again
+  per request; not at construction, where no task's L is known yet (lm-eval builds the
+  model, weights included, before it loads any task).
 * The strategy owns the sampling temperature. A task's `do_sample`/`temperature`
   apply to `strategy=single` only (so the harness's self-consistency tasks work as
   a majority-voting baseline); a value the strategy does not use gets one warning per
@@ -80,10 +85,13 @@ from .models.placement import describe as describe_placement
 from .models.placement import gpu_budget
 from .strategies import StrategySettings, decode_questions, derive_seed
 from .task_costs import RunCosts, install as _install_task_costs
+from .length_checks import install as _install_length_checks
 
 log = logging.getLogger(__name__)
 # every task a dvoting model runs reports its cost per question (mean NFE, samples)
 _install_task_costs()
+# every generation task's length is checked when lm-eval's evaluate starts
+_install_length_checks()
 
 AUTO_BATCH_ROWS = {"cuda": 32, "cpu": 8}
 
@@ -299,7 +307,9 @@ class DVotingEvalModel(TemplateLM):
         evaluations that follow (`dvoting compare --seeds K`). Both apply to the settings and
         seed the model was built with, not to an earlier switch's: `use_strategy("majority")`
         after `use_strategy("majority", decoder="entropy")` is plain majority again."""
-        settings = replace(self._built_settings, strategy=strategy, **overrides)
+        # the length checks wait for each request's length, as at construction
+        settings = replace(self._built_settings, strategy=strategy, defer_length_checks=True,
+                           **overrides)
         if settings.strategy == "rfg" and self.reference_model is None and self.adapter is None:
             raise ValueError("strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
                              "peft=<adapter>")
@@ -415,9 +425,21 @@ class DVotingEvalModel(TemplateLM):
 
     def _planner(self) -> RequestPlanner:
         """Request planning with the current settings and seed (`use_strategy` changes them)."""
+        source = ("the model's maximum length" if self.max_length == self.model.max_length
+                  else "the model arg max_length")
         return RequestPlanner(settings=self.settings, seed=self.seed, encode=self.tok_encode,
                               eot_token_id=self.eot_token_id, max_length=self.max_length,
-                              reported=self._ignored_sampling, on_settings=self.costs.note_settings)
+                              reported=self._ignored_sampling, on_settings=self.costs.note_settings,
+                              max_length_source=source)
+
+    def check_task_lengths(self, generation_kwargs: dict[str, dict[str, Any] | None]) -> None:
+        """Refuse a generation task whose length these settings cannot decode or the model
+        cannot hold (`RequestPlanner.length_settings`), given each task's generation kwargs
+        as its requests will carry them; lm-eval's `evaluate` calls it before it builds any
+        request (length_checks.py)."""
+        planner = self._planner()
+        for task_name, kwargs in generation_kwargs.items():
+            planner.length_settings(kwargs, task_name)
 
     def _prompt_ids(self, context: str, gen_length: int) -> torch.Tensor:
         """The prompt a request with `context` and `gen_length` is decoded from (`RequestPlanner.prompt_ids`)."""
@@ -573,8 +595,10 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
                        threshold: Any, temporal_weight: str, temporal_alpha: Any,
                        vote: str | None, guidance: Any, block_decoding: str | None = None,
                        editing_threshold: Any = None, max_post_steps: Any = 16) -> StrategySettings:
-    """The model args' strategy settings, each value checked once, at construction, with the
-    default generation length (a task's `max_gen_toks` replaces it per request). `cache`
+    """The model args' strategy settings, each value checked once, at construction; the
+    generation length (`max_gen_toks`, the default of tasks that give none) is checked
+    against the block rules only with each task's length (`request_planning.task_length`),
+    as a task's `max_gen_toks` replaces it. `cache`
     left out is `none`, or for block diffusion (LLaDA2) `block`, which is exact (`none`
     where the temporal vote needs every step's whole prediction)."""
     if cache is None:
@@ -592,7 +616,7 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         temporal_weight=temporal_weight, temporal_alpha=real_number("temporal_alpha", temporal_alpha), vote=vote,
         guidance=real_number("guidance", guidance), block_decoding=block_decoding,
         editing_threshold=None if editing_threshold is None else real_number("editing_threshold", editing_threshold),
-        max_post_steps=whole_number("max_post_steps", max_post_steps),
+        max_post_steps=whole_number("max_post_steps", max_post_steps), defer_length_checks=True,
     )
 
 

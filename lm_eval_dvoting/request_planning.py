@@ -2,7 +2,8 @@
 
 From a request's context and the task's generation kwargs (`GEN_KWARGS`) it works out
 the request's settings (the task's `max_gen_toks` as the generation length, checked
-against the block length; `do_sample`/`temperature` for the one-decode strategies only
+against the family's block rule and the model's length: `task_length`;
+`do_sample`/`temperature` for the one-decode strategies only
 (`single`, `temporal`):
 `task_sampling`), its stop strings, its answer kind (the task's `dvoting_answer`, else
 `answers.infer_answer_kind` from the task name), its prompt ids (cut from the left to fit
@@ -21,7 +22,6 @@ import torch
 
 from .answers import infer_answer_kind
 from .arg_parsing import flag, whole_number
-from .decoding import default_block_length
 from .strategies import ONE_DECODE, StrategySettings, derive_seed
 
 # the harness's logger: its warnings about a run's requests are where users (and tests)
@@ -65,6 +65,8 @@ class RequestPlanner:
     reported: set[tuple[Any, ...]]  # task sampling values already reported unused this run
     # told each request's settings as soon as they are known (the model's `settings_used`)
     on_settings: Callable[[StrategySettings], None] = lambda settings: None
+    # where `max_length` comes from, for the messages that refuse a length
+    max_length_source: str = "the model's maximum length"
 
     def plan(self, requests: Sequence[Any], repeats: Sequence[int]) -> GenerationPlan:
         """Jobs for `requests` (`repeats`: their repeat indices), each (request, repeat) once.
@@ -105,10 +107,19 @@ class RequestPlanner:
             )
         until = kwargs.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
-        settings = task_length(self.settings, kwargs, task_name)
+        settings = self.length_settings(kwargs, task_name)
         settings = task_sampling(settings, kwargs, task_name, self.reported)
         kind = infer_answer_kind(task_name, kwargs.get("dvoting_answer"))
         return settings, until, kind
+
+    def length_settings(self, gen_kwargs: dict[str, Any] | None,
+                        task_name: str | None) -> StrategySettings:
+        """The settings with the generation length a request of `task_name` with these
+        `gen_kwargs` really uses, checked against the block rules and the maximum length
+        (`task_length`). The harness calls it per request, and once per task when lm-eval's
+        `evaluate` starts (length_checks.py)."""
+        return task_length(self.settings, dict(gen_kwargs or {}), task_name, self.max_length,
+                           self.max_length_source)
 
     def prompt_ids(self, context: str, gen_length: int) -> torch.Tensor:
         """`context`'s token ids, cut from the left to leave room for `gen_length` tokens."""
@@ -116,8 +127,10 @@ class RequestPlanner:
         if not ids:
             ids = [self.eot_token_id]  # an empty context starts from end-of-text
         room = self.max_length - gen_length
-        if room < 1:
-            raise ValueError(f"max_gen_toks {gen_length} leaves no room for a prompt in {self.max_length} tokens")
+        if room < 1:  # requests are refused before (task_length); this guards direct callers
+            raise ValueError(f"max_gen_toks {gen_length} leaves no room for a prompt in "
+                             f"{self.max_length_source} of {self.max_length} tokens: give "
+                             f"max_gen_toks below {self.max_length}")
         if len(ids) > room:
             log.warning("context of %d tokens cut from the left to %d to fit %d generated tokens",
                         len(ids), room, gen_length)
@@ -125,22 +138,52 @@ class RequestPlanner:
         return torch.tensor(ids, dtype=torch.long)
 
 
-def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None) -> StrategySettings:
-    """`settings` with the task's `max_gen_toks` as the generation length, when it gives one.
+def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None,
+                max_length: int, max_length_source: str = "the model's maximum length",
+                ) -> StrategySettings:
+    """`settings` with the generation length a request really uses, checked: the task's
+    `max_gen_toks` (its YAML, or `--gen_kwargs`, which lm-eval writes into it) when it
+    gives one, else the model's (the model arg `max_gen_toks`, default 256).
 
-    Checked here, per request, because the block length must divide the length and a
-    task's length is known only from its requests.
+    The model args' settings leave the length checks out (`defer_length_checks`), as a
+    task's length replaces theirs; they are made here, per request and per task (lm-eval
+    gives a task's length only with its requests), with the length in hand: the family's
+    block rule (`StrategySettings.length_problem`) and room for a prompt in `max_length`.
+    Each refusal names the length, where it comes from and how to change it there.
     """
-    if "max_gen_toks" not in kwargs:
-        return settings
-    length = whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
-    block = settings.block_length if settings.block_length is not None else default_block_length(length)
-    if length % block:
-        raise ValueError(
-            f"max_gen_toks {length} (task {task_name}) is not a multiple of the block length {block}; "
-            "set --gen_kwargs max_gen_toks=... or the model arg block_length to fit"
-        )
-    return replace(settings, gen_length=length)
+    given = "max_gen_toks" in kwargs
+    length = settings.gen_length
+    if given:
+        length = whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
+    where = (f"task {task_name}'s generation_kwargs: its YAML or --gen_kwargs" if given else
+             f"the model arg max_gen_toks, default 256: task {task_name} sets none")
+
+    def how(value: str) -> str:
+        if given:  # lm-eval passes the task's own value with each request, over the model arg
+            return (f"with --gen_kwargs max_gen_toks={value} (a task's own max_gen_toks overrides "
+                    "the model arg)")
+        return f"with --gen_kwargs max_gen_toks={value} or the model arg max_gen_toks={value}"
+
+    if length >= max_length:  # first: a length that fits (the example does) fixes both
+        example = _fitting_length(settings, max_length // 2)
+        raise ValueError(f"max_gen_toks {length} ({where}) leaves no room for a prompt in "
+                         f"{max_length_source} of {max_length} tokens (prompt plus generation): "
+                         f"give a max_gen_toks below {max_length}, e.g. {example}, "
+                         f"{how(str(example))}")
+    resized = replace(settings, gen_length=length, defer_length_checks=True)
+    problem = resized.length_problem()
+    if problem is not None:
+        raise ValueError(f"max_gen_toks {length} ({where}) cannot be decoded: {problem}; "
+                         f"{resized.length_advice()}, {how('N')}")
+    return replace(settings, gen_length=length)  # checked in full (the length too)
+
+
+def _fitting_length(settings: StrategySettings, most: int) -> int:
+    """The longest generation length up to `most` (at least 1) that these settings decode."""
+    for length in range(max(most, 1), 0, -1):
+        if replace(settings, gen_length=length, defer_length_checks=True).length_problem() is None:
+            return length
+    return 1
 
 
 def task_sampling(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None,

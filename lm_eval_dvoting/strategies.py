@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Callable, Generator, Hashable, Sequence
 
 import torch
@@ -164,8 +164,14 @@ class StrategySettings:
     block_decoding: str | None = None
     editing_threshold: float | None = None
     max_post_steps: int = 16
+    # Not a setting (not stored, compared, fingerprinted or reported): True skips the checks of
+    # `gen_length` against the block rules (`length_problem`). The model args' settings are
+    # made so, as their `gen_length` is only the length of the requests whose task gives no
+    # max_gen_toks; every request's settings are checked with the length it really uses
+    # (request_planning.task_length). `replace` makes checked settings unless it is passed.
+    defer_length_checks: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, defer_length_checks: bool = False) -> None:
         # Every check runs before any model work; each message names the setting, its
         # value, what is allowed and what to do (the model args have the same names).
         if self.strategy not in STRATEGIES:
@@ -179,11 +185,8 @@ class StrategySettings:
             # 0 would divide by zero below; a negative one "divides" the length
             require_whole("block_length", self.block_length, 1,
                           f"leave it out (default gen_length/16) or give a divisor of {self.gen_length}")
-        if self.gen_length % self.resolved_block_length and self.block_decoding is None:
-            raise ValueError(
-                f"block_length {self.resolved_block_length} does not divide the generation length "
-                f"{self.gen_length}; choose a block length that divides it"
-            )
+        if not defer_length_checks and self._block_problem() is not None:
+            raise ValueError(f"{self._block_problem()}; choose a block length that divides it")
         require_whole("n (samples per question)", self.n, 1, "e.g. n=5 (the default)")
         if self.steps is not None:
             require_whole("steps", self.steps, 1, "leave it out (default: gen_length for single, gen_length/2 "
@@ -207,8 +210,52 @@ class StrategySettings:
         self._check_temporal()
         self._check_guidance()
         self._check_block_decoding()
+        if not defer_length_checks and self._hex_problem() is not None:
+            raise ValueError(self._hex_problem())
+
+    def length_problem(self) -> str | None:
+        """Why `gen_length` cannot be decoded with these settings (None: it can).
+
+        Each family's block rule: LLaDA and Dream decode the answer in blocks of
+        `resolved_block_length` that tile it, so the block length must divide the length;
+        block diffusion (LLaDA2) aligns its blocks (32 unless `block_length` is given) to the
+        first prompt token and cuts the last one at the length, so any length decodes
+        (decoding/blocks.py, as upstream: ../shared/design/LLADA2_DECODING.md section 1).
+        And hex's: its block sizes L/32..L/2 need a length divisible by 32, in every family.
+        """
+        return self._block_problem() or self._hex_problem()
+
+    def length_advice(self) -> str:
+        """What would fit, for the `length_problem` these settings have (block length or length)."""
+        length, block = self.gen_length, self.resolved_block_length
+        if self._block_problem() is None or (self.strategy == "hex" and self.block_length is None):
+            return "give a max_gen_toks divisible by 32"  # hex's; its default block divides it too
+        divisors = ", ".join(str(d) for d in range(1, length + 1) if length % d == 0)
+        if self.block_length is not None:
+            return (f"give block_length a divisor of {length} ({divisors}), or a max_gen_toks that "
+                    f"is a multiple of {block}")
+        # a multiple of 16 always fits the default (L/16 divides it; temporal's 32 where it divides)
+        return (f"give the model arg block_length, a divisor of {length} ({divisors}), or a "
+                "max_gen_toks that is a multiple of 16")
+
+    def _block_problem(self) -> str | None:
+        if self.block_decoding is not None or self.gen_length % self.resolved_block_length == 0:
+            return None
+        block = self.resolved_block_length
+        if self.block_length is not None:
+            which = f"block_length {block}"
+        elif self.strategy == "temporal":
+            which = (f"the default block length {block} (32 where it divides the length, else "
+                     "max_gen_toks/16)")
+        else:
+            which = f"the default block length {block} (max_gen_toks/16)"
+        return f"{which} does not divide the generation length {self.gen_length}"
+
+    def _hex_problem(self) -> str | None:
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
-            raise ValueError(f"hex needs a generation length divisible by 32 (block sizes L/32..L/2), got {self.gen_length}")
+            return ("hex needs a generation length divisible by 32 (block sizes L/32..L/2), "
+                    f"got {self.gen_length}")
+        return None
 
     def _check_decoder(self) -> None:
         if self.decoder is not None and self.decoder not in DECODERS:

@@ -103,8 +103,10 @@ def test_returned_text_carries_cost_and_trace(tiny_llada_dir):
 def test_unknown_model_args_and_gen_kwargs_are_rejected(tiny_llada_dir):
     with pytest.raises(ValueError, match="unknown model args.*accepted model args are:.*strategy"):
         LLaDAEvalModel(pretrained=str(tiny_llada_dir), stratgy="dvoting")
-    with pytest.raises(ValueError, match="block_length 5 does not divide"):
-        LLaDAEvalModel(pretrained=str(tiny_llada_dir), block_length=5, max_gen_toks=32)
+    # the block length is checked against each request's length, not the model arg's (issue 42)
+    five = LLaDAEvalModel(pretrained=str(tiny_llada_dir), block_length=5, max_gen_toks=32)
+    with pytest.raises(ValueError, match="block_length 5 does not divide the generation length 32"):
+        five.generate_until([_Request("1+1=?", {})])
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", device="cpu")
     with pytest.raises(ValueError, match="unknown generation kwargs.*top_p.*accepted"):
         lm.generate_until([_Request("1+1=?", {"top_p": 0.9})])
