@@ -64,6 +64,7 @@ ARC = [{"id": "Q1", "question": {"stem": "Which is a gas?", "choices": [
 # MMLU rows as the original CSVs hold them: no header, quoted commas and newlines, CRLF
 MMLU_TEST = '"Is 2, a prime?\nAnswer it.",yes,no,maybe,never,A\r\n"Find 1+1.",0,1,2,3,C\r\n'
 MMLU_DEV = '"Dev question?",w,x,y,z,D\r\n'
+MMLU_VAL = '"Val question?",w,x,y,z,B\n'
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     _write_jsonl(tmp_path / "gsm8k" / "test.jsonl", GSM8K)
     _write_jsonl(tmp_path / "math500" / "test.jsonl", MATH500)
     _write_jsonl(tmp_path / "arc_challenge" / "ARC-Challenge-Test.jsonl", ARC)
-    for part, text in (("test", MMLU_TEST), ("dev", MMLU_DEV), ("val", MMLU_DEV)):
+    for part, text in (("test", MMLU_TEST), ("dev", MMLU_DEV), ("val", MMLU_VAL)):
         folder = tmp_path / "mmlu" / "data" / part
         folder.mkdir(parents=True)
         (folder / f"abstract_algebra_{part}.csv").write_bytes(text.encode())
@@ -126,7 +127,7 @@ def test_mmlu_subject_maps_to_the_hub_columns(data: Path, no_hub: list) -> None:
     assert task.doc_to_target(second) == 2  # "C" is the index, as the hub's ClassLabel
     assert task.doc_to_text(second).startswith("Find 1+1.\nA. 0\nB. 1\nC. 2\nD. 3\nAnswer:")
     assert [d["question"] for d in task.fewshot_docs()] == ["Dev question?"]  # from dev
-    assert len(task.dataset["validation"]) == 1
+    assert [d["question"] for d in task.dataset["validation"]] == ["Val question?"]
 
 
 def test_mmlu_all_is_every_subject_in_order(data: Path) -> None:
