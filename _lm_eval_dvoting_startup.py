@@ -12,8 +12,8 @@ Rules this module lives by, because it runs in *every* Python process:
   no lm_eval, nothing that costs time;
 - it never raises: a broken plugin must not break an unrelated interpreter;
 - it stays inert until lm-eval itself is imported. A meta-path finder watches for
-  two lm-eval modules; right after one of them has executed, the matching function of
-  `lm_eval_dvoting.plugin` patches it. Once both fired, the finder removes itself.
+  three lm-eval modules; right after one of them has executed, the matching function of
+  `lm_eval_dvoting.plugin` patches it. Once all fired, the finder removes itself.
 
 Set `LM_EVAL_DVOTING_DISABLE_HOOK=1` to turn it off; `dvoting eval` still works then.
 """
@@ -26,6 +26,7 @@ DISABLE_ENV = "LM_EVAL_DVOTING_DISABLE_HOOK"
 # module lm-eval imports -> function in lm_eval_dvoting.plugin run right after it executed
 _WATCHED = {
     "lm_eval.api.registry": "on_registry_imported",
+    "lm_eval.config.evaluate_config": "on_evaluate_config_imported",
     "lm_eval.tasks.manager": "on_task_manager_imported",
 }
 

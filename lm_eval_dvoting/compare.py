@@ -112,18 +112,13 @@ def accuracy_key(task_results: dict[str, Any]) -> str:
 
 
 def _task_manager(task: str) -> Any:
-    """Our tasks alone when `task` is one of ours (indexing lm-eval's ~15,000 stock task
+    """Our tasks alone when `task` is one of ours (indexing lm-eval's ~14,000 stock task
     files takes many seconds); every task otherwise."""
-    import re
-
     from lm_eval.tasks import TaskManager
 
-    from .plugin import task_dir
+    from .plugin import asks_only_ours, task_dir
 
-    folder = task_dir()
-    declares = re.compile(rf"^(task|group):\s*{re.escape(task)}\s*$", re.MULTILINE)
-    ours = any(declares.search(p.read_text()) for p in folder.glob("*.yaml"))
-    return TaskManager(include_path=str(folder), include_defaults=not ours)
+    return TaskManager(include_path=str(task_dir()), include_defaults=not asks_only_ours(task))
 
 
 def _evaluate(lm: Any, args: argparse.Namespace) -> dict[str, Any]:

@@ -8,6 +8,14 @@ plus `--include_path`. This module adds ours to both:
 - tasks by prepending our task folder to every `TaskManager`'s `include_path`
   (prepended, so a user's own `--include_path` can still override our tasks).
 
+It also adjusts three things of lm-eval's, each documented at its function:
+- `lm_eval --tasks` naming only dvoting tasks skips indexing lm-eval's ~14,000 stock task
+  files (`patch_process_tasks`: about 30 s of CPU time on every call);
+- the printed results table leaves out `dvoting_trace`, a per-sample record for
+  `--log_samples`, not a score (`patch_results_table`);
+- with `DVOTING_DATA_DIR` set, stock tasks on GSM8K, MATH-500, ARC-Challenge and MMLU read
+  the local files instead of the hub (`patch_stock_datasets`, `local_data.py`).
+
 It runs either from the start-up hook (`_lm_eval_dvoting_startup`, automatic) or
 from an explicit `register()` call (the `dvoting eval` wrapper does that).
 
@@ -15,8 +23,11 @@ Importing this module is cheap: lm_eval is imported only inside the functions.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
+import logging
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,6 +48,18 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _TASK_DIR_CANDIDATES = (_PACKAGE_DIR / "task_configs", _PACKAGE_DIR.parent / "task_configs")
 
 _PATCH_MARK = "_lm_eval_dvoting_patched"
+
+log = logging.getLogger(__name__)
+
+# Metrics whose per-sample values are records for `--log_samples` (and `dvoting report`),
+# not scores: their aggregate (a count) stays in the results JSON, not in the printed table.
+TABLE_HIDDEN_METRICS = ("dvoting_trace",)
+
+# Set while lm-eval's CLI resolves a `--tasks` list that names only our tasks: the
+# TaskManager built then indexes our folder (and `--include_path`) without lm-eval's own.
+_ONLY_OURS: contextvars.ContextVar[bool] = contextvars.ContextVar("dvoting_only_ours",
+                                                                  default=False)
+_DECLARES = re.compile(r"^(?:task|group):\s*(\S+)\s*$", re.MULTILINE)
 
 
 def task_dir() -> Path:
@@ -139,6 +162,8 @@ def patch_task_manager(manager_module: ModuleType | None = None) -> bool:
 
     Our tasks are added whatever `include_defaults` says: an installed plugin's tasks
     are wanted whenever the plugin is (set LM_EVAL_DVOTING_DISABLE_HOOK=1 to opt out).
+    While `patch_process_tasks` has found only our tasks asked for, lm-eval's own folder
+    is left out (`include_defaults=False`).
     """
     if native_discovery():
         return False
@@ -159,6 +184,9 @@ def patch_task_manager(manager_module: ModuleType | None = None) -> bool:
             bound.arguments["include_path"] = _with_our_tasks(
                 bound.arguments.get("include_path"), task_dir()
             )
+            if _ONLY_OURS.get() and "include_defaults" in signature.parameters:
+                bound.arguments["include_defaults"] = False
+                log.info("only dvoting tasks asked for: lm-eval's own task folder not indexed")
             args, kwargs = bound.args[1:], bound.kwargs
         except Exception:
             pass  # bad call or no task folder: let lm-eval behave (and complain) as usual
@@ -169,10 +197,177 @@ def patch_task_manager(manager_module: ModuleType | None = None) -> bool:
     return True
 
 
+def our_task_names() -> frozenset[str]:
+    """The task and group names our task folder declares (read as text: no YAML parsing)."""
+    return frozenset(name for path in task_dir().glob("*.yaml")
+                     for name in _DECLARES.findall(path.read_text(encoding="utf-8")))
+
+
+def asks_only_ours(tasks: Any) -> bool:
+    """Whether a `--tasks` value (a comma-separated text, or a list of them) names only
+    tasks or groups of ours. Paths, globs, tags and stock names all answer False."""
+    if isinstance(tasks, str):
+        tasks = [tasks]
+    if not isinstance(tasks, (list, tuple)) or not all(isinstance(t, str) for t in tasks):
+        return False
+    names = [name.strip() for entry in tasks for name in entry.split(",") if name.strip()]
+    return bool(names) and set(names) <= our_task_names()
+
+
+def patch_process_tasks(config_module: ModuleType | None = None) -> bool:
+    """Let lm-eval's CLI skip its own task index when `--tasks` names only our tasks.
+
+    lm-eval 0.4.13 parses all of its ~14,000 task YAMLs on every call before it looks at
+    `--tasks` (about 30 s of CPU time). When every name asked for is one of ours, none of
+    them can be a stock task, so the TaskManager the CLI builds then indexes our folder and
+    `--include_path` only: the same tasks load from the same files. Any other `--tasks`
+    (a stock name, a path, a glob, a tag) gets lm-eval's full index as before.
+    Returns whether `EvaluatorConfig.process_tasks` is patched.
+    """
+    if config_module is None:
+        import lm_eval.config.evaluate_config as config_module
+    cls = getattr(config_module, "EvaluatorConfig", None)
+    original = getattr(cls, "process_tasks", None)
+    if original is None:
+        return False  # an lm-eval we do not understand: leave it alone
+    if getattr(original, _PATCH_MARK, False):
+        return True
+
+    @functools.wraps(original)
+    def process_tasks(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            only_ours = asks_only_ours(getattr(self, "tasks", None))
+        except Exception:
+            only_ours = False  # no task folder, unreadable file: index everything
+        token = _ONLY_OURS.set(only_ours)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _ONLY_OURS.reset(token)
+
+    setattr(process_tasks, _PATCH_MARK, True)
+    cls.process_tasks = process_tasks
+    return True
+
+
+def _shown_metrics(metrics: Any) -> Any:
+    """A task's results without the hidden metrics (and their stderr)."""
+    if not isinstance(metrics, dict):
+        return metrics
+    return {key: value for key, value in metrics.items()
+            if key.partition(",")[0].removesuffix("_stderr") not in TABLE_HIDDEN_METRICS}
+
+
+def patch_results_table(utils_module: ModuleType | None = None) -> bool:
+    """Keep `TABLE_HIDDEN_METRICS` out of the table lm-eval prints; returns if patched.
+
+    `dvoting_trace` carries each question's candidates and votes into `--log_samples`
+    (lm-eval writes every per-sample metric value there); its aggregate is only the
+    number of traced questions, which the printed table showed as a row of its own.
+    The results JSON keeps it: only the printed table (`lm_eval.utils.make_table`, which
+    the CLI looks up when it prints) leaves it out.
+    """
+    if utils_module is None:
+        import lm_eval.utils as utils_module
+    original = getattr(utils_module, "make_table", None)
+    if original is None:
+        return False
+    if getattr(original, _PATCH_MARK, False):
+        return True
+
+    @functools.wraps(original)
+    def make_table(result_dict: Any, column: str = "results", *args: Any, **kwargs: Any) -> Any:
+        try:
+            shown = dict(result_dict)
+            shown[column] = {task: _shown_metrics(metrics)
+                             for task, metrics in result_dict[column].items()}
+        except Exception:
+            shown = result_dict  # a shape we do not know: print it as lm-eval would
+        return original(shown, column, *args, **kwargs)
+
+    setattr(make_table, _PATCH_MARK, True)
+    utils_module.make_table = make_table
+    return True
+
+
+def _split_needs(task: Any) -> Any:
+    """The splits a stock task reads, from its config (`local_data.SplitNeeds`)."""
+    from .local_data import SplitNeeds
+
+    config = task.config
+    fewshot_cfg = getattr(task, "fewshot_cfg", None)
+    fewshot_split = getattr(fewshot_cfg, "split", None)
+    fewshot = None
+    # lm-eval's order (ConfigurableTask.fewshot_docs): the few-shot split, else examples
+    # written in the YAML, else the training, validation or test split
+    if (config.num_fewshot or 0) > 0 and (
+            fewshot_split or getattr(fewshot_cfg, "samples", None) is None):
+        fewshot = (fewshot_split or config.training_split or config.validation_split
+                   or config.test_split)
+    named = (config.training_split, config.validation_split, config.test_split, fewshot_split)
+    return SplitNeeds(evaluated=config.test_split or config.validation_split,
+                      fewshot=fewshot, named=tuple(split for split in named if split))
+
+
+def _read_local_stock_data(task: Any) -> bool:
+    """Load a stock task's dataset from the local data folder when the user named one and
+    it holds the task's hub dataset; returns whether it did (else lm-eval loads it)."""
+    from . import local_data
+
+    config = task.config
+    if callable(config.custom_dataset):
+        return False  # a task with its own loader (ours read the folder themselves)
+    folder = local_data.data_dir(config.metadata if isinstance(config.metadata, dict) else None)
+    source = local_data.stock_source(task.DATASET_PATH, task.DATASET_NAME)
+    if folder is None or source is None:
+        return False
+    task.dataset, notes = local_data.stock_dataset(
+        config.task, source, task.DATASET_NAME, folder, _split_needs(task))
+    log.warning("lm-eval-dvoting: task %s reads %s (%s) from %s, not from the hub: %s",
+                config.task, task.DATASET_PATH, task.DATASET_NAME, folder, "; ".join(notes))
+    return True
+
+
+def patch_stock_datasets(task_module: ModuleType | None = None) -> bool:
+    """Let lm-eval's stock tasks read the local data folder; returns if patched.
+
+    Only when the user names the folder (`DVOTING_DATA_DIR`, or the metadata key
+    `dvoting_data_dir`) and only for the hub datasets `local_data.STOCK_SOURCES` knows;
+    every other task, and every task without the folder, loads as lm-eval loads it.
+    Each redirected task logs which files it reads.
+    """
+    if task_module is None:
+        import lm_eval.api.task as task_module
+    cls = getattr(task_module, "ConfigurableTask", None)
+    original = getattr(cls, "download", None)
+    if original is None:
+        return False
+    if getattr(original, _PATCH_MARK, False):
+        return True
+
+    @functools.wraps(original)
+    def download(self: Any, dataset_kwargs: Any = None, **kwargs: Any) -> None:
+        if not _read_local_stock_data(self):
+            original(self, dataset_kwargs, **kwargs)
+
+    setattr(download, _PATCH_MARK, True)
+    cls.download = download
+    return True
+
+
+def patch_lm_eval(manager_module: ModuleType | None = None) -> None:
+    """Everything we change in lm-eval's task handling, once its task manager is loaded
+    (loading it loads `lm_eval.api.task`, `lm_eval.utils` and `lm_eval.config` first)."""
+    patch_task_manager(manager_module)
+    patch_process_tasks()
+    patch_results_table()
+    patch_stock_datasets()
+
+
 def register() -> None:
     """Register models and tasks explicitly (for use after lm_eval was imported)."""
     register_models()
-    patch_task_manager()
+    patch_lm_eval()
 
 
 # ---- called by the start-up hook right after lm-eval executed these modules ----------
@@ -182,6 +377,12 @@ def on_registry_imported(module: ModuleType) -> None:
     register_models(module)
 
 
+def on_evaluate_config_imported(module: ModuleType) -> None:
+    """Hook target for `lm_eval.config.evaluate_config`: patched on its own, before any
+    `process_tasks` can run (the task manager may be imported only inside that call)."""
+    patch_process_tasks(module)
+
+
 def on_task_manager_imported(module: ModuleType) -> None:
     """Hook target for `lm_eval.tasks.manager`."""
-    patch_task_manager(module)
+    patch_lm_eval(module)

@@ -27,7 +27,9 @@ Data
 
       A file missing there is an error, never a silent fall back to the hub. GPQA's
       zip is opened in memory only (the authors ask that its questions are never
-      stored in plain text).
+      stored in plain text). `lm_eval_dvoting.local_data` reads the files; with the
+      folder named, lm-eval's stock tasks on the same datasets read it too
+      (docs/OFFLINE_DATA.md).
 
 Answers
     The filters extract each response's answer with
@@ -49,17 +51,15 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
-import os
 import random
 import zipfile
-from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 import datasets
 
 from lm_eval_dvoting.answers import answers_equivalent, extract_answer
 from lm_eval_dvoting.costs import CostedText
+from lm_eval_dvoting import local_data
 from lm_eval_dvoting.temporal import step_figures
 
 # What a filter writes when a response has no extractable answer (lm-eval's own
@@ -71,26 +71,6 @@ LETTERS = "ABCDEFGHIJ"
 
 
 # --------------------------------------------------------------------------- data
-
-
-def _data_dir(kwargs: dict[str, Any]) -> Optional[Path]:
-    folder = kwargs.get("dvoting_data_dir") or os.environ.get("DVOTING_DATA_DIR")
-    return Path(folder).expanduser() if folder else None
-
-
-def _local_file(data_dir: Path, relative: str) -> Path:
-    path = data_dir / relative
-    if not path.exists():
-        raise FileNotFoundError(
-            f"DVOTING_DATA_DIR={data_dir} has no {relative}; lay the folder out as "
-            "described in task_configs/utils.py, or unset DVOTING_DATA_DIR to use the hub"
-        )
-    return path
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
 
 
 def _test_split(rows: Iterable[dict[str, Any]]) -> datasets.DatasetDict:
@@ -113,9 +93,9 @@ def _gsm8k_doc(row: dict[str, Any]) -> dict[str, Any]:
 
 def load_gsm8k(**kwargs: Any) -> datasets.DatasetDict:
     """GSM8K test (1319): ``question``, ``answer`` (worked solution), ``target``."""
-    data_dir = _data_dir(kwargs)
+    data_dir = local_data.data_dir(kwargs)
     if data_dir:
-        rows = _read_jsonl(_local_file(data_dir, "gsm8k/test.jsonl"))
+        rows = local_data.read_jsonl(local_data.local_file(data_dir, "gsm8k/test.jsonl"))
     else:
         rows = _hub("openai/gsm8k", "main", "test")
     return _test_split(_gsm8k_doc(row) for row in rows)
@@ -127,9 +107,9 @@ _MATH500_FIELDS = ("problem", "solution", "answer", "subject", "level", "unique_
 def load_math500(**kwargs: Any) -> datasets.DatasetDict:
     """MATH500 test (500): ``problem``, ``solution``, ``answer`` (LaTeX), ``subject``,
     ``level``, ``unique_id``."""
-    data_dir = _data_dir(kwargs)
+    data_dir = local_data.data_dir(kwargs)
     if data_dir:
-        rows = _read_jsonl(_local_file(data_dir, "math500/test.jsonl"))
+        rows = local_data.read_jsonl(local_data.local_file(data_dir, "math500/test.jsonl"))
     else:
         rows = _hub("HuggingFaceH4/MATH-500", None, "test")
     return _test_split({key: row[key] for key in _MATH500_FIELDS} for row in rows)
@@ -152,9 +132,10 @@ def load_arc_challenge(**kwargs: Any) -> datasets.DatasetDict:
     Items keep their own number of options (4 for 1165 items, 3 for 4, 5 for 3);
     see the task YAML for why 3-option items are not padded.
     """
-    data_dir = _data_dir(kwargs)
+    data_dir = local_data.data_dir(kwargs)
     if data_dir:
-        rows = _read_jsonl(_local_file(data_dir, "arc_challenge/ARC-Challenge-Test.jsonl"))
+        rows = local_data.read_jsonl(
+            local_data.local_file(data_dir, "arc_challenge/ARC-Challenge-Test.jsonl"))
         docs = (
             _arc_doc(
                 r["id"],
@@ -177,19 +158,16 @@ def load_arc_challenge(**kwargs: Any) -> datasets.DatasetDict:
 def load_mmlu(**kwargs: Any) -> datasets.DatasetDict:
     """MMLU test, all 57 subjects (14042): ``question``, ``subject``, ``choices``,
     ``answer`` (letter); subjects in alphabetical order."""
-    data_dir = _data_dir(kwargs)
+    data_dir = local_data.data_dir(kwargs)
     docs: list[dict[str, Any]] = []
     if data_dir:
-        folder = _local_file(data_dir, "mmlu/data/test")
+        folder = local_data.local_file(data_dir, "mmlu/data/test")
         for path in sorted(folder.glob("*_test.csv")):
             subject = path.name[: -len("_test.csv")]
-            # no header row; RFC-4180 quoting with commas and newlines in fields
-            with path.open(encoding="utf-8", newline="") as handle:
-                for question, a, b, c, d, answer in csv.reader(handle):
-                    docs.append(
-                        {"question": question, "subject": subject, "choices": [a, b, c, d],
-                         "answer": answer.strip()}
-                    )
+            for question, choices, answer in local_data.read_mmlu_csv(path):
+                docs.append(
+                    {"question": question, "subject": subject, "choices": choices, "answer": answer}
+                )
     else:
         for row in _hub("cais/mmlu", "all", "test"):
             docs.append(
@@ -233,9 +211,9 @@ def _gpqa_doc(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_gpqa(subset: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
-    data_dir = _data_dir(kwargs)
+    data_dir = local_data.data_dir(kwargs)
     if data_dir:
-        archive = _local_file(data_dir, "gpqa/dataset.zip")
+        archive = local_data.local_file(data_dir, "gpqa/dataset.zip")
         # read into memory only: the authors ask that GPQA is never stored unpacked
         with zipfile.ZipFile(archive) as zf:
             text = zf.read(f"dataset/{subset}.csv", pwd=GPQA_ZIP_PASSWORD).decode("utf-8")

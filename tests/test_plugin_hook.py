@@ -178,3 +178,85 @@ def test_cli_dispatches_with_argv(monkeypatch: pytest.MonkeyPatch) -> None:
                         raising=False)
     assert cli.main(["echo", "--x", "1"]) == 3
     assert seen == [["--x", "1"]]
+
+
+# ---- what the hook changes in lm-eval besides registration ------------------------------
+
+RESULTS = {
+    "results": {"dvoting_arith": {
+        "alias": "dvoting_arith", "exact_match,extract": 0.5, "exact_match_stderr,extract": 0.1,
+        "dvoting_trace,extract": 20, "dvoting_trace_stderr,extract": "N/A",
+        "nfe,extract": 14.0, "nfe_stderr,extract": "N/A"}},
+    "versions": {"dvoting_arith": 1.0}, "n-shot": {"dvoting_arith": 0},
+    "higher_is_better": {"dvoting_arith": {"exact_match": True, "nfe": False}},
+}
+
+
+def test_printed_table_leaves_out_the_trace() -> None:
+    # through the hook, as the CLI reaches it: `from lm_eval.utils import make_table` at print
+    out = run_hooked(f"""
+        import copy, json
+        import lm_eval.tasks
+        from lm_eval.utils import make_table
+        results = {RESULTS!r}
+        before = copy.deepcopy(results)
+        print(make_table(results))
+        print(json.dumps(results == before))
+    """)
+    table, unchanged = out.rstrip().rsplit("\n", 1)
+    assert "dvoting_trace" not in table
+    rows = [line.split("|")[5].strip() for line in table.splitlines()[2:]]
+    assert rows == ["exact_match", "nfe"]
+    assert unchanged == "true"  # the results (and so the results JSON) keep the count
+
+
+def test_table_filter_keeps_other_metrics_and_shapes() -> None:
+    shown = plugin._shown_metrics(RESULTS["results"]["dvoting_arith"])
+    assert sorted(shown) == ["alias", "exact_match,extract", "exact_match_stderr,extract",
+                             "nfe,extract", "nfe_stderr,extract"]
+    assert plugin._shown_metrics("not a dict") == "not a dict"
+
+
+@pytest.mark.parametrize("tasks, ours", [
+    ("dvoting_arith", True), (["dvoting_arith,dvoting_gsm8k"], True),
+    ("dvoting_reasoning", True), ([" dvoting_arith ", "dvoting_mmlu"], True),
+    ("dvoting_arith,gsm8k_cot_zeroshot", False), ("gsm8k", False), ("dvoting", False),
+    ("dvoting_*", False), ("task_configs/dvoting_arith.yaml", False), ("", False),
+    ([], False), (None, False), ([{"task": "dvoting_arith"}], False)])
+def test_asks_only_ours(tasks: object, ours: bool) -> None:
+    assert plugin.asks_only_ours(tasks) is ours
+
+
+def test_process_tasks_sets_only_ours_for_its_call() -> None:
+    class EvaluatorConfig:
+        def __init__(self, tasks: object) -> None:
+            self.tasks = tasks
+
+        def process_tasks(self, metadata: object = None) -> bool:
+            if metadata == "fail":
+                raise RuntimeError("lm-eval failed")
+            return plugin._ONLY_OURS.get()
+
+    module = type(sys)("fake_evaluate_config")
+    module.EvaluatorConfig = EvaluatorConfig
+    assert plugin.patch_process_tasks(module) is True
+    assert plugin.patch_process_tasks(module) is True  # once only
+    assert EvaluatorConfig("dvoting_arith").process_tasks() is True
+    assert EvaluatorConfig("dvoting_arith,gsm8k").process_tasks() is False
+    with pytest.raises(RuntimeError):
+        EvaluatorConfig("dvoting_arith").process_tasks("fail")
+    assert plugin._ONLY_OURS.get() is False  # reset after each call, failed or not
+
+
+def test_cli_task_list_of_ours_skips_lm_evals_index() -> None:
+    # the CLI's own resolution of `--tasks`; the module is imported before the task
+    # manager, which process_tasks imports only inside the call
+    out = run_hooked("""
+        from lm_eval.config.evaluate_config import EvaluatorConfig
+        cfg = EvaluatorConfig(tasks="dvoting_arith,dvoting_reasoning")
+        manager = cfg.process_tasks({})
+        print(cfg.tasks, "gsm8k" in manager.all_tasks, "dvoting_gsm8k" in manager.all_tasks)
+    """)
+    # (a stock name gets lm-eval's full index: test_process_tasks_sets_only_ours_for_its_call
+    # and test_asks_only_ours, without the ~20 s of CPU time that index costs)
+    assert out.strip() == "['dvoting_arith', 'dvoting_reasoning'] False True"
