@@ -53,6 +53,7 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
 from bench.workloads import real_vocab_workload  # noqa: E402
 from lm_eval_dvoting.decoding import DecodeRow, RowDecoder  # noqa: E402
+from lm_eval_dvoting import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CACHES = ("none", "prefix", "dual")
@@ -650,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results))
+        args.json.write_text(strict_json.dumps(results))
 
     if not args.skip_demo:  # first: the entropy table uses the demo's full-pass share
         run_demo(args, results, save)

@@ -44,6 +44,7 @@ from bench.strategies_bench import cells_table, run_cells  # noqa: E402
 from bench.timing import machine_description  # noqa: E402
 from bench.workloads import Workload, demo_workload, real_vocab_workload  # noqa: E402
 from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
+from lm_eval_dvoting import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "gpu_bench"  # the H200 run's section; another GPU's run gets its own with --section
@@ -467,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+        args.json.write_text(strict_json.dumps(results, indent=1, default=str))
 
     run_parts(args, results, save)
     return 0

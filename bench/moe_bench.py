@@ -77,6 +77,7 @@ from lm_eval_dvoting.decoding.state import BlockDecoding  # noqa: E402
 from lm_eval_dvoting.models.common import PrefixCache, rotary_tables  # noqa: E402
 from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model  # noqa: E402
 from lm_eval_dvoting.models.loading import OFFICIAL_IDS  # noqa: E402
+from lm_eval_dvoting import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- moe_bench:start -->", "<!-- moe_bench:end -->"
@@ -1005,7 +1006,7 @@ def main(argv: list[str] | None = None) -> int:
             part["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
             results["parts"][name] = part
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(results))
+            args.json.write_text(strict_json.dumps(results))
 
         PARTS[name][0](args, save)
     write_section(args.out, section(results), START, END)

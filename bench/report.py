@@ -7,7 +7,6 @@ one-step sections when they ran, the targets, and what limits the targets on a C
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 from bench.prefix_cache_bench import prefix_cache_section
 from bench.step_bench import measured_noise_note, step_section
 from bench.strategies_bench import Cell, cells_table
+from lm_eval_dvoting import strict_json
 
 
 @dataclass
@@ -119,7 +119,7 @@ def kept_sections(path: Path) -> str:
 def write_json(path: Path, results: RunResults, verdicts: dict[str, Any]) -> None:
     """Write the raw numbers of every part, the verdicts and the machine facts to `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
+    path.write_text(strict_json.dumps({
         "cells": {m: [c.as_json() for c in cs] for m, cs in results.cells.items()},
         "step": results.step, "verdicts": verdicts, "machine": results.facts, "prefix_cache": results.cache_rows,
     }, indent=1, default=str))

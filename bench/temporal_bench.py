@@ -51,6 +51,7 @@ from bench.timing import TimedModel, busy_processes, load_average, machine_descr
 from bench.workloads import random_llada, real_vocab_config  # noqa: E402
 from lm_eval_dvoting.answers import extract_answer  # noqa: E402
 from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
+from lm_eval_dvoting import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results))
+        args.json.write_text(strict_json.dumps(results))
 
     loads = [(*load, args.demo_gen_length, args.max_rows, args.repeats) for load in demo_workloads(args)]
     if not args.skip_real:

@@ -15,6 +15,7 @@ from typing import Any
 
 from .costs import CostedText
 from .strategies import StrategySettings
+from .strict_json import json_safe
 from .task_costs import RunCosts
 from .temporal import answer_runs
 
@@ -145,6 +146,8 @@ class CostBook:
         ``settings`` are the model's own (`settings`, defaults filled in). After an evaluation
         the rest describes its responses, computed or read from `--use_cache` alike (the
         ledger); before any, the requests computed here, each settings entry with `seed`.
+        Standard JSON throughout (`strict_json.json_safe`: `alpha=inf` is "inf"), as it lands
+        in lm-eval's results file.
         """
         if self.run_costs is None:
             totals: dict[str, Any] = {key: self.totals[key] for key in _FIGURES}
@@ -159,5 +162,5 @@ class CostBook:
         if totals["requests"] and "mean_nfe" not in totals:
             totals["mean_nfe"] = totals["nfe"] / totals["requests"]
             totals["mean_samples"] = totals["samples"] / totals["requests"]
-        return {"settings": resolved_settings(settings), "settings_used": used, "totals": totals,
-                "tasks": tasks, "computed": computed}
+        return json_safe({"settings": resolved_settings(settings), "settings_used": used, "totals": totals,
+                          "tasks": tasks, "computed": computed})

@@ -5,8 +5,16 @@
 loads the model once, evaluates every row (default: single, single-entropy,
 single-confidence, majority, majority-entropy, hex, dvoting) on the same documents with
 lm-eval's `simple_evaluate`, prints one Markdown table (accuracy, mean NFE, seconds,
-benefit per cost against `single`) and writes the table, the figures (compare.json) and
-an accuracy-versus-NFE plot (like the paper's Pareto figure) into `--out`.
+benefit per cost against `single`, for rows at least as costly) and writes the table, the
+figures (compare.json, standard JSON: `strict_json`) and an accuracy-versus-NFE plot (like
+the paper's Pareto figure) into `--out`.
+
+A row runs once per seed (`--seeds K`, or `--row_seeds ROW=K` for a row of its own) when
+the settings its requests really ran with draw from the seed (a temperature above 0, e.g.
+`--gen_kwargs do_sample=true,temperature=1.0` on `single` or `temporal`, or random
+remasking: `ran_sampled`), and once otherwise. Each progress bar names its row and seed. A
+task scored by log-likelihood only (`dvoting_arith_mc`) is refused before the model is
+loaded: no strategy plays a part in it (`check_generation_task`).
 
 The two `-entropy` rows are ablations that split dVoting's gain into its parts:
 `single-entropy` is one greedy sample with dVoting's entropy-threshold decoder (the
@@ -27,7 +35,8 @@ what is refused before the model is loaded).
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import logging
 import math
 import statistics
 import time
@@ -36,6 +45,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .strategies import StrategySettings
+from .strict_json import dumps as strict_dumps
+
+log = logging.getLogger(__name__)
 
 # The rows `--strategies` may name, in the default order. A row is a strategy plus
 # overrides of its settings (`row_overrides`); the `-entropy` rows are the ablations.
@@ -61,6 +73,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=1,
                         help="sampling seeds per sampled row (seed, seed+1, ...; the model's seed first); "
                              "greedy rows run once")
+    parser.add_argument("--row_seeds", default=None, metavar="ROW=K,...",
+                        help="seeds for the named rows instead of --seeds, e.g. hex=1 (HEX, 480 passes per "
+                             "question, is the slow row)")
     parser.add_argument("--limit", type=float, default=None, help="documents per task (as lm_eval --limit)")
     parser.add_argument("--batch_size", default=None,
                         help=f"rows decoded per forward pass, or 'auto' (default {DEFAULT_BATCH_SIZE})")
@@ -175,6 +190,32 @@ def check_seeds(seeds: int) -> None:
     if seeds < 1:
         raise SystemExit(f"dvoting compare: --seeds must be >= 1, got {seeds}: the number of sampling seeds "
                          "per sampled row, e.g. --seeds 3 (default 1)")
+
+
+def parse_row_seeds(text: str | None, names: Sequence[str], default: int) -> dict[str, int]:
+    """Each row's number of seeds: `default` (--seeds), or K where `--row_seeds` gives ROW=K.
+
+    SystemExit naming --row_seeds for a missing `=`, a row not in --strategies, a row given
+    twice, or a K that is not a whole number >= 1."""
+    counts = {name: default for name in names}
+    given: set[str] = set()
+    for part in (p.strip() for p in (text or "").split(",") if p.strip()):
+        row, equals, value = (piece.strip() for piece in part.partition("="))
+        if not equals:
+            problem = f"has no '=' in {part!r}"
+        elif row not in counts:
+            problem = f"names {row!r}, not a row of --strategies ({', '.join(names)})"
+        elif row in given:
+            problem = f"gives {row} twice"
+        elif not value.isdigit() or int(value) < 1:
+            problem = f"gives {row} {value!r} seeds, not a whole number >= 1"
+        else:
+            given.add(row)
+            counts[row] = int(value)
+            continue
+        raise SystemExit(f"dvoting compare: --row_seeds {text!r} {problem}; give ROW=K for rows of --strategies, "
+                         "e.g. --row_seeds hex=1")
+    return counts
 
 
 def take_threshold(model_args: dict[str, Any]) -> float | None:
@@ -300,22 +341,63 @@ def generation_lengths(args: argparse.Namespace, model_args: Mapping[str, Any]) 
     if "max_gen_toks" in gen_kwargs:
         lengths.setdefault(gen_kwargs["max_gen_toks"], "--gen_kwargs max_gen_toks")
         return lengths
-    index = _task_manager(args.tasks).task_index
-    todo, seen = [args.tasks], set()
-    while todo:
-        task = todo.pop()
-        entry = index.get(task)
-        if task in seen or entry is None or not entry.cfg:
-            continue  # an unknown task: lm-eval refuses it by name at the first evaluation
-        seen.add(task)
-        subtasks = entry.cfg.get("task")
-        if isinstance(subtasks, list):  # a group
-            todo += [t for t in subtasks if isinstance(t, str)]
-        elif entry.cfg.get("output_type", "generate_until") == "generate_until":
-            length = (entry.cfg.get("generation_kwargs") or {}).get("max_gen_toks")
+    for task, cfg in leaf_tasks(args.tasks):
+        if cfg.get("output_type", "generate_until") == "generate_until":
+            length = (cfg.get("generation_kwargs") or {}).get("max_gen_toks")
             if length is not None:
                 lengths.setdefault(length, f"task {task}'s max_gen_toks")
     return lengths
+
+
+def leaf_tasks(name: str) -> list[tuple[str, dict[str, Any]]]:
+    """The tasks `name` runs (a group's or tag's, recursively; a task itself), each with its
+    config as lm-eval's task index reads it (includes resolved); [] for a name the index does
+    not know (lm-eval refuses it by name at the first evaluation)."""
+    index = _task_manager(name).task_index
+    leaves: list[tuple[str, dict[str, Any]]] = []
+    todo: list[Any] = [name]
+    seen: set[str] = set()
+    while todo:
+        item = todo.pop(0)
+        if isinstance(item, dict):  # a task defined inside a group's config
+            leaves.append((str(item.get("task")), item))
+            continue
+        entry = index.get(item)
+        if item in seen or entry is None:
+            continue
+        seen.add(item)
+        subtasks = (entry.cfg or {}).get("task")
+        if entry.cfg is None:  # a tag: the tasks that carry it
+            todo += sorted(entry.tags)
+        elif isinstance(subtasks, list):  # a group
+            todo += subtasks
+        else:
+            leaves.append((item, entry.cfg))
+    return leaves
+
+
+def check_generation_task(task: str) -> None:
+    """Refuse, before the model is loaded, a task that asks for no generation.
+
+    The strategies decide how answers are generated; a log-likelihood task (output_type
+    `multiple_choice`, `loglikelihood`, `loglikelihood_rolling`) is scored by the
+    Monte-Carlo likelihood estimate alone, so every row would be the same run under other
+    names. A group mixing both kinds runs (its generation tasks are what the rows compare),
+    with a warning naming the likelihood tasks, whose part is the same in every row."""
+    leaves = leaf_tasks(task)
+    likelihood = {name: cfg.get("output_type") for name, cfg in leaves
+                  if cfg.get("output_type", "generate_until") != "generate_until"}
+    if not likelihood:
+        return
+    named = ", ".join(f"{name} ({kind})" for name, kind in sorted(likelihood.items()))
+    if len(likelihood) == len(leaves):
+        raise SystemExit(
+            f"dvoting compare: --tasks {task} is scored by log-likelihood only ({named}): no strategy plays a "
+            "part there (every row would be the same run of the likelihood estimate, model arg mc_num), so "
+            f"there is nothing to compare. Run it once with `lm_eval --model dvoting-llada --tasks {task} "
+            "--model_args ...`, or compare strategies on a generation task (e.g. --tasks dvoting_arith)")
+    log.warning("dvoting compare: %s includes log-likelihood tasks (%s), scored the same in every row; the rows "
+                "differ only in its generation tasks", task, named)
 
 
 def check_block_lengths(values: Sequence[int], lengths: Mapping[int, str]) -> None:
@@ -421,17 +503,23 @@ def row_settings(row: str, base: StrategySettings) -> StrategySettings:
         raise SystemExit(f"dvoting compare: row {row!r} cannot run with these --model_args: {err}") from err
 
 
+def _draws_from_seed(temperature: float, decoder: str | None, remasking: str | None) -> bool:
+    """A temperature above 0, or the fixed schedule's random remasking, draws from the seed."""
+    return temperature > 0 or (decoder == "fixed" and remasking == "random")
+
+
 def is_sampled(settings: StrategySettings) -> bool:
-    """Whether a row's results depend on the sampling seed: a temperature above 0, or the
-    fixed schedule's random remasking. Anything else is deterministic and runs once."""
-    random_order = settings.resolved_decoder == "fixed" and settings.remasking == "random"
-    return settings.resolved_temperature > 0 or random_order
+    """Whether settings depend on the sampling seed: a temperature above 0, or the fixed
+    schedule's random remasking. Anything else is deterministic."""
+    return _draws_from_seed(settings.resolved_temperature, settings.resolved_decoder, settings.remasking)
 
 
-def run_seeds(settings: StrategySettings, first_seed: int, count: int) -> list[int]:
-    """The sampling seeds a row runs with: first_seed .. first_seed+count-1, or just
-    first_seed for a deterministic row (more runs would repeat it exactly)."""
-    return [first_seed + i for i in range(count)] if is_sampled(settings) else [first_seed]
+def ran_sampled(settings_used: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a run's requests drew from the seed, read from the settings they really ran with
+    (`settings_used`, resolved: the task's or --gen_kwargs' `do_sample`/`temperature` included,
+    which `single` and `temporal` follow), not from the row's strategy."""
+    return any(_draws_from_seed(float(entry.get("temperature") or 0), entry.get("decoder"), entry.get("remasking"))
+               for entry in settings_used)
 
 
 def per_document(results: Mapping[str, Any], task: str, metric_key: str) -> dict[int, float]:
@@ -527,11 +615,15 @@ def _run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, 
     info = lm.get_model_info()["dvoting"]
     totals = info["totals"]
     questions = totals.get("questions") or 0
+    if not questions:  # what check_generation_task could not see (e.g. a task defined in Python)
+        raise SystemExit(f"dvoting compare: --tasks {args.tasks} made no generation requests (it is scored by "
+                         "log-likelihood, where no strategy plays a part): there is nothing to compare; run it "
+                         "once with lm_eval, or compare strategies on a generation task")
     return {
         "accuracy": 100 * task_results[key],
         # per question (document, all its repeats), as the column says; totals' means are per request
-        "nfe": totals["nfe"] / questions if questions else float("nan"),
-        "samples": totals["samples"] / questions if questions else float("nan"),
+        "nfe": totals["nfe"] / questions,
+        "samples": totals["samples"] / questions,
         "seconds": seconds,
         "questions": questions,
         "metric": key,
@@ -541,19 +633,25 @@ def _run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, 
     }
 
 
-def summarize_row(name: str, settings: StrategySettings, seeds: Sequence[int],
-                  runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _used(settings_used: Sequence[Mapping[str, Any]], name: str) -> Any:
+    """A setting as the requests ran with it: its one value, or the sorted distinct values."""
+    values = sorted({entry.get(name) for entry in settings_used}, key=repr)
+    return values[0] if len(values) == 1 else values
+
+
+def summarize_row(name: str, seeds: Sequence[int], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One row of figures from its runs (one per seed): means, the std of the accuracy over
-    seeds, and the per-seed figures they come from."""
+    seeds, and the per-seed figures they come from. `decoder`, `temperature` and `sampled`
+    are read from the settings the requests ran with (`ran_sampled`)."""
     accuracy, std = mean_and_std([run["accuracy"] for run in runs])
     settings_used: list[dict[str, Any]] = []
     for run in runs:
         settings_used += [s for s in run["settings"] if s not in settings_used]
     return {
         "strategy": name,  # the row's name (e.g. majority-entropy); its settings say the rest
-        "decoder": settings.resolved_decoder,
-        "temperature": settings.resolved_temperature,
-        "sampled": is_sampled(settings),
+        "decoder": _used(settings_used, "decoder"),
+        "temperature": _used(settings_used, "temperature"),
+        "sampled": ran_sampled(settings_used),
         "seeds": list(seeds),
         "accuracy": accuracy,
         "accuracy_std": std,
@@ -565,7 +663,8 @@ def summarize_row(name: str, settings: StrategySettings, seeds: Sequence[int],
         "questions": runs[0]["questions"],
         "metric": runs[0]["metric"],
         "settings": settings_used,
-        # each document's score per seed, in the order of "seeds"
+        # each document's score per seed, in the order of "seeds" (NaN, null in compare.json: a
+        # document a later seed's run did not score)
         "per_document": {doc: [run["per_document"].get(doc, math.nan) for run in runs]
                          for doc in runs[0]["per_document"]},
     }
@@ -587,37 +686,94 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     names = parse_rows(args.strategies)
     check_rfg_reference(names, model_args)
     check_seeds(args.seeds)
+    counts = parse_row_seeds(getattr(args, "row_seeds", None), names, args.seeds)
     sweep = parse_sweep(getattr(args, "sweep", None))
     if sweep is not None:
         check_sweep(sweep, names, probe_settings(model_args, extras), args, model_args, extras)
+    check_generation_task(args.tasks)
     lm = model_class(**model_kwargs(model_args, args))
     first_seed = lm.seed  # the model arg seed, else lm-eval's default
     seeds = [first_seed + i for i in range(args.seeds)]
-    if sweep is not None:
-        # the loaded model's settings (model args read by the harness): checked again
-        plan = sweep_plan(names, lm.settings, *sweep, extras)
-        results = [(value, run_rows(lm, args, planned, first_seed)) for value, planned in plan]
-        return {"sweep": sweep_summary(sweep[0], results), "seeds": seeds}
-    # the model args' settings; every row's are derived from these
-    base = replace(lm.settings, **extras)
-    # each row's settings checked before any evaluation
-    planned = []
-    for name in names:
-        strategy, overrides = row_overrides(name, base)
-        planned.append((name, row_settings(name, base), strategy, {**extras, **overrides}))
-    rows = run_rows(lm, args, planned, first_seed)
+    with lm_eval_messages_once():
+        if sweep is not None:
+            # the loaded model's settings (model args read by the harness): checked again
+            plan = sweep_plan(names, lm.settings, *sweep, extras)
+            results = [(value, run_rows(lm, args, planned, first_seed, counts, f"{sweep[0]}={value}"))
+                       for value, planned in plan]
+            return {"sweep": sweep_summary(sweep[0], results), "seeds": seeds}
+        # the model args' settings; every row's are derived from these
+        base = replace(lm.settings, **extras)
+        # each row's settings checked before any evaluation
+        planned = []
+        for name in names:
+            strategy, overrides = row_overrides(name, base)
+            planned.append((name, row_settings(name, base), strategy, {**extras, **overrides}))
+        rows = run_rows(lm, args, planned, first_seed, counts)
     return {"rows": rows, "paired": paired_comparison(rows), "seeds": seeds}
 
 
 def run_rows(lm: Any, args: argparse.Namespace, planned: Sequence[tuple[str, StrategySettings, str, dict[str, Any]]],
-             first_seed: int) -> list[dict[str, Any]]:
-    """Each planned row (name, settings, strategy, overrides) run with its seeds, summarized."""
+             first_seed: int, counts: Mapping[str, int], context: str = "") -> list[dict[str, Any]]:
+    """Each planned row (name, settings, strategy, overrides) run with its seeds, summarized.
+
+    A row runs with its first seed; when the settings its requests ran with draw from the seed
+    (`ran_sampled`: whatever made them, the row's strategy or the task's `do_sample`), it runs
+    with the rest of its `counts[name]` seeds (first_seed, first_seed+1, ...) too; a
+    deterministic row runs once (more runs would repeat it exactly). Each progress bar names
+    the row, the seed and `context` (a sweep's value)."""
     rows = []
-    for name, settings, strategy, overrides in planned:
-        seeds = run_seeds(settings, first_seed, args.seeds)
-        runs = [_run(lm, args, strategy, overrides, seed) for seed in seeds]
-        rows.append(summarize_row(name, settings, seeds, runs))
+    for number, (name, _settings, strategy, overrides) in enumerate(planned, 1):
+        def run(seed: int) -> dict[str, Any]:
+            where = f"{name}{f' {context}' if context else ''}, seed {seed}, row {number}/{len(planned)}"
+            lm.progress_label = where
+            try:
+                return _run(lm, args, strategy, overrides, seed)
+            finally:
+                lm.progress_label = None
+
+        seeds = [first_seed + i for i in range(counts.get(name, 1))]
+        runs = [run(seeds[0])]
+        if ran_sampled(runs[0]["settings"]):
+            runs += [run(seed) for seed in seeds[1:]]
+        else:
+            seeds = seeds[:1]
+        rows.append(summarize_row(name, seeds, runs))
     return rows
+
+
+class _Once(logging.Filter):
+    """Lets each distinct message through once (see `lm_eval_messages_once`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
+# the lm-eval loggers that repeat a message at every evaluation: the task loader's `--metadata`
+# hint (our tasks build their data in Python) and the evaluator's --gen_kwargs note
+_REPEATING_LOGGERS = ("lm_eval.api.task", "lm_eval.evaluator")
+
+
+@contextlib.contextmanager
+def lm_eval_messages_once() -> Any:
+    """While compare runs its rows, each distinct message of lm-eval's task loader and
+    evaluator is shown once, not once per row and seed."""
+    once = _Once()
+    loggers = [logging.getLogger(name) for name in _REPEATING_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(once)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(once)
 
 
 def sweep_summary(name: str, results: Sequence[tuple[Any, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:
@@ -675,9 +831,16 @@ def _short_accuracy(row: Mapping[str, Any]) -> str:
     return f"{row['accuracy']:.1f}" + ("" if std is None else f" ± {std:.1f}")
 
 
+# under the table: what the BPC column holds, and why some of its cells are empty
+BPC_NOTE = ("BPC vs single: (accuracy - single's) / (mean NFE / single's mean NFE), in points, for rows with at "
+            "least single's mean NFE; empty for cheaper rows, where dividing by a cost ratio below 1 would "
+            "magnify the accuracy difference rather than charge for cost (read their accuracy and NFE directly).")
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """The comparison as Markdown; BPC against the `single` row (on the means) when there is one."""
-    from .metrics import benefit_per_cost
+    """The comparison as Markdown; BPC against the `single` row (on the means) when there is one,
+    for rows at least as costly (`benefit_per_cost_if_costlier`), explained under the table."""
+    from .metrics import benefit_per_cost_if_costlier
 
     single = next((r for r in rows if r["strategy"] == "single"), None)
     lines = [
@@ -687,11 +850,15 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         bpc = "-"
         if single is not None and row is not single:
-            bpc = f"{benefit_per_cost(row['accuracy'], single['accuracy'], row['mean_nfe'], single['mean_nfe']):.2f}"
+            value = benefit_per_cost_if_costlier(row["accuracy"], single["accuracy"], row["mean_nfe"],
+                                                 single["mean_nfe"])
+            bpc = "" if value is None else f"{value:.2f}"
         lines.append(
             f"| {row['strategy']} | {accuracy_cell(row)} | {runs_cell(row)} | {row['mean_nfe']:.1f} | "
             f"{row['mean_samples']:.2f} | {row['seconds']:.1f} | {bpc} |"
         )
+    if single is not None:
+        lines += ["", BPC_NOTE]
     return "\n".join(lines)
 
 
@@ -808,7 +975,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         figure = out / "accuracy_vs_nfe.png"
         plot(rows, figure, f"{args.tasks}: accuracy vs NFE")
     (out / "compare.md").write_text(f"{header}\n\n{table}\n")
-    (out / "compare.json").write_text(json.dumps(comparison, indent=2) + "\n")
+    # standard JSON (strict_json): alpha=inf as "inf", a missing per-document score as null
+    (out / "compare.json").write_text(strict_dumps(comparison, indent=2) + "\n")
     print(header)
     print(table)
     print(f"written: {out / 'compare.md'}, {out / 'compare.json'}, {figure}")

@@ -84,6 +84,7 @@ from .models.loading import (checkpoint_facts, hub_revision, load_model, load_to
 from .models.placement import describe as describe_placement
 from .models.placement import gpu_budget
 from .strategies import StrategySettings, decode_questions, derive_seed
+from .strict_json import install as _install_strict_json
 from .task_costs import RunCosts, install as _install_task_costs
 from .length_checks import install as _install_length_checks
 
@@ -92,6 +93,8 @@ log = logging.getLogger(__name__)
 _install_task_costs()
 # every generation task's length is checked when lm-eval's evaluate starts
 _install_length_checks()
+# a dvoting run's results and samples files hold standard JSON (no NaN/Infinity)
+_install_strict_json()
 
 AUTO_BATCH_ROWS = {"cuda": 32, "cpu": 8}
 
@@ -105,6 +108,9 @@ class DVotingEvalModel(TemplateLM):
     """
 
     default_pretrained = ""
+    # what the generation progress bar names besides "dVoting generate_until" (e.g. `dvoting
+    # compare`'s row and seed); None: nothing
+    progress_label: str | None = None
 
     def __init__(
         self, pretrained: str | None = None, tokenizer: str | None = None, strategy: str = "dvoting",
@@ -470,7 +476,8 @@ class DVotingEvalModel(TemplateLM):
         sanitise_requests(requests)
         plan = self._planner().plan(requests, repeat_indices(requests))
         texts: list[str | None] = [None] * len(requests)
-        bar = tqdm(total=len(plan.jobs), desc="dVoting generate_until", disable=disable_tqdm or self.rank != 0)
+        desc = "dVoting generate_until" + (f" [{self.progress_label}]" if self.progress_label else "")
+        bar = tqdm(total=len(plan.jobs), desc=desc, disable=disable_tqdm or self.rank != 0)
 
         def done(index: int, result: Any) -> None:
             job = plan.jobs[index]

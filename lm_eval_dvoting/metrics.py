@@ -4,7 +4,8 @@
   at least `k` of its `K` samples (equal-length token sequences) hold the same token.
   `mean_nupr_at_k` averages it over questions.
 * `consistency_level`: votes for the most frequent answer / number of samples.
-* `benefit_per_cost`: BPC, `(acc_method - acc_single) / (steps_method / steps_single)`.
+* `benefit_per_cost`: BPC, `(acc_method - acc_single) / (steps_method / steps_single)`;
+  `benefit_per_cost_if_costlier`: BPC where it charges for cost, None for a cheaper method.
 
 Nothing here imports torch or lm_eval: samples may be lists of token ids or anything
 with `.tolist()` (a tensor or an array), so the functions run on a harness's logged
@@ -18,6 +19,7 @@ from typing import Any
 
 __all__ = [
     "benefit_per_cost",
+    "benefit_per_cost_if_costlier",
     "consistency_from_votes",
     "consistency_level",
     "mean_nupr_at_k",
@@ -134,3 +136,17 @@ def benefit_per_cost(acc_method: float, acc_single: float, steps_method: float, 
     if steps_single <= 0 or steps_method <= 0:
         raise ValueError(f"steps must be > 0, got method {steps_method}, single {steps_single}")
     return (acc_method - acc_single) / (steps_method / steps_single)
+
+
+def benefit_per_cost_if_costlier(acc_method: float, acc_single: float, steps_method: float,
+                                 steps_single: float) -> float | None:
+    """BPC for a method that costs at least the baseline's steps; None for a cheaper one.
+
+    BPC divides the accuracy difference by the cost ratio to charge a method for the passes
+    it adds. For a method cheaper than the baseline the ratio is below 1 and the division
+    magnifies the difference instead (a method at half the passes that loses 25 points would
+    show -50), so there is no benefit per cost to report: compare accuracy and steps directly.
+    """
+    if steps_method < steps_single:
+        return None
+    return benefit_per_cost(acc_method, acc_single, steps_method, steps_single)

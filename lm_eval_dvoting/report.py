@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .metrics import benefit_per_cost, consistency_from_votes, mean_nupr_at_k, token_agreement
+from . import strict_json
+from .metrics import benefit_per_cost_if_costlier, consistency_from_votes, mean_nupr_at_k, token_agreement
 from .temporal import expand_runs
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,31 @@ PICTURE_WIDTH = 32  # positions per line in the token pictures
 
 @dataclass
 class TaskRun:
-    """One task of one run: its aggregate figures and its logged sample records."""
+    """One task of one run under one of its filters: its aggregate figures and its logged
+    sample records (lm-eval logs one record per document and filter; these are the filter's)."""
 
     task: str
     accuracy: float | None  # fraction, from the results JSON
     mean_nfe: float | None
     mean_samples: float | None
     records: list[dict[str, Any]] = field(default_factory=list)
+    # the filter the accuracy is reported under (lm-eval's "exact_match,<filter>"); None: none given
+    filter: str | None = None
+    several_filters: bool = False  # the task reports its metric under more than one filter
+    documents: int | None = None  # lm-eval's n-samples (effective) for the task, when it wrote one
+
+    @property
+    def name(self) -> str:
+        """The task, with the filter when the task has several: "gsm8k_cot_zeroshot (strict-match)"."""
+        return f"{self.task} ({self.filter})" if self.several_filters else self.task
+
+    @property
+    def questions(self) -> int | None:
+        """Documents scored: the distinct doc ids logged (never the logged lines, which a task
+        with several filters writes once per filter), else lm-eval's n-samples."""
+        if self.records:
+            return len({record.get("doc_id") for record in self.records})
+        return self.documents
 
     def traces(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """(record, trace) of every logged question that carries a dVoting trace."""
@@ -130,14 +149,28 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _metric(task_results: dict[str, Any], name: str) -> float | None:
-    for key, value in task_results.items():
-        if key.split(",", 1)[0] == name and isinstance(value, (int, float)):
-            return float(value)
-    return None
+def _metric(task_results: dict[str, Any], name: str, filter_name: str | None = None) -> float | None:
+    """The value of metric `name` under `filter_name` (else under any filter)."""
+    found = {key.partition(",")[2]: float(value) for key, value in task_results.items()
+             if key.partition(",")[0] == name and isinstance(value, (int, float))}
+    if filter_name in found:
+        return found[filter_name]
+    return next(iter(found.values()), None)
+
+
+def _filters(task_results: dict[str, Any], metric: str) -> list[str]:
+    """The filters a task reports `metric` under ("exact_match,strict-match" -> strict-match)."""
+    return [key.partition(",")[2] for key, value in task_results.items()
+            if key.partition(",")[0] == metric and isinstance(value, (int, float))]
+
+
+def _filter_records(records: list[dict[str, Any]], filter_name: str) -> list[dict[str, Any]]:
+    """The records logged under `filter_name` (records without a filter field: all of them)."""
+    return [r for r in records if r.get("filter", filter_name) == filter_name]
 
 
 def load_run(results_file: Path, metric: str = "exact_match") -> Run:
+    """One results JSON and its samples files: a `TaskRun` per task and filter of `metric`."""
     data = json.loads(results_file.read_text(encoding="utf-8"))
     date = _date_id(results_file)
     samples: dict[str, list[dict[str, Any]]] = {}
@@ -148,14 +181,17 @@ def load_run(results_file: Path, metric: str = "exact_match") -> Run:
     totals = (config.get("dvoting") or {}).get("totals") or {}
     tasks = {}
     for task, task_results in (data.get("results") or {}).items():
-        accuracy = _metric(task_results, metric)
-        if accuracy is None:
-            continue
-        mean_nfe = _metric(task_results, "nfe")
-        mean_samples = _metric(task_results, "n_samples")
-        if mean_nfe is None and len(data["results"]) == 1:
-            mean_nfe, mean_samples = totals.get("mean_nfe"), totals.get("mean_samples")
-        tasks[task] = TaskRun(task, accuracy, mean_nfe, mean_samples, samples.get(task, []))
+        filters = _filters(task_results, metric)
+        documents = ((data.get("n-samples") or {}).get(task) or {}).get("effective")
+        for filter_name in filters:
+            mean_nfe = _metric(task_results, "nfe", filter_name)
+            mean_samples = _metric(task_results, "n_samples", filter_name)
+            if mean_nfe is None and len(data["results"]) == 1:
+                mean_nfe, mean_samples = totals.get("mean_nfe"), totals.get("mean_samples")
+            run = TaskRun(task, _metric(task_results, metric, filter_name), mean_nfe, mean_samples,
+                          _filter_records(samples.get(task, []), filter_name), filter_name, len(filters) > 1,
+                          documents)
+            tasks[run.name] = run
     return Run(results_file, config, tasks)
 
 
@@ -243,10 +279,12 @@ def build_rows(runs: list[Run], baseline: Run | None, metric: str = "exact_match
     for run in runs:
         for task in run.tasks.values():
             bpc = None
-            base = baseline.tasks.get(task.task) if baseline is not None else None
+            base = baseline.tasks.get(task.name) if baseline is not None else None
             if (base is not None and run is not baseline and None not in
                     (task.accuracy, base.accuracy, task.mean_nfe, base.mean_nfe)):
-                bpc = benefit_per_cost(100 * task.accuracy, 100 * base.accuracy, task.mean_nfe, base.mean_nfe)
+                # None for a run cheaper than the baseline (metrics.benefit_per_cost_if_costlier)
+                bpc = benefit_per_cost_if_costlier(100 * task.accuracy, 100 * base.accuracy, task.mean_nfe,
+                                                   base.mean_nfe)
             traced = task.traces()
             token_lists = [t for t in (_question_tokens(trace) for _, trace in traced) if t is not None]
             consistency = []
@@ -277,10 +315,10 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
         task = row.task
         # with one sample per question the level is trivially 1 (or 0): not shown
         levels = [level for level, _ in row.consistency] if _max_samples(row) > 1 else []
-        questions = len(task.records) or "–"
+        questions = task.questions or "–"  # documents, not logged lines (one per filter)
         bpc = "baseline" if row.run is baseline else _fmt(row.bpc)
         lines.append(
-            f"| {row.run.label} | {task.task} | {questions} | {_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
+            f"| {row.run.label} | {task.name} | {questions} | {_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
             f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | {_fmt(row.nupr2, '.3f')} | "
             f"{_fmt(row.nupr3, '.3f')} | {_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
         )
@@ -295,7 +333,7 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
                   "Share of the correct (incorrect) questions at each level; level = votes for the "
                   "most frequent answer / samples drawn.", ""]
         for row in voting:
-            parts += [f"### {row.run.label} · {row.task.task}", "", *consistency_table(row.consistency), ""]
+            parts += [f"### {row.run.label} · {row.task.name}", "", *consistency_table(row.consistency), ""]
     return "\n".join(parts)
 
 
@@ -334,10 +372,10 @@ def plot_accuracy_vs_nfe(rows: list[Row], baseline: Run | None, path: Path) -> b
     if not points:
         return False
     plt = _pyplot()
-    tasks = list(dict.fromkeys(r.task.task for r in points))
+    tasks = list(dict.fromkeys(r.task.name for r in points))
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for row in (r for r in points if r.task.task == task):
+        for row in (r for r in points if r.task.name == task):
             x, y = row.task.mean_nfe, 100 * row.task.accuracy
             is_base = row.run is baseline
             note = row.run.label + (" (baseline)" if is_base else f", BPC {row.bpc:.2f}" if row.bpc is not None else "")
@@ -372,7 +410,7 @@ def plot_consistency(rows: list[Row], path: Path) -> bool:
         ax.set_xticks(range(len(levels)), [f"{level:.2f}" for level in levels], rotation=45)
         ax.set_xlabel("voting consistency level")
         ax.set_ylabel("share of questions (%)")
-        ax.set_title(f"{row.run.label} · {row.task.task}", fontsize=10)
+        ax.set_title(f"{row.run.label} · {row.task.name}", fontsize=10)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
@@ -437,7 +475,7 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
              "wrong -> right | right -> wrong |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         gained, lost = row.overturned
-        lines.append(f"| {row.run.label} | {row.task.task} | {len(row.voted)} | {_percent(row.plain):.2f} | "
+        lines.append(f"| {row.run.label} | {row.task.name} | {len(row.voted)} | {_percent(row.plain):.2f} | "
                      f"{_percent(row.voted):.2f} | {_percent(row.ever):.2f} | "
                      f"{_fmt(sum(row.tse) / len(row.tse) if row.tse else None, '.3f')} | {gained} | {lost} |")
     return lines + ["", "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
@@ -484,7 +522,7 @@ def plot_accuracy_by_step(rows: list[StepRow], path: Path) -> bool:
                        label=f"{name}: {value:.1f}%")
         ax.set_xlabel("fraction of the decode's steps")
         ax.set_ylabel("accuracy (%)")
-        ax.set_title(f"{row.run.label} · {row.task.task}", fontsize=10)
+        ax.set_title(f"{row.run.label} · {row.task.name}", fontsize=10)
         ax.legend(fontsize=7, loc="lower right")
         ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -600,7 +638,7 @@ th{{text-align:left;font-weight:normal;padding-right:8px;white-space:nowrap}}</s
 <body><h3>{html.escape(title)}</h3>
 <p>Each generated token is coloured by how many of the {samples} samples hold the same token at
 that position: {legend}. Framed cells were kept from earlier samples (not remasked);
-★ marks the sample returned to the harness. Votes: {html.escape(json.dumps(trace.get("votes", {})))}.</p>
+★ marks the sample returned to the harness. Votes: {html.escape(strict_json.dumps(trace.get("votes", {})))}.</p>
 {note}<table>{"".join(rows)}</table></body></html>
 """
 
@@ -675,13 +713,13 @@ def write_token_pictures(runs: list[Run], questions: list[int] | None, out: Path
             names = names_by_source.setdefault(source, TokenNames(source))
             for doc_id in wanted:
                 if doc_id not in traced:
-                    log.warning("%s %s: doc %s has no multi-sample trace", run.label, task.task, doc_id)
+                    log.warning("%s %s: doc %s has no multi-sample trace", run.label, task.name, doc_id)
                     continue
                 record = next(r for r in task.records if r["doc_id"] == doc_id)
                 verdict = "correct" if float(record.get("exact_match", 0)) > 0 else "incorrect"
-                title = (f"{run.label} · {task.task} · doc {doc_id} · target {record.get('target')} · "
+                title = (f"{run.label} · {task.name} · doc {doc_id} · target {record.get('target')} · "
                          f"voted {record.get('filtered_resps', ['?'])[0]} ({verdict})")
-                stem = out / f"tokens_{_slug(run.label)}_{_slug(task.task)}_doc{doc_id}"
+                stem = out / f"tokens_{_slug(run.label)}_{_slug(task.name)}_doc{doc_id}"
                 stem.with_suffix(".html").write_text(token_picture_html(title, traced[doc_id], names), encoding="utf-8")
                 token_picture_png(title, traced[doc_id], names, stem.with_suffix(".png"))
                 written += [stem.with_suffix(".html"), stem.with_suffix(".png")]
@@ -745,8 +783,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
     table = "\n".join([markdown(rows, baseline), *step_markdown(step_rows)])
-    missing = [f"{r.run.label} · {r.task.task}" for r in rows if not r.task.records]
-    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.metrics`); BPC in percentage points."]
+    missing = [f"{r.run.label} · {r.task.name}" for r in rows if not r.task.records]
+    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.metrics`); BPC in percentage points, for runs "
+             "with at least the baseline's mean NFE (– for a cheaper run: dividing by a cost ratio below 1 would "
+             "magnify its accuracy difference rather than charge for cost). Questions: documents scored; a task "
+             "with several filters has one row per filter."]
     if missing:
         notes.append("No `--log_samples` records (NUPR and consistency unavailable) for: " + ", ".join(missing) + ".")
     figures = "\n".join(f"![{name}]({name})" for name in pictures)

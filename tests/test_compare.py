@@ -132,16 +132,26 @@ def test_a_row_the_model_args_do_not_allow_is_named():
         compare.row_settings("hex", base)
 
 
-def test_only_sampled_rows_run_with_several_seeds():
+def test_only_sampled_settings_draw_from_the_seed():
     base = StrategySettings(gen_length=32)
-    assert compare.run_seeds(compare.row_settings("single", base), 7, 3) == [7]
-    assert compare.run_seeds(compare.row_settings("single-entropy", base), 7, 3) == [7]
-    assert compare.run_seeds(compare.row_settings("dvoting", base), 7, 3) == [7, 8, 9]
+    assert not compare.is_sampled(compare.row_settings("single", base))
+    assert not compare.is_sampled(compare.row_settings("single-entropy", base))
+    assert compare.is_sampled(compare.row_settings("dvoting", base))
     greedy_majority = replace(base, strategy="majority", temperature=0.0)
-    assert compare.run_seeds(greedy_majority, 7, 3) == [7]
+    assert not compare.is_sampled(greedy_majority)
     # random remasking draws from the seed even at temperature 0 (the fixed schedule only)
-    assert compare.run_seeds(replace(greedy_majority, remasking="random"), 7, 3) == [7, 8, 9]
-    assert compare.run_seeds(replace(base, strategy="dvoting", temperature=0.0, remasking="random"), 7, 3) == [7]
+    assert compare.is_sampled(replace(greedy_majority, remasking="random"))
+    assert not compare.is_sampled(replace(base, strategy="dvoting", temperature=0.0, remasking="random"))
+
+
+def test_a_run_sampled_when_any_request_ran_with_a_seeded_draw():
+    """`ran_sampled` reads the settings the requests ran with (resolved entries of
+    settings_used), as the same predicate does on settings."""
+    greedy = {"strategy": "single", "temperature": 0.0, "decoder": "fixed", "remasking": "low_confidence"}
+    assert not compare.ran_sampled([greedy])
+    assert compare.ran_sampled([greedy, {**greedy, "temperature": 1.0}])
+    assert compare.ran_sampled([{**greedy, "remasking": "random"}])
+    assert not compare.ran_sampled([{**greedy, "decoder": "entropy", "remasking": "random"}])
 
 
 def test_per_document_reads_the_metrics_filter_only():
@@ -209,11 +219,164 @@ def test_table_and_paired_line_show_spread_and_runs():
            "mean_nfe": 25.0, "mean_samples": 3.0, "seconds": 4.0}
     single = {"strategy": "single", "accuracy": 51.0, "accuracy_std": None, "sampled": False, "seeds": [1],
               "mean_nfe": 32.0, "mean_samples": 1.0, "seconds": 2.0}
-    table = compare.markdown_table([single, row])
-    assert "| single | 51.00 | 1 (greedy) | 32.0 |" in table
-    # BPC on the means: (61 - 51) / (25 / 32)
-    assert "| dvoting | 61.00 ± 1.50 | 3 seeds | 25.0 | 3.00 | 4.0 | 12.80 |" in table
+    costlier = {**row, "strategy": "hex", "mean_nfe": 64.0}
+    same_cost = {**row, "strategy": "majority", "accuracy": 41.0, "mean_nfe": 32.0}
+    table = compare.markdown_table([single, row, costlier, same_cost])
+    assert "| single | 51.00 | 1 (greedy) | 32.0 | 1.00 | 2.0 | - |" in table
+    # BPC on the means for rows at least as costly: (61 - 51) / (64 / 32), (41 - 51) / 1
+    assert "| hex | 61.00 ± 1.50 | 3 seeds | 64.0 | 3.00 | 4.0 | 5.00 |" in table
+    assert "| majority | 41.00 ± 1.50 | 3 seeds | 32.0 | 3.00 | 4.0 | -10.00 |" in table
+    # a cheaper row's cell is empty (not (61 - 51) / (25 / 32) = 12.80), and the note says why
+    assert "| dvoting | 61.00 ± 1.50 | 3 seeds | 25.0 | 3.00 | 4.0 |  |" in table
+    assert table.endswith("\n\n" + compare.BPC_NOTE) and "empty for cheaper rows" in compare.BPC_NOTE
+    assert compare.BPC_NOTE not in compare.markdown_table([row])  # no single row: no BPC column values
     paired = {"first": "dvoting", "second": "majority-entropy", "runs": {"dvoting": 3, "majority-entropy": 3},
               "mean_points": 1.25, "ci_points": [-0.8, 3.1], "confidence": 0.95, "problems": 500}
     assert compare.paired_line(paired) == (
         "dvoting - majority-entropy: +1.2 points, 95% CI [-0.8, +3.1] (paired bootstrap over 500 problems, 3 seeds)")
+
+
+# ------------------------------------------------- issue 38 and 42: labels, encodings, the demo
+
+
+def test_a_row_that_samples_runs_every_seed_whatever_its_strategy(tmp_path, capsys, caplog):
+    """`--gen_kwargs do_sample=true,temperature=1.0` makes `single` and `temporal` sample: each
+    then runs its seeds and shows its spread, labelled by seeds, not "1 (greedy)" (issue 38).
+    `--row_seeds temporal=1` gives temporal one seed of its own (a sampled row, "1 seed"). Each
+    progress bar names its row and seed, and lm-eval's `--metadata` hint is shown once
+    (issue 42, item 5)."""
+    import logging
+
+    caplog.set_level(logging.WARNING)
+    out = tmp_path / "cmp"
+    assert compare.main([
+        "--model_args", "pretrained=tiny-arith", "--tasks", "dvoting_arith", "--strategies", "single,temporal",
+        "--seeds", "2", "--row_seeds", "temporal=1", "--limit", "3", "--out", str(out), "--device", "cpu",
+        "--gen_kwargs", "do_sample=true,temperature=1.0"]) == 0
+    rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
+    single, temporal = rows["single"], rows["temporal"]
+    assert single["sampled"] and temporal["sampled"]
+    assert single["temperature"] == temporal["temperature"] == 1.0  # as the requests ran
+    assert single["seeds"] == [1234, 1235] and len(single["accuracies"]) == 2
+    assert single["accuracy_std"] is not None
+    assert temporal["seeds"] == [1234] and temporal["accuracy_std"] is None
+    table = (out / "compare.md").read_text()
+    assert "| single | " in table and "| 2 seeds |" in table and "| 1 seed |" in table
+    assert "(greedy)" not in table
+    err = capsys.readouterr().err
+    for label in ("single, seed 1234, row 1/2", "single, seed 1235, row 1/2", "temporal, seed 1234, row 2/2"):
+        assert f"dVoting generate_until [{label}]" in err, label
+    assert "temporal, seed 1235" not in err
+    hints = [r for r in caplog.records if "Custom kwargs can be passed to `--metadata`" in r.getMessage()]
+    assert len(hints) == 1  # three evaluations, one hint
+    assert not logging.getLogger("lm_eval.api.task").filters  # the filter leaves with compare
+
+
+def test_compare_json_is_standard_json_with_alpha_inf(tmp_path):
+    """alpha=inf (allowed) is written as "inf", never as the non-standard `Infinity` (issue 38)."""
+    from lm_eval_dvoting.strict_json import loads_strict
+
+    out = tmp_path / "cmp"
+    assert compare.main(["--model_args", "pretrained=tiny-arith,alpha=inf", "--tasks", "dvoting_arith",
+                         "--strategies", "single-entropy", "--limit", "2", "--out", str(out),
+                         "--device", "cpu"]) == 0
+    [row] = loads_strict((out / "compare.json").read_text())["rows"]
+    assert {entry["alpha"] for entry in row["settings"]} == {"inf"}
+
+
+def test_a_document_missing_from_a_later_seed_is_null_in_compare_json():
+    """summarize_row marks a document a later seed did not score with NaN; the file has null."""
+    from lm_eval_dvoting.strict_json import dumps, loads_strict
+
+    entry = {"temperature": 0.6, "decoder": "entropy", "remasking": "low_confidence"}
+    runs = [{"accuracy": 50.0, "nfe": 10.0, "samples": 3.0, "seconds": 1.0, "questions": 2, "metric": "m",
+             "settings": [entry], "per_document": per_doc} for per_doc in ({0: 1.0, 1: 0.0}, {0: 1.0})]
+    row = compare.summarize_row("dvoting", [1, 2], runs)
+    assert row["sampled"] and row["temperature"] == 0.6
+    assert loads_strict(dumps(row))["per_document"] == {"0": [1.0, 1.0], "1": [0.0, None]}
+
+
+def test_a_log_likelihood_task_is_refused_before_the_model_is_loaded(tmp_path):
+    """dvoting_arith_mc is scored by the likelihood estimate: no strategy plays a part, so
+    compare refuses it by name before reading the (here missing) checkpoint (issue 38)."""
+    with pytest.raises(SystemExit, match=r"--tasks dvoting_arith_mc is scored by log-likelihood only "
+                                         r"\(dvoting_arith_mc \(multiple_choice\)\): no strategy plays a part"):
+        compare.main(["--model_args", "pretrained=/no/such/checkpoint", "--tasks", "dvoting_arith_mc",
+                      "--out", str(tmp_path)])
+
+
+def test_leaf_tasks_expand_groups_and_tags(monkeypatch):
+    reasoning = dict(compare.leaf_tasks("dvoting_reasoning"))  # our group, from lm-eval's index
+    assert {"dvoting_gsm8k", "dvoting_math500", "dvoting_arc_challenge"} <= set(reasoning)
+    assert "dvoting_reasoning" not in reasoning
+    assert compare.leaf_tasks("dvoting_arith_mc")[0][1]["output_type"] == "multiple_choice"
+    # a tag (the tasks carrying it), a group naming a tag, an inline task; an unknown name: none
+    from types import SimpleNamespace
+
+    from lm_eval.tasks._index import Entry, Kind
+
+    index = {"g": Entry("g", Kind.GROUP, None, {"group": "g", "task": ["t", {"task": "inline", "x": 1}]}),
+             "t": Entry("t", Kind.TAG, None, tags={"a", "b"}),
+             "a": Entry("a", Kind.TASK, None, {"task": "a", "output_type": "multiple_choice"}),
+             "b": Entry("b", Kind.TASK, None, {"task": "b"})}
+    monkeypatch.setattr(compare, "_task_manager", lambda name: SimpleNamespace(task_index=index))
+    assert [name for name, _ in compare.leaf_tasks("g")] == ["inline", "a", "b"]
+    assert compare.leaf_tasks("no_such_task_anywhere") == []
+
+
+def test_a_group_mixing_likelihood_tasks_runs_with_a_warning(monkeypatch, caplog):
+    mixed = [("gen", {"output_type": "generate_until"}), ("mc", {"output_type": "multiple_choice"})]
+    monkeypatch.setattr(compare, "leaf_tasks", lambda name: mixed)
+    compare.check_generation_task("group")
+    assert "includes log-likelihood tasks (mc (multiple_choice))" in caplog.text
+    monkeypatch.setattr(compare, "leaf_tasks", lambda name: mixed[1:])
+    with pytest.raises(SystemExit, match="scored by log-likelihood only"):
+        compare.check_generation_task("group")
+
+
+def test_a_run_without_generation_requests_is_refused_not_nan(monkeypatch):
+    """What the task index cannot tell (a task defined in Python) is caught after the first
+    run: no NaN mean NFE reaches the table or the JSON."""
+    class Model:
+        def use_strategy(self, strategy, seed=None, **overrides):
+            pass
+
+        def get_model_info(self):
+            return {"dvoting": {"totals": {"questions": 0, "nfe": 0, "samples": 0}, "settings_used": [],
+                                "settings": {}}}
+
+    results = {"results": {"t": {"acc,none": 0.5}}, "samples": {}}
+    monkeypatch.setattr(compare, "_evaluate", lambda lm, args: results)
+    args = compare.parse_args(["--tasks", "t"])
+    with pytest.raises(SystemExit, match="--tasks t made no generation requests"):
+        compare._run(Model(), args, "single", {}, 1234)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("hex", r"has no '=' in 'hex'"),
+    ("best=1", r"names 'best', not a row of --strategies \(single, hex\)"),
+    ("hex=1,hex=2", "gives hex twice"),
+    ("hex=0", "gives hex '0' seeds, not a whole number >= 1"),
+    ("hex=1.5", "gives hex '1.5' seeds"),
+])
+def test_bad_row_seeds_are_refused_by_name(text, message):
+    with pytest.raises(SystemExit, match=rf"--row_seeds {text!r} {message}"):
+        compare.parse_row_seeds(text, ["single", "hex"], 3)
+
+
+def test_row_seeds_override_seeds_for_the_rows_named():
+    assert compare.parse_row_seeds(None, ["single", "hex"], 3) == {"single": 3, "hex": 3}
+    assert compare.parse_row_seeds(" hex = 1 ", ["single", "hex"], 3) == {"single": 3, "hex": 1}
+
+
+def test_lm_eval_messages_are_shown_once_while_compare_runs(caplog):
+    import logging
+
+    task_log = logging.getLogger("lm_eval.api.task")
+    with caplog.at_level(logging.WARNING), compare.lm_eval_messages_once():
+        for _ in range(3):
+            task_log.warning("the hint")
+            logging.getLogger("lm_eval.evaluator").warning("the note %s", 1)
+        task_log.warning("another hint")
+    task_log.warning("the hint")  # after compare: as lm-eval logs it
+    assert [r.getMessage() for r in caplog.records] == ["the hint", "the note 1", "another hint", "the hint"]

@@ -108,10 +108,12 @@ def test_token_picture_drops_shared_end_padding_and_frames_kept(outputs: Path, t
 
 def test_baseline_choice(outputs: Path, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    # the dVoting run as baseline (by position): single's BPC = (50 - 75) / (32 / 64) = -50
+    # the dVoting run as baseline (by position): single is cheaper (32 vs 64 NFE), so it has no
+    # BPC (not (50 - 75) / (32 / 64) = -50, a difference magnified by a cost ratio below 1)
     report.main([str(outputs), "--out", str(out), "--baseline", "2", "--questions", "none"])
     text = (out / "report.md").read_text()
-    assert "| single | dvoting_arith | 4 | 50.00 | 32.0 | 1.00 | -50.00 |" in text
+    assert "| single | dvoting_arith | 4 | 50.00 | 32.0 | 1.00 | – |" in text
+    assert "– for a cheaper run" in text
     assert "| dvoting n=5 | dvoting_arith | 4 | 75.00 | 64.0 | 3.75 | baseline |" in text
     assert not list(out.glob("tokens_*"))
     # by label, and results file given directly (no single run among them: no BPC)
@@ -180,6 +182,47 @@ def test_report_on_a_real_harness_run(tiny_llada_dir: Path, tmp_path: Path) -> N
     text = (out / "report.md").read_text()
     assert "| dvoting n=5 | dvoting_arith | 2 |" in text
     assert (out / "tokens_dvoting_n=5_dvoting_arith_doc0.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def _two_filter_run(folder: Path, tiny_llada_dir: Path) -> None:
+    """A run shaped as lm-eval writes `gsm8k_cot_zeroshot --limit 3 --log_samples`: two filters,
+    so two logged lines per document; strict-match right on doc 0, flexible-extract on 0 and 1."""
+    task, date = "gsm8k_cot_zeroshot", "2026-01-02T00-00-00.000001"
+    right = {"strict-match": {0}, "flexible-extract": {0, 1}}
+    folder.mkdir(parents=True)
+    results = {"results": {task: {"alias": task, **{f"exact_match,{f}": len(ok) / 3 for f, ok in right.items()},
+                                  **{f"nfe,{f}": 20.0 for f in right}, **{f"n_samples,{f}": 3.0 for f in right}}},
+               "n-samples": {task: {"original": 1319, "effective": 3}},
+               "config": {"model": "dvoting-llada", "model_args": {"pretrained": str(tiny_llada_dir)},
+                          "dvoting": {"pretrained": str(tiny_llada_dir), "settings": {"strategy": "dvoting", "n": 3}}}}
+    (folder / f"results_{date}.json").write_text(json.dumps(results))
+    tokens, answers, votes, _ = QUESTIONS[0]
+    lines = [_record(doc, doc in ok, _trace(tokens, answers, votes)) | {"filter": name}
+             for name, ok in right.items() for doc in range(3)]
+    (folder / f"samples_{task}_{date}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+def test_a_two_filter_task_counts_documents_and_reports_each_filter(tmp_path: Path, tiny_llada_dir: Path) -> None:
+    """Issue 42, item 4: 3 documents logged twice (one line per filter) are 3 questions, not 6;
+    each filter's accuracy is reported under its name, with its own consistency counts."""
+    _two_filter_run(tmp_path / "runs", tiny_llada_dir)
+    out = tmp_path / "report"
+    assert report.main([str(tmp_path / "runs"), "--out", str(out), "--questions", "none"]) == 0
+    text = (out / "report.md").read_text()
+    assert "| dvoting n=3 | gsm8k_cot_zeroshot (strict-match) | 3 | 33.33 | 20.0 | 3.00 |" in text
+    assert "| dvoting n=3 | gsm8k_cot_zeroshot (flexible-extract) | 3 | 66.67 | 20.0 | 3.00 |" in text
+    # the consistency table of each filter counts its 3 documents, each once
+    strict = text.split("### dvoting n=3 · gsm8k_cot_zeroshot (strict-match)")[1]
+    assert "| all | 1 | 2 |" in strict.split("###")[0]
+    flexible = text.split("### dvoting n=3 · gsm8k_cot_zeroshot (flexible-extract)")[1]
+    assert "| all | 2 | 1 |" in flexible.split("###")[0]
+    [run] = [report.load_run(p) for p in report.find_results([tmp_path / "runs"])]
+    assert {name: task.questions for name, task in run.tasks.items()} == {
+        "gsm8k_cot_zeroshot (strict-match)": 3, "gsm8k_cot_zeroshot (flexible-extract)": 3}
+    for sample_file in (tmp_path / "runs").glob("samples_*.jsonl"):
+        sample_file.unlink()  # without logged samples: lm-eval's n-samples (effective), not "–"
+    [run] = [report.load_run(p) for p in report.find_results([tmp_path / "runs"])]
+    assert [task.questions for task in run.tasks.values()] == [3, 3]
 
 
 # (plain vote right, temporal vote right, ever-pass, TSE, per-step runs, runs right) per question

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .. import strict_json
 from ..models.dream import DreamConfig, DreamModel
 from ..models.llada import LLaDAConfig, LLaDAModel
 from . import arith
@@ -298,9 +299,9 @@ def export_checkpoint(model: LLaDAModel, config: dict[str, Any], tokenizer, fold
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "config.json").write_text(strict_json.dumps(config, indent=2) + "\n")
     tokenizer.save_pretrained(str(folder))
-    (folder / "training_state.json").write_text(json.dumps(note, indent=2, default=str) + "\n")
+    (folder / "training_state.json").write_text(strict_json.dumps(note, indent=2, default=str) + "\n")
 
 
 def save_state(path: Path, **state: Any) -> None:
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             record["best"] = best
             record["elapsed_min"] = round((time.time() - began) / 60, 2)
             print(json.dumps(record), flush=True)
-            log.write(json.dumps(record) + "\n")
+            log.write(strict_json.dumps(record) + "\n")  # a NaN loss: null
             log.flush()
             window_t, window_loss, window_n = time.time(), 0.0, 0
         if args.snapshot_every and step >= args.snapshot_from and step % args.snapshot_every == 0:

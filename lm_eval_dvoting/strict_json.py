@@ -1,0 +1,106 @@
+"""Standard JSON in every file the plugin writes: no NaN, no Infinity.
+
+Python's `json` writes `NaN`, `Infinity` and `-Infinity` for non-finite floats, which no
+strict parser accepts (JavaScript's `JSON.parse`, leaderboards' loaders, `jq` in strict
+mode). A documented setting can be infinite (`alpha=inf`: no share of the positions is
+remasked by the confidence bound) and a figure can be undefined, so every JSON the plugin
+writes goes through `json_safe`, which encodes
+
+* `inf` and `-inf` as the strings ``"inf"`` and ``"-inf"`` (as model args spell them;
+  `float("inf")` reads them back), and
+* NaN (a figure that does not exist, e.g. a document a run did not score) as ``null``.
+
+Files: `dvoting compare`'s compare.json, lm-eval's results JSON and samples JSONL of a run
+of a dvoting model (`install` patches lm-eval's `EvaluationTracker`, so lm-eval's own copies
+of the model args, `config.model_args` and each task's `metadata`, are encoded too), the
+`config.dvoting` block itself (`bookkeeping.CostBook.report`), and the bench scripts' JSON.
+The result cache (`--use_cache`) stores pickles, not JSON.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+from typing import Any, Callable
+
+# the encodings of the non-finite floats (NaN: None, written as null)
+INFINITY, NEGATIVE_INFINITY = "inf", "-inf"
+_PATCH_MARK = "_dvoting_strict_json"
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float encoded (`inf` -> "inf", `-inf` -> "-inf", NaN ->
+    None), inside dicts, lists and tuples (tuples become lists, as JSON writes them); anything
+    else is returned as it is, for the writer's own `default` to convert."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if math.isinf(value):
+            return INFINITY if value > 0 else NEGATIVE_INFINITY
+        return value
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """`json.dumps` of `json_safe(value)`, refusing (ValueError) any non-finite float left."""
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name} (strict JSON has no NaN or Infinity)")
+
+
+def loads_strict(text: str) -> Any:
+    """`json.loads` as a strict parser reads: `NaN`, `Infinity` and `-Infinity` are refused."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+# ------------------------------------------------------------ lm-eval's writer
+
+
+def _is_ours(tracker: Any, results: Any = None) -> bool:
+    """Whether lm-eval's tracker is writing a run of a dvoting model (other models' files
+    are left exactly as lm-eval writes them)."""
+    source = str(getattr(getattr(tracker, "general_config_tracker", None), "model_source", None) or "")
+    config = results.get("config") if isinstance(results, dict) else None
+    return source.startswith("dvoting-") or (isinstance(config, dict) and "dvoting" in config)
+
+
+def _wrap_aggregated(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def save_results_aggregated(self: Any, results: dict, samples: dict | None = None) -> None:
+        if _is_ours(self, results):
+            # in place: lm-eval adds to `results` while saving and the caller keeps using it
+            safe = json_safe(results)
+            results.clear()
+            results.update(safe)
+        return original(self, results=results, samples=samples)
+
+    setattr(save_results_aggregated, _PATCH_MARK, True)
+    return save_results_aggregated
+
+
+def _wrap_samples(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def save_results_samples(self: Any, task_name: str, samples: list) -> None:
+        if _is_ours(self):
+            samples = json_safe(samples)
+        return original(self, task_name=task_name, samples=samples)
+
+    setattr(save_results_samples, _PATCH_MARK, True)
+    return save_results_samples
+
+
+def install() -> None:
+    """Patch lm-eval's `EvaluationTracker` (idempotent) so that a dvoting model's results JSON
+    and samples JSONL hold standard JSON (`json_safe`)."""
+    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
+
+    for name, wrap in (("save_results_aggregated", _wrap_aggregated), ("save_results_samples", _wrap_samples)):
+        current = EvaluationTracker.__dict__.get(name)
+        if current is not None and not getattr(current, _PATCH_MARK, False):
+            setattr(EvaluationTracker, name, wrap(current))
