@@ -10,7 +10,7 @@ plus `--include_path`. This module adds ours to both:
 
 It also adjusts three things of lm-eval's, each documented at its function:
 - `lm_eval --tasks` naming only dvoting tasks skips indexing lm-eval's ~14,000 stock task
-  files (`patch_process_tasks`: about 30 s of CPU time on every call);
+  files (`patch_process_tasks`: some 15 s of CPU time on every call);
 - the printed results table leaves out `dvoting_trace`, a per-sample record for
   `--log_samples`, not a score (`patch_results_table`);
 - with `DVOTING_DATA_DIR` set, stock tasks on GSM8K, MATH-500, ARC-Challenge and MMLU read
@@ -30,7 +30,10 @@ import logging
 import re
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .local_data import SplitNeeds
 
 # lm-eval model name -> "module:Class" of the module that *defines* the class.
 # Keep in sync with [project.entry-points."lm_eval.models"] in pyproject.toml
@@ -218,9 +221,10 @@ def patch_process_tasks(config_module: ModuleType | None = None) -> bool:
     """Let lm-eval's CLI skip its own task index when `--tasks` names only our tasks.
 
     lm-eval 0.4.13 parses all of its ~14,000 task YAMLs on every call before it looks at
-    `--tasks` (about 30 s of CPU time). When every name asked for is one of ours, none of
-    them can be a stock task, so the TaskManager the CLI builds then indexes our folder and
-    `--include_path` only: the same tasks load from the same files. Any other `--tasks`
+    `--tasks` (some 15 s of CPU time; 35-85 s of wall time on a busy 2-core machine).
+    When every name asked for is one of ours, none of them can be a stock task, so the
+    TaskManager the CLI builds then indexes our folder and `--include_path` only: the
+    same tasks load from the same files. Any other `--tasks`
     (a stock name, a path, a glob, a tag) gets lm-eval's full index as before.
     Returns whether `EvaluatorConfig.process_tasks` is patched.
     """
@@ -290,7 +294,7 @@ def patch_results_table(utils_module: ModuleType | None = None) -> bool:
     return True
 
 
-def _split_needs(task: Any) -> Any:
+def _split_needs(task: Any) -> SplitNeeds:
     """The splits a stock task reads, from its config (`local_data.SplitNeeds`)."""
     from .local_data import SplitNeeds
 

@@ -111,7 +111,8 @@ def test_arc_challenge_maps_to_the_hub_columns(data: Path, no_hub: list) -> None
     task = stock_task("arc_challenge", "arc")
     first, second = task.test_docs()
     assert first["question"] == "Which is a gas?" and first["id"] == "Q1"
-    assert first["choices"] == {"text": ["ice", "steam", "rock", "wood"], "label": ["1", "2", "3", "4"]}
+    assert first["choices"] == {"text": ["ice", "steam", "rock", "wood"],
+                                "label": ["1", "2", "3", "4"]}
     assert task.doc_to_text(first) == "Question: Which is a gas?\nAnswer:"
     assert task.doc_to_choice(first) == ["ice", "steam", "rock", "wood"]
     assert task.doc_to_target(first) == 1  # the position of label "2"
