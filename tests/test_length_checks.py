@@ -119,6 +119,17 @@ def test_a_task_length_without_room_for_a_prompt_is_refused_before_any_request(b
     assert built == []  # refused before lm-eval built (or the model decoded) any request
 
 
+def test_the_issues_dvoting_gsm8k_on_the_demo_model(data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    built):
+    """Issue 42's own case, on the real GSM8K files: dvoting_gsm8k's YAML asks for 256."""
+    monkeypatch.setenv("DVOTING_DATA_DIR", str(data_dir))
+    message = (r"^max_gen_toks 256 \(task dvoting_gsm8k's generation_kwargs: .* e\.g\. 128, with "
+               r"--gen_kwargs max_gen_toks=128 ")
+    with pytest.raises(ValueError, match=message):
+        _evaluate("dvoting-llada", DEMO, ["dvoting_gsm8k"])
+    assert built == []
+
+
 def test_a_stock_task_without_a_length_names_the_model_arg_too(tmp_path: Path, built):
     """lm-eval's gsm8k_cot_zeroshot gives no max_gen_toks: the model's 256 is what it runs
     with, so both fixes work; a task listed first is not run before the refusal either."""

@@ -69,15 +69,16 @@ HARNESS_PROPERTIES = [
 HARNESS_TESTS = ["tests/test_harness.py", "tests/test_harness_conventions.py", "tests/test_properties.py",
                 "tests/test_input_faults.py", "tests/test_run_controls.py", "tests/test_likelihood.py",
                 "tests/test_result_cache.py", "tests/test_reliability.py", "tests/test_decoder_ablation.py",
-                "tests/test_harness_likelihood.py", "tests/test_llada2_harness.py", "tests/test_rfg.py", KILLS]
+                "tests/test_harness_likelihood.py", "tests/test_llada2_harness.py", "tests/test_rfg.py",
+                "tests/test_length_checks.py", KILLS]
 # module -> the pytest arguments selecting the fast tests that exercise it (mutmut then
 # runs, per mutant, only those of them that call the mutated function)
 MODULES: dict[str, list[str]] = {
     "answers": ["tests/test_answers.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
     "metrics": ["tests/test_metrics.py", KILLS],
     "strategies": ["tests/test_strategies.py", "tests/test_properties.py", "tests/test_confidence_strategies.py",
-                   "tests/test_temporal.py", "tests/test_block_diffusion.py", "tests/test_rfg.py", KILLS,
-                   *HARNESS_PROPERTIES],
+                   "tests/test_temporal.py", "tests/test_block_diffusion.py", "tests/test_rfg.py",
+                   "tests/test_length_checks.py", KILLS, *HARNESS_PROPERTIES],
     # the temporal vote and its per-step logs (the report's figures are read from them)
     "temporal": ["tests/test_temporal.py", "tests/test_report.py", KILLS],
     # RFG's guided model and the LoRA adapters it may guide (issue 21)
