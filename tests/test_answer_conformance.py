@@ -151,6 +151,20 @@ def test_a_huge_power_is_refused_at_once(content: str) -> None:
     assert time.perf_counter() - start < 0.5
 
 
+@pytest.mark.parametrize("content", ["(" * 2000 + "1" + ")" * 2000, "-" * 5000 + "1",
+                                     "\\text{" * 5000 + "18" + "}" * 5000,
+                                     "\\frac{" * 500 + "1}{2}" + "{2}" * 499])
+def test_a_runaway_box_is_refused_at_once(content: str) -> None:
+    """Brackets, signs, fractions and text groups nested beyond 32 levels refuse the box:
+    a runaway generation neither exhausts the stack (RecursionError) nor takes quadratic
+    time; 32 levels still read."""
+    start = time.perf_counter()
+    assert latex_value(content) is None
+    assert extract_answer(rf"\boxed{{{content}}}", "number") is None
+    assert time.perf_counter() - start < 0.5
+    assert latex_value("(" * 31 + "7" + ")" * 31) == 7
+
+
 def test_powers_within_the_bound_are_exact() -> None:
     # the bound is the base's bit length times the exponent: 2 (`10` in binary) x 4999
     assert latex_value(r"2^{4999}") == 2**4999
