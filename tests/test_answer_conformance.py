@@ -7,6 +7,7 @@ lm-eval's own GSM8K filters over its number rows for the doc.
 from __future__ import annotations
 
 import collections
+import doctest
 import importlib.util
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from lm_eval_dvoting import latex_value as latex_value_module
 from lm_eval_dvoting.answers import answers_equivalent, extract_answer, vote
 from lm_eval_dvoting.latex_value import latex_value
 
@@ -126,6 +128,11 @@ def test_the_choice_filter_passes_each_question_s_range() -> None:
     assert utils.extract_choice(responses, docs) == [["[invalid]"], ["E"], ["C", "[invalid]"]]
     with pytest.raises(ValueError):  # a response list without its document is a bug
         utils.extract_choice(responses, docs[:2])
+
+
+def test_latex_value_docstring_examples() -> None:
+    result = doctest.testmod(latex_value_module)
+    assert result.attempted > 0 and result.failed == 0
 
 
 @pytest.mark.parametrize("n_options", [0, 11, -1, True, 2.0, "4"])
