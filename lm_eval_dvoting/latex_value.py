@@ -34,6 +34,8 @@ What is read
       (``2n + 1``, ``5k``) is a variable or a multiplier and refuses the box, and so
       does a word that does not follow an operand (``5 + apples``);
     * anything else (``\\sqrt``, ``\\pi``, ``:``, ``<``, ``\\pm``, a set) refuses the box.
+      So do brackets, signs, fractions or text groups nested more than `MAX_DEPTH` (32)
+      levels deep (a runaway generation, never an answer).
 
 Why a hand-written evaluator rather than sympy or math-verify's LaTeX parser
 (latex2sympy2_extended): the grammar a one-number answer needs is small, and owning it
@@ -48,10 +50,13 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 __all__ = ["latex_value"]
 
+# Brackets, signs and text groups nested deeper than this refuse the box: no answer nests
+# so deep, and a runaway generation must not exhaust the stack or take quadratic time.
+MAX_DEPTH = 32
 # A power is computed only when the base's bit length times the exponent is at most this
 # (a bound on the result's bits; about 3,000 decimal digits).
 MAX_POWER_BITS = 10_000
@@ -111,12 +116,13 @@ def _plain(content: str) -> str:
     text = re.sub(r"\\[dt]frac", r"\\frac", text)
     text = text.replace("{,}", ",").replace("\\%", "%")
     text = _DEGREES.sub(lambda _: f" {_UNIT} ", text)
-    previous = None
-    while previous != text:  # innermost groups first: `\text{\textbf{18} dollars}`
+    for _ in range(MAX_DEPTH):  # innermost groups first: `\text{\textbf{18} dollars}`
         previous = text
         text = _TEXT_GROUP.sub(
             lambda m: f" {m.group(1)} " if re.search(r"\d", m.group(1)) else f" {_UNIT} ", text
         )
+        if text == previous:
+            break  # (groups nested deeper than MAX_DEPTH stay, and refuse the box)
     text = _DROPPED.sub("", text)
     # `\frac34`, `\frac3{4}`, `\frac{3}4`: single-character arguments get their braces
     text = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", text)
@@ -163,6 +169,17 @@ class _Parser:
     def __init__(self, tokens: list[Token]) -> None:
         self.tokens = tokens
         self.at = 0
+        self.depth = 0
+
+    def nested(self, read: Callable[[], Fraction]) -> Fraction:
+        """`read()` one level deeper; beyond `MAX_DEPTH` levels the box is refused."""
+        if self.depth >= MAX_DEPTH:
+            raise _NotAValue("nested too deep")
+        self.depth += 1
+        try:
+            return read()
+        finally:
+            self.depth -= 1
 
     # ------------------------------------------------------------------ helpers
 
@@ -232,9 +249,9 @@ class _Parser:
 
     def signed(self) -> Fraction:
         if self.take("-"):
-            return -self.signed()
+            return -self.nested(self.signed)
         if self.take("+"):
-            return self.signed()
+            return self.nested(self.signed)
         return self.with_units()
 
     def with_units(self) -> Fraction:
@@ -285,10 +302,10 @@ class _Parser:
             assert token[2] is not None
             return token[2] + self._proper_fraction_after(token)
         if self.take_kind("frac"):
-            return self.fraction()
+            return self.nested(self.fraction)
         if self.take("(", "{", "["):
             closing = {"(": ")", "{": "}", "[": "]"}[token[1]]
-            result = self.sum()
+            result = self.nested(self.sum)
             self.expect(closing)
             return result
         raise _NotAValue(f"{token[1]!r} is not an operand")

@@ -7,6 +7,7 @@ lm-eval's own GSM8K filters over its number rows for the doc.
 from __future__ import annotations
 
 import collections
+import doctest
 import importlib.util
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from lm_eval_dvoting import latex_value as latex_value_module
 from lm_eval_dvoting.answers import answers_equivalent, extract_answer, vote
 from lm_eval_dvoting.latex_value import latex_value
 
@@ -128,6 +130,11 @@ def test_the_choice_filter_passes_each_question_s_range() -> None:
         utils.extract_choice(responses, docs[:2])
 
 
+def test_latex_value_docstring_examples() -> None:
+    result = doctest.testmod(latex_value_module)
+    assert result.attempted > 0 and result.failed == 0
+
+
 @pytest.mark.parametrize("n_options", [0, 11, -1, True, 2.0, "4"])
 def test_a_bad_option_range_is_refused(n_options: Any) -> None:
     with pytest.raises(ValueError, match=r"n_options=.*1 to 10"):
@@ -149,6 +156,20 @@ def test_a_huge_power_is_refused_at_once(content: str) -> None:
     assert latex_value(content) is None
     assert extract_answer(rf"\boxed{{{content}}}", "number") is None
     assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("content", ["(" * 2000 + "1" + ")" * 2000, "-" * 5000 + "1",
+                                     "\\text{" * 5000 + "18" + "}" * 5000,
+                                     "\\frac{" * 500 + "1}{2}" + "{2}" * 499])
+def test_a_runaway_box_is_refused_at_once(content: str) -> None:
+    """Brackets, signs, fractions and text groups nested beyond 32 levels refuse the box:
+    a runaway generation neither exhausts the stack (RecursionError) nor takes quadratic
+    time; 32 levels still read."""
+    start = time.perf_counter()
+    assert latex_value(content) is None
+    assert extract_answer(rf"\boxed{{{content}}}", "number") is None
+    assert time.perf_counter() - start < 0.5
+    assert latex_value("(" * 31 + "7" + ")" * 31) == 7
 
 
 def test_powers_within_the_bound_are_exact() -> None:

@@ -74,7 +74,10 @@ HARNESS_TESTS = ["tests/test_harness.py", "tests/test_harness_conventions.py", "
 # module -> the pytest arguments selecting the fast tests that exercise it (mutmut then
 # runs, per mutant, only those of them that call the mutated function)
 MODULES: dict[str, list[str]] = {
-    "answers": ["tests/test_answers.py", "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
+    "answers": ["tests/test_answers.py", "tests/test_answer_conformance.py",
+                "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
+    # the value a box states (issue 38), read through answers.py
+    "latex_value": ["tests/test_answer_conformance.py", "tests/test_answers.py"],
     "metrics": ["tests/test_metrics.py", KILLS],
     "strategies": ["tests/test_strategies.py", "tests/test_properties.py", "tests/test_confidence_strategies.py",
                    "tests/test_temporal.py", "tests/test_block_diffusion.py", "tests/test_rfg.py",
