@@ -144,7 +144,8 @@ def test_a_log_likelihood_runs_files_parse_strictly_with_alpha_inf(tmp_path: Pat
     torch.set_num_threads(1)
     tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
     model_args = {"pretrained": "tiny-arith", "mc_num": 4, "alpha": math.inf}
-    manager = TaskManager(include_path=str(TASKS), include_defaults=False, metadata=dict(model_args))
+    manager = TaskManager(include_path=str(TASKS), include_defaults=False,
+                          metadata=dict(model_args))
     results = lm_eval.simple_evaluate(
         model="dvoting-llada", model_args=model_args, tasks=["dvoting_arith_mc"], limit=2,
         device="cpu", log_samples=True, task_manager=manager, evaluation_tracker=tracker,
