@@ -734,22 +734,26 @@ def run_rows(lm: Any, args: argparse.Namespace, planned: Sequence[tuple[str, Str
     the row, the seed and `context` (a sweep's value)."""
     rows = []
     for number, (name, _settings, strategy, overrides) in enumerate(planned, 1):
-        def run(seed: int) -> dict[str, Any]:
-            lm.progress_label = (f"{name}{f' {context}' if context else ''}, seed {seed}, "
-                                 f"row {number}/{len(planned)}")
-            try:
-                return _run(lm, args, strategy, overrides, seed)
-            finally:
-                lm.progress_label = None
-
+        label = (f"{name} {context}".strip(), f"row {number}/{len(planned)}")
         seeds = [first_seed + i for i in range(counts.get(name, 1))]
-        runs = [run(seeds[0])]
+        runs = [_labelled_run(lm, args, strategy, overrides, seeds[0], label)]
         if ran_sampled(runs[0]["settings"]):
-            runs += [run(seed) for seed in seeds[1:]]
+            runs += [_labelled_run(lm, args, strategy, overrides, seed, label)
+                     for seed in seeds[1:]]
         else:
             seeds = seeds[:1]
         rows.append(summarize_row(name, seeds, runs))
     return rows
+
+
+def _labelled_run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, Any],
+                  seed: int, label: tuple[str, str]) -> dict[str, Any]:
+    """`_run`, its progress bars named "ROW, seed S, row I/N" (`label`: the row, its position)."""
+    lm.progress_label = f"{label[0]}, seed {seed}, {label[1]}"
+    try:
+        return _run(lm, args, strategy, overrides, seed)
+    finally:
+        lm.progress_label = None
 
 
 class _Once(logging.Filter):
