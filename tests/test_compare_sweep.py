@@ -62,7 +62,8 @@ def test_threshold_sweep_runs_every_row_at_every_value(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "### single-confidence, threshold swept" in captured.out and "sweep.png" in captured.out
     # each progress bar names the row, the swept value and the seed
-    assert "dVoting generate_until [single-confidence threshold=0.9, seed 7, row 2/2]" in captured.err
+    bar = "dVoting generate_until [single-confidence threshold=0.9, seed 7, row 2/2]"
+    assert bar in captured.err
 
 
 def test_block_length_sweep_changes_the_schedule_and_repeats_sampled_rows(tmp_path):
