@@ -162,5 +162,5 @@ class CostBook:
         if totals["requests"] and "mean_nfe" not in totals:
             totals["mean_nfe"] = totals["nfe"] / totals["requests"]
             totals["mean_samples"] = totals["samples"] / totals["requests"]
-        return json_safe({"settings": resolved_settings(settings), "settings_used": used, "totals": totals,
-                          "tasks": tasks, "computed": computed})
+        return json_safe({"settings": resolved_settings(settings), "settings_used": used,
+                          "totals": totals, "tasks": tasks, "computed": computed})

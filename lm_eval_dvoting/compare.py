@@ -74,8 +74,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="sampling seeds per sampled row (seed, seed+1, ...; the model's seed first); "
                              "greedy rows run once")
     parser.add_argument("--row_seeds", default=None, metavar="ROW=K,...",
-                        help="seeds for the named rows instead of --seeds, e.g. hex=1 (HEX, 480 passes per "
-                             "question, is the slow row)")
+                        help="seeds for the named rows instead of --seeds, e.g. hex=1 "
+                             "(HEX, 480 passes per question, is the slow row)")
     parser.add_argument("--limit", type=float, default=None, help="documents per task (as lm_eval --limit)")
     parser.add_argument("--batch_size", default=None,
                         help=f"rows decoded per forward pass, or 'auto' (default {DEFAULT_BATCH_SIZE})")
@@ -213,8 +213,8 @@ def parse_row_seeds(text: str | None, names: Sequence[str], default: int) -> dic
             given.add(row)
             counts[row] = int(value)
             continue
-        raise SystemExit(f"dvoting compare: --row_seeds {text!r} {problem}; give ROW=K for rows of --strategies, "
-                         "e.g. --row_seeds hex=1")
+        raise SystemExit(f"dvoting compare: --row_seeds {text!r} {problem}; give ROW=K for rows of "
+                         "--strategies, e.g. --row_seeds hex=1")
     return counts
 
 
@@ -392,12 +392,13 @@ def check_generation_task(task: str) -> None:
     named = ", ".join(f"{name} ({kind})" for name, kind in sorted(likelihood.items()))
     if len(likelihood) == len(leaves):
         raise SystemExit(
-            f"dvoting compare: --tasks {task} is scored by log-likelihood only ({named}): no strategy plays a "
-            "part there (every row would be the same run of the likelihood estimate, model arg mc_num), so "
-            f"there is nothing to compare. Run it once with `lm_eval --model dvoting-llada --tasks {task} "
-            "--model_args ...`, or compare strategies on a generation task (e.g. --tasks dvoting_arith)")
-    log.warning("dvoting compare: %s includes log-likelihood tasks (%s), scored the same in every row; the rows "
-                "differ only in its generation tasks", task, named)
+            f"dvoting compare: --tasks {task} is scored by log-likelihood only ({named}): no "
+            "strategy plays a part there (every row would be the same run of the likelihood "
+            "estimate, model arg mc_num), so there is nothing to compare. Run it once with "
+            f"`lm_eval --model dvoting-llada --tasks {task} --model_args ...`, or compare "
+            "strategies on a generation task (e.g. --tasks dvoting_arith)")
+    log.warning("dvoting compare: %s includes log-likelihood tasks (%s), scored the same in "
+                "every row; the rows differ only in its generation tasks", task, named)
 
 
 def check_block_lengths(values: Sequence[int], lengths: Mapping[int, str]) -> None:
@@ -511,14 +512,16 @@ def _draws_from_seed(temperature: float, decoder: str | None, remasking: str | N
 def is_sampled(settings: StrategySettings) -> bool:
     """Whether settings depend on the sampling seed: a temperature above 0, or the fixed
     schedule's random remasking. Anything else is deterministic."""
-    return _draws_from_seed(settings.resolved_temperature, settings.resolved_decoder, settings.remasking)
+    return _draws_from_seed(settings.resolved_temperature, settings.resolved_decoder,
+                            settings.remasking)
 
 
 def ran_sampled(settings_used: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a run's requests drew from the seed, read from the settings they really ran with
     (`settings_used`, resolved: the task's or --gen_kwargs' `do_sample`/`temperature` included,
     which `single` and `temporal` follow), not from the row's strategy."""
-    return any(_draws_from_seed(float(entry.get("temperature") or 0), entry.get("decoder"), entry.get("remasking"))
+    return any(_draws_from_seed(float(entry.get("temperature") or 0), entry.get("decoder"),
+                                entry.get("remasking"))
                for entry in settings_used)
 
 
@@ -616,9 +619,10 @@ def _run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, 
     totals = info["totals"]
     questions = totals.get("questions") or 0
     if not questions:  # what check_generation_task could not see (e.g. a task defined in Python)
-        raise SystemExit(f"dvoting compare: --tasks {args.tasks} made no generation requests (it is scored by "
-                         "log-likelihood, where no strategy plays a part): there is nothing to compare; run it "
-                         "once with lm_eval, or compare strategies on a generation task")
+        raise SystemExit(f"dvoting compare: --tasks {args.tasks} made no generation requests (it "
+                         "is scored by log-likelihood, where no strategy plays a part): there is "
+                         "nothing to compare; run it once with lm_eval, or compare strategies on a "
+                         "generation task")
     return {
         "accuracy": 100 * task_results[key],
         # per question (document, all its repeats), as the column says; totals' means are per request
@@ -639,7 +643,8 @@ def _used(settings_used: Sequence[Mapping[str, Any]], name: str) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def summarize_row(name: str, seeds: Sequence[int], runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def summarize_row(name: str, seeds: Sequence[int],
+                  runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One row of figures from its runs (one per seed): means, the std of the accuracy over
     seeds, and the per-seed figures they come from. `decoder`, `temperature` and `sampled`
     are read from the settings the requests ran with (`ran_sampled`)."""
@@ -698,7 +703,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         if sweep is not None:
             # the loaded model's settings (model args read by the harness): checked again
             plan = sweep_plan(names, lm.settings, *sweep, extras)
-            results = [(value, run_rows(lm, args, planned, first_seed, counts, f"{sweep[0]}={value}"))
+            results = [(value, run_rows(lm, args, planned, first_seed, counts,
+                                        f"{sweep[0]}={value}"))
                        for value, planned in plan]
             return {"sweep": sweep_summary(sweep[0], results), "seeds": seeds}
         # the model args' settings; every row's are derived from these
@@ -723,22 +729,26 @@ def run_rows(lm: Any, args: argparse.Namespace, planned: Sequence[tuple[str, Str
     the row, the seed and `context` (a sweep's value)."""
     rows = []
     for number, (name, _settings, strategy, overrides) in enumerate(planned, 1):
-        def run(seed: int) -> dict[str, Any]:
-            where = f"{name}{f' {context}' if context else ''}, seed {seed}, row {number}/{len(planned)}"
-            lm.progress_label = where
-            try:
-                return _run(lm, args, strategy, overrides, seed)
-            finally:
-                lm.progress_label = None
-
+        label = (f"{name} {context}".strip(), f"row {number}/{len(planned)}")
         seeds = [first_seed + i for i in range(counts.get(name, 1))]
-        runs = [run(seeds[0])]
+        runs = [_labelled_run(lm, args, strategy, overrides, seeds[0], label)]
         if ran_sampled(runs[0]["settings"]):
-            runs += [run(seed) for seed in seeds[1:]]
+            runs += [_labelled_run(lm, args, strategy, overrides, seed, label)
+                     for seed in seeds[1:]]
         else:
             seeds = seeds[:1]
         rows.append(summarize_row(name, seeds, runs))
     return rows
+
+
+def _labelled_run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, Any],
+                  seed: int, label: tuple[str, str]) -> dict[str, Any]:
+    """`_run`, its progress bars named "ROW, seed S, row I/N" (`label`: the row, its position)."""
+    lm.progress_label = f"{label[0]}, seed {seed}, {label[1]}"
+    try:
+        return _run(lm, args, strategy, overrides, seed)
+    finally:
+        lm.progress_label = None
 
 
 class _Once(logging.Filter):
@@ -832,9 +842,10 @@ def _short_accuracy(row: Mapping[str, Any]) -> str:
 
 
 # under the table: what the BPC column holds, and why some of its cells are empty
-BPC_NOTE = ("BPC vs single: (accuracy - single's) / (mean NFE / single's mean NFE), in points, for rows with at "
-            "least single's mean NFE; empty for cheaper rows, where dividing by a cost ratio below 1 would "
-            "magnify the accuracy difference rather than charge for cost (read their accuracy and NFE directly).")
+BPC_NOTE = ("BPC vs single: (accuracy - single's) / (mean NFE / single's mean NFE), in points, "
+            "for rows with at least single's mean NFE; empty for cheaper rows, where dividing by a "
+            "cost ratio below 1 would magnify the accuracy difference rather than charge for cost "
+            "(read their accuracy and NFE directly).")
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -850,8 +861,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         bpc = "-"
         if single is not None and row is not single:
-            value = benefit_per_cost_if_costlier(row["accuracy"], single["accuracy"], row["mean_nfe"],
-                                                 single["mean_nfe"])
+            value = benefit_per_cost_if_costlier(row["accuracy"], single["accuracy"],
+                                                 row["mean_nfe"], single["mean_nfe"])
             bpc = "" if value is None else f"{value:.2f}"
         lines.append(
             f"| {row['strategy']} | {accuracy_cell(row)} | {runs_cell(row)} | {row['mean_nfe']:.1f} | "

@@ -476,7 +476,8 @@ class DVotingEvalModel(TemplateLM):
         sanitise_requests(requests)
         plan = self._planner().plan(requests, repeat_indices(requests))
         texts: list[str | None] = [None] * len(requests)
-        desc = "dVoting generate_until" + (f" [{self.progress_label}]" if self.progress_label else "")
+        label = f" [{self.progress_label}]" if self.progress_label else ""
+        desc = "dVoting generate_until" + label
         bar = tqdm(total=len(plan.jobs), desc=desc, disable=disable_tqdm or self.rank != 0)
 
         def done(index: int, result: Any) -> None:

@@ -8,7 +8,13 @@ reads every run (a `results_*.json` of lm-eval, found in the folders given, or g
 directly) and writes into `--out`:
 
 * `report.md`: per run and task, accuracy, mean NFE, samples per question, BPC
-  against the single-sample baseline, NUPR@2 and NUPR@3, mean voting consistency;
+  against the single-sample baseline (for runs at least as costly as it:
+  `metrics.benefit_per_cost_if_costlier`), NUPR@2 and NUPR@3, mean voting consistency;
+  a task that reports its metric under several filters (lm-eval's `gsm8k_cot_zeroshot`:
+  `strict-match`, `flexible-extract`) gets one row per filter, named `task (filter)`,
+  each with its own accuracy and consistency counts. `questions` counts documents (the
+  distinct doc ids logged, else lm-eval's n-samples), never logged lines: lm-eval logs one
+  line per document and filter;
   then the distribution of voting consistency levels, correct versus incorrect
   questions (the paper's Table 1 and consistency analysis);
 * `accuracy_vs_nfe.png`: accuracy against mean forward passes, one point per run;
@@ -46,7 +52,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import strict_json
-from .metrics import benefit_per_cost_if_costlier, consistency_from_votes, mean_nupr_at_k, token_agreement
+from .metrics import (benefit_per_cost_if_costlier, consistency_from_votes, mean_nupr_at_k,
+                      token_agreement)
 from .temporal import expand_runs
 
 log = logging.getLogger(__name__)
@@ -75,7 +82,7 @@ class TaskRun:
 
     @property
     def name(self) -> str:
-        """The task, with the filter when the task has several: "gsm8k_cot_zeroshot (strict-match)"."""
+        """The task, and its filter when it has several: "gsm8k_cot_zeroshot (strict-match)"."""
         return f"{self.task} ({self.filter})" if self.several_filters else self.task
 
     @property
@@ -149,7 +156,8 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _metric(task_results: dict[str, Any], name: str, filter_name: str | None = None) -> float | None:
+def _metric(task_results: dict[str, Any], name: str,
+            filter_name: str | None = None) -> float | None:
     """The value of metric `name` under `filter_name` (else under any filter)."""
     found = {key.partition(",")[2]: float(value) for key, value in task_results.items()
              if key.partition(",")[0] == name and isinstance(value, (int, float))}
@@ -189,8 +197,8 @@ def load_run(results_file: Path, metric: str = "exact_match") -> Run:
             if mean_nfe is None and len(data["results"]) == 1:
                 mean_nfe, mean_samples = totals.get("mean_nfe"), totals.get("mean_samples")
             run = TaskRun(task, _metric(task_results, metric, filter_name), mean_nfe, mean_samples,
-                          _filter_records(samples.get(task, []), filter_name), filter_name, len(filters) > 1,
-                          documents)
+                          _filter_records(samples.get(task, []), filter_name), filter_name,
+                          len(filters) > 1, documents)
             tasks[run.name] = run
     return Run(results_file, config, tasks)
 
@@ -283,8 +291,8 @@ def build_rows(runs: list[Run], baseline: Run | None, metric: str = "exact_match
             if (base is not None and run is not baseline and None not in
                     (task.accuracy, base.accuracy, task.mean_nfe, base.mean_nfe)):
                 # None for a run cheaper than the baseline (metrics.benefit_per_cost_if_costlier)
-                bpc = benefit_per_cost_if_costlier(100 * task.accuracy, 100 * base.accuracy, task.mean_nfe,
-                                                   base.mean_nfe)
+                bpc = benefit_per_cost_if_costlier(100 * task.accuracy, 100 * base.accuracy,
+                                                   task.mean_nfe, base.mean_nfe)
             traced = task.traces()
             token_lists = [t for t in (_question_tokens(trace) for _, trace in traced) if t is not None]
             consistency = []
@@ -318,7 +326,8 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
         questions = task.questions or "–"  # documents, not logged lines (one per filter)
         bpc = "baseline" if row.run is baseline else _fmt(row.bpc)
         lines.append(
-            f"| {row.run.label} | {task.name} | {questions} | {_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
+            f"| {row.run.label} | {task.name} | {questions} | "
+            f"{_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
             f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | {_fmt(row.nupr2, '.3f')} | "
             f"{_fmt(row.nupr3, '.3f')} | {_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
         )
@@ -333,7 +342,8 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
                   "Share of the correct (incorrect) questions at each level; level = votes for the "
                   "most frequent answer / samples drawn.", ""]
         for row in voting:
-            parts += [f"### {row.run.label} · {row.task.name}", "", *consistency_table(row.consistency), ""]
+            parts += [f"### {row.run.label} · {row.task.name}", "",
+                      *consistency_table(row.consistency), ""]
     return "\n".join(parts)
 
 
@@ -475,8 +485,9 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
              "wrong -> right | right -> wrong |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         gained, lost = row.overturned
-        lines.append(f"| {row.run.label} | {row.task.name} | {len(row.voted)} | {_percent(row.plain):.2f} | "
-                     f"{_percent(row.voted):.2f} | {_percent(row.ever):.2f} | "
+        lines.append(f"| {row.run.label} | {row.task.name} | {len(row.voted)} | "
+                     f"{_percent(row.plain):.2f} | {_percent(row.voted):.2f} | "
+                     f"{_percent(row.ever):.2f} | "
                      f"{_fmt(sum(row.tse) / len(row.tse) if row.tse else None, '.3f')} | {gained} | {lost} |")
     return lines + ["", "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
                     "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
@@ -611,6 +622,7 @@ def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> 
     agreement = token_agreement(tokens)
     samples, shown = len(tokens), names.shown_length(tokens)
     chosen = trace.get("chosen")
+    votes = strict_json.dumps(trace.get("votes", {}))
     rows = []
     for i, candidate in enumerate(trace["candidates"]):
         kept = set(candidate.get("kept_positions") or [])
@@ -638,7 +650,7 @@ th{{text-align:left;font-weight:normal;padding-right:8px;white-space:nowrap}}</s
 <body><h3>{html.escape(title)}</h3>
 <p>Each generated token is coloured by how many of the {samples} samples hold the same token at
 that position: {legend}. Framed cells were kept from earlier samples (not remasked);
-★ marks the sample returned to the harness. Votes: {html.escape(strict_json.dumps(trace.get("votes", {})))}.</p>
+★ marks the sample returned to the harness. Votes: {html.escape(votes)}.</p>
 {note}<table>{"".join(rows)}</table></body></html>
 """
 
@@ -713,12 +725,14 @@ def write_token_pictures(runs: list[Run], questions: list[int] | None, out: Path
             names = names_by_source.setdefault(source, TokenNames(source))
             for doc_id in wanted:
                 if doc_id not in traced:
-                    log.warning("%s %s: doc %s has no multi-sample trace", run.label, task.name, doc_id)
+                    log.warning("%s %s: doc %s has no multi-sample trace", run.label, task.name,
+                                doc_id)
                     continue
                 record = next(r for r in task.records if r["doc_id"] == doc_id)
                 verdict = "correct" if float(record.get("exact_match", 0)) > 0 else "incorrect"
-                title = (f"{run.label} · {task.name} · doc {doc_id} · target {record.get('target')} · "
-                         f"voted {record.get('filtered_resps', ['?'])[0]} ({verdict})")
+                voted = record.get("filtered_resps", ["?"])[0]
+                title = (f"{run.label} · {task.name} · doc {doc_id} · "
+                         f"target {record.get('target')} · voted {voted} ({verdict})")
                 stem = out / f"tokens_{_slug(run.label)}_{_slug(task.name)}_doc{doc_id}"
                 stem.with_suffix(".html").write_text(token_picture_html(title, traced[doc_id], names), encoding="utf-8")
                 token_picture_png(title, traced[doc_id], names, stem.with_suffix(".png"))
@@ -784,10 +798,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
     table = "\n".join([markdown(rows, baseline), *step_markdown(step_rows)])
     missing = [f"{r.run.label} · {r.task.name}" for r in rows if not r.task.records]
-    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.metrics`); BPC in percentage points, for runs "
-             "with at least the baseline's mean NFE (– for a cheaper run: dividing by a cost ratio below 1 would "
-             "magnify its accuracy difference rather than charge for cost). Questions: documents scored; a task "
-             "with several filters has one row per filter."]
+    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.metrics`); BPC in percentage "
+             "points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
+             "dividing by a cost ratio below 1 would magnify its accuracy difference rather than "
+             "charge for cost). Questions: documents scored; a task with several filters has one "
+             "row per filter."]
     if missing:
         notes.append("No `--log_samples` records (NUPR and consistency unavailable) for: " + ", ".join(missing) + ".")
     figures = "\n".join(f"![{name}]({name})" for name in pictures)

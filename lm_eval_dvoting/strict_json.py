@@ -65,7 +65,8 @@ def loads_strict(text: str) -> Any:
 def _is_ours(tracker: Any, results: Any = None) -> bool:
     """Whether lm-eval's tracker is writing a run of a dvoting model (other models' files
     are left exactly as lm-eval writes them)."""
-    source = str(getattr(getattr(tracker, "general_config_tracker", None), "model_source", None) or "")
+    general = getattr(tracker, "general_config_tracker", None)
+    source = str(getattr(general, "model_source", None) or "")
     config = results.get("config") if isinstance(results, dict) else None
     return source.startswith("dvoting-") or (isinstance(config, dict) and "dvoting" in config)
 
@@ -100,7 +101,8 @@ def install() -> None:
     and samples JSONL hold standard JSON (`json_safe`)."""
     from lm_eval.loggers.evaluation_tracker import EvaluationTracker
 
-    for name, wrap in (("save_results_aggregated", _wrap_aggregated), ("save_results_samples", _wrap_samples)):
+    for name, wrap in (("save_results_aggregated", _wrap_aggregated),
+                       ("save_results_samples", _wrap_samples)):
         current = EvaluationTracker.__dict__.get(name)
         if current is not None and not getattr(current, _PATCH_MARK, False):
             setattr(EvaluationTracker, name, wrap(current))

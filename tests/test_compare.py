@@ -141,13 +141,15 @@ def test_only_sampled_settings_draw_from_the_seed():
     assert not compare.is_sampled(greedy_majority)
     # random remasking draws from the seed even at temperature 0 (the fixed schedule only)
     assert compare.is_sampled(replace(greedy_majority, remasking="random"))
-    assert not compare.is_sampled(replace(base, strategy="dvoting", temperature=0.0, remasking="random"))
+    greedy_dvoting = replace(base, strategy="dvoting", temperature=0.0, remasking="random")
+    assert not compare.is_sampled(greedy_dvoting)
 
 
 def test_a_run_sampled_when_any_request_ran_with_a_seeded_draw():
     """`ran_sampled` reads the settings the requests ran with (resolved entries of
     settings_used), as the same predicate does on settings."""
-    greedy = {"strategy": "single", "temperature": 0.0, "decoder": "fixed", "remasking": "low_confidence"}
+    greedy = {"strategy": "single", "temperature": 0.0, "decoder": "fixed",
+              "remasking": "low_confidence"}
     assert not compare.ran_sampled([greedy])
     assert compare.ran_sampled([greedy, {**greedy, "temperature": 1.0}])
     assert compare.ran_sampled([{**greedy, "remasking": "random"}])
@@ -228,8 +230,9 @@ def test_table_and_paired_line_show_spread_and_runs():
     assert "| majority | 41.00 ± 1.50 | 3 seeds | 32.0 | 3.00 | 4.0 | -10.00 |" in table
     # a cheaper row's cell is empty (not (61 - 51) / (25 / 32) = 12.80), and the note says why
     assert "| dvoting | 61.00 ± 1.50 | 3 seeds | 25.0 | 3.00 | 4.0 |  |" in table
-    assert table.endswith("\n\n" + compare.BPC_NOTE) and "empty for cheaper rows" in compare.BPC_NOTE
-    assert compare.BPC_NOTE not in compare.markdown_table([row])  # no single row: no BPC column values
+    assert table.endswith("\n\n" + compare.BPC_NOTE)
+    assert "empty for cheaper rows" in compare.BPC_NOTE
+    assert compare.BPC_NOTE not in compare.markdown_table([row])  # no single row: no BPC figures
     paired = {"first": "dvoting", "second": "majority-entropy", "runs": {"dvoting": 3, "majority-entropy": 3},
               "mean_points": 1.25, "ci_points": [-0.8, 3.1], "confidence": 0.95, "problems": 500}
     assert compare.paired_line(paired) == (
@@ -250,8 +253,9 @@ def test_a_row_that_samples_runs_every_seed_whatever_its_strategy(tmp_path, caps
     caplog.set_level(logging.WARNING)
     out = tmp_path / "cmp"
     assert compare.main([
-        "--model_args", "pretrained=tiny-arith", "--tasks", "dvoting_arith", "--strategies", "single,temporal",
-        "--seeds", "2", "--row_seeds", "temporal=1", "--limit", "3", "--out", str(out), "--device", "cpu",
+        "--model_args", "pretrained=tiny-arith", "--tasks", "dvoting_arith",
+        "--strategies", "single,temporal", "--seeds", "2", "--row_seeds", "temporal=1",
+        "--limit", "3", "--out", str(out), "--device", "cpu",
         "--gen_kwargs", "do_sample=true,temperature=1.0"]) == 0
     rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
     single, temporal = rows["single"], rows["temporal"]
@@ -264,10 +268,12 @@ def test_a_row_that_samples_runs_every_seed_whatever_its_strategy(tmp_path, caps
     assert "| single | " in table and "| 2 seeds |" in table and "| 1 seed |" in table
     assert "(greedy)" not in table
     err = capsys.readouterr().err
-    for label in ("single, seed 1234, row 1/2", "single, seed 1235, row 1/2", "temporal, seed 1234, row 2/2"):
+    for label in ("single, seed 1234, row 1/2", "single, seed 1235, row 1/2",
+                  "temporal, seed 1234, row 2/2"):
         assert f"dVoting generate_until [{label}]" in err, label
     assert "temporal, seed 1235" not in err
-    hints = [r for r in caplog.records if "Custom kwargs can be passed to `--metadata`" in r.getMessage()]
+    hint = "Custom kwargs can be passed to `--metadata`"
+    hints = [r for r in caplog.records if hint in r.getMessage()]
     assert len(hints) == 1  # three evaluations, one hint
     assert not logging.getLogger("lm_eval.api.task").filters  # the filter leaves with compare
 
@@ -277,7 +283,8 @@ def test_compare_json_is_standard_json_with_alpha_inf(tmp_path):
     from lm_eval_dvoting.strict_json import loads_strict
 
     out = tmp_path / "cmp"
-    assert compare.main(["--model_args", "pretrained=tiny-arith,alpha=inf", "--tasks", "dvoting_arith",
+    assert compare.main(["--model_args", "pretrained=tiny-arith,alpha=inf",
+                         "--tasks", "dvoting_arith",
                          "--strategies", "single-entropy", "--limit", "2", "--out", str(out),
                          "--device", "cpu"]) == 0
     [row] = loads_strict((out / "compare.json").read_text())["rows"]
@@ -289,8 +296,9 @@ def test_a_document_missing_from_a_later_seed_is_null_in_compare_json():
     from lm_eval_dvoting.strict_json import dumps, loads_strict
 
     entry = {"temperature": 0.6, "decoder": "entropy", "remasking": "low_confidence"}
-    runs = [{"accuracy": 50.0, "nfe": 10.0, "samples": 3.0, "seconds": 1.0, "questions": 2, "metric": "m",
-             "settings": [entry], "per_document": per_doc} for per_doc in ({0: 1.0, 1: 0.0}, {0: 1.0})]
+    runs = [{"accuracy": 50.0, "nfe": 10.0, "samples": 3.0, "seconds": 1.0, "questions": 2,
+             "metric": "m", "settings": [entry], "per_document": per_doc}
+            for per_doc in ({0: 1.0, 1: 0.0}, {0: 1.0})]
     row = compare.summarize_row("dvoting", [1, 2], runs)
     assert row["sampled"] and row["temperature"] == 0.6
     assert loads_strict(dumps(row))["per_document"] == {"0": [1.0, 1.0], "1": [0.0, None]}
@@ -299,9 +307,11 @@ def test_a_document_missing_from_a_later_seed_is_null_in_compare_json():
 def test_a_log_likelihood_task_is_refused_before_the_model_is_loaded(tmp_path):
     """dvoting_arith_mc is scored by the likelihood estimate: no strategy plays a part, so
     compare refuses it by name before reading the (here missing) checkpoint (issue 38)."""
-    with pytest.raises(SystemExit, match=r"--tasks dvoting_arith_mc is scored by log-likelihood only "
-                                         r"\(dvoting_arith_mc \(multiple_choice\)\): no strategy plays a part"):
-        compare.main(["--model_args", "pretrained=/no/such/checkpoint", "--tasks", "dvoting_arith_mc",
+    message = (r"--tasks dvoting_arith_mc is scored by log-likelihood only "
+               r"\(dvoting_arith_mc \(multiple_choice\)\): no strategy plays a part")
+    with pytest.raises(SystemExit, match=message):
+        compare.main(["--model_args", "pretrained=/no/such/checkpoint",
+                      "--tasks", "dvoting_arith_mc",
                       "--out", str(tmp_path)])
 
 
@@ -315,7 +325,8 @@ def test_leaf_tasks_expand_groups_and_tags(monkeypatch):
 
     from lm_eval.tasks._index import Entry, Kind
 
-    index = {"g": Entry("g", Kind.GROUP, None, {"group": "g", "task": ["t", {"task": "inline", "x": 1}]}),
+    group = {"group": "g", "task": ["t", {"task": "inline", "x": 1}]}
+    index = {"g": Entry("g", Kind.GROUP, None, group),
              "t": Entry("t", Kind.TAG, None, tags={"a", "b"}),
              "a": Entry("a", Kind.TASK, None, {"task": "a", "output_type": "multiple_choice"}),
              "b": Entry("b", Kind.TASK, None, {"task": "b"})}
@@ -342,8 +353,8 @@ def test_a_run_without_generation_requests_is_refused_not_nan(monkeypatch):
             pass
 
         def get_model_info(self):
-            return {"dvoting": {"totals": {"questions": 0, "nfe": 0, "samples": 0}, "settings_used": [],
-                                "settings": {}}}
+            totals = {"questions": 0, "nfe": 0, "samples": 0}
+            return {"dvoting": {"totals": totals, "settings_used": [], "settings": {}}}
 
     results = {"results": {"t": {"acc,none": 0.5}}, "samples": {}}
     monkeypatch.setattr(compare, "_evaluate", lambda lm, args: results)
@@ -379,4 +390,28 @@ def test_lm_eval_messages_are_shown_once_while_compare_runs(caplog):
             logging.getLogger("lm_eval.evaluator").warning("the note %s", 1)
         task_log.warning("another hint")
     task_log.warning("the hint")  # after compare: as lm-eval logs it
-    assert [r.getMessage() for r in caplog.records] == ["the hint", "the note 1", "another hint", "the hint"]
+    shown = [r.getMessage() for r in caplog.records]
+    assert shown == ["the hint", "the note 1", "another hint", "the hint"]
+
+
+def test_the_readme_demo_output_is_what_compare_prints_now():
+    """The README's first command gives HEX one seed (the quick demo), its table leaves the BPC
+    of cheaper rows empty with the note compare prints, and no row shows a magnified BPC."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first = readme[: readme.index("**Run the tests:**")]
+    assert ("dvoting compare --model_args pretrained=tiny-arith --tasks dvoting_arith "
+            "--limit 100 --seeds 3 --row_seeds hex=1\n") in first
+    assert compare.BPC_NOTE in first
+    assert re.search(r"^\| hex \| [\d.]+ \| 1 seed \|", first, re.MULTILINE)
+    single = re.search(r"^\| single \| [^|]+ \| [^|]+ \| ([\d.]+) \|", first, re.MULTILINE)
+    single_nfe = float(single.group(1))
+    checked = 0
+    for line in re.findall(r"^\| (?!strategy|---|single \|).*$", first, re.MULTILINE):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7:
+            assert (cells[6] == "") == (float(cells[3]) < single_nfe), line
+            checked += 1
+    assert checked == 7  # every row but single

@@ -59,8 +59,11 @@ def test_threshold_sweep_runs_every_row_at_every_value(tmp_path, capsys):
         assert f"### {row}, threshold swept\n\n| threshold | accuracy (%) | runs | mean NFE |" in table
     assert "| 0.5 | " in table and "| 1.0 | " in table and "| 1 (greedy) | 32.0 |" in table
     assert (out / "sweep.png").stat().st_size > 1000 and not (out / "accuracy_vs_nfe.png").exists()
-    printed = capsys.readouterr().out
-    assert "### single-confidence, threshold swept" in printed and "sweep.png" in printed
+    captured = capsys.readouterr()
+    assert "### single-confidence, threshold swept" in captured.out and "sweep.png" in captured.out
+    # each progress bar names the row, the swept value and the seed
+    bar = "dVoting generate_until [single-confidence threshold=0.9, seed 7, row 2/2]"
+    assert bar in captured.err
 
 
 def test_block_length_sweep_changes_the_schedule_and_repeats_sampled_rows(tmp_path):

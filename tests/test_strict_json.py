@@ -27,7 +27,8 @@ FILTERS = ("strict-match", "flexible-extract")
 
 def test_non_finite_floats_are_encoded_as_documented():
     value = {"a": math.inf, "b": [-math.inf, (math.nan, 1.5)], "c": {"d": "inf", "e": None, "f": 2}}
-    assert json_safe(value) == {"a": "inf", "b": ["-inf", [None, 1.5]], "c": {"d": "inf", "e": None, "f": 2}}
+    encoded = {"a": "inf", "b": ["-inf", [None, 1.5]], "c": {"d": "inf", "e": None, "f": 2}}
+    assert json_safe(value) == encoded
     assert loads_strict(dumps(value)) == json_safe(value)
     assert float(json_safe(math.inf)) == math.inf  # "inf" reads back as the model arg does
 
@@ -63,12 +64,15 @@ def stock_run(tmp_path_factory) -> Path:
     folder = _stock_task(root / "tasks", rows=3)
     out = root / "out"
     tracker = EvaluationTracker(output_path=str(out))
-    model_args = {"pretrained": "tiny-arith", "strategy": "single", "decoder": "entropy", "alpha": math.inf}
+    model_args = {"pretrained": "tiny-arith", "strategy": "single", "decoder": "entropy",
+                  "alpha": math.inf}
     # lm-eval's CLI: the model args are also every task's metadata (EvaluationConfig)
-    manager = TaskManager(include_path=[str(folder), str(TASKS)], include_defaults=False, metadata=dict(model_args))
-    results = lm_eval.simple_evaluate(model="dvoting-llada", model_args=model_args, tasks=[LOCAL], device="cpu",
-                                      log_samples=True, task_manager=manager, evaluation_tracker=tracker,
-                                      gen_kwargs="max_gen_toks=32", verbosity="ERROR", metadata=dict(model_args))
+    manager = TaskManager(include_path=[str(folder), str(TASKS)], include_defaults=False,
+                          metadata=dict(model_args))
+    results = lm_eval.simple_evaluate(
+        model="dvoting-llada", model_args=model_args, tasks=[LOCAL], device="cpu", log_samples=True,
+        task_manager=manager, evaluation_tracker=tracker, gen_kwargs="max_gen_toks=32",
+        verbosity="ERROR", metadata=dict(model_args))
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     tracker.save_results_samples(task_name=LOCAL, samples=samples[LOCAL])
@@ -114,6 +118,40 @@ def test_other_models_files_are_left_as_lm_eval_writes_them(tmp_path: Path):
         tracker.general_config_tracker.model_source = source
         tracker.general_config_tracker.model_name = "m"
         tracker.general_config_tracker.model_name_sanitized = "m"
-        tracker.save_results_aggregated(results={"config": {"model_args": {"alpha": math.inf}}}, samples=None)
+        results = {"config": {"model_args": {"alpha": math.inf}}}
+        tracker.save_results_aggregated(results=results, samples=None)
         (written,) = (tmp_path / source).rglob("results_*.json")
         assert f'"alpha": {expected}' in written.read_text(), source
+
+
+def _strictly_parsed_files(folder: Path) -> list[Path]:
+    """Every results JSON and samples JSONL under `folder`, each parsed strictly."""
+    files = sorted(folder.rglob("results_*.json")) + sorted(folder.rglob("samples_*.jsonl"))
+    for file in files:
+        text = file.read_text()
+        for part in ([text] if file.suffix == ".json" else text.splitlines()):
+            loads_strict(part)
+    return files
+
+
+def test_a_log_likelihood_runs_files_parse_strictly_with_alpha_inf(tmp_path: Path):
+    """The log-likelihood path (`dvoting_arith_mc`, no generation: no cost figures) writes
+    standard JSON too, lm-eval's copies of `alpha=inf` included."""
+    import lm_eval
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    torch.set_num_threads(1)
+    tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
+    model_args = {"pretrained": "tiny-arith", "mc_num": 4, "alpha": math.inf}
+    manager = TaskManager(include_path=str(TASKS), include_defaults=False,
+                          metadata=dict(model_args))
+    results = lm_eval.simple_evaluate(
+        model="dvoting-llada", model_args=model_args, tasks=["dvoting_arith_mc"], limit=2,
+        device="cpu", log_samples=True, task_manager=manager, evaluation_tracker=tracker,
+        verbosity="ERROR", metadata=dict(model_args))
+    samples = results.pop("samples")
+    tracker.save_results_aggregated(results=results, samples=samples)
+    tracker.save_results_samples(task_name="dvoting_arith_mc",
+                                 samples=samples["dvoting_arith_mc"])
+    assert len(_strictly_parsed_files(tmp_path / "out")) == 2

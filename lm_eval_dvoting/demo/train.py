@@ -301,7 +301,8 @@ def export_checkpoint(model: LLaDAModel, config: dict[str, Any], tokenizer, fold
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(strict_json.dumps(config, indent=2) + "\n")
     tokenizer.save_pretrained(str(folder))
-    (folder / "training_state.json").write_text(strict_json.dumps(note, indent=2, default=str) + "\n")
+    state = strict_json.dumps(note, indent=2, default=str)
+    (folder / "training_state.json").write_text(state + "\n")
 
 
 def save_state(path: Path, **state: Any) -> None:
