@@ -80,8 +80,8 @@ from .result_cache import bind as bind_result_cache, generation_key_args, repeat
 from .guidance import GuidedModel
 from .models.adapters import attach as attach_adapter
 from .models.adapters import read_adapter
-from .models.loading import (checkpoint_facts, config_max_length, hub_revision, load_model, load_tokenizer,
-                             local_checkpoint, model_family, read_config, resolve_checkpoint,
+from .models.loading import (checkpoint_facts, config_max_length, hub_revision, load_model,
+                             load_tokenizer, local_checkpoint, model_family, read_config, resolve_checkpoint,
                              resolve_device)
 from .models.placement import describe as describe_placement
 from .models.placement import gpu_budget
