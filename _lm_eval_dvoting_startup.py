@@ -12,7 +12,7 @@ Rules this module lives by, because it runs in *every* Python process:
   no lm_eval, nothing that costs time;
 - it never raises: a broken plugin must not break an unrelated interpreter;
 - it stays inert until lm-eval itself is imported. A meta-path finder watches for
-  three lm-eval modules; right after one of them has executed, the matching function of
+  four lm-eval modules; right after one of them has executed, the matching function of
   `lm_eval_dvoting.plugin` patches it. Once all fired, the finder removes itself.
 
 Set `LM_EVAL_DVOTING_DISABLE_HOOK=1` to turn it off; `dvoting eval` still works then.
@@ -28,6 +28,7 @@ _WATCHED = {
     "lm_eval.api.registry": "on_registry_imported",
     "lm_eval.config.evaluate_config": "on_evaluate_config_imported",
     "lm_eval.tasks.manager": "on_task_manager_imported",
+    "lm_eval.evaluator": "on_evaluator_imported",
 }
 
 

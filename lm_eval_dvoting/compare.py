@@ -44,6 +44,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .length_checks import index_leaves
 from .strategies import StrategySettings
 from .strict_json import dumps as strict_dumps
 
@@ -353,27 +354,7 @@ def leaf_tasks(name: str) -> list[tuple[str, dict[str, Any]]]:
     """The tasks `name` runs (a group's or tag's, recursively; a task itself), each with its
     config as lm-eval's task index reads it (includes resolved); [] for a name the index does
     not know (lm-eval refuses it by name at the first evaluation)."""
-    index = _task_manager(name).task_index
-    leaves: list[tuple[str, dict[str, Any]]] = []
-    todo: list[Any] = [name]
-    seen: set[str] = set()
-    while todo:
-        item = todo.pop(0)
-        if isinstance(item, dict):  # a task defined inside a group's config
-            leaves.append((str(item.get("task")), item))
-            continue
-        entry = index.get(item)
-        if item in seen or entry is None:
-            continue
-        seen.add(item)
-        subtasks = (entry.cfg or {}).get("task")
-        if entry.cfg is None:  # a tag: the tasks that carry it
-            todo += sorted(entry.tags)
-        elif isinstance(subtasks, list):  # a group
-            todo += subtasks
-        else:
-            leaves.append((item, entry.cfg))
-    return leaves
+    return index_leaves(_task_manager(name).task_index, name)
 
 
 def check_generation_task(task: str) -> None:

@@ -17,10 +17,11 @@ Choices a user of the harness should know (also in the README):
 * `max_gen_toks` is the generation length L: the task's (its YAML or `--gen_kwargs`), else
   the model arg's (default 256). LLaDA's and Dream's block length defaults to L/16 and must
   divide L; LLaDA2 decodes in blocks of 32 aligned to the prompt's start, any L. Each
-  task's L is checked against the block rule and the model's maximum length when lm-eval's
-  `evaluate` starts, before any request is built or decoded (length_checks.py), and again
-  per request; not at construction, where no task's L is known yet (lm-eval builds the
-  model, weights included, before it loads any task).
+  task's L is checked against the block rule and the model's maximum length before the
+  weights are read when `simple_evaluate` (or the `lm_eval` CLI) is given our model's name
+  and the checkpoint's config.json is on this machine (`check_lengths_before_loading`,
+  length_checks.py); else when lm-eval's `evaluate` starts, before any request is built
+  or decoded; and again per request.
 * The strategy owns the sampling temperature. A task's `do_sample`/`temperature`
   apply to `strategy=single` only (so the harness's self-consistency tasks work as
   a majority-voting baseline); a value the strategy does not use gets one warning per
@@ -74,13 +75,14 @@ from .arg_parsing import flag, real_number, whole_number
 from .bookkeeping import CostBook, costed_text, settings_entry
 from .costs import CostedText
 from .likelihood import rolling_loglikelihood, score_requests
-from .request_planning import RequestPlanner, generated_text
+from .request_planning import RequestPlanner, generated_text, task_length
 from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
 from .guidance import GuidedModel
 from .models.adapters import attach as attach_adapter
 from .models.adapters import read_adapter
-from .models.loading import (checkpoint_facts, hub_revision, load_model, load_tokenizer, model_family, read_config,
-                             resolve_checkpoint, resolve_device)
+from .models.loading import (checkpoint_facts, config_max_length, hub_revision, load_model,
+                             load_tokenizer, local_checkpoint, model_family, read_config, resolve_checkpoint,
+                             resolve_device)
 from .models.placement import describe as describe_placement
 from .models.placement import gpu_budget
 from .strategies import StrategySettings, decode_questions, derive_seed
@@ -137,14 +139,7 @@ class DVotingEvalModel(TemplateLM):
         # parallelize=True: the GPUs' memory budget (None: one device), before any model work
         self._max_memory = _parallel_budget(parallelize, max_memory_per_gpu, max_cpu_memory, device_map, device,
                                             reference, peft)
-        self.settings = _strategy_settings(
-            strategy=strategy, max_gen_toks=max_gen_toks, block_length=block_length, n=n, alpha=alpha,
-            temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
-            prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
-            temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote, guidance=guidance,
-            block_decoding=self._block_decoding(editing), editing_threshold=editing_threshold,
-            max_post_steps=max_post_steps,
-        )
+        self.settings = self.settings_from_args(locals())
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
         self.seed, self.seed_source = sampling_seed(seed)
@@ -168,11 +163,12 @@ class DVotingEvalModel(TemplateLM):
     families: tuple[str, ...] = ()
     block_decoding: str | None = None
 
-    def _block_decoding(self, editing: str | None) -> str | None:
+    @classmethod
+    def _block_decoding(cls, editing: str | None) -> str | None:
         """The block-diffusion rule of this model name, with LLaDA2.1's `editing` preset."""
         if editing is None:
-            return self.block_decoding
-        if self.block_decoding not in ("quality", "speed"):
+            return cls.block_decoding
+        if cls.block_decoding not in ("quality", "speed"):
             raise ValueError(f"editing={editing!r} is LLaDA2.1's (joint threshold decoding): use --model "
                              "dvoting-llada21, or leave editing out")
         if editing not in ("quality", "speed"):
@@ -279,11 +275,57 @@ class DVotingEvalModel(TemplateLM):
         (with an RFG reference, the shorter of the two models')."""
         if self.reference_model is not None:
             self.model.max_length = min(self.model.max_length, self.reference_model.max_length)
-        if max_length is not None and max_length > self.model.max_length:
-            # longer prompts would be refused by the decoder mid-run, after other requests' work
-            raise ValueError(f"max_length {max_length} exceeds the model's maximum length {self.model.max_length}: "
-                             f"give max_length <= {self.model.max_length}, or leave it out for the model's")
-        return int(max_length or self.model.max_length)
+        return checked_max_length(max_length, self.model.max_length)
+
+    @classmethod
+    def settings_from_args(cls, args: dict[str, Any]) -> StrategySettings:
+        """The strategy settings of these constructor args (those not in `args`: the
+        constructor's defaults), each value checked; the constructor's own and, before any
+        model is built, `check_lengths_before_loading`'s."""
+        defaults = inspect.signature(cls.__init__).parameters
+        value = {name: args[name] if name in args else defaults[name].default
+                 for name in (*_SETTINGS_ARGS, "editing")}
+        editing = value.pop("editing")
+        return _strategy_settings(**value, block_decoding=cls._block_decoding(editing))
+
+    @classmethod
+    def max_length_before_loading(cls, args: dict[str, Any]) -> tuple[int, str] | None:
+        """The length (prompt plus generation) a model of these constructor args will plan
+        with, and where it comes from, from the checkpoints' config.json alone; None when a
+        config is not on this machine (`local_checkpoint`: no download) or cannot be read
+        (the constructor then says why, in its own order). Refuses a model arg `max_length`
+        over the model's maximum, as the constructor would once the weights are read."""
+        try:
+            folder = local_checkpoint(args.get("pretrained") or cls.default_pretrained,
+                                      args.get("revision"), args.get("subfolder"))
+            model_max = None if folder is None else config_max_length(folder)
+            reference = args.get("reference")
+            if model_max is not None and reference is not None:  # rfg: the shorter model's
+                reference_folder = local_checkpoint(reference)
+                if reference_folder is not None:
+                    model_max = min(model_max, config_max_length(reference_folder))
+            asked = args.get("max_length")
+            asked = None if asked is None else whole_number("max_length", asked, 1)
+        except Exception:
+            return None
+        if model_max is None:
+            return None
+        length = checked_max_length(asked, model_max)
+        return length, max_length_source(length, model_max)
+
+    @classmethod
+    def check_lengths_before_loading(cls, args: dict[str, Any], max_length: tuple[int, str],
+                                     generation_kwargs: dict[str, dict[str, Any] | None]) -> None:
+        """`check_task_lengths` before the model is built: each generation task's length
+        (its generation kwargs as its requests will carry them) against these constructor
+        args' settings and `max_length` (`max_length_before_loading`'s), with the same
+        messages. Args the constructor refuses are left to it."""
+        try:
+            settings = cls.settings_from_args(args)
+        except Exception:
+            return
+        for task_name, kwargs in generation_kwargs.items():
+            task_length(settings, dict(kwargs or {}), task_name, *max_length)
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
@@ -293,10 +335,16 @@ class DVotingEvalModel(TemplateLM):
         the string) reads the value `none` as None, which for every other arg means "the default";
         but `cache=none` names a policy, the exact one, which for LLaDA2 is not the default
         (`block`). A `cache` given as None is therefore that policy."""
+        return cls(**cls.constructor_args(arg_dict, additional_config))
+
+    @classmethod
+    def constructor_args(cls, arg_dict: dict[str, Any],
+                         additional_config: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The keyword args `create_from_arg_obj` builds the model with (see there)."""
         args = dict(arg_dict)
         if "cache" in args and args["cache"] is None:
             args["cache"] = "none"
-        return cls(**merge_run_args(args, additional_config or {}))
+        return merge_run_args(args, additional_config or {})
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
@@ -431,8 +479,7 @@ class DVotingEvalModel(TemplateLM):
 
     def _planner(self) -> RequestPlanner:
         """Request planning with the current settings and seed (`use_strategy` changes them)."""
-        source = ("the model's maximum length" if self.max_length == self.model.max_length
-                  else "the model arg max_length")
+        source = max_length_source(self.max_length, self.model.max_length)
         return RequestPlanner(settings=self.settings, seed=self.seed, encode=self.tok_encode,
                               eot_token_id=self.eot_token_id, max_length=self.max_length,
                               reported=self._ignored_sampling, on_settings=self.costs.note_settings,
@@ -597,6 +644,21 @@ class DVotingEvalModel(TemplateLM):
         }
 
 
+def checked_max_length(max_length: int | None, model_max: int) -> int:
+    """The model arg `max_length` (prompt plus generation), else the model's maximum
+    `model_max`; a `max_length` over `model_max` is refused."""
+    if max_length is not None and max_length > model_max:
+        # longer prompts would be refused by the decoder mid-run, after other requests' work
+        raise ValueError(f"max_length {max_length} exceeds the model's maximum length {model_max}: "
+                         f"give max_length <= {model_max}, or leave it out for the model's")
+    return int(max_length or model_max)
+
+
+def max_length_source(max_length: int, model_max: int) -> str:
+    """Where the length the requests are planned with comes from, for its messages."""
+    return "the model's maximum length" if max_length == model_max else "the model arg max_length"
+
+
 def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n: Any, alpha: Any,
                        temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
                        prefix_cache: bool | str, decoder: str | None, cache: str,
@@ -626,6 +688,12 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         editing_threshold=None if editing_threshold is None else real_number("editing_threshold", editing_threshold),
         max_post_steps=whole_number("max_post_steps", max_post_steps), defer_length_checks=True,
     )
+
+
+# the constructor args that are strategy settings (`_strategy_settings`' keywords, with the
+# constructor's names; `block_decoding` comes from the model name and `editing`)
+_SETTINGS_ARGS = tuple(name for name in inspect.signature(_strategy_settings).parameters
+                       if name != "block_decoding")
 
 
 # ------------------------------------------------------------- run controls

@@ -372,6 +372,9 @@ def register() -> None:
     """Register models and tasks explicitly (for use after lm_eval was imported)."""
     register_models()
     patch_lm_eval()
+    from .length_checks import install_early
+
+    install_early()
 
 
 # ---- called by the start-up hook right after lm-eval executed these modules ----------
@@ -385,6 +388,14 @@ def on_evaluate_config_imported(module: ModuleType) -> None:
     """Hook target for `lm_eval.config.evaluate_config`: patched on its own, before any
     `process_tasks` can run (the task manager may be imported only inside that call)."""
     patch_process_tasks(module)
+
+
+def on_evaluator_imported(module: ModuleType) -> None:
+    """Hook target for `lm_eval.evaluator`: task lengths checked before the weights load
+    when `simple_evaluate` (or the CLI) is given a dvoting model's name (length_checks.py)."""
+    from .length_checks import install_early
+
+    install_early(module)
 
 
 def on_task_manager_imported(module: ModuleType) -> None:

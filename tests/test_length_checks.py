@@ -14,19 +14,28 @@ tiny random LLaDA2 folder of conftest, through `lm_eval.simple_evaluate`.
 """
 from __future__ import annotations
 
+import logging
 import re
+import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import huggingface_hub
 import lm_eval
+import lm_eval.evaluator
+import lm_eval.tasks
 import pytest
 from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
 
 from conftest import REPO_ROOT
+from lm_eval_dvoting import harness
 from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.models import loading
+from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS
 from lm_eval_dvoting.strategies import StrategySettings
+from test_plugin_hook import run_hooked
 from test_task_costs import LOCAL, _stock_task
 
 TASKS = REPO_ROOT / "task_configs"
@@ -210,3 +219,134 @@ def test_deferred_length_checks_are_not_a_setting():
     with pytest.raises(ValueError, match=refusal):
         replace(deferred, n=3)
     assert replace(deferred, gen_length=40).gen_length == 40
+
+
+# ---------------------------- issue 42 item 2: before the weights are read (simple_evaluate, CLI)
+
+NO_ROOM = (f"{ARITH.format(256)} leaves no room for a prompt in the model's maximum length of 256 "
+           "tokens (prompt plus generation): give a max_gen_toks below 256, e.g. 128, with "
+           f"--gen_kwargs max_gen_toks=128 {OVERRIDES}")
+
+
+class _Reached(Exception):
+    """Raised by a stand-in for model work: the run got that far."""
+
+
+@pytest.fixture
+def weights_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The checkpoints whose weights the harness started to read (none are: it raises)."""
+    read: list[str] = []
+
+    def load_model(folder: Any, *args: Any, **kwargs: Any) -> Any:
+        read.append(str(folder))
+        raise _Reached(f"weights of {folder} read")
+
+    monkeypatch.setattr(harness, "load_model", load_model)
+    return read
+
+
+def test_a_task_too_long_is_refused_before_the_weights_are_read(weights_read):
+    with pytest.raises(ValueError) as refused:
+        _evaluate("dvoting-llada", DEMO, ["dvoting_arith"], gen_kwargs="max_gen_toks=256")
+    assert str(refused.value) == NO_ROOM
+    assert weights_read == []
+
+
+def test_a_cached_hub_config_is_read_without_the_network(tmp_path: Path, weights_read,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    """A hub id (an 8B model's case) whose config.json is in the local hub cache: refused
+    before its weights, and before anything is fetched."""
+    snapshot = tmp_path / "models--someone--tiny" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    shutil.copy(PACKAGED_CHECKPOINTS["tiny-arith"] / "config.json", snapshot)
+    (tmp_path / "models--someone--tiny" / "refs").mkdir()
+    (tmp_path / "models--someone--tiny" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    fetched = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: fetched.append(a))
+    with pytest.raises(ValueError) as refused:
+        _evaluate("dvoting-llada", "pretrained=someone/tiny,strategy=single", ["dvoting_arith"],
+                  gen_kwargs="max_gen_toks=256")
+    assert str(refused.value) == NO_ROOM
+    assert (weights_read, fetched) == ([], [])
+
+
+def test_an_unknown_maximum_skips_the_early_check_silently(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path, caplog):
+    """A hub id whose config is not cached: nothing is fetched for the check, nothing is
+    said, and the run goes on to build the model (which would fetch it, then check)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    fetched = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: fetched.append(a))
+
+    def resolve_checkpoint(name: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _Reached(f"building the model of {name}")
+
+    monkeypatch.setattr(harness, "resolve_checkpoint", resolve_checkpoint)
+    with caplog.at_level(logging.INFO, logger="lm_eval_dvoting"):
+        with pytest.raises(_Reached, match="building the model of someone/not-cached"):
+            _evaluate("dvoting-llada", "pretrained=someone/not-cached,strategy=single",
+                      ["dvoting_arith"], gen_kwargs="max_gen_toks=256")
+    assert fetched == []
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("lm_eval_dvoting")] == []
+
+
+def test_without_a_task_manager_the_index_is_read_once(monkeypatch: pytest.MonkeyPatch,
+                                                       weights_read):
+    """`simple_evaluate(model=..., model_args=..., tasks=[...])`: the task manager the
+    check reads is the one the run uses (lm-eval's own folder left out here, for speed)."""
+    built_managers = []
+
+    class OursOnly(TaskManager):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            built_managers.append(kwargs)
+            super().__init__(*args, **{**kwargs, "include_defaults": False})
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", OursOnly)
+    monkeypatch.setattr(lm_eval.evaluator, "TaskManager", OursOnly)
+    with pytest.raises(ValueError, match=re.escape(NO_ROOM)):
+        lm_eval.simple_evaluate(model="dvoting-llada", model_args=DEMO, tasks=["dvoting_arith"],
+                                gen_kwargs={"max_gen_toks": 256}, device="cpu", limit=1)
+    assert weights_read == []
+    # a run that fits goes on with that manager: built once, with simple_evaluate's metadata
+    built_managers.clear()
+    monkeypatch.setattr(harness, "load_model", loading.load_model)
+    results = lm_eval.simple_evaluate(model="dvoting-llada", model_args=DEMO,
+                                      tasks=["dvoting_arith"], device="cpu", limit=1)
+    assert list(results["results"]) == ["dvoting_arith"]
+    assert built_managers == [{"metadata": {"pretrained": "tiny-arith", "strategy": "single"}}]
+
+
+def test_a_model_instance_keeps_the_check_when_evaluate_starts(monkeypatch: pytest.MonkeyPatch,
+                                                               built):
+    lm = LLaDAEvalModel(pretrained="tiny-arith", strategy="single", device="cpu")
+    monkeypatch.setattr(LLaDAEvalModel, "max_length_before_loading",
+                        classmethod(lambda cls, args: 1 / 0))  # never asked for an instance
+    manager = TaskManager(include_path=str(TASKS), include_defaults=False)
+    with pytest.raises(ValueError, match=re.escape(NO_ROOM)):
+        lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], task_manager=manager,
+                                gen_kwargs="max_gen_toks=256", limit=1)
+    assert built == []
+
+
+def test_the_cli_refuses_before_the_weights_are_read():
+    """`lm_eval --model dvoting-llada ...` in a fresh interpreter: the start-up hook's patch of
+    `simple_evaluate` is the one the CLI calls; the weights' loader records any call."""
+    out = run_hooked("""
+        import sys
+        import lm_eval_dvoting.models.loading as loading
+        def load_model(*args, **kwargs):
+            print("WEIGHTS READ")
+            raise SystemExit(3)
+        loading.load_model = load_model
+        sys.argv = ["lm_eval", "--model", "dvoting-llada", "--model_args",
+                    "pretrained=tiny-arith,strategy=single", "--tasks", "dvoting_arith",
+                    "--gen_kwargs", "max_gen_toks=256", "--device", "cpu", "--limit", "1"]
+        from lm_eval.__main__ import cli_evaluate
+        try:
+            cli_evaluate()
+        except ValueError as err:
+            print("REFUSED:", err)
+    """)
+    assert out.strip().splitlines()[-1] == f"REFUSED: {NO_ROOM}"
+    assert "WEIGHTS READ" not in out

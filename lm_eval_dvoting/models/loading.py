@@ -257,6 +257,43 @@ def checkpoint_facts(folder: Path) -> dict[str, Any]:
             "vocabulary": int(config.get("embedding_size") or config["vocab_size"])}
 
 
+def _max_length(family: str, cfg: Any) -> int:
+    """The longest sequence (prompt plus generation) a model of this config reads: LLaDA's
+    `max_sequence_length`, the other families' `max_position_embeddings`."""
+    return int(cfg.max_sequence_length if family == "llada" else cfg.max_position_embeddings)
+
+
+def config_max_length(folder: Path) -> int:
+    """The maximum length of the checkpoint in `folder`, from its config.json alone (the
+    `max_length` that `load_model` gives the model), refusing a config `load_model` refuses."""
+    config = read_config(folder)
+    family = model_family(config, folder / "config.json")
+    check_config_fields(family, config, folder / "config.json")
+    return _max_length(family, ARCHITECTURES[family][0].from_dict(config))
+
+
+def local_checkpoint(name_or_path: str | Path, revision: str | None = None,
+                     subfolder: str | None = None) -> Path | None:
+    """The folder holding `name_or_path`'s config.json when it is known without the network:
+    a packaged name or local folder (`resolve_checkpoint`'s), or a hub id whose config.json
+    (at `revision`, default main, inside `subfolder`) is in the local hub cache; else None.
+
+    Never downloads: what reads it (the early length check) is skipped when it is None. A
+    cached config of a branch is the one last fetched, as an offline load would read it.
+    """
+    key = str(name_or_path)
+    if key in PACKAGED_CHECKPOINTS or Path(key).expanduser().is_dir():
+        return resolve_checkpoint(key, revision=revision, subfolder=subfolder)
+    from huggingface_hub import try_to_load_from_cache
+
+    filename = f"{subfolder.strip('/')}/config.json" if subfolder else "config.json"
+    try:
+        found = try_to_load_from_cache(key, filename, revision=revision)
+    except Exception:  # not a valid hub id: `resolve_checkpoint` refuses it in its own words
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
 def _first_id(value: Any) -> int | None:
     if isinstance(value, list):
         return value[0] if value else None
@@ -468,7 +505,7 @@ def load_model(
     with torch.device("meta"):
         cfg = config_class.from_dict(config)
         model: nn.Module = model_class(cfg)
-    max_length = cfg.max_sequence_length if family == "llada" else cfg.max_position_embeddings
+    max_length = _max_length(family, cfg)
     placed = None if device_map is None else _planned_map(model, device_map, max_memory, torch_dtype)
     if placed is None:
         state = _read_weights(files, target, torch_dtype)
