@@ -77,7 +77,7 @@ def test_hook_registers_models_and_keeps_builtins() -> None:
         from lm_eval_dvoting.harness import DreamEvalModel
         register_model('dvoting-dream')(DreamEvalModel)
         print(get_model('dvoting-dream') is DreamEvalModel)
-        # the watcher leaves once all three watched modules ran (the harness imports the
+        # the watcher leaves once all the watched modules ran (the harness imports the
         # task manager, through lm_eval.evaluator; the registry and lm_eval.config come
         # before it), and not before
         watching = any(type(f).__name__ == '_LmEvalWatcher' for f in sys.meta_path)
