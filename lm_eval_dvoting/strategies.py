@@ -738,11 +738,13 @@ class _Scheduler:
         steps = StepAnswers(question.answer_of) if question.observed else None
         if steps is not None:
             question.draw_steps.append(steps)
+        sample = len(question.samples) + len(question.decoding) + 1
+        label = f"question {question.index}, sample {sample}"  # how an error names the row
         row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
                         steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, block=spec.block,
                         temperature=spec.temperature,
                         remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec,
-                        observe=None if steps is None else steps.observe)
+                        observe=None if steps is None else steps.observe, label=label)
         if spec.kept is not None and question.donor is not None and question.donor.block_length == row.block_length:
             row.kept = shared_block_prefix(question.donor, row.prompt, row.tokens)
         # dVoting's fresh samples keep their block cache for the remask samples to share
@@ -751,9 +753,18 @@ class _Scheduler:
         self.decoder.add(row)
 
     def _begin_draw(self, question: _Question, draw: list[SampleSpec] | None) -> None:
-        """The plan's next draw, or the question's result when the plan is over."""
+        """The plan's next draw, or the question's result when the plan is over. A draw of no
+        samples is refused: the question would wait for samples that never come, and the
+        scheduler would spin."""
         if draw is None:
             self._finish(question)
+        elif not draw:
+            strategy = self.settings_of[question.index].strategy
+            raise RuntimeError(
+                f"strategy={strategy}'s plan asked for a draw of no samples for question "
+                f"{question.index} after {len(question.samples)} sample(s): the question could "
+                "never finish; this is a bug in the plan (question_plan), please report it with "
+                "the settings")
         else:
             question.to_start, question.decoding = list(draw), []
 
