@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .costs import CostedText
-from .strategies import StrategySettings
+from .strategies import StrategySettings, unused_settings
 from .strict_json import json_safe
 from .task_costs import RunCosts
 from .temporal import answer_runs
@@ -23,7 +23,7 @@ _FIGURES = ("requests", "nfe", "samples")  # the cost figures counted per reques
 
 
 def resolved_settings(settings: StrategySettings) -> dict[str, Any]:
-    """`settings` as a dict, with the per-strategy defaults filled in."""
+    """`settings` as a dict, every field, with the per-strategy defaults filled in."""
     return asdict(settings) | {
         "block_length": settings.resolved_block_length,
         "temperature": settings.resolved_temperature,
@@ -35,9 +35,21 @@ def resolved_settings(settings: StrategySettings) -> dict[str, Any]:
     }
 
 
+def used_settings(settings: StrategySettings) -> dict[str, Any]:
+    """`resolved_settings` without those that the strategy, its commit rule and its vote do
+    not read (`strategies.unused_settings`; `steps_run` goes with `steps`): what decided the
+    outputs."""
+    unused = set(unused_settings(settings))
+    if "steps" in unused:
+        unused.add("steps_run")
+    return {name: value for name, value in resolved_settings(settings).items()
+            if name not in unused}
+
+
 def settings_entry(settings: StrategySettings, seed: int) -> dict[str, Any]:
-    """One `settings_used` entry: the settings a request ran with, resolved, and its seed."""
-    return resolved_settings(settings) | {"seed": seed}
+    """One `settings_used` entry: the settings a request ran with and read, resolved, and
+    its seed."""
+    return used_settings(settings) | {"seed": seed}
 
 
 def costed_text(text: str, result: Any, candidate_texts: list[str],
@@ -143,11 +155,11 @@ class CostBook:
     def report(self, settings: StrategySettings, seed: int) -> dict[str, Any]:
         """``settings``, ``settings_used``, ``totals``, ``tasks`` and ``computed`` for `get_model_info`.
 
-        ``settings`` are the model's own (`settings`, defaults filled in). After an evaluation
-        the rest describes its responses, computed or read from `--use_cache` alike (the
-        ledger); before any, the requests computed here, each settings entry with `seed`.
-        Standard JSON throughout (`strict_json.json_safe`: `alpha=inf` is "inf"), as it lands
-        in lm-eval's results file.
+        ``settings`` are the model's own (`settings`, every one, defaults filled in). After an
+        evaluation the rest describes its responses, computed or read from `--use_cache` alike
+        (the ledger); before any, the requests computed here, each settings entry with `seed`
+        and only the settings its decode read (`used_settings`). Standard JSON throughout
+        (`strict_json.json_safe`: `alpha=inf` is "inf"), as it lands in lm-eval's results file.
         """
         if self.run_costs is None:
             totals: dict[str, Any] = {key: self.totals[key] for key in _FIGURES}

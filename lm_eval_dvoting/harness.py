@@ -51,6 +51,11 @@ Choices a user of the harness should know (also in the README):
   itself before any model work (`sanitise_requests`, one warning per call), so
   lm-eval's `--log_samples` hashing and logging, which run after all generation and
   would fail on them, see the text the model saw.
+* A strategy setting given a value (other than its default) that the strategy, its commit
+  rule and its vote do not read (`guidance` without rfg, `block_length` with hex, `threshold`
+  with the fixed schedule, ...; the tables in strategies.py) is accepted with one warning per
+  run and left out of `settings_used` and of the result cache's fingerprint, since it
+  changes no output; `config.dvoting.settings` keeps every model arg as given.
 * Model args are validated before the checkpoint is read: whole numbers by
   `arg_parsing.whole_number` (5, "5", 5.0; not 2.5, "abc", True), ranges by `StrategySettings`.
 """
@@ -85,7 +90,7 @@ from .models.loading import (checkpoint_facts, config_max_length, hub_revision, 
                              resolve_device)
 from .models.placement import describe as describe_placement
 from .models.placement import gpu_budget
-from .strategies import StrategySettings, decode_questions, derive_seed
+from .strategies import StrategySettings, decode_questions, derive_seed, report_unused_settings
 from .strict_json import install as _install_strict_json
 from .task_costs import RunCosts, install as _install_task_costs
 from .length_checks import install as _install_length_checks
@@ -140,6 +145,8 @@ class DVotingEvalModel(TemplateLM):
         self._max_memory = _parallel_budget(parallelize, max_memory_per_gpu, max_cpu_memory, device_map, device,
                                             reference, peft)
         self.settings = self.settings_from_args(locals())
+        self._unused_reported: set[str] = set()  # given settings reported as unused, once per run
+        report_unused_settings(self.settings, self._unused_reported, log)
         self.pretrained = pretrained or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
         self.seed, self.seed_source = sampling_seed(seed)
@@ -360,7 +367,8 @@ class DVotingEvalModel(TemplateLM):
         checked as at construction); `seed`, when given, becomes the sampling seed of the
         evaluations that follow (`dvoting compare --seeds K`). Both apply to the settings and
         seed the model was built with, not to an earlier switch's: `use_strategy("majority")`
-        after `use_strategy("majority", decoder="entropy")` is plain majority again."""
+        after `use_strategy("majority", decoder="entropy")` is plain majority again. A given
+        setting the new strategy does not read is reported once per model (as at construction)."""
         # the length checks wait for each request's length, as at construction
         settings = replace(self._built_settings, strategy=strategy, defer_length_checks=True,
                            **overrides)
@@ -368,6 +376,7 @@ class DVotingEvalModel(TemplateLM):
             raise ValueError("strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
                              "peft=<adapter>")
         self.settings = settings
+        report_unused_settings(settings, self._unused_reported, log)
         self.seed, self.seed_source = self._built_seed
         if seed is not None:
             self.seed = whole_number("seed", seed)
@@ -613,6 +622,7 @@ class DVotingEvalModel(TemplateLM):
         per task, and ``computed`` the part of the totals this run decoded (the rest came
         from the cache). Before any evaluation (`generate_until` called directly) they count
         the requests computed since the model was made or its strategy switched.
+        ``settings_used`` holds only the settings their decode reads (`strategies.unused_settings`).
         """
         return {
             "dvoting": {

@@ -33,7 +33,9 @@ explained. Entries of other configurations are kept, never read.
 
 The fingerprint holds everything that decides outputs (`fingerprint` lists it): the
 checkpoint's identity (a hub id with the commit loaded, else the sha256 of its config and
-weight files), the tokenizer files' sha256, every resolved strategy setting, the seed,
+weight files), the tokenizer files' sha256, every resolved strategy setting that the
+strategy, its commit rule or its vote reads (one that none reads, e.g. `guidance` without
+rfg, changes no output and is left out: `strategies.unused_settings`), the seed,
 `mc_num`, dtype, device type, `max_length`, `add_bos_token`, the plugin's version and code, and in
 bfloat16/float16 or on an accelerator also the batch rows (where outputs may depend on the
 batch: `batch_dependent`). Not in it: library versions (torch, transformers, lm-eval,
@@ -67,6 +69,7 @@ from typing import Any, Callable, Iterator
 
 from . import __version__
 from .models.loading import TOKENIZER_FILES, hub_revision, weight_files
+from .strategies import unused_settings
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +237,10 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     checkpoint, tokenizer, the resolved strategy settings (strategy, `max_gen_toks` (the
     default length; a task's own is in the request), block_length, n, alpha, temperature,
     tau, steps, remasking, hex_samples, prefix_cache, decoder, cache, threshold, temporal_weight,
-    temporal_alpha, vote, block_decoding, editing_threshold, max_post_steps), seed, mc_num, dtype, device (its
-    type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where `batch_dependent`.
+    temporal_alpha, vote, block_decoding, editing_threshold, max_post_steps: those the strategy,
+    its commit rule or its vote reads, `strategies.unused_settings`), seed, mc_num, dtype, device
+    (its type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where
+    `batch_dependent`.
     """
     settings = lm.settings
     resolved = dataclasses.asdict(settings) | {
@@ -245,6 +250,8 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
         "vote": settings.resolved_vote,  # vote=plain and no vote give majority the same samples
         "threshold": settings.resolved_threshold,  # left out and given as its default decode alike
     }
+    for name in unused_settings(settings):  # read by no part of this decode: they decide nothing
+        del resolved[name]
     resolved["max_gen_toks"] = resolved.pop("gen_length")
     dtype = lm.dtype_name
     identity = {

@@ -32,9 +32,10 @@ the decoding package).
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import numbers
-from dataclasses import InitVar, dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, fields, replace
 from typing import Any, Callable, Generator, Hashable, Sequence
 
 import torch
@@ -68,6 +69,37 @@ HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
 BLOCK_DECODINGS: dict[str, tuple[float, float | None]] = {
     "threshold": (0.95, None), "quality": (0.7, 0.5), "speed": (0.5, 0.0)}
 LLADA2_BLOCK_LENGTH = 32  # both model cards' block_length (and SGLang's hard-coded value)
+
+# Which `StrategySettings` fields each part of a decode reads, declared per part: the
+# strategy, its commit rule (`resolved_decoder`: LLaDA's fixed schedule, dVoting's entropy
+# rule, Fast-dLLM's confidence rule, LLaDA2's block rules) and its vote. No cache policy
+# reads a setting beyond `cache` itself. A field that no part of the chosen decode reads is
+# unused (`unused_settings`): reported when given (`unused_setting_message`), and left out
+# of `settings_used` and of the result cache's fingerprint, as it changes no output.
+READ_BY_EVERY_DECODE = ("strategy", "gen_length", "temperature", "decoder", "cache", "prefix_cache",
+                        "vote", "block_decoding")
+READ_BY_STRATEGY: dict[str, tuple[str, ...]] = {
+    "single": ("block_length",),
+    "majority": ("block_length", "n"),
+    "hex": ("hex_samples",),  # its own block lengths, L/32 .. L/2
+    "dvoting": ("block_length", "n", "tau"),
+    "temporal": ("block_length",),
+    "rfg": ("block_length", "guidance"),
+}
+READ_BY_RULE: dict[str, tuple[str, ...]] = {
+    "fixed": ("steps", "remasking"),
+    "entropy": ("alpha",),
+    "confidence": ("threshold",),
+    "threshold": ("threshold", "steps"),  # LLaDA2.0 (steps per block)
+    "quality": ("threshold", "editing_threshold", "max_post_steps"),  # LLaDA2.1's presets
+    "speed": ("threshold", "editing_threshold", "max_post_steps"),
+}
+READ_BY_VOTE: dict[str, tuple[str, ...]] = {
+    "plain": (),
+    "temporal": ("temporal_weight", "temporal_alpha"),
+}
+
+log = logging.getLogger(__name__)
 
 Answer = Hashable
 Extract = Callable[[torch.Tensor], Answer | None]
@@ -444,6 +476,50 @@ class StrategySettings:
         return _fixed_steps(self.resolved_steps, self.gen_length, self.resolved_block_length)
 
 
+def unused_settings(settings: StrategySettings) -> tuple[str, ...]:
+    """The fields of `settings` that its strategy, commit rule and vote do not read
+    (`READ_BY_STRATEGY`, `READ_BY_RULE`, `READ_BY_VOTE`), in field order."""
+    read = {*READ_BY_EVERY_DECODE, *READ_BY_STRATEGY[settings.strategy],
+            *READ_BY_RULE[settings.resolved_decoder], *READ_BY_VOTE[settings.resolved_vote]}
+    return tuple(f.name for f in fields(settings) if f.name not in read)
+
+
+def given_unused_settings(settings: StrategySettings) -> tuple[str, ...]:
+    """The unused settings that hold a value other than their default, i.e. were given.
+
+    A setting given at its default value counts as not given: it changes nothing either way
+    (the harness's model args have the dataclass's defaults)."""
+    defaults = {f.name: f.default for f in fields(StrategySettings)}
+    return tuple(name for name in unused_settings(settings)
+                 if getattr(settings, name) != defaults[name])
+
+
+def _rule_label(rule: str) -> str:
+    return f"decoder={rule}" if rule in DECODERS else f"LLaDA2's block decoding {rule}"
+
+
+def unused_setting_message(settings: StrategySettings, name: str) -> str:
+    """Why the given setting `name` does nothing here, who reads it, and what happens to it."""
+    readers = ([f"strategy={s}" for s, names in READ_BY_STRATEGY.items() if name in names]
+               + [_rule_label(r) for r, names in READ_BY_RULE.items() if name in names]
+               + [f"vote={v}" for v, names in READ_BY_VOTE.items() if name in names])
+    return (f"{name}={getattr(settings, name)!r} is not used by strategy={settings.strategy} "
+            f"({_rule_label(settings.resolved_decoder)}, vote={settings.resolved_vote}): only "
+            f"{', '.join(readers)} read it. It is left out of settings_used and of the result "
+            "cache's fingerprint; drop it, or choose a strategy, decoder or vote that reads it")
+
+
+def report_unused_settings(settings: StrategySettings, reported: set[str],
+                           logger: logging.Logger) -> None:
+    """Warn about each given setting that `settings` do not use, once per `reported` set
+    (one per run: the harness keeps one per model, across its strategy switches)."""
+    for name in given_unused_settings(settings):
+        message = unused_setting_message(settings, name)
+        if message not in reported:
+            reported.add(message)
+            logger.warning(message)
+
+
 @dataclass(frozen=True)
 class SampleSpec:
     """One sample to draw: its starting region and decoding rule."""
@@ -656,6 +732,8 @@ def run_strategy(
     (LLaDA2.0, the default there), "quality" or "speed" (LLaDA2.1's presets), with
     `threshold`, `steps` (per block), `editing_threshold` and `max_post_steps`; its
     `cache` is "block" (exact, the default there) or "none".
+    A setting given a value other than its default that the strategy, its commit rule and
+    its vote do not read (`unused_settings`) is reported in a warning.
     """
     if getattr(model, "block_causal", False) and block_decoding is None:
         block_decoding = "threshold"
@@ -668,6 +746,7 @@ def run_strategy(
         temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote, guidance=guidance,
         block_decoding=block_decoding, editing_threshold=editing_threshold, max_post_steps=max_post_steps,
     )
+    report_unused_settings(settings, set(), log)  # each call is a run of its own
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
     if row_seeds is None:
@@ -785,11 +864,13 @@ class _Scheduler:
         steps = StepAnswers(question.answer_of) if question.observed else None
         if steps is not None:
             question.draw_steps.append(steps)
+        sample = len(question.samples) + len(question.decoding) + 1
+        label = f"question {question.index}, sample {sample}"  # how an error names the row
         row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
                         steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, block=spec.block,
                         temperature=spec.temperature,
                         remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec,
-                        observe=None if steps is None else steps.observe)
+                        observe=None if steps is None else steps.observe, label=label)
         if spec.kept is not None and question.donor is not None and question.donor.block_length == row.block_length:
             row.kept = shared_block_prefix(question.donor, row.prompt, row.tokens)
         # dVoting's fresh samples keep their block cache for the remask samples to share
@@ -798,9 +879,18 @@ class _Scheduler:
         self.decoder.add(row)
 
     def _begin_draw(self, question: _Question, draw: list[SampleSpec] | None) -> None:
-        """The plan's next draw, or the question's result when the plan is over."""
+        """The plan's next draw, or the question's result when the plan is over. A draw of no
+        samples is refused: the question would wait for samples that never come, and the
+        scheduler would spin."""
         if draw is None:
             self._finish(question)
+        elif not draw:
+            strategy = self.settings_of[question.index].strategy
+            raise RuntimeError(
+                f"strategy={strategy}'s plan asked for a draw of no samples for question "
+                f"{question.index} after {len(question.samples)} sample(s): the question could "
+                "never finish; this is a bug in the plan (question_plan), please report it with "
+                "the settings")
         else:
             question.to_start, question.decoding = list(draw), []
 

@@ -208,3 +208,48 @@ def test_every_misfit_is_named_with_what_the_module_is(tmp_path):
     norm = type(dict(model.named_modules())["model.transformer.blocks.0.attn_norm"]).__name__
     assert f"model.transformer.blocks.0.attn_norm: {norm} in the model" in message
     assert message.count("no such module in the model") == 4 and "; ... (6 in all)" in message
+
+
+@pytest.mark.parametrize("change, shown", [
+    # another architecture's names
+    ({"target_modules": ["query_key_value", "dense"]}, "['query_key_value', 'dense']"),
+    # a regex, matched against the whole name
+    ({"target_modules": r"model\.decoder\.layers\.\d+\.q_proj"}, r"'model\\.decoder"),
+    # names that exist, in layers that do not (the fixture has two blocks)
+    ({"target_modules": ["q_proj"], "layers_to_transform": [7]}, "['q_proj']"),
+])
+def test_target_modules_that_match_no_module_are_refused_as_peft_refuses_them(change, shown,
+                                                                              tmp_path):
+    """PEFT refuses an adapter whose config's target_modules match no module of the model (the
+    adapter was made for another model); so does this loader, though it reads the modules from the
+    saved weights, naming the file, the value and module names that exist."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    config = json.loads((folder / "adapter_config.json").read_text()) | change
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    adapter = adapters.read_adapter(folder)
+    model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match="not found in the base model"):  # PEFT's own refusal
+        inject_adapter_in_model(LoraConfig(r=4, **change),
+                                load_model(OFFICIAL / "llada", device="cpu"))
+    with pytest.raises(AdapterError) as refused:
+        adapters.attach(model, adapter)
+    message = str(refused.value)
+    assert f"{folder / 'adapter_config.json'} has target_modules=" in message and shown in message
+    assert "matches no module of LLaDAModel" in message
+    assert "q_proj" in message and "model.transformer.blocks.0.q_proj" in message  # what exists
+    assert not adapters.lora_layers(model)  # refused before anything was wrapped
+
+
+@pytest.mark.parametrize("targets",
+                         [["ff_out"], ["q_proj", "not_here"], r".*\.q_proj", "all-linear", None])
+def test_target_modules_that_match_some_module_are_accepted(targets, tmp_path):
+    """A list matching a module by name or suffix, a regex matching a whole name, PEFT's
+    all-linear, or no target_modules at all (the saved weights say which modules)."""
+    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
+    config = json.loads((folder / "adapter_config.json").read_text()) | {"target_modules": targets}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
+    adapters.attach(model, adapters.read_adapter(folder))
+    assert len(adapters.lora_layers(model)) == 2  # q_proj of both blocks, as saved

@@ -32,11 +32,13 @@ def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
     # the settings the requests ran with: the task's length, the strategy's steps, each seed
     assert [(s["gen_length"], s["steps"], s["seed"]) for s in by_name["majority"]["settings"]] == [
         (32, 16, 7), (32, 16, 8)]
-    used = {name: {(s["strategy"], s["decoder"], s["temperature"], s["n"]) for s in row["settings"]}
+    # (n is recorded where it is read: single draws one sample whatever n says, issue 38)
+    used = {name: {(s["strategy"], s["decoder"], s["temperature"], s.get("n"))
+                   for s in row["settings"]}
             for name, row in by_name.items()}
     assert used["majority"] == {("majority", "fixed", 0.9, 5)}
-    assert used["single"] == {("single", "fixed", 0.0, 5)}
-    assert used["single-entropy"] == {("single", "entropy", 0.0, 5)}
+    assert used["single"] == {("single", "fixed", 0.0, None)}
+    assert used["single-entropy"] == {("single", "entropy", 0.0, None)}
     assert used["dvoting"] == {("dvoting", "entropy", 0.6, 5)}
     assert used["majority-entropy"] == {("majority", "entropy", by_name["dvoting"]["temperature"], 5)}
     # greedy rows run once, sampled rows once per seed

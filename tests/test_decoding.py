@@ -534,3 +534,53 @@ def test_sampling_follows_each_rows_generator_as_documented(model, rule):
             expected = reference_entropy_threshold(model, prompt, 8, 4, 0.3, temperature=temperature, seed=seed)[0]
         assert found.tokens[row].tolist() == expected.tolist()
     assert not torch.equal(found.tokens, generate(model, ids, mask, gen_length=8, block_length=4, **settings).tokens)
+
+
+# ------------------------------------------------------------ progress guard (issue 38)
+
+
+def _commits_nothing(rule: str, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Break one commit rule so that it commits nothing; the row settings that select it."""
+    from lm_eval_dvoting.decoding import rules
+
+    if rule == "entropy":  # nothing below alpha, and no fallback
+        nothing = staticmethod(lambda work, entropies: [])
+        monkeypatch.setattr(rules.EntropyThreshold, "_decide", nothing)
+        return {"alpha": 0.3}
+    monkeypatch.setattr(rules.ConfidenceThreshold, "commit", lambda self, works: [])
+    return {"threshold": 0.9}
+
+
+@pytest.mark.parametrize("rule", ["entropy", "confidence"])
+def test_a_rule_that_commits_nothing_in_a_step_raises_at_once(rule, monkeypatch):
+    """A rule that commits nothing and moves no schedule on would decode its row forever (the
+    row batch and the strategies' scheduler step it again and again): the step raises,
+    naming the rule, the step and the row. A row beside it that progresses is no excuse."""
+    from lm_eval_dvoting.decoding import RowDecoder
+
+    settings = _commits_nothing(rule, monkeypatch)
+    model = ScriptedModel(gen_choices(3, lambda q, g: (1 + g % 20,)))
+    decoder = RowDecoder(model)
+    masks = torch.full((8,), model.mask_token_id)
+    decoder.add(DecodeRow(prompt=torch.tensor([5, 6, 7]), tokens=masks, block_length=4, steps=8))
+    decoder.add(DecodeRow(prompt=torch.tensor([5, 6, 7]), tokens=masks, block_length=4,
+                          label="question 3, sample 2", **settings))
+    name = {"entropy": r"EntropyThreshold \(alpha=0.3\)",
+            "confidence": r"ConfidenceThreshold \(threshold=0.9\)"}[rule]
+    says = (rf"commit rule {name} committed nothing in step 1 of row 1 \(question 3, sample 2\): "
+            r"8 of its 8 generated positions are still masked, .*would decode it forever")
+    with pytest.raises(RuntimeError, match=says):
+        decoder.step()
+
+
+def test_steps_that_commit_nothing_by_schedule_are_progress():
+    """The fixed schedule spends a block's steps on it even when the block holds no mask (given
+    tokens): those steps commit nothing by design and move the schedule on, so the guard lets
+    them be (block diffusion's steps always move its schedule on too:
+    tests/test_block_diffusion.py)."""
+    model = ScriptedModel(gen_choices(3, lambda q, g: (1 + g % 20,)))
+    init = torch.full((1, 8), model.mask_token_id)
+    init[0, :4] = 4  # the first block given: its four steps commit nothing
+    result = generate(model, torch.tensor([[5, 6, 7]]), gen_length=8, block_length=4, steps=8,
+                      init_tokens=init)
+    assert result.nfe.tolist() == [8] and result.tokens[0].tolist() == [4, 4, 4, 4, 5, 6, 7, 8]

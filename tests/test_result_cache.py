@@ -169,6 +169,17 @@ OTHER_SETTINGS = {
     # block diffusion's (LLaDA2): tried on block_decoding="quality" (they are refused without it)
     "block_decoding": "threshold", "editing_threshold": 0.3, "max_post_steps": 3,
 }
+# where a setting is tried when the model's default (dvoting: the entropy rule, a plain
+# vote) does not read it: an unread setting changes no output and is not in the
+# fingerprint (issue 38, tests/test_unused_settings.py)
+READ_WITH = {
+    "steps": dict(strategy="single"), "remasking": dict(strategy="single"),
+    "decoder": dict(strategy="single"),
+    "hex_samples": dict(strategy="hex"), "threshold": dict(strategy="single", decoder="confidence"),
+    "temporal_weight": dict(strategy="temporal"), "temporal_alpha": dict(strategy="temporal"),
+    "guidance": dict(strategy="rfg"), "editing_threshold": dict(block_decoding="quality"),
+    "max_post_steps": dict(block_decoding="quality"),
+}
 
 
 def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
@@ -178,24 +189,12 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
     changed = {}
     for name, value in OTHER_SETTINGS.items():
         original = lm.settings
-        if name in ("editing_threshold", "max_post_steps"):
-            lm.settings = dataclasses.replace(original, block_decoding="quality")
-            quality = result_cache.fingerprint_id(result_cache.fingerprint(lm))
-            lm.settings = dataclasses.replace(original, block_decoding="quality", **{name: value})
-            changed[name] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
-            assert changed[name] != quality
-            lm.settings = original
-            continue
-        if name == "decoder":
-            lm.settings = dataclasses.replace(original, strategy="single")
-            single = result_cache.fingerprint_id(result_cache.fingerprint(lm))
-            lm.settings = dataclasses.replace(original, strategy="single", decoder=value)
-            changed[name] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
-            assert changed[name] != single
-            lm.settings = original
-            continue
-        lm.settings = dataclasses.replace(original, **{name: value})
+        context = READ_WITH.get(name, {})
+        lm.settings = dataclasses.replace(original, **context)
+        before = result_cache.fingerprint_id(result_cache.fingerprint(lm))
+        lm.settings = dataclasses.replace(original, **context, **{name: value})
         changed[name] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
+        assert changed[name] != before, name
         lm.settings = original
     for name, value in {"seed": 99, "mc_num": 16, "max_length": 128, "add_bos_token": True}.items():
         original = getattr(lm, name)

@@ -574,3 +574,40 @@ def test_decoder_refusals_name_the_setting(strategy, decoder, says):
     assert str(refused.value) == says
     # the settings the refusals leave alone are accepted
     StrategySettings(strategy=strategy, gen_length=64, decoder=None)
+
+
+# ------------------------------------------------------------ progress guard (issue 38)
+
+
+def test_a_plan_that_asks_for_no_samples_raises_instead_of_waiting_forever(monkeypatch):
+    """A question whose plan yields a draw of no samples has nothing to decode and never
+    finishes: the scheduler raises, naming the strategy and the question, instead of spinning."""
+    def empty_plan(settings, mask_id, same_answer):
+        yield []
+
+    spins = itertools.count()
+    fill = strategies._Scheduler._fill_free_rows
+
+    def counted_fill(self):
+        if next(spins) > 1000:  # the bug: the loop spins without end; fail instead of hanging
+            raise AssertionError("the scheduler spins on a question with nothing to decode")
+        fill(self)
+
+    monkeypatch.setattr(strategies, "question_plan", empty_plan)
+    monkeypatch.setattr(strategies._Scheduler, "_fill_free_rows", counted_fill)
+    says = r"strategy=majority's plan asked for a draw of no samples for question 0 after 0 sample"
+    with pytest.raises(RuntimeError, match=says):
+        run_strategy(_scripted(), _prompts([4, 5]), strategy="majority",
+                     extract=ScriptedAnswers({}), gen_length=16, block_length=4, max_rows=1)
+
+
+def test_a_rule_that_commits_nothing_names_the_question_and_sample(monkeypatch):
+    """The decoder's progress guard (tests/test_decoding.py) names a strategy's row by its
+    question and sample."""
+    from lm_eval_dvoting.decoding import rules
+
+    monkeypatch.setattr(rules.EntropyThreshold, "_decide", staticmethod(lambda work, entropy: []))
+    says = r"committed nothing in step 1 of row 0 \(question 0, sample 1\)"
+    with pytest.raises(RuntimeError, match=says):
+        run_strategy(_scripted(), _prompts([4]), strategy="dvoting", gen_length=16,
+                     extract=ScriptedAnswers({4: [1] * 5}), block_length=4, max_rows=1)

@@ -90,6 +90,7 @@ class RowDecoder:
             return []
         logits = self.forward.run(self.active, *self._cache_plan())
         self._show_predictions(logits)
+        before = self._progress_marks()
         works = [self.rule(row).begin(i, row, logits.window(i)) for i, row in enumerate(self.active)]
         for row in self.active:
             row.nfe += 1
@@ -98,7 +99,33 @@ class RowDecoder:
             for work, found in zip(asking, logits.many([(w.index, w.wanted) for w in asking])):
                 work.receive(found)
             works = self._commit(works)
+        self._check_progress(before)
         return self._retire()
+
+    def _progress_marks(self) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """Each active row's masks left (on the device, no sync) and schedule position."""
+        masks = torch.stack([(row.tokens == self.mask_id).sum() for row in self.active])
+        positions = [(row.progress.block, row.progress.step_in_block, row.progress.post)
+                     for row in self.active]
+        return masks, positions
+
+    def _check_progress(self, before: tuple[torch.Tensor, list[tuple[int, int, int]]]) -> None:
+        """Raise if a row's step committed nothing and moved no schedule on: its rule would
+        then decode it the same way forever (the entropy and confidence rules commit at least
+        one token per step; the fixed schedule and block diffusion move their schedule on at
+        every step, through steps that commit nothing by design). One sync for all rows."""
+        masks, positions = before
+        masks_now, positions_now = self._progress_marks()
+        stuck = (masks == masks_now).tolist()
+        for i, row in enumerate(self.active):
+            if stuck[i] and positions[i] == positions_now[i]:
+                rule, named = type(self.rule(row)).__name__, f" ({row.label})" if row.label else ""
+                raise RuntimeError(
+                    f"commit rule {rule} ({_rule_setting(row)}) committed nothing in step "
+                    f"{row.nfe} of row {i}{named}: {int(masks[i])} of its {row.gen_length} "
+                    "generated positions are still masked, and a step that changes nothing "
+                    "would decode it forever; this is a bug in the rule, please report it with "
+                    "the settings")
 
     def _show_predictions(self, logits: StepLogits) -> None:
         """Hand each observed row (`DecodeRow.observe`) this step's full prediction, before
@@ -159,6 +186,14 @@ class RowDecoder:
         if row.block is not None:
             return True
         return bool((row.tokens == self.mask_id).any())
+
+
+def _rule_setting(row: DecodeRow) -> str:
+    """The setting that selects the row's rule, as `name=value` (`RowDecoder.rule`)."""
+    for name in ("block", "steps", "alpha", "threshold"):
+        if getattr(row, name) is not None:
+            return f"{name}={getattr(row, name)}"
+    return "no rule setting"
 
 
 def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,

@@ -124,6 +124,7 @@ class DecodeRow:
     trail: int = 0  # block diffusion: masks appended to fill the last block (decoded, then cut off)
     editable: torch.Tensor | None = field(default=None, repr=False)  # block diffusion: bool over `tokens`
     keep_cache: bool = False  # block cache: keep `kept` after the row finishes (a dVoting sample may share it)
+    label: str = ""  # how error messages name the row (the strategies: its question and sample)
 
     @property
     def gen_length(self) -> int:

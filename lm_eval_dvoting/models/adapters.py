@@ -11,6 +11,8 @@ nothing, so the d1/wd1 list of seven names wraps only `q_proj k_proj v_proj up_p
 LLaDA, and a target `ff_out` would also match LLaDA's output head (`transformer.ff_out`),
 which was never trained. Every saved weight must name a linear layer of the model with
 the shapes its rank says ([r, in] and [out, r]); anything else is refused with the names.
+The config's `target_modules` must still match some module of the model, as PEFT demands
+(`check_targets`): an adapter whose targets name another architecture's modules is refused.
 
 Only the two adapter files are ever downloaded from the hub. The adapter is attached
 unmerged (`enabled` switches it off and on, e.g. for a reference pass) and merged into
@@ -25,6 +27,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
@@ -120,8 +123,42 @@ def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
     return Adapter(str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())}, digest)
 
 
+def check_targets(model: torch.nn.Module, adapter: Adapter) -> None:
+    """Refuse an adapter whose config's `target_modules` match no module of `model`, as PEFT
+    refuses it ("Target modules ... not found in the base model"): it was made for another
+    model. Matched as PEFT matches them (a list by name or name suffix, a string as a regex of
+    the whole name, with `layers_to_transform`/`layers_pattern`/`exclude_modules`; PEFT's
+    "all-linear" matches any linear layer). Without `target_modules` nothing is checked: the
+    saved weights say which modules are adapted."""
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    targets = adapter.config.get("target_modules")
+    if not targets:
+        return
+    modules = dict(model.named_modules())
+    linear = [name for name, module in modules.items() if isinstance(module, torch.nn.Linear)]
+    if isinstance(targets, str) and targets.lower() == "all-linear":
+        if linear:
+            return
+    else:
+        keys = ("target_modules", "exclude_modules", "modules_to_save", "target_parameters",
+                "layers_to_transform", "layers_pattern")
+        matching = SimpleNamespace(**{key: adapter.config.get(key) for key in keys})
+        if any(check_target_module_exists(matching, name) for name in modules if name):
+            return
+    leaves = sorted({name.rsplit(".", 1)[-1] for name in linear})
+    raise AdapterError(
+        f"peft={adapter.source}: {adapter.folder / 'adapter_config.json'} has target_modules="
+        f"{targets!r}, which matches no module of {type(model).__name__} (PEFT refuses such an "
+        f"adapter: it was made for another model). The model's linear layers are "
+        f"{', '.join(leaves)} (e.g. {', '.join(linear[:3])}). Use an adapter trained on this "
+        "checkpoint's architecture")
+
+
 def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
-    """Every adapted module is a linear layer of `model`, with the shapes the rank says."""
+    """The config's target modules are the model's (`check_targets`), and every adapted module
+    is a linear layer of `model`, with the shapes the rank says."""
+    check_targets(model, adapter)
     modules = dict(model.named_modules())
     rank = int(adapter.config["r"])
     problems = []
