@@ -166,7 +166,8 @@ def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: s
                     "the model arg)")
         return f"with --gen_kwargs max_gen_toks={value} or the model arg max_gen_toks={value}"
 
-    if max_length is not None and length >= max_length:  # first: a length that fits (the example does) fixes both
+    # first: a length that fits (the example does) fixes both
+    if max_length is not None and length >= max_length:
         example = _fitting_length(settings, max_length // 2)
         raise ValueError(f"max_gen_toks {length} ({where}) leaves no room for a prompt in "
                          f"{max_length_source} of {max_length} tokens (prompt plus generation): "
