@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import math
 import statistics
@@ -44,7 +45,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .length_checks import index_leaves
+from .length_checks import index_leaves, indexed_generation_kwargs
+from .request_planning import task_length
 from .strategies import StrategySettings
 from .strict_json import dumps as strict_dumps
 
@@ -135,6 +137,13 @@ def _task_manager(task: str) -> Any:
     from .plugin import asks_only_ours, task_dir
 
     return TaskManager(include_path=str(task_dir()), include_defaults=not asks_only_ours(task))
+
+
+@functools.lru_cache(maxsize=2)
+def _task_index(task: str) -> Any:
+    """The task index the checks before loading read (once per command: indexing the stock
+    tasks takes seconds)."""
+    return _task_manager(task).task_index
 
 
 def _evaluate(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -323,38 +332,42 @@ def probe_settings(model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> 
     if "max_gen_toks" in model_args:
         given["gen_length"] = model_args["max_gen_toks"]
     try:
-        return StrategySettings(**given, **extras)
+        # the model arg max_gen_toks serves only the tasks that set none (`checked_settings`)
+        return StrategySettings(**given, **extras, defer_length_checks=True)
     except (TypeError, ValueError):
-        return StrategySettings(**extras)
+        return StrategySettings(**extras, defer_length_checks=True)
 
 
-def generation_lengths(args: argparse.Namespace, model_args: Mapping[str, Any]) -> dict[int, str]:
-    """The generation lengths a block length must divide, each with where it comes from.
-
-    The model's own (`max_gen_toks` in --model_args, default 256: `use_strategy` checks
-    block lengths against it), and the requests': --gen_kwargs max_gen_toks when given,
-    else each task's (a group's: each of its tasks') `generation_kwargs.max_gen_toks`,
-    read from lm-eval's task index. A task that gives none runs at the model's length."""
-    model_length = model_args.get("max_gen_toks", StrategySettings.gen_length)
-    lengths = {model_length: f"the model args' max_gen_toks, default {StrategySettings.gen_length}, which the "
-                             "loaded model checks block lengths against; give the task's length there"}
+def request_lengths(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Each generation task's `max_gen_toks` as its requests will carry it ({}: none, so its
+    requests run at the model arg max_gen_toks, default 256): the task's YAML (a group's:
+    each of its tasks'), with --gen_kwargs over it, as `simple_evaluate` writes it; read
+    from lm-eval's task index by the harness's own reader (`indexed_generation_kwargs`)."""
     gen_kwargs = _parse_model_args(args.gen_kwargs or "")  # as simple_evaluate reads it
-    if "max_gen_toks" in gen_kwargs:
-        lengths.setdefault(gen_kwargs["max_gen_toks"], "--gen_kwargs max_gen_toks")
-        return lengths
-    for task, cfg in leaf_tasks(args.tasks):
-        if cfg.get("output_type", "generate_until") == "generate_until":
-            length = (cfg.get("generation_kwargs") or {}).get("max_gen_toks")
-            if length is not None:
-                lengths.setdefault(length, f"task {task}'s max_gen_toks")
-    return lengths
+    index = _task_index(args.tasks)
+    return indexed_generation_kwargs(index, [args.tasks], gen_kwargs or None)
+
+
+def checked_settings(base: StrategySettings, lengths: Mapping[str, Mapping[str, Any]] | None,
+                     **changes: Any) -> StrategySettings:
+    """`base` with `changes`, its length rules checked at the length each task's requests
+    really use (`request_planning.task_length`, the harness's check: a task's max_gen_toks
+    wins; `base.gen_length`, the model arg, serves the tasks that set none), so a block
+    length is never refused against a length no request uses. ValueError naming the
+    length and its source. `lengths` None: checked at `base.gen_length` alone."""
+    if lengths is None:
+        return replace(base, **changes)
+    settings = replace(base, defer_length_checks=True, **changes)
+    for task, kwargs in lengths.items():
+        task_length(settings, dict(kwargs), task, None)  # the room check: the harness's, loaded
+    return settings
 
 
 def leaf_tasks(name: str) -> list[tuple[str, dict[str, Any]]]:
     """The tasks `name` runs (a group's or tag's, recursively; a task itself), each with its
     config as lm-eval's task index reads it (includes resolved); [] for a name the index does
     not know (lm-eval refuses it by name at the first evaluation)."""
-    return index_leaves(_task_manager(name).task_index, name)
+    return index_leaves(_task_index(name), name)
 
 
 def check_generation_task(task: str) -> None:
@@ -382,34 +395,25 @@ def check_generation_task(task: str) -> None:
                 "every row; the rows differ only in its generation tasks", task, named)
 
 
-def check_block_lengths(values: Sequence[int], lengths: Mapping[int, str]) -> None:
-    """Every swept block length divides every generation length (SystemExit naming both)."""
-    for value in values:
-        for length, source in lengths.items():
-            if isinstance(length, int) and value >= 1 and length % value:
-                divisors = ",".join(str(d) for d in range(1, length + 1) if length % d == 0 and
-                                    all(other % d == 0 for other in lengths if isinstance(other, int)))
-                raise SystemExit(f"dvoting compare: --sweep block_length={value}: {value} does not divide the "
-                                 f"generation length {length} ({source}); give block lengths that divide "
-                                 f"every generation length, from {divisors}")
-
-
 def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: Sequence[Any],
-               extras: Mapping[str, Any]) -> list[tuple[Any, list[tuple[str, StrategySettings, str, dict[str, Any]]]]]:
+               extras: Mapping[str, Any], lengths: Mapping[str, Mapping[str, Any]] | None = None,
+               ) -> list[tuple[Any, list[tuple[str, StrategySettings, str, dict[str, Any]]]]]:
     """Per swept value, each row's (name, settings, strategy, use_strategy overrides), on `base`.
 
     SystemExit naming --sweep, the value and the row when StrategySettings refuses the value
     (alone or for a row: e.g. threshold=1.5, decoder=entropy for hex), when it does not take
     effect with the model args (cache=none beside prefix_cache=true), or when a row sets the
     swept setting itself (decoder for the -entropy and -confidence rows), since its runs
-    would repeat one setting under several labels."""
+    would repeat one setting under several labels. Each row's length rules are checked at
+    the lengths its requests will use (`checked_settings`: `lengths`, `request_lengths`)."""
     plan = []
     for value in values:
         swept = {**extras, name: value}  # the sweep wins over the model args (and over extras)
         try:
             # as `single` (which takes every decoder), or for `vote` as `majority` (single has no
             # vote); each row's own strategy is checked below
-            base_value = replace(base, strategy="majority" if name == "vote" else "single", **swept)
+            base_value = replace(base, strategy="majority" if name == "vote" else "single",
+                                 defer_length_checks=True, **swept)
         except ValueError as err:
             raise SystemExit(f"dvoting compare: --sweep {name}={value}: {err}") from err
         if getattr(base_value, name) != value:
@@ -420,7 +424,7 @@ def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: 
         for row in names:
             try:
                 strategy, overrides = row_overrides(row, base_value)
-                settings = replace(base_value, strategy=strategy, **overrides)
+                settings = checked_settings(base_value, lengths, strategy=strategy, **overrides)
             except ValueError as err:
                 raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
                                  "leave the row out of --strategies or the value out of --sweep") from err
@@ -441,19 +445,15 @@ def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: 
 
 
 def check_sweep(sweep: tuple[str, list[Any]], names: Sequence[str], probe: StrategySettings,
-                args: argparse.Namespace, model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> None:
+                extras: Mapping[str, Any], lengths: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse, before the model is loaded, a sweep that could not run every row at every value.
 
     Checked: each value against StrategySettings' ranges on the model args' settings (as
     far as `probe_settings` reads them), each row at each value (a row that refuses the
-    value or sets the swept setting itself), and for block_length that each value divides
-    every generation length (`generation_lengths`: the model's max_gen_toks, and
-    --gen_kwargs max_gen_toks or the task's). The same plan is checked again on the loaded
-    model's settings before the first evaluation."""
-    name, values = sweep
-    if name == "block_length":
-        check_block_lengths(values, generation_lengths(args, model_args))
-    sweep_plan(names, probe, name, values, extras)
+    value or sets the swept setting itself, or whose length rules, e.g. a block length that
+    divides the length, fail at a length its requests will use: `request_lengths`). The
+    same plan is checked again on the loaded model's settings before the first evaluation."""
+    sweep_plan(names, probe, *sweep, extras, lengths)
 
 
 def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]]:
@@ -472,15 +472,19 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
         # dVoting's temperature (the model arg's, else dVoting's default): majority-entropy then
         # differs from dvoting only in remasking and the early stop
         # (decoder=None: dVoting's temperature does not depend on it, and dvoting refuses decoder=fixed)
-        overrides["temperature"] = replace(base, strategy="dvoting", decoder=None).resolved_temperature
+        # (lengths unchecked: only the temperature is read here)
+        dvoting = replace(base, strategy="dvoting", decoder=None, defer_length_checks=True)
+        overrides["temperature"] = dvoting.resolved_temperature
     return strategy, overrides
 
 
-def row_settings(row: str, base: StrategySettings) -> StrategySettings:
-    """The settings row `row` runs with (checked: SystemExit naming the row when they are invalid)."""
+def row_settings(row: str, base: StrategySettings,
+                 lengths: Mapping[str, Mapping[str, Any]] | None = None) -> StrategySettings:
+    """The settings row `row` runs with, checked (at `lengths`, see `checked_settings`):
+    SystemExit naming the row when they are invalid."""
     strategy, overrides = row_overrides(row, base)
     try:
-        return replace(base, strategy=strategy, **overrides)
+        return checked_settings(base, lengths, strategy=strategy, **overrides)
     except ValueError as err:
         raise SystemExit(f"dvoting compare: row {row!r} cannot run with these --model_args: {err}") from err
 
@@ -674,8 +678,13 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     check_seeds(args.seeds)
     counts = parse_row_seeds(getattr(args, "row_seeds", None), names, args.seeds)
     sweep = parse_sweep(getattr(args, "sweep", None))
+    lengths = request_lengths(args)  # what each task's requests will use
+    probe = probe_settings(model_args, extras)
     if sweep is not None:
-        check_sweep(sweep, names, probe_settings(model_args, extras), args, model_args, extras)
+        check_sweep(sweep, names, probe, extras, lengths)
+    else:
+        for name in names:
+            row_settings(name, probe, lengths)
     check_generation_task(args.tasks)
     lm = model_class(**model_kwargs(model_args, args))
     first_seed = lm.seed  # the model arg seed, else lm-eval's default
@@ -683,7 +692,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     with lm_eval_messages_once():
         if sweep is not None:
             # the loaded model's settings (model args read by the harness): checked again
-            plan = sweep_plan(names, lm.settings, *sweep, extras)
+            plan = sweep_plan(names, lm.settings, *sweep, extras, lengths)
             results = [(value, run_rows(lm, args, planned, first_seed, counts,
                                         f"{sweep[0]}={value}"))
                        for value, planned in plan]
@@ -694,7 +703,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         planned = []
         for name in names:
             strategy, overrides = row_overrides(name, base)
-            planned.append((name, row_settings(name, base), strategy, {**extras, **overrides}))
+            planned.append((name, row_settings(name, base, lengths), strategy,
+                            {**extras, **overrides}))
         rows = run_rows(lm, args, planned, first_seed, counts)
     return {"rows": rows, "paired": paired_comparison(rows), "seeds": seeds}
 

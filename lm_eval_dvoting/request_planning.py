@@ -139,7 +139,7 @@ class RequestPlanner:
 
 
 def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None,
-                max_length: int, max_length_source: str = "the model's maximum length",
+                max_length: int | None, max_length_source: str = "the model's maximum length",
                 ) -> StrategySettings:
     """`settings` with the generation length a request really uses, checked: the task's
     `max_gen_toks` (its YAML, or `--gen_kwargs`, which lm-eval writes into it) when it
@@ -150,6 +150,8 @@ def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: s
     gives a task's length only with its requests), with the length in hand: the family's
     block rule (`StrategySettings.length_problem`) and room for a prompt in `max_length`.
     Each refusal names the length, where it comes from and how to change it there.
+    `max_length` None (not known yet: `dvoting compare` before the model is loaded) skips the
+    room check only; the block rules are checked all the same.
     """
     given = "max_gen_toks" in kwargs
     length = settings.gen_length
@@ -164,7 +166,8 @@ def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: s
                     "the model arg)")
         return f"with --gen_kwargs max_gen_toks={value} or the model arg max_gen_toks={value}"
 
-    if length >= max_length:  # first: a length that fits (the example does) fixes both
+    # first: a length that fits (the example does) fixes both
+    if max_length is not None and length >= max_length:
         example = _fitting_length(settings, max_length // 2)
         raise ValueError(f"max_gen_toks {length} ({where}) leaves no room for a prompt in "
                          f"{max_length_source} of {max_length} tokens (prompt plus generation): "

@@ -253,15 +253,16 @@ class StrategySettings:
         block diffusion (LLaDA2) aligns its blocks (32 unless `block_length` is given) to the
         first prompt token and cuts the last one at the length, so any length decodes
         (decoding/blocks.py, as upstream: ../shared/design/LLADA2_DECODING.md section 1).
-        And hex's: its block sizes L/32..L/2 need a length divisible by 32, in every family.
+        Hex reads no block_length (its own block sizes L/32..L/2), so only hex's rule
+        applies to it: a length divisible by 32, in every family.
         """
         return self._block_problem() or self._hex_problem()
 
     def length_advice(self) -> str:
         """What would fit, for the `length_problem` these settings have (block length or length)."""
         length, block = self.gen_length, self.resolved_block_length
-        if self._block_problem() is None or (self.strategy == "hex" and self.block_length is None):
-            return "give a max_gen_toks divisible by 32"  # hex's; its default block divides it too
+        if self._block_problem() is None:
+            return "give a max_gen_toks divisible by 32"  # hex's (hex has no block problem)
         divisors = ", ".join(str(d) for d in range(1, length + 1) if length % d == 0)
         if self.block_length is not None:
             return (f"give block_length a divisor of {length} ({divisors}), or a max_gen_toks that "
@@ -271,7 +272,10 @@ class StrategySettings:
                 "max_gen_toks that is a multiple of 16")
 
     def _block_problem(self) -> str | None:
-        if self.block_decoding is not None or self.gen_length % self.resolved_block_length == 0:
+        # hex decodes with its own block sizes (L/32..L/2, `_hex_problem`) and never reads
+        # block_length (READ_BY_STRATEGY): a given one is warned as unused, not refused
+        if (self.strategy == "hex" or self.block_decoding is not None
+                or self.gen_length % self.resolved_block_length == 0):
             return None
         block = self.resolved_block_length
         if self.block_length is not None:

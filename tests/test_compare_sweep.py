@@ -149,15 +149,20 @@ REFUSALS = [
                                        r"\(0, 1\], got 1.5"),
     (["--sweep", "cache=none,full"], r"--sweep cache=full: cache must be one of \('none', 'prefix', 'dual', 'block'\)"),
     (["--sweep", "hex_samples=5,7"], r"--sweep hex_samples=7: hex_samples must be 25 .* or 5"),
-    # the task's length, read from its YAML (32), and the model's (256)
-    (["--sweep", "block_length=2,64"], r"--sweep block_length=64: 64 does not divide the generation length 32 "
-                                       r"\(task dvoting_arith's max_gen_toks\); .* from 1,2,4,8,16,32"),
-    (["--sweep", "block_length=3", "--gen_kwargs", "max_gen_toks=48"],
-     r"--sweep block_length=3: 3 does not divide the generation length 256 \(the model args' max_gen_toks, "
-     r"default 256.*give the task's length there\)"),
+    # the length each request will use: the task's YAML (32), or --gen_kwargs over it; the
+    # model args' (256) only for tasks that set none (issue 42 item 3: it was checked too)
+    (["--sweep", "block_length=2,64"], r"--sweep block_length=64: row 'single' cannot run with it: "
+                                       r"max_gen_toks 32 \(task dvoting_arith's generation_kwargs: its YAML or "
+                                       r"--gen_kwargs\) cannot be decoded: block_length 64 does not divide the "
+                                       r"generation length 32; give block_length a divisor of 32"),
     (["--sweep", "block_length=16", "--gen_kwargs", "max_gen_toks=40"],
-     r"--sweep block_length=16: 16 does not divide the generation length 40 \(--gen_kwargs max_gen_toks\); .* "
-     r"from 1,2,4,8$"),
+     r"--sweep block_length=16: row 'single' cannot run with it: max_gen_toks 40 \(task dvoting_arith's "
+     r"generation_kwargs: its YAML or --gen_kwargs\) cannot be decoded: block_length 16 does not divide the "
+     r"generation length 40; give block_length a divisor of 40 \(1, 2, 4, 5, 8, 10, 20, 40\)"),
+    # hex reads no block_length, but its own rule (L a multiple of 32) still holds at 48
+    (["--sweep", "block_length=3", "--gen_kwargs", "max_gen_toks=48"],
+     r"--sweep block_length=3: row 'hex' cannot run with it: max_gen_toks 48 \(task dvoting_arith's "
+     r"generation_kwargs.*hex needs a generation length divisible by 32"),
     (["--sweep", "block_length=0"], r"--sweep block_length=0: block_length must be >= 1"),
     # rows that set the swept setting themselves, or refuse a value
     (["--sweep", "decoder=fixed,confidence"], r"--sweep decoder=fixed: row 'single-entropy' sets decoder itself "
@@ -294,3 +299,38 @@ def test_a_sweeps_later_values_are_compared_with_its_first_on_the_same_problems(
         "rows": {"dvoting": [e | {"accuracy_mean": 50.0, "accuracy_std": None, "nfe_mean": 9.0, "mean_samples": 1.0,
                                   "seconds": 1.0, "sampled": False} for e in entries[:2]]}})
     assert "vote=temporal - vote=plain: +50.0 points, 95% CI [+50.0, +50.0]" in text
+
+
+@pytest.mark.parametrize("argv", [
+    # 3 divides the 48 the requests use; the model args' default 256 serves no request
+    ["--strategies", "single", "--sweep", "block_length=3", "--gen_kwargs", "max_gen_toks=48"],
+    # a block length that divides the task's 32 but not the model args' 40
+    ["--strategies", "single,majority", "--sweep", "block_length=8,16",
+     "--model_args", "pretrained=/no/such/checkpoint,max_gen_toks=40"],
+    # hex at the task's 32, whatever the model args' 40 (not a multiple of 32)
+    ["--strategies", "single,hex", "--model_args", "pretrained=/no/such/checkpoint,max_gen_toks=40"],
+])
+def test_block_lengths_are_checked_at_the_length_the_requests_use(tmp_path, argv):
+    """Issue 42 item 3: the pre-checks (rows and --sweep) use each task's max_gen_toks (its
+    YAML's, or --gen_kwargs'), as the requests do; the model arg max_gen_toks only serves a
+    task that sets none. Accepted here: the run goes on to load the (missing) checkpoint."""
+    if "--model_args" not in argv:
+        argv = [*argv, "--model_args", "pretrained=/no/such/checkpoint"]
+    with pytest.raises(Exception, match="no checkpoint folder at '/no/such/checkpoint'"):
+        compare.main(["--tasks", "dvoting_arith", "--out", str(tmp_path), *argv])
+
+
+def test_a_task_without_a_length_is_checked_at_the_model_args_length():
+    """A task that sets no max_gen_toks runs at the model arg's: a row is refused there, the
+    message naming the length and where it comes from; the task's own length is accepted."""
+    base = StrategySettings(gen_length=40, defer_length_checks=True)
+    assert compare.row_settings("hex", base, {"t": {"max_gen_toks": 64}}).strategy == "hex"
+    with pytest.raises(SystemExit, match=r"row 'hex' cannot run with these --model_args: max_gen_toks 40 "
+                                         r"\(the model arg max_gen_toks, default 256: task t sets none\).*"
+                                         r"hex needs a generation length divisible by 32"):
+        compare.row_settings("hex", base, {"t": {}, "u": {"max_gen_toks": 64}})
+    swept = StrategySettings(gen_length=48, defer_length_checks=True)
+    assert compare.sweep_plan(["single"], swept, "block_length", [3], {}, {"t": {}})
+    with pytest.raises(SystemExit, match=r"block_length=3: row 'single' cannot run with it: max_gen_toks 32 "
+                                         r"\(task u's generation_kwargs.*block_length 3 does not divide"):
+        compare.sweep_plan(["single"], swept, "block_length", [3], {}, {"t": {}, "u": {"max_gen_toks": 32}})

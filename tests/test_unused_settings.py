@@ -192,3 +192,24 @@ def test_combinations_that_cannot_run_are_still_refused(lm):
         with pytest.raises(ValueError, match=says):
             lm.use_strategy(**settings)
     lm.use_strategy("dvoting")
+
+
+def test_hex_takes_a_block_length_that_divides_no_length_and_warns_it_unused(caplog):
+    """hex reads no block_length (its own block sizes L/32..L/2), so the block rule (a block
+    length divides L) is not applied to it: block_length=5 with L=64 runs, warned as unused;
+    hex's own rule (L a multiple of 32) still refuses L=48, whatever the block length."""
+    from lm_eval_dvoting.request_planning import task_length
+
+    with caplog.at_level(logging.WARNING):
+        lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="hex",
+                            block_length=5, max_gen_toks=64)
+    [warned] = _unused_warnings(caplog)
+    assert "block_length=5" in warned and "strategy=hex" in warned
+    assert lm.settings.length_problem() is None
+    # a task's own length, as each request carries it
+    assert task_length(lm.settings, {"max_gen_toks": 64}, "t", 2048).gen_length == 64
+    with pytest.raises(ValueError, match="hex needs a generation length divisible by 32.*got 48"
+                       ".*give a max_gen_toks divisible by 32"):
+        task_length(lm.settings, {"max_gen_toks": 48}, "t", 2048)
+    with pytest.raises(ValueError, match="hex needs a generation length divisible by 32"):
+        StrategySettings(strategy="hex", gen_length=40, block_length=5)
