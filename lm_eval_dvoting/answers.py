@@ -146,6 +146,7 @@ __all__ = [
     "extract_answer",
     "infer_answer_kind",
     "normalize_math",
+    "option_count",
     "vote",
 ]
 
@@ -598,6 +599,24 @@ def _check_options(kind: str, n_options: Optional[int]) -> None:
 
 
 # --------------------------------------------------------------------------- API
+
+
+def option_count(doc: Any, kind: str) -> Optional[int]:
+    """The range `extract_answer`'s ``n_options`` takes for a question, from its lm-eval doc.
+
+    A ``choice`` question's number of options: ``doc["choices"]`` as a list (this project's
+    tasks) or as ``{"text": [...]}`` (the hub's ARC); None (letters A to J) for other kinds,
+    for a doc without such choices, and for more options than there are letters. The vote
+    (harness) and the task configs' filter both read it here, so what is voted is what is
+    scored."""
+    if kind != "choice" or not isinstance(doc, dict):
+        return None
+    choices = doc.get("choices")
+    if isinstance(choices, dict):
+        choices = choices.get("text")
+    if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= len(LETTERS):
+        return None
+    return len(choices)
 
 
 def extract_answer(text: str, kind: str, n_options: Optional[int] = None) -> Optional[str]:

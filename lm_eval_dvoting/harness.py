@@ -519,10 +519,12 @@ class DVotingEvalModel(TemplateLM):
         """Decoded text up to the first end token, then cut at the first `until` string."""
         return generated_text(self.tokenizer, self.model.end_token_ids, tokens, until)
 
-    def _answer_of(self, until: list[str], kind: str) -> Callable[[torch.Tensor], Any]:
-        """A sample's `(kind, answer)` (None: no answer), from its text as the task's filters see it."""
+    def _answer_of(self, until: list[str], kind: str,
+                   n_options: int | None = None) -> Callable[[torch.Tensor], Any]:
+        """A sample's `(kind, answer)` (None: no answer), from its text as the task's filters
+        see it: a choice letter beyond the question's `n_options` is no answer, as scored."""
         def extract(tokens: torch.Tensor) -> Any:
-            answer = extract_answer(self.generated_text(tokens, until), kind)
+            answer = extract_answer(self.generated_text(tokens, until), kind, n_options)
             return None if answer is None else (kind, answer)
 
         return extract
@@ -549,7 +551,7 @@ class DVotingEvalModel(TemplateLM):
             self._decoding_model(),
             [job.prompt for job in plan.jobs],
             [job.settings for job in plan.jobs],
-            [self._answer_of(job.until, job.kind) for job in plan.jobs],
+            [self._answer_of(job.until, job.kind, job.n_options) for job in plan.jobs],
             [job.seed for job in plan.jobs],
             same_answer=_same_answer,
             max_rows=self.batch_rows,

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .answers import infer_answer_kind
+from .answers import infer_answer_kind, option_count
 from .arg_parsing import flag, whole_number
 from .strategies import ONE_DECODE, StrategySettings, derive_seed
 
@@ -43,6 +43,7 @@ class GenerationJob:
     until: list[str]
     kind: str  # answer kind: what its samples' answers are extracted and voted as
     seed: int
+    n_options: int | None = None  # a choice question's letter range (`answers.option_count`)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,8 @@ class RequestPlanner:
         self.on_settings(settings)
         prompt = self.prompt_ids(context, settings.gen_length)
         seed = derive_seed(self.seed, request.task_name, request.doc_id, context, repeat)
-        return GenerationJob(position, repeat, prompt, settings, until, kind, seed)
+        n_options = option_count(getattr(request, "doc", None), kind)
+        return GenerationJob(position, repeat, prompt, settings, until, kind, seed, n_options)
 
     def request_settings(self, gen_kwargs: dict[str, Any] | None,
                          task_name: str | None) -> tuple[StrategySettings, list[str], str]:

@@ -74,15 +74,28 @@ def _is_ours(tracker: Any, results: Any = None) -> bool:
 def _wrap_aggregated(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def save_results_aggregated(self: Any, results: dict, samples: dict | None = None) -> None:
-        if _is_ours(self, results):
-            # in place: lm-eval adds to `results` while saving and the caller keeps using it
-            safe = json_safe(results)
-            results.clear()
-            results.update(safe)
-        return original(self, results=results, samples=samples)
+        if not _is_ours(self, results):
+            return original(self, results=results, samples=samples)
+        # an encoded copy is written; the caller keeps its own values (lm-eval's CLI prints
+        # them next, formatting each stderr as a float) and gets back only what lm-eval adds
+        # to `results` while saving (`task_hashes` and the tracker's general config)
+        safe = json_safe(results)
+        saved = original(self, results=safe, samples=samples)
+        for key in safe.keys() - results.keys():
+            results[key] = safe[key]
+        for key in ("task_hashes", *_tracker_fields(self)):
+            if key in safe:
+                results[key] = safe[key]
+        return saved
 
     setattr(save_results_aggregated, _PATCH_MARK, True)
     return save_results_aggregated
+
+
+def _tracker_fields(tracker: Any) -> tuple[str, ...]:
+    """The keys lm-eval's `save_results_aggregated` writes into `results` from its tracker."""
+    config = getattr(tracker, "general_config_tracker", None)
+    return tuple(vars(config)) if config is not None and hasattr(config, "__dict__") else ()
 
 
 def _wrap_samples(original: Callable[..., Any]) -> Callable[..., Any]:

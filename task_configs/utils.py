@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import datasets
 
-from lm_eval_dvoting.answers import answers_equivalent, extract_answer
+from lm_eval_dvoting.answers import answers_equivalent, extract_answer, option_count
 from lm_eval_dvoting.costs import CostedText
 from lm_eval_dvoting import local_data
 from lm_eval_dvoting.temporal import step_figures
@@ -270,18 +270,15 @@ def doc_to_text_choice_answer_line(doc: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- filters
 
 
-def _n_options(doc: dict[str, Any], kind: str) -> Optional[int]:
-    """A choice question's number of options (its letters' range), else None."""
-    return len(doc["choices"]) if kind == "choice" else None
 
 
 def _extract_filter(kind: str) -> Callable[[list[list[Any]], list[dict]], list[list[str]]]:
     def apply(resps: list[list[Any]], docs: list[dict]) -> list[list[str]]:
         # `CostedText.like` keeps the response's cost figures on the extracted text; a
-        # letter beyond the question's options is no answer (it could never be right,
-        # so the score is the vote's, which reads letters without the range)
+        # letter beyond the question's options is no answer, in the vote too (the harness
+        # reads the same `option_count` from the request's doc)
         return [
-            [CostedText.like(extract_answer(str(r), kind, _n_options(doc, kind)) or INVALID, r)
+            [CostedText.like(extract_answer(str(r), kind, option_count(doc, kind)) or INVALID, r)
              for r in sample_resps]
             for sample_resps, doc in zip(resps, docs, strict=True)
         ]

@@ -155,3 +155,29 @@ def test_a_log_likelihood_runs_files_parse_strictly_with_alpha_inf(tmp_path: Pat
     tracker.save_results_samples(task_name="dvoting_arith_mc",
                                  samples=samples["dvoting_arith_mc"])
     assert len(_strictly_parsed_files(tmp_path / "out")) == 2
+
+
+def test_the_callers_results_keep_their_values_and_the_table_still_prints(tmp_path: Path):
+    """Only the file is encoded: lm-eval's CLI prints the results it saved next, formatting
+    each stderr as a float, so a NaN or infinite stderr left as null / "inf" in the caller's
+    dict would crash the table after the run (review of issue 38). What lm-eval adds while
+    saving (`task_hashes`, the tracker's config) still reaches the caller."""
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.utils import make_table
+
+    strict_json.install()
+    tracker = EvaluationTracker(output_path=str(tmp_path))
+    tracker.general_config_tracker.model_source = "dvoting-llada"
+    tracker.general_config_tracker.model_name = "m"
+    tracker.general_config_tracker.model_name_sanitized = "m"
+    results = {"config": {"model_args": {"alpha": math.inf}},
+               "results": {"t": {"alias": "t", "exact_match,none": 0.5,
+                                 "exact_match_stderr,none": math.nan}},
+               "versions": {"t": 1}, "n-shot": {"t": 0}, "higher_is_better": {"t": {}}}
+    tracker.save_results_aggregated(results=results, samples=None)
+    (written,) = tmp_path.rglob("results_*.json")
+    loads_strict(written.read_text())
+    assert math.isnan(results["results"]["t"]["exact_match_stderr,none"])
+    assert results["config"]["model_args"]["alpha"] == math.inf
+    assert "task_hashes" in results and results["model_name"] == "m"
+    make_table(results)  # raised on the in-place encoding
