@@ -21,7 +21,11 @@ Principles: a text's answer is what a careful human grader reads in it.
   the pronoun "I" or the article "A" inside a sentence ("A good answer is C" reads
   C, "Answer: I think it's B" reads B).
 * **When in doubt, no answer rather than a guess**: a box that states no single
-  number, an answer stated as an unevaluated sum in prose, a negated or ambiguous
+  number, a number glued to what makes it none (``2,5``, ``3:30``, ``1e3``,
+  ``0.333...``; in rule 3's running text a comma still separates a list, ``3,4``),
+  two letters named (``the answer is A and C``), an answer phrase retracted after it
+  (``The answer is B. Wait, no, it is C.``: what replaced it is not read either),
+  an answer stated as an unevaluated sum in prose, a negated or ambiguous
   answer clause read as None, which no grader credits, rather than as some number
   or letter the model did not commit to.
 
@@ -69,7 +73,9 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
 
     The number is then normalised to a canonical string so that equal values are
     one vote: ``$``, ``%``, units and LaTeX spacing are ignored (GSM8K states
-    percentages and money as bare numbers: "50%" is the answer ``50``); commas are
+    percentages and money as bare numbers: "50%" is the answer ``50``); a number
+    and a scale word is their exact product (``1.5 million`` is 1500000; thousand,
+    million, billion, short scale; not inside a box); commas are
     thousands separators only in the ``1,000`` pattern (``"1,000" -> "1000"``);
     the sign is kept (``-3`` is not ``3``, ``-$3`` is ``-3``; a hyphen directly after a digit or
     letter, as in ``10-20``, is a range/subtraction, not a sign); values are exact
@@ -102,9 +108,12 @@ Three *kinds* of answers exist (`ANSWER_KINDS`):
     2. an answer line: ``Answer: B`` / ``**Answer:** (B)`` / ``Answer: I think it's B``;
     3. an "is" phrase: ``the answer is B``, ``The correct answer is (B)``,
        ``The best answer is B`` (the wording of the stock ``arc_challenge_chat``),
-       ``The correct choice is D``, ``the best option would be C``;
+       ``The correct choice is D``, ``the best option would be C``, ``I choose B``
+       (answer lines also ``Correct option: B``);
     4. a parenthesised letter ``(B)``;
-    5. a response that is nothing but a letter (`` C``, ``B.``): what the stock
+    4b. (before 4) a letter claimed correct: ``B is the correct answer``,
+       ``C is correct`` (``C is not correct`` is not read);
+    5. a response that is nothing but a letter (`` C``, ``B.``, ``Option B``): what the stock
        ``arc_challenge_chat`` gets after its prefix "The best answer is".
 
     In rules 2 and 3 the phrase's clause (up to the end of its line or sentence) is
@@ -276,6 +285,16 @@ _SCIENTIFIC = re.compile(
 _POWER = re.compile(r"(?<![\w.^}])\d+(?:\.\d+)?\s*\^\s*(?:\{\s*-?\d+\s*\}|\d+)")
 # `m^2`, `ft^{3}`: the exponent of a unit (a letter before the `^`) is not a number
 _UNIT_EXPONENT = re.compile(r"(?<=[A-Za-z])\s*\^\s*(?:\{\s*-?\d+\s*\}|-?\d)")
+# `1.5 million`: a number and a scale word is their exact product (short scale)
+_SCALE = re.compile(rf"({_NUMBER})\s+(thousand|million|billion)\b", re.IGNORECASE)
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9}
+# What glued to a number makes it no one exact number: a comma that is no thousands group
+# (`2,5`), a clock time (`3:30`), e-notation (`1e3`); after a decimal, a trailing `...`
+# (`0.333...`, a truncated expansion)
+_GLUED_AFTER = re.compile(r":\d|[eE][-+]?\d")
+_ELLIPSIS_AFTER = re.compile(r"\.\.|\u2026|\\[lc]?dots")
+_GLUED_BEFORE = re.compile(r"\d:$|\d[eE][-+]?$")
+_COMMA_AFTER, _COMMA_BEFORE = re.compile(r",\d"), re.compile(r"\d,$")
 _ANSWER_PHRASE = re.compile(
     r"answer\s*(?:is|was|=|:)\s*:?|####", re.IGNORECASE
 )
@@ -293,6 +312,7 @@ def _clean_numeric_text(text: str) -> str:
     text = re.sub(r"(?<![\w).])-\$", "$-", text)
     text = _UNIT_GROUP.sub(" ", text)
     text = _DEGREES.sub("", text)
+    text = _SCALE.sub(_scaled, text)
     # a power or a number in scientific notation is one value, as the grader reads it
     text = _SCIENTIFIC.sub(_evaluated, text)
     text = _POWER.sub(_evaluated, text)
@@ -306,6 +326,25 @@ def _evaluated(m: re.Match[str]) -> str:
     when `latex_value` refuses it, e.g. a power too large to be an answer)."""
     value = latex_value(m.group(0))
     return m.group(0) if value is None else _format_fraction(value)
+
+
+def _scaled(m: re.Match[str]) -> str:
+    """`1.5 million` -> `1500000`: exact, as the grader multiplies it out."""
+    value = Fraction(m.group(1).replace(",", "")) * _SCALES[m.group(2).lower()]
+    return _format_fraction(value)
+
+
+def _glued(text: str, match: re.Match[str], commas: bool = True) -> bool:
+    """Whether the number `match` found in `text` is part of something that is not one
+    exact number (`2,5`, `3:30`, `1e3`, `0.333...`): read as no answer, not as a part.
+    `commas=False` (rule 3, a last number in running text) lets a comma separate a list
+    (`the pairs 3,4`)."""
+    before, end = text[: match.start()], match.end()
+    if _GLUED_AFTER.match(text, end) or _GLUED_BEFORE.search(before):
+        return True
+    if commas and (_COMMA_AFTER.match(text, end) or _COMMA_BEFORE.search(before)):
+        return True
+    return "." in match.group(0) and _ELLIPSIS_AFTER.match(text, match.end()) is not None
 
 
 def _mixed_number(m: re.Match[str]) -> str:
@@ -371,16 +410,6 @@ def _format_fraction(value: Fraction) -> str:
     return f"{sign}{whole}.{frac}" if frac else f"{sign}{whole}"
 
 
-def _numbers_in(text: str) -> list[str]:
-    """Canonical strings of all numbers in `text`, in order."""
-    out = []
-    for m in _NUMBER_OR_FRACTION.finditer(_clean_numeric_text(text)):
-        canonical = _canonical_number(m.group(0))
-        if canonical is not None:
-            out.append(canonical)
-    return out
-
-
 # The clause after an answer phrase ends with its line or at a sentence end: `.`, `,`,
 # `;`, `!` or `?` followed by whitespace or the end of the line (`12.5`, `1,800` go on).
 _CLAUSE_END = re.compile(r"[.,;!?](?=\s|$)")
@@ -418,6 +447,8 @@ def _clause_answer(clause: str) -> Any:
             canonical = _canonical_number(match.group(0))
             if canonical is None:  # `5/0`: not a value, the next number may be
                 continue
+            if _glued(part, match):  # `2,5`, `3:30`: not one number
+                return _UNFINISHED
             if _OPERATION.match(part, match.end()) is None:
                 return canonical
             verdict = _UNFINISHED
@@ -442,8 +473,12 @@ def _extract_number(text: str) -> Optional[str]:
             return answer
     if _CUT_MID_CALCULATION.search(text):
         return None
-    numbers = _numbers_in(text)
-    return numbers[-1] if numbers else None
+    cleaned = _clean_numeric_text(text)
+    for m in reversed(list(_NUMBER_OR_FRACTION.finditer(cleaned))):
+        canonical = _canonical_number(m.group(0))
+        if canonical is not None:
+            return None if _glued(cleaned, m, commas=False) else canonical
+    return None
 
 
 # --------------------------------------------------------------------------- math
@@ -508,16 +543,32 @@ _AFTER_LETTER = frozenset({
 _NEGATION = re.compile(r"\b(?:not|never|no)\b|n't\b", re.IGNORECASE)
 # The phrases whose clause names the answer: an answer line, then an "is" phrase.
 _CHOICE_PHRASES = (
-    # `Answer: B`, `**Answer:** (B)`, `Answer: $B$`, `Answer: I think it's B`
-    re.compile(r"(?i:answer)\**\s*:"),
+    # `Answer: B`, `**Answer:** (B)`, `Answer: $B$`, `Answer: I think it's B`,
+    # `Correct option: B`
+    re.compile(r"(?i:answer|option|choice)\**\s*:"),
     # `the answer is B`, `The correct answer is (B)`, `The best answer is B`,
     # `The correct choice is D`, `the best option would be C`
     re.compile(r"(?i:(?:answer|choice|option)\s+(?:is|would\s+be|should\s+be|must\s+be))\s*:?"),
+    # `I choose B.`, `I select option (D)` (not "I pick (B) over (A)": a comparison)
+    re.compile(r"\bI\s+(?i:choose|select)\b"),
+)
+# `B is the correct answer.`, `C is correct`, `Option A is the best choice`: the letter
+# before the claim (a negation breaks the pattern: `C is not correct` is not read)
+_LETTER_CLAIM = re.compile(
+    r"(?<![\w\\'\u2019])\(?([A-J])\)?\s+is\s+(?:the\s+)?(?i:correct|right|best)\b"
+)
+# A second letter joined to the first (`A and C`, `(A) or (B)`, `A/C`): two answers named
+_SECOND_LETTER = re.compile(r"\)?\s*(?:\b(?:and|or)\b|&|/|\+)\s*\(?[A-J](?![\w'])")
+# A retraction after the answer phrase (`The answer is B. Wait, no, it is C.`): what the
+# model settled on is unsure, so the phrase is not read and nothing else is
+_RETRACTION = re.compile(
+    r"\b(?i:wait|actually|on second thought|correction|I mean|scratch that)\b|\b(?i:no),"
 )
 _PARENTHESISED = re.compile(r"\(([A-J])\)")
 # the whole response is one letter: ` C` after the stock arc_challenge_chat's
 # `gen_prefix` "The best answer is" (which also stops at ".")
-_WHOLE_RESPONSE = re.compile(r"^[\s*(]*([A-J])[\s*).:]*$")
+# (also `Option B`, `Choice: (C)`)
+_WHOLE_RESPONSE = re.compile(r"^[\s*]*(?:(?i:option|choice)\s*:?\s*)?\(?\s*([A-J])[\s*).:]*$")
 
 
 def _first_letter(clause: str) -> Optional[str]:
@@ -529,7 +580,7 @@ def _first_letter(clause: str) -> Optional[str]:
         if letter in "AI" and next_word is not None and next_word not in _AFTER_LETTER:
             continue  # "A good answer", "I think"
         if _NEGATION.search(clause, since, m.start()) is None:
-            return letter
+            return TRUNCATED if _SECOND_LETTER.match(clause, m.end(1)) else letter
         since = m.end(1)
     return None
 
@@ -546,12 +597,18 @@ def _clause_after(text: str, end: int) -> str:
 
 def _phrase_letter(text: str) -> Optional[str]:
     """The letter of the last answer line, else of the last "answer is" phrase, whose
-    clause names one (`_clause_after`, `_first_letter`)."""
+    clause names one (`_clause_after`, `_first_letter`); `TRUNCATED` (no answer, no later
+    rule) when that clause names two letters or a retraction follows it."""
     for phrase in _CHOICE_PHRASES:
         for m in reversed(list(phrase.finditer(text))):
-            letter = _first_letter(_clause_after(text, m.end()))
-            if letter is not None:
-                return letter
+            clause = _clause_after(text, m.end())
+            letter = _first_letter(clause)
+            if letter is None:
+                continue
+            if letter is TRUNCATED:  # `A and C`: two answers named
+                return TRUNCATED
+            after = text[text.find(clause, m.end()) + len(clause):]
+            return TRUNCATED if _RETRACTION.search(after) else letter
     return None
 
 
@@ -564,9 +621,11 @@ def _read_letter(text: str) -> Optional[str]:
         if m:
             return m.group(1)
     letter = _phrase_letter(text)
+    if letter is TRUNCATED:
+        return None
     if letter is not None:
         return letter
-    for pattern in (_PARENTHESISED, _WHOLE_RESPONSE):
+    for pattern in (_LETTER_CLAIM, _PARENTHESISED, _WHOLE_RESPONSE):
         matches = pattern.findall(text)
         if matches:
             return matches[-1]

@@ -33,6 +33,8 @@ What is read
       single-letter word is a unit only when it is one of ``m g s h l L``; any other
       (``2n + 1``, ``5k``) is a variable or a multiplier and refuses the box, and so
       does a word that does not follow an operand (``5 + apples``);
+    * a trailing ``...`` (``0.333...``) is a truncated expansion, not one exact number,
+      and refuses the box (a single sentence period is dropped);
     * anything else (``\\sqrt``, ``\\pi``, ``:``, ``<``, ``\\pm``, a set) refuses the box.
       So do brackets, signs, fractions or text groups nested more than `MAX_DEPTH` (32)
       levels deep (a runaway generation, never an answer).
@@ -128,7 +130,9 @@ def _plain(content: str) -> str:
     text = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", text)
     text = re.sub(r"\\frac\s*(\d)", r"\\frac{\1}", text)
     text = re.sub(r"(\\frac\s*\{[^{}]*\})\s*(\d)", r"\1{\2}", text)
-    return text.strip().rstrip(".").strip()
+    # one sentence period ends the box's statement; more (`0.333...`) is a truncated
+    # expansion, not one exact number, and is left to refuse the box
+    return re.sub(r"(?<!\.)\.$", "", text.strip()).strip()
 
 
 def _stated_part(text: str) -> Optional[str]:
