@@ -183,7 +183,7 @@ def test_unusual_unicode_is_encoded_not_fatal(single):
 
 @pytest.mark.parametrize("strategy", ["dvoting", "majority"])
 def test_model_that_never_answers_returns_the_first_sample(tiny_llada_dir, monkeypatch, strategy):
-    monkeypatch.setattr(harness, "extract_answer", lambda text, kind: None)
+    monkeypatch.setattr(harness, "extract_answer", lambda text, kind, n_options=None: None)
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, n=3, batch_size=8, device="cpu")
     texts = lm.generate_until([_Request(f"{a}+1=?", ARITH, doc_id=a) for a in range(3)])
     for text in texts:
