@@ -13,7 +13,7 @@ Rules this module lives by, because it runs in *every* Python process:
 - it never raises: a broken plugin must not break an unrelated interpreter;
 - it stays inert until lm-eval itself is imported. A meta-path finder watches for
   four lm-eval modules; right after one of them has executed, the matching function of
-  `lm_eval_dvoting.plugin` patches it. Once all fired, the finder removes itself.
+  `lm_eval_dvoting.integration.plugin` patches it. Once all fired, the finder removes itself.
 
 Set `LM_EVAL_DVOTING_DISABLE_HOOK=1` to turn it off; `dvoting eval` still works then.
 """
@@ -23,7 +23,7 @@ import sys
 
 DISABLE_ENV = "LM_EVAL_DVOTING_DISABLE_HOOK"
 
-# module lm-eval imports -> function in lm_eval_dvoting.plugin run right after it executed
+# module lm-eval imports -> function in lm_eval_dvoting.integration.plugin run right after it executed
 _WATCHED = {
     "lm_eval.api.registry": "on_registry_imported",
     "lm_eval.config.evaluate_config": "on_evaluate_config_imported",
@@ -106,8 +106,7 @@ class _LmEvalWatcher:
         if action is None:
             return
         try:
-            from lm_eval_dvoting import plugin
-
+            from lm_eval_dvoting.integration import plugin
             getattr(plugin, action)(module)
         except Exception as exc:
             _report(f"{fullname}: {type(exc).__name__}: {exc}")
@@ -121,7 +120,7 @@ def install() -> bool:
 
     Does nothing when disabled by the environment, when already installed, or when
     lm-eval was imported before us (then nothing can be watched any more; callers
-    that import lm-eval first use `lm_eval_dvoting.plugin.register()` instead).
+    that import lm-eval first use `lm_eval_dvoting.integration.plugin.register()` instead).
     """
     try:
         if os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no"):

@@ -52,8 +52,8 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 
 from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
 from bench.workloads import real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.decoding import DecodeRow, RowDecoder  # noqa: E402
-from lm_eval_dvoting import strict_json  # noqa: E402
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder  # noqa: E402
+from lm_eval_dvoting.integration import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CACHES = ("none", "prefix", "dual")
@@ -198,7 +198,7 @@ def demo_inputs(name: str, count: int) -> dict[str, Any]:
 
 def answer_extractor(tokenizer: Any, end_ids: tuple[int, ...]) -> Callable[[torch.Tensor], str | None]:
     """The harness's reading of a sample: text up to the first end token, its number (task `dvoting_arith`)."""
-    from lm_eval_dvoting.answers import extract_answer
+    from lm_eval_dvoting.core.answers import extract_answer
 
     ends = set(end_ids)
 
@@ -221,8 +221,8 @@ def blocks_decoded(result: Any, gen_length: int, block: int) -> int:
 
 def demo_cell(inputs: dict[str, Any], strategy: str, cache: str, seed: int, args: argparse.Namespace) -> Results:
     """One run of a strategy with a cache over the demo questions: accuracy, NFE, wall, passes."""
-    from lm_eval_dvoting.answers import answers_equivalent
-    from lm_eval_dvoting.strategies import run_strategy
+    from lm_eval_dvoting.core.answers import answers_equivalent
+    from lm_eval_dvoting.core.strategies import run_strategy
 
     model = inputs["model"]
     model.reset()

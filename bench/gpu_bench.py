@@ -43,8 +43,8 @@ from bench import caches_bench  # noqa: E402
 from bench.strategies_bench import cells_table, run_cells  # noqa: E402
 from bench.timing import machine_description  # noqa: E402
 from bench.workloads import Workload, demo_workload, real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
-from lm_eval_dvoting import strict_json  # noqa: E402
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions  # noqa: E402
+from lm_eval_dvoting.integration import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "gpu_bench"  # the H200 run's section; another GPU's run gets its own with --section
@@ -200,8 +200,8 @@ def fixture_logits(folder: Path, device: str, dtype: str) -> Results:
 def llada2_block_cache(device: str, dtype: str) -> Results:
     """LLaDA2's block cache against no cache on the fixture: greedy over the block-diffusion presets, and
     sampled over 4 batched rows; sequences (and pass counts) that differ."""
-    from lm_eval_dvoting.decoding import generate
-    from lm_eval_dvoting.decoding.state import BlockDecoding, left_pad
+    from lm_eval_dvoting.core.decoding import generate
+    from lm_eval_dvoting.core.decoding.state import BlockDecoding, left_pad
     from lm_eval_dvoting.models.loading import load_model
 
     model = load_model(str(FIXTURES / "llada2"), device=device, dtype=dtype)

@@ -72,12 +72,12 @@ if __package__ in (None, ""):  # run as a script: make `bench` importable
 
 from bench.caches_bench import uptime, write_section  # noqa: E402
 from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
-from lm_eval_dvoting.decoding import DecodeRow, RowDecoder  # noqa: E402
-from lm_eval_dvoting.decoding.state import BlockDecoding  # noqa: E402
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder  # noqa: E402
+from lm_eval_dvoting.core.decoding.state import BlockDecoding  # noqa: E402
 from lm_eval_dvoting.models.common import PrefixCache, rotary_tables  # noqa: E402
 from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model  # noqa: E402
 from lm_eval_dvoting.models.loading import OFFICIAL_IDS  # noqa: E402
-from lm_eval_dvoting import strict_json  # noqa: E402
+from lm_eval_dvoting.integration import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- moe_bench:start -->", "<!-- moe_bench:end -->"

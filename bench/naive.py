@@ -7,7 +7,7 @@ entropy) at every position, and only then throws away everything outside the cur
 block. This module reproduces that work so that `bench/run.py` can time it against
 `RowDecoder.step`, which runs the output head and all float64 work only at the
 masked positions of the committable block. It is a benchmark reference, not a decoder
-the package uses; its commits follow the same rules as `lm_eval_dvoting.decoding`.
+the package uses; its commits follow the same rules as `lm_eval_dvoting.core.decoding`.
 """
 from __future__ import annotations
 

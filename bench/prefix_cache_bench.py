@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.timing import TimedModel
 from bench.workloads import Workload
-from lm_eval_dvoting.strategies import StrategySettings, decode_questions
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions
 
 CACHE_STRATEGIES = ("single", "majority", "dvoting")
 CACHE_BATCH_ROWS = 16

@@ -15,9 +15,7 @@ from typing import Any
 from bench.prefix_cache_bench import prefix_cache_section
 from bench.step_bench import measured_noise_note, step_section
 from bench.strategies_bench import Cell, cells_table
-from lm_eval_dvoting import strict_json
-
-
+from lm_eval_dvoting.integration import strict_json
 @dataclass
 class RunResults:
     """Everything one run measured, by part, with the machine facts around it."""

@@ -46,8 +46,8 @@ from bench.strategies_bench import run_cells  # noqa: E402
 from bench.targets import targets  # noqa: E402
 from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
 from bench.workloads import demo_workload, real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.decoding import default_block_length  # noqa: E402
-from lm_eval_dvoting.strategies import STRATEGIES  # noqa: E402
+from lm_eval_dvoting.core.decoding import default_block_length  # noqa: E402
+from lm_eval_dvoting.core.strategies import STRATEGIES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ import torch
 from bench.naive import naive_entropy_step, naive_fixed_step
 from bench.timing import TimedModel
 from bench.workloads import LLADA_MASK_ID, LLADA_VOCAB
-from lm_eval_dvoting.decoding import DecodeRow, RowDecoder
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 
 
 class FixedHidden(torch.nn.Module):

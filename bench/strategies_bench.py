@@ -20,7 +20,7 @@ import torch
 
 from bench.timing import PeakMemory, TimedModel
 from bench.workloads import Workload
-from lm_eval_dvoting.strategies import StrategySettings, decode_questions
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions
 
 
 @dataclass

@@ -49,9 +49,9 @@ from bench.caches_bench import (add_real_shape_arguments, answer_extractor, demo
                                 write_section)
 from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
 from bench.workloads import random_llada, real_vocab_config  # noqa: E402
-from lm_eval_dvoting.answers import extract_answer  # noqa: E402
-from lm_eval_dvoting.strategies import StrategySettings, decode_questions  # noqa: E402
-from lm_eval_dvoting import strict_json  # noqa: E402
+from lm_eval_dvoting.core.answers import extract_answer  # noqa: E402
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions  # noqa: E402
+from lm_eval_dvoting.integration import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"

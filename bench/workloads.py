@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from lm_eval_dvoting.answers import extract_answer
+from lm_eval_dvoting.core.answers import extract_answer
 from lm_eval_dvoting.demo import arith
 from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
 

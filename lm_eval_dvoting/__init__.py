@@ -14,10 +14,10 @@ __version__ = "0.1.0"
 _PUBLIC_API = {
     "load_model": "lm_eval_dvoting.models.loading",
     "load_tokenizer": "lm_eval_dvoting.models.loading",
-    "generate": "lm_eval_dvoting.decoding",
-    "run_strategy": "lm_eval_dvoting.strategies",
-    "loglikelihood": "lm_eval_dvoting.likelihood",
-    "GuidedModel": "lm_eval_dvoting.guidance",
+    "generate": "lm_eval_dvoting.core.decoding",
+    "run_strategy": "lm_eval_dvoting.core.strategies",
+    "loglikelihood": "lm_eval_dvoting.core.likelihood",
+    "GuidedModel": "lm_eval_dvoting.core.guidance",
 }
 
 __all__ = sorted(_PUBLIC_API) + ["__version__"]

@@ -27,19 +27,19 @@ Data
 
       A file missing there is an error, never a silent fall back to the hub. GPQA's
       zip is opened in memory only (the authors ask that its questions are never
-      stored in plain text). `lm_eval_dvoting.local_data` reads the files; with the
+      stored in plain text). `lm_eval_dvoting.integration.local_data` reads the files; with the
       folder named, lm-eval's stock tasks on the same datasets read it too
       (docs/OFFLINE_DATA.md).
 
 Answers
     The filters extract each response's answer with
-    `lm_eval_dvoting.answers.extract_answer`, the very function the voting
+    `lm_eval_dvoting.core.answers.extract_answer`, the very function the voting
     strategies use, so what is voted is what is scored. The choice filter also passes
     the question's number of options, so a letter beyond them is ``[invalid]``; the
     vote, which does not see the question, reads letters A-J, and since the range
     only decides whether a letter counts, never which one is read, both give each
     text the same score. A response may be a
-    `lm_eval_dvoting.costs.CostedText` carrying ``nfe`` / ``n_samples``; the
+    `lm_eval_dvoting.integration.costs.CostedText` carrying ``nfe`` / ``n_samples``; the
     filters keep those figures on their output and ``process_results`` reports
     them as metrics. A plain ``str`` response (any other lm-eval model) has no
     figures: the ``nfe`` / ``n_samples`` metrics are then left out of the results
@@ -57,10 +57,10 @@ from typing import Any, Callable, Iterable, Optional
 
 import datasets
 
-from lm_eval_dvoting.answers import answers_equivalent, extract_answer, option_count
-from lm_eval_dvoting.costs import CostedText
-from lm_eval_dvoting import local_data
-from lm_eval_dvoting.temporal import step_figures
+from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer, option_count
+from lm_eval_dvoting.integration.costs import CostedText
+from lm_eval_dvoting.integration import local_data
+from lm_eval_dvoting.core.temporal import step_figures
 
 # What a filter writes when a response has no extractable answer (lm-eval's own
 # regex filter uses the same word), so `--log_samples` shows it plainly.

@@ -69,8 +69,8 @@ def capture(models: tuple[str, ...] = MODELS, max_rows: int = QUESTIONS, seeds: 
             questions: int = QUESTIONS) -> dict[str, Any]:
     """{model: {config: {seed: [[digest, sample_nfe, chosen], ...per question]}}}, over the
     first `questions` demo test questions, decoded `max_rows` rows at a time."""
-    from lm_eval_dvoting.answers import extract_answer
-    from lm_eval_dvoting.strategies import run_strategy
+    from lm_eval_dvoting.core.answers import extract_answer
+    from lm_eval_dvoting.core.strategies import run_strategy
 
     out: dict[str, Any] = {}
     for name in models:

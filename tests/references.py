@@ -54,7 +54,7 @@ def recorded_pass_lengths(model: nn.Module) -> Iterator[list[int]]:
 
 def decoded_after_each_step(model: nn.Module, row: "DecodeRow") -> list[list[int]]:
     """Decode one row step by step; the generation positions decoded after each step."""
-    from lm_eval_dvoting.decoding import RowDecoder
+    from lm_eval_dvoting.core.decoding import RowDecoder
 
     decoder = RowDecoder(model)
     decoder.add(row)

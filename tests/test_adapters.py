@@ -115,8 +115,8 @@ def test_missing_files_and_foreign_weights_are_refused(tmp_path):
 
 
 def test_peft_through_the_harness_changes_the_model_and_its_fingerprint(tmp_path):
-    from lm_eval_dvoting import result_cache
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration import result_cache
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     folder, _ = peft_adapter(Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
                              tmp_path / "a", ["q_proj", "v_proj"], alpha=64)

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from lm_eval_dvoting import latex_value as latex_value_module
-from lm_eval_dvoting.answers import answers_equivalent, extract_answer, vote
-from lm_eval_dvoting.latex_value import latex_value
+from lm_eval_dvoting.core import latex_value as latex_value_module
+from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer, vote
+from lm_eval_dvoting.core.latex_value import latex_value
 
 ROOT = Path(__file__).resolve().parents[1]
 

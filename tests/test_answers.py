@@ -1,4 +1,4 @@
-"""Answer extraction, normalisation, equivalence and the vote (lm_eval_dvoting.answers)."""
+"""Answer extraction, normalisation, equivalence and the vote (lm_eval_dvoting.core.answers)."""
 from __future__ import annotations
 
 import doctest
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lm_eval_dvoting import answers
-from lm_eval_dvoting.answers import (
+from lm_eval_dvoting.core import answers
+from lm_eval_dvoting.core.answers import (
     ANSWER_KINDS,
     Vote,
     answers_equivalent,
@@ -30,7 +30,7 @@ def test_docstring_examples() -> None:
 def test_import_is_light() -> None:
     # the strategies import this module in every worker: no torch, no lm_eval, no sympy
     code = (
-        "import sys, lm_eval_dvoting.answers as a; a.vote(['1', '1.0'], 'number');"
+        "import sys, lm_eval_dvoting.core.answers as a; a.vote(['1', '1.0'], 'number');"
         "print(sorted(m for m in ('torch', 'lm_eval', 'sympy', 'math_verify') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_dvoting.decoding import generate
-from lm_eval_dvoting.decoding.blocks import block_schedule
-from lm_eval_dvoting.decoding.state import BlockDecoding, left_pad
+from lm_eval_dvoting.core.decoding import generate
+from lm_eval_dvoting.core.decoding.blocks import block_schedule
+from lm_eval_dvoting.core.decoding.state import BlockDecoding, left_pad
 from llada2_reference import upstream_generate
 from references import load_float32
 
@@ -116,7 +116,7 @@ def test_kept_tokens_and_the_prompt_are_never_edited(model):
     """LLaDA2.1 rewrites only positions that were masks when the decode began: never the
     prompt's tail in the first block, nor tokens a dVoting sample keeps (editing_threshold 0:
     any other argmax would be written)."""
-    from lm_eval_dvoting.decoding import DecodeRow, RowDecoder
+    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 
     prompt = torch.tensor(_prompts()[2])  # 6 tokens: the first decoded block starts with 2 of them
     init = torch.full((10,), model.mask_token_id)
@@ -177,7 +177,7 @@ def test_bad_block_settings_are_named(field, value):
 
 
 def test_the_threshold_is_strict_and_the_quota_falls_back_to_the_most_confident():
-    from lm_eval_dvoting.decoding.blocks import BlockThreshold
+    from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
 
     masked = torch.tensor([True, True, True, False])
     confidence = torch.tensor([0.95, 0.5, 0.96, 0.99], dtype=torch.float64)
@@ -196,7 +196,7 @@ def test_every_strategy_gives_the_same_samples_with_and_without_the_block_cache(
     fixture that once flipped a near-tie of the MoE router (a discontinuity), changing one
     sample; exact arithmetic gives equal samples (README, "Model families"). (Hex with
     editing, one row per pass, takes over a minute here: threshold decoding only.)"""
-    from lm_eval_dvoting.strategies import run_strategy
+    from lm_eval_dvoting.core.strategies import run_strategy
 
     prompts = _prompts()[:4]
     ids, attention, _ = left_pad([torch.tensor(p) for p in prompts], 0, torch.device("cpu"))
@@ -212,7 +212,7 @@ def test_every_strategy_gives_the_same_samples_with_and_without_the_block_cache(
 
 
 def test_a_remask_sample_recomputes_only_from_its_first_remasked_block(model):
-    from lm_eval_dvoting.strategies import run_strategy
+    from lm_eval_dvoting.core.strategies import run_strategy
 
     lengths: list[int] = []
     original = model.hidden_states
@@ -249,7 +249,7 @@ def test_run_strategy_hands_every_block_setting_to_the_decoder(model, preset, ov
     its settings name (the preset's threshold and editing threshold, each override, `steps`
     per block, `max_post_steps`): same tokens and passes per prompt, and the settings object
     is that one."""
-    from lm_eval_dvoting.strategies import StrategySettings, run_strategy
+    from lm_eval_dvoting.core.strategies import StrategySettings, run_strategy
 
     settings = StrategySettings(strategy="single", gen_length=8, block_length=4, block_decoding=preset, **overrides)
     assert settings.block_settings() == expected
@@ -290,8 +290,7 @@ def test_run_strategy_picks_the_block_cache_unless_a_temporal_vote_needs_every_s
     decoding with the exact block cache, except under a temporal vote (which reads each
     step's whole prediction and so refuses that cache): there it takes no cache, rather
     than refusing a default the caller never chose."""
-    from lm_eval_dvoting import strategies
-
+    from lm_eval_dvoting.core import strategies
     seen = []
     monkeypatch.setattr(strategies, "decode_questions", lambda model, prompts, settings, *a, **k: seen.append(settings))
     strategies.run_strategy(model, torch.tensor([_prompts()[0]]), strategy=strategy, vote=vote, extract=lambda t: None,

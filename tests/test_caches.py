@@ -1,4 +1,4 @@
-"""The cache policies (lm_eval_dvoting/decoding/caches.py): `prefix` and `dual` reuse what
+"""The cache policies (lm_eval_dvoting/core/decoding/caches.py): `prefix` and `dual` reuse what
 a full pass kept, which must be exactly what the full pass computed (so the only
 approximation is staleness), and `dual` runs over the current block alone."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from lm_eval_dvoting.decoding import DecodeRow, generate
-from lm_eval_dvoting.decoding.caches import ForwardPass
-from lm_eval_dvoting.decoding.rules import EntropyThreshold
-from lm_eval_dvoting.strategies import StrategySettings
+from lm_eval_dvoting.core.decoding import DecodeRow, generate
+from lm_eval_dvoting.core.decoding.caches import ForwardPass
+from lm_eval_dvoting.core.decoding.rules import EntropyThreshold
+from lm_eval_dvoting.core.strategies import StrategySettings
 from references import load_float32, recorded_pass_lengths
 from scripted import ScriptedModel, gen_choices
 

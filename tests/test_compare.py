@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from lm_eval_dvoting import compare
-from lm_eval_dvoting.strategies import StrategySettings
+from lm_eval_dvoting.commands import compare
+from lm_eval_dvoting.core.strategies import StrategySettings
 
 
 def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
@@ -282,7 +282,7 @@ def test_a_row_that_samples_runs_every_seed_whatever_its_strategy(tmp_path, caps
 
 def test_compare_json_is_standard_json_with_alpha_inf(tmp_path):
     """alpha=inf (allowed) is written as "inf", never as the non-standard `Infinity` (issue 38)."""
-    from lm_eval_dvoting.strict_json import loads_strict
+    from lm_eval_dvoting.integration.strict_json import loads_strict
 
     out = tmp_path / "cmp"
     assert compare.main(["--model_args", "pretrained=tiny-arith,alpha=inf",
@@ -295,7 +295,7 @@ def test_compare_json_is_standard_json_with_alpha_inf(tmp_path):
 
 def test_a_document_missing_from_a_later_seed_is_null_in_compare_json():
     """summarize_row marks a document a later seed did not score with NaN; the file has null."""
-    from lm_eval_dvoting.strict_json import dumps, loads_strict
+    from lm_eval_dvoting.integration.strict_json import dumps, loads_strict
 
     entry = {"temperature": 0.6, "decoder": "entropy", "remasking": "low_confidence"}
     runs = [{"accuracy": 50.0, "nfe": 10.0, "samples": 3.0, "seconds": 1.0, "questions": 2,

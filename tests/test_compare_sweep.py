@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from lm_eval_dvoting import compare
-from lm_eval_dvoting.strategies import StrategySettings
+from lm_eval_dvoting.commands import compare
+from lm_eval_dvoting.core.strategies import StrategySettings
 
 ENTRY_KEYS = {"value", "accuracy_mean", "accuracy_std", "nfe_mean", "accuracies", "nfes", "seeds", "sampled",
               "mean_samples", "seconds", "questions", "metric", "settings", "per_document", "decoder", "temperature"}

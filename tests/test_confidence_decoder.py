@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm_eval_dvoting.decoding import DecodeRow, generate
+from lm_eval_dvoting.core.decoding import DecodeRow, generate
 from references import decoded_after_each_step, gumbel_max, load_float32, reference_logits
 from scripted import ScriptedModel, gen_choices
 

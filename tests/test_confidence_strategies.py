@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 
-from lm_eval_dvoting.answers import extract_answer
-from lm_eval_dvoting.decoding import generate
+from lm_eval_dvoting.core.answers import extract_answer
+from lm_eval_dvoting.core.decoding import generate
 from lm_eval_dvoting.models.loading import load_model, load_tokenizer
-from lm_eval_dvoting.strategies import StrategySettings, derive_seed, run_strategy
+from lm_eval_dvoting.core.strategies import StrategySettings, derive_seed, run_strategy
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import lm_eval
-from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
 GEN_LENGTH = 32
 

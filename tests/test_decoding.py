@@ -1,7 +1,7 @@
 """The one-sample decoder (issue 3): fidelity to LLaDA's generate() and to ALGORITHM.md 1.4,
 batch invariance, init_tokens, NFE, and argument errors.
 
-The references below are written independently of `lm_eval_dvoting.decoding`: one
+The references below are written independently of `lm_eval_dvoting.core.decoding`: one
 unpadded row, the full sequence through the model's plain `forward`, the whole
 vocabulary at every position.
 """
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm_eval_dvoting.decoding import DecodeRow, generate
+from lm_eval_dvoting.core.decoding import DecodeRow, generate
 from references import decoded_after_each_step, gumbel_max, load_float32, recorded_pass_lengths, reference_logits
 from scripted import ScriptedModel, gen_choices
 
@@ -362,7 +362,7 @@ def test_random_remasking_runs_and_is_seed_reproducible(llada):
 
 def test_gumbel_sampling_is_llada_float64():
     """Candidates at T > 0: argmax(exp(logits) / (-log u)^T) with u drawn in float64."""
-    from lm_eval_dvoting.decoding.state import candidates as _candidates
+    from lm_eval_dvoting.core.decoding.state import candidates as _candidates
 
     logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for temperature in (0.3, 1.0):
@@ -541,7 +541,7 @@ def test_sampling_follows_each_rows_generator_as_documented(model, rule):
 
 def _commits_nothing(rule: str, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Break one commit rule so that it commits nothing; the row settings that select it."""
-    from lm_eval_dvoting.decoding import rules
+    from lm_eval_dvoting.core.decoding import rules
 
     if rule == "entropy":  # nothing below alpha, and no fallback
         nothing = staticmethod(lambda work, entropies: [])
@@ -556,7 +556,7 @@ def test_a_rule_that_commits_nothing_in_a_step_raises_at_once(rule, monkeypatch)
     """A rule that commits nothing and moves no schedule on would decode its row forever (the
     row batch and the strategies' scheduler step it again and again): the step raises,
     naming the rule, the step and the row. A row beside it that progresses is no excuse."""
-    from lm_eval_dvoting.decoding import RowDecoder
+    from lm_eval_dvoting.core.decoding import RowDecoder
 
     settings = _commits_nothing(rule, monkeypatch)
     model = ScriptedModel(gen_choices(3, lambda q, g: (1 + g % 20,)))

@@ -336,8 +336,8 @@ def test_sweep_scores_checkpoints_on_validation_problems(capsys):
     assert line["problems"] == 12 and line["single"]["nfe"] == 32.0
     assert 0 < line["dvoting"]["nfe"] <= 5 * 32
     # single is greedy: its accuracy is the plain decoder's on the same 12 problems
-    from lm_eval_dvoting.answers import extract_answer
-    from lm_eval_dvoting.decoding import generate
+    from lm_eval_dvoting.core.answers import extract_answer
+    from lm_eval_dvoting.core.decoding import generate
     from lm_eval_dvoting.models.loading import load_model, load_tokenizer
 
     _, problems = arith.held_out_sets(valid_size=12)
@@ -371,8 +371,7 @@ def test_shipped_model_shows_what_the_readme_says(tmp_path):
     exactly (accuracy, spread and NFE), and what the README reads from them holds:
     dVoting's decoder saves passes, dVoting costs at most 0.6x majority-entropy, and no
     sampled row beats one greedy sample on average."""
-    from lm_eval_dvoting import compare
-
+    from lm_eval_dvoting.commands import compare
     torch.set_num_threads(1)
     out = tmp_path / "cmp"
     rows_run = ["single", "single-entropy", "single-confidence", "majority-entropy", "dvoting", "temporal"]
@@ -399,8 +398,7 @@ def test_readme_confidence_row_on_the_test_set_is_reproduced(tmp_path):
     """The 500-problem table's "one greedy sample, confidence decoder" row, at the block
     length and threshold the validation rule chose (docs/ABLATIONS.md), is what
     `dvoting compare` gives on the test set, to the printed digit."""
-    from lm_eval_dvoting import compare
-
+    from lm_eval_dvoting.commands import compare
     torch.set_num_threads(1)
     readme = (TASK_DIR.parent / "README.md").read_text()
     row = re.search(r"^\| single-confidence \(.*block (\d+), threshold ([\d.]+)\) \| ([\d.]+) \| 1 \(greedy\) "
@@ -457,8 +455,7 @@ def test_dream_format_training_exports_a_dream_checkpoint(tmp_path):
 
 def test_packaged_dream_model_answers_through_dvoting_dream(tmp_path):
     """The Dream-format demo answers in the demo's band through `dvoting-dream`."""
-    from lm_eval_dvoting import compare
-
+    from lm_eval_dvoting.commands import compare
     torch.set_num_threads(1)
     out = tmp_path / "cmp"
     assert compare.main(["--model", "dvoting-dream", "--model_args", "pretrained=tiny-arith-dream",
@@ -487,8 +484,7 @@ def test_packaged_dream_model_needs_its_logit_shift():
 def test_readme_rfg_rows_on_the_test_set_are_reproduced(tmp_path):
     """The README's RFG table: the policy (tiny-arith + the shipped adapter) and rfg at the
     default guidance, on the 500 test problems, to the printed digit (about a minute)."""
-    from lm_eval_dvoting import compare
-
+    from lm_eval_dvoting.commands import compare
     torch.set_num_threads(1)
     readme = (TASK_DIR.parent / "README.md").read_text()
     policy = re.search(r"^\| single, `tiny-arith` \+ adapter \(the policy\) \| ([\d.]+) \| ([\d.]+) \|", readme,

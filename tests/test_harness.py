@@ -13,9 +13,9 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from conftest import DATA, REPO_ROOT, require_shared
-from lm_eval_dvoting.answers import extract_answer
-from lm_eval_dvoting.costs import CostedText
-from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.core.answers import extract_answer
+from lm_eval_dvoting.integration.costs import CostedText
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
 TASKS = REPO_ROOT / "task_configs"
 

@@ -25,7 +25,7 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from conftest import REPO_ROOT
-from lm_eval_dvoting.answers import extract_answer, vote
+from lm_eval_dvoting.core.answers import extract_answer, vote
 from lm_eval_dvoting.models.loading import load_tokenizer
 
 TASKS = REPO_ROOT / "task_configs"

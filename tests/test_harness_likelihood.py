@@ -14,9 +14,9 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_dvoting.harness import LLaDAEvalModel
-from lm_eval_dvoting.likelihood import rolling_loglikelihood, score_requests
-from lm_eval_dvoting.strategies import derive_seed
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
+from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
+from lm_eval_dvoting.core.strategies import derive_seed
 
 PAIRS = [("Please answer: 3+4=", " 7"), ("Please answer: 2+2=", " 4"), ("Q: 9-5=", " 4. 4+1=5")]
 DOCUMENTS = ["3+4=7. 7-2=5.", "The answer is \\boxed{8}.", "1+1=2. 2+2=4. 4+4=8."]

@@ -28,13 +28,13 @@ import torch
 from lm_eval.api.instance import Instance
 
 from conftest import REPO_ROOT, _write_random_llada
-from lm_eval_dvoting import likelihood
-from lm_eval_dvoting.arg_parsing import whole_number as _whole_number
-from lm_eval_dvoting.decoding import generate, rules
-from lm_eval_dvoting.harness import LLaDAEvalModel
-from lm_eval_dvoting.likelihood import score_requests
+from lm_eval_dvoting.core import likelihood
+from lm_eval_dvoting.integration.arg_parsing import whole_number as _whole_number
+from lm_eval_dvoting.core.decoding import generate, rules
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
+from lm_eval_dvoting.core.likelihood import score_requests
 from lm_eval_dvoting.models.loading import CheckpointError, load_model
-from lm_eval_dvoting.strategies import StrategySettings, run_strategy
+from lm_eval_dvoting.core.strategies import StrategySettings, run_strategy
 
 NO_FOLDER = "/no/such/folder"  # a check that passes with this ran before the checkpoint was looked at
 
@@ -195,8 +195,8 @@ def test_whole_number_model_args_accept_their_usual_spellings():
 
 def test_the_results_record_the_steps_the_schedule_really_runs():
     """steps=9 over 2 blocks runs 10 (equal steps per block): the results say 10, not only 9."""
-    from lm_eval_dvoting.bookkeeping import resolved_settings as _resolved
-    from lm_eval_dvoting.strategies import question_plan
+    from lm_eval_dvoting.integration.bookkeeping import resolved_settings as _resolved
+    from lm_eval_dvoting.core.strategies import question_plan
 
     settings = StrategySettings(strategy="majority", gen_length=32, block_length=16, steps=9)
     draw = next(question_plan(settings, mask_id=0, same_answer=None))

@@ -30,11 +30,11 @@ from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
 
 from conftest import REPO_ROOT
-from lm_eval_dvoting import harness
-from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.integration import harness
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models import loading
 from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS
-from lm_eval_dvoting.strategies import StrategySettings
+from lm_eval_dvoting.core.strategies import StrategySettings
 from test_plugin_hook import run_hooked
 from test_task_costs import LOCAL, _stock_task
 

@@ -1,6 +1,6 @@
 """The Monte-Carlo likelihood bound and the greedy check, on the tiny official checkpoints.
 
-The references here are written independently of `lm_eval_dvoting.likelihood`: one
+The references here are written independently of `lm_eval_dvoting.core.likelihood`: one
 unpadded sequence per forward pass, no batching, every mask set enumerated.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm_eval_dvoting.likelihood import (
+from lm_eval_dvoting.core.likelihood import (
     loglikelihood,
     rolling_loglikelihood,
     rolling_windows,

@@ -11,7 +11,7 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from conftest import REPO_ROOT
-from lm_eval_dvoting.harness import LLaDA2EvalModel, LLaDA21EvalModel, LLaDAEvalModel
+from lm_eval_dvoting.integration.harness import LLaDA2EvalModel, LLaDA21EvalModel, LLaDAEvalModel
 
 TASKS = REPO_ROOT / "task_configs"
 

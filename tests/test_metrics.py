@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_dvoting.metrics import (
+from lm_eval_dvoting.core.metrics import (
     benefit_per_cost,
     consistency_from_votes,
     consistency_level,

@@ -124,7 +124,7 @@ def test_llada2_config_without_experts_is_refused(llada2_fixture: Path, tmp_path
 def test_llada_moe_decodes_like_llada_with_every_cache(llada_moe_fixture: Path, cache: str):
     """LLaDA-MoE decodes as dense LLaDA does (bidirectional, semi-autoregressive blocks),
     Fast-dLLM's caches included; a padded row decodes as the row alone (greedy, float32)."""
-    from lm_eval_dvoting.decoding import generate
+    from lm_eval_dvoting.core.decoding import generate
 
     model = _load(str(llada_moe_fixture))
     expected = _expected(llada_moe_fixture)

@@ -12,15 +12,15 @@ import threading
 import pytest
 import torch
 
-from lm_eval_dvoting import answers
-from lm_eval_dvoting.answers import answers_equivalent, extract_answer, infer_answer_kind, normalize_math
-from lm_eval_dvoting.metrics import (
+from lm_eval_dvoting.core import answers
+from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer, infer_answer_kind, normalize_math
+from lm_eval_dvoting.core.metrics import (
     benefit_per_cost,
     consistency_from_votes,
     consistency_level,
     nupr_at_k,
 )
-from lm_eval_dvoting.strategies import StrategySettings, decode_questions, remask_tokens, run_strategy
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions, remask_tokens, run_strategy
 from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 
 # ---- metrics.py ----------------------------------------------------------------------
@@ -392,7 +392,7 @@ def test_cache_setting_reaches_the_decoder(setting):
 
 def test_remasking_rule_reaches_every_sample(monkeypatch):
     """The `remasking` setting (e.g. "random") is the rule every sample decodes with."""
-    import lm_eval_dvoting.strategies as strategies
+    import lm_eval_dvoting.core.strategies as strategies
 
     rules = []
     real_row = strategies.DecodeRow
@@ -656,7 +656,7 @@ def test_derive_seed_is_the_documented_hash_and_takes_lone_surrogates():
     data) still gets a seed."""
     import hashlib
 
-    from lm_eval_dvoting.strategies import derive_seed
+    from lm_eval_dvoting.core.strategies import derive_seed
 
     def reference(*parts):
         digest = hashlib.sha256("\x1f".join(map(str, parts)).encode("utf-8", "surrogatepass")).digest()
@@ -699,7 +699,7 @@ def test_flags_typed_on_the_command_line(argv, typed, monkeypatch):
     """`merge_run_args` tells lm-eval's defaults from values the user typed by this test."""
     import sys
 
-    from lm_eval_dvoting.harness import _on_command_line
+    from lm_eval_dvoting.integration.harness import _on_command_line
 
     monkeypatch.setattr(sys, "argv", argv)
     assert _on_command_line(("--device", "-b")) is typed
@@ -725,7 +725,7 @@ def test_gather_object_merges_the_other_ranks_totals_on_rank_0(monkeypatch):
 
     import torch.distributed as dist
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     lm.accelerator, lm._rank, lm._world_size = _FakeAccelerator(), 0, 2
@@ -741,7 +741,7 @@ def test_gather_object_merges_the_other_ranks_totals_on_rank_0(monkeypatch):
     assert lm.totals == Counter(nfe=17, requests=3) and lm._unshared == Counter()
     # during an evaluation, the other rank's per-task ledger joins rank 0's (the results'
     # per-task costs count every rank's documents)
-    from lm_eval_dvoting.task_costs import RunCosts
+    from lm_eval_dvoting.integration.task_costs import RunCosts
 
     lm.begin_cost_run().tasks["arith"] = Counter(nfe=4, requests=1)
     theirs = RunCosts({"arith": Counter(nfe=6, requests=1)})
@@ -773,7 +773,7 @@ def test_gather_object_merges_the_other_ranks_totals_on_rank_0(monkeypatch):
 def test_chat_template_continues_a_final_message_only_without_a_generation_prompt():
     """lm-eval's `--apply_chat_template` with `--fewshot_as_multiturn` and a final assistant
     turn (`add_generation_prompt=False`) must continue that message, not close it."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     calls = []
@@ -802,7 +802,7 @@ def test_use_strategy_checks_its_seed_and_reports_where_the_seed_came_from(caplo
     switch also reports the task's unused sampling settings again for the new run."""
     import logging
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="dvoting", n=2)
     with pytest.raises(ValueError, match=r"^seed\b"):
@@ -877,7 +877,7 @@ def test_unused_task_sampling_is_reported_with_the_reason_and_the_fix(model, ask
     chooses the temperature; only `single` is also told to pass do_sample=true."""
     import logging
 
-    from lm_eval_dvoting.request_planning import task_sampling
+    from lm_eval_dvoting.integration.request_planning import task_sampling
 
     settings = StrategySettings(gen_length=32, **model)
     with caplog.at_level(logging.INFO, logger="lm_eval_dvoting"):
@@ -891,7 +891,7 @@ def test_unused_task_sampling_is_reported_with_the_reason_and_the_fix(model, ask
 
 def test_a_task_do_sample_that_is_no_flag_is_refused_by_name():
     """A task's (or --gen_kwargs') do_sample must be a flag; the message names it."""
-    from lm_eval_dvoting.request_planning import task_sampling
+    from lm_eval_dvoting.integration.request_planning import task_sampling
 
     with pytest.raises(ValueError, match=r"^do_sample must be true or false, got 'maybe'$"):
         task_sampling(StrategySettings(strategy="single", gen_length=32), {"do_sample": "maybe"}, "t", set())
@@ -900,7 +900,7 @@ def test_a_task_do_sample_that_is_no_flag_is_refused_by_name():
 def test_run_wide_args_reach_the_model_from_an_arg_string_and_none_is_skipped():
     """lm-eval's run-wide --batch_size/--device come as `additional_config` beside the model
     args text; a None among them (e.g. max_batch_size) is skipped, not the end of the list."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel, merge_run_args
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel, merge_run_args
 
     lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith", {"batch_size": 4, "device": "cpu"})
     assert lm.batch_rows == 4
@@ -910,7 +910,7 @@ def test_run_wide_args_reach_the_model_from_an_arg_string_and_none_is_skipped():
 def test_lm_evals_other_run_args_and_its_default_batch_size_are_passed_on(monkeypatch):
     """A run arg without a CLI default (`max_batch_size`) is passed on as given, and so is lm-eval's
     default `batch_size` 1 when the model args leave it out; only the default device is dropped."""
-    from lm_eval_dvoting.harness import merge_run_args
+    from lm_eval_dvoting.integration.harness import merge_run_args
 
     monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "dvoting-llada"])
     assert merge_run_args({"n": 3}, {"max_batch_size": 64, "batch_size": 1, "device": "cuda:0"}) == {
@@ -924,9 +924,9 @@ def test_the_model_for_a_run_is_the_guided_one_only_for_rfg():
     """strategy=rfg decodes a GuidedModel at the settings' guidance; any other strategy decodes
     the policy itself; mixing them, two guidance strengths, or rfg without a GuidedModel is
     refused with the whole reason."""
-    from lm_eval_dvoting.guidance import GuidedModel
+    from lm_eval_dvoting.core.guidance import GuidedModel
     from lm_eval_dvoting.models.loading import load_model
-    from lm_eval_dvoting.strategies import _model_for
+    from lm_eval_dvoting.core.strategies import _model_for
 
     policy = load_model("tiny-arith", device="cpu")
     guided = GuidedModel(policy, load_model("tiny-arith", device="cpu"))
@@ -947,14 +947,14 @@ def test_the_model_for_a_run_is_the_guided_one_only_for_rfg():
         _model_for(guided, [rfg, StrategySettings(strategy="rfg", gen_length=32)])
     with pytest.raises(ValueError) as plain:
         _model_for(policy, [rfg])
-    assert str(plain.value) == ("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.guidance): the "
+    assert str(plain.value) == ("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.core.guidance): the "
                                 "harness builds it from reference=... or peft=...; got a LLaDAModel")
 
 
 def test_the_model_info_of_a_fresh_model_is_exactly_its_settings_and_sources():
     """`config.dvoting` before any request: every key, with values that are not the defaults where
     the model args allow it, so that a renamed key or a swapped value shows (get_model_info)."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith-dream,device=cpu,seed=7,n=3,mc_num=16",
                                                {"batch_size": 4})
@@ -1002,7 +1002,7 @@ _ON_PARALLELIZE = "applies with parallelize=True only (one model spread over the
 ])
 def test_every_bad_run_control_gets_its_full_message(args, run_args, message):
     """The harness's refusals of HFLM-style args, whole (a fragment passes a mangled message)."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{args}", run_args)
@@ -1012,7 +1012,7 @@ def test_every_bad_run_control_gets_its_full_message(args, run_args, message):
 def test_unknown_model_args_are_refused_with_the_closest_names_and_the_accepted_list():
     import inspect
 
-    from lm_eval_dvoting.harness import DVotingEvalModel, LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import DVotingEvalModel, LLaDAEvalModel
 
     accepted = [p for p in inspect.signature(DVotingEvalModel.__init__).parameters if p not in ("self", "unknown")]
     assert accepted[:4] == ["pretrained", "tokenizer", "strategy", "n"] and "device_map" in accepted
@@ -1026,8 +1026,7 @@ _LLADA2_MODELS = "dvoting-llada2 (LLaDA2.0) or dvoting-llada21 (LLaDA2.1)"
 
 
 def _model_class(name: str) -> type:
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     classes = (harness.LLaDAEvalModel, harness.DreamEvalModel, harness.LLaDA2EvalModel, harness.LLaDA21EvalModel)
     return {c.model_name: c for c in classes}[name]
 
@@ -1092,7 +1091,7 @@ def test_every_strategy_model_arg_reaches_its_own_setting(args, changed):
     """`_strategy_settings`: each model arg lands in its own field, parsed, and nothing else moves."""
     import dataclasses
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{args}", {"device": "cpu"})
     assert dataclasses.asdict(lm.settings) == _DEFAULT_SETTINGS | changed
@@ -1103,7 +1102,7 @@ def test_every_strategy_model_arg_reaches_its_own_setting(args, changed):
                                          ("strategy=majority,vote=plain", "block"),
                                          ("strategy=majority,cache=none", "none")])
 def test_llada2s_cache_defaults_to_block_unless_the_temporal_vote_needs_every_step(args, cache, tiny_llada2_dir):
-    from lm_eval_dvoting.harness import LLaDA2EvalModel
+    from lm_eval_dvoting.integration.harness import LLaDA2EvalModel
 
     lm = LLaDA2EvalModel.create_from_arg_string(f"pretrained={tiny_llada2_dir},{args}", {"device": "cpu"})
     assert lm.settings.cache == cache and lm.settings.block_decoding == "threshold"
@@ -1125,7 +1124,7 @@ _REAL = "{name} must be a number, got 'x': give e.g. {name}=0.5, or leave {name}
                    "out for its default"),
 ])
 def test_a_model_arg_that_is_no_number_is_refused_by_its_own_name(name, template):
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{name}=x", {"device": "cpu"})
@@ -1135,7 +1134,7 @@ def test_a_model_arg_that_is_no_number_is_refused_by_its_own_name(name, template
 @pytest.mark.parametrize("value", ["", "false", "False", "none", "None", "0"])
 def test_a_refused_hflm_arg_left_empty_or_off_is_accepted(value):
     """`offload_folder`/`delta` set to an "off" value (what a recipe passes to mean none) are not refused."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,offload_folder={value},delta={value}",
                                                {"device": "cpu"})
@@ -1146,7 +1145,7 @@ def test_a_refused_hflm_arg_left_empty_or_off_is_accepted(value):
 def test_a_refused_hflm_arg_passed_off_from_python_is_accepted(value):
     """The same "off" values as Python objects (`simple_evaluate(model_args={...})` or the class
     itself, where lm-eval's arg-string parsing does not turn "false" into False first)."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     assert LLaDAEvalModel(pretrained="tiny-arith", device="cpu", offload_folder=value, delta=value).batch_rows == 1
 
@@ -1155,7 +1154,7 @@ def test_a_refused_hflm_arg_passed_off_from_python_is_accepted(value):
                                           ("delta", "delta weights are not supported")])
 def test_a_refused_hflm_arg_set_to_true_is_refused(name, reason):
     """`True` asks for the feature (it is no "off" value): refused with the arg's own reason."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     with pytest.raises(ValueError, match=rf"^model arg {name}=True: {reason}"):
         LLaDAEvalModel(pretrained="tiny-arith", device="cpu", **{name: True})
@@ -1165,13 +1164,13 @@ def test_a_refused_hflm_arg_set_to_true_is_refused(name, reason):
                                         ("batch_size=auto,max_batch_size=100", 8), ("batch_size=auto:4", 8),
                                         ("batch_size=5", 5), ("batch_size=5,max_batch_size=2", 5)])
 def test_batch_size_auto_is_eight_rows_on_the_cpu_capped_by_max_batch_size(args, rows):
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     assert LLaDAEvalModel.create_from_arg_string(f"pretrained=tiny-arith,{args}", {"device": "cpu"}).batch_rows == rows
 
 
 def test_max_length_beyond_the_models_is_refused_whole_and_the_models_is_the_default():
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,max_length=100000", {"device": "cpu"})
@@ -1183,7 +1182,7 @@ def test_max_length_beyond_the_models_is_refused_whole_and_the_models_is_the_def
 
 
 def test_editing_is_refused_whole_outside_llada21_and_outside_its_presets(tiny_llada2_dir):
-    from lm_eval_dvoting.harness import LLaDA21EvalModel, LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDA21EvalModel, LLaDAEvalModel
 
     with pytest.raises(ValueError) as outside:
         LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,editing=speed", {"device": "cpu"})
@@ -1197,9 +1196,9 @@ def test_editing_is_refused_whole_outside_llada21_and_outside_its_presets(tiny_l
 def test_trust_remote_code_is_accepted_with_one_whole_warning(caplog):
     import logging
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
-    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness")
     LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,trust_remote_code=True", {"device": "cpu"})
     assert [r.getMessage() for r in caplog.records if "trust_remote_code" in r.getMessage()] == [
         "trust_remote_code=True has no effect: dvoting models are built by this plugin's own code from the "
@@ -1213,11 +1212,11 @@ def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog,
     import logging
     from types import SimpleNamespace
 
-    from lm_eval_dvoting import harness
-    from lm_eval_dvoting.harness import sanitise_requests
+    from lm_eval_dvoting.integration import harness
+    from lm_eval_dvoting.integration.harness import sanitise_requests
 
     monkeypatch.setattr(harness._encodable, "warned", False)  # the per-process warning, as in a fresh run
-    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness")
     requests = [SimpleNamespace(args=(f"q{i} \ud800", {"until": ["\n"]}), task_name="t", doc_id=i) for i in range(7)]
     requests.append(SimpleNamespace(args=("fine", {}), task_name="t", doc_id=7))
     sanitise_requests(requests)
@@ -1237,7 +1236,7 @@ def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog,
 
 def test_the_model_info_names_the_adapter_by_source_and_digest():
     """`config.dvoting.peft` with the shipped adapter: its source as given and the digest of its files."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
     from lm_eval_dvoting.models import adapters
 
     lm = LLaDAEvalModel.create_from_arg_string("pretrained=tiny-arith,peft=tiny-arith-lora", {"device": "cpu"})
@@ -1249,7 +1248,7 @@ def test_the_model_info_names_the_adapter_by_source_and_digest():
 
 def test_a_model_built_with_no_args_has_the_documented_defaults():
     """Every default of the model args (README's table), as `config.dvoting` reports them."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     info = LLaDAEvalModel(pretrained="tiny-arith", device="cpu").get_model_info()["dvoting"]
     settings = dict(alpha=0.3, block_decoding=None, block_length=16, cache="none", decoder="entropy",
@@ -1274,7 +1273,7 @@ class _LauncherAccelerator:
 def test_under_a_launcher_each_rank_takes_accelerates_device_and_rank(monkeypatch):
     import accelerate
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(accelerate, "Accelerator", _LauncherAccelerator)
@@ -1294,7 +1293,7 @@ def test_under_a_launcher_each_rank_takes_accelerates_device_and_rank(monkeypatc
 def test_the_reported_device_is_cpu_for_any_cpu_rank_and_the_gpu_with_its_index():
     """`config.dvoting.device`: a CPU rank's `cpu:0` is reported as `cpu` (runs on one CPU or
     several CPU ranks compare equal); a GPU keeps its index. Reporting only: no model work."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     for device, reported in [(torch.device("cpu", 0), "cpu"), (torch.device("cpu"), "cpu"),
@@ -1309,7 +1308,7 @@ def test_settings_used_before_any_evaluation_carry_the_models_seed_and_the_devic
     (a parallelized model's layer map; None on one device)."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single", seed=7)
     request = Instance(request_type="generate_until", doc={}, arguments=("1+2=", {"until": ["\n"], "max_gen_toks": 8}),
@@ -1350,8 +1349,7 @@ class _Bar:
 def test_generate_until_shows_one_bar_step_per_computed_request_on_rank_0_only(monkeypatch):
     """The progress bar counts the computed requests (a duplicated document is decoded once),
     one step each, is shown on rank 0 only and hidden by `disable_tqdm`."""
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     monkeypatch.setattr(harness, "tqdm", _Bar)
     monkeypatch.setattr(_Bar, "made", [])
     lm = harness.LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single")
@@ -1370,7 +1368,7 @@ def test_generate_until_shows_one_bar_step_per_computed_request_on_rank_0_only(m
 def test_generate_until_decodes_at_most_batch_size_rows_per_forward_pass():
     """`batch_size` caps the rows of every forward pass (the memory a user asked for), and the
     cap is reached: 5 greedy requests at batch size 2 and 4."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     requests = [_generation(f"{a}+{a + 1}=", a) for a in range(5)]
     for batch_size in (2, 4):
@@ -1387,8 +1385,8 @@ def test_generate_until_decodes_at_most_batch_size_rows_per_forward_pass():
 def test_each_answer_goes_to_lm_evals_cache_under_its_request_and_repeat():
     """`--use_cache`: every computed answer is handed to lm-eval's cache hook as
     ("generate_until", the request's key with its repeat, the text)."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
-    from lm_eval_dvoting.result_cache import generation_key_args
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.result_cache import generation_key_args
 
     class Hook:
         def __init__(self) -> None:
@@ -1411,9 +1409,9 @@ def test_a_checkpoint_of_another_decoding_family_is_loaded_with_a_whole_warning(
     """dvoting-llada given a Dream checkpoint (both bidirectional) loads it and says so."""
     import logging
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
-    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness")
     LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     assert not caplog.records
     lm = LLaDAEvalModel(pretrained="tiny-arith-dream", device="cpu")
@@ -1423,8 +1421,7 @@ def test_a_checkpoint_of_another_decoding_family_is_loaded_with_a_whole_warning(
 
 
 def _spy_on_load_model(monkeypatch) -> list[tuple[tuple, dict]]:
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     calls: list[tuple[tuple, dict]] = []
     real = harness.load_model
 
@@ -1441,12 +1438,11 @@ def test_parallelize_loads_the_model_over_the_budget_with_device_map_auto(monkey
     the asked dtype, the model's main device becomes the harness's, and the map is logged."""
     import logging
 
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     budget = {"cpu": 10**9}
     monkeypatch.setattr(harness, "gpu_budget", lambda per_gpu, cpu: budget)
     calls = _spy_on_load_model(monkeypatch)
-    caplog.set_level(logging.INFO, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.INFO, logger="lm_eval_dvoting.integration.harness")
     lm = harness.LLaDAEvalModel(pretrained="tiny-arith", strategy="single", parallelize=True, dtype="bfloat16")
     [(args, kwargs)] = calls
     assert kwargs == {"dtype": "bfloat16", "device_map": "auto", "max_memory": budget}
@@ -1457,7 +1453,7 @@ def test_parallelize_loads_the_model_over_the_budget_with_device_map_auto(monkey
 
 
 def test_rfgs_reference_is_read_onto_the_policys_device_in_its_dtype(monkeypatch):
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     calls = _spy_on_load_model(monkeypatch)
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="rfg", reference="tiny-arith",
@@ -1471,8 +1467,7 @@ def test_rfgs_reference_is_read_onto_the_policys_device_in_its_dtype(monkeypatch
 def _inside(name: str, module: str, torch_random_seed):
     """sampling_seed(None) called from a function `name` of a module named `module` whose
     local `torch_random_seed` is given: a stand-in for lm-eval's simple_evaluate frame."""
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     scope = {"__name__": module, "sampling_seed": harness.sampling_seed}
     exec(f"def {name}(torch_random_seed):\n    return sampling_seed(None)\n", scope)
     return scope[name](torch_random_seed)
@@ -1482,7 +1477,7 @@ def test_the_harness_seed_is_read_from_lm_evals_simple_evaluate_frame_only():
     """`sampling_seed`: a model arg first; else the `torch_random_seed` local of lm-eval's
     own `simple_evaluate` (not of a function so named elsewhere, nor of another function of
     lm_eval.evaluator); else 1234, also when simple_evaluate left torch unseeded."""
-    from lm_eval_dvoting.harness import sampling_seed
+    from lm_eval_dvoting.integration.harness import sampling_seed
 
     assert sampling_seed(5) == (5, "model_args") and sampling_seed("6") == (6, "model_args")
     assert sampling_seed(None) == (1234, "default")
@@ -1500,7 +1495,7 @@ def test_lone_surrogates_are_replaced_in_lm_evals_instances_of_either_argument_s
     and a loglikelihood_rolling request's single string, each keeping its shape."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_dvoting.harness import sanitise_requests
+    from lm_eval_dvoting.integration.harness import sanitise_requests
 
     generation = _generation("a \ud800 b", 0)
     rolling = Instance(request_type="loglikelihood_rolling", doc={}, idx=0, metadata=("demo", 1, 1),
@@ -1513,7 +1508,7 @@ def test_lone_surrogates_are_replaced_in_lm_evals_instances_of_either_argument_s
 def test_tok_encode_passes_the_callers_choice_of_special_tokens_to_the_tokenizer():
     """lm-eval decides special tokens per call (`add_special_tokens=`); the demo tokenizer
     adds none either way, so a stand-in records what it is asked."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     class Tokenizer:
         bos_token_id = None
@@ -1528,7 +1523,7 @@ def test_tok_encode_passes_the_callers_choice_of_special_tokens_to_the_tokenizer
 
 
 def test_the_smallest_mc_num_and_max_length_are_one_and_zero_is_refused_by_name():
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", mc_num=1, max_length=1)
     assert (lm.mc_num, lm.max_length) == (1, 1)
@@ -1542,7 +1537,7 @@ def test_the_smallest_mc_num_and_max_length_are_one_and_zero_is_refused_by_name(
 def test_a_model_built_with_no_hflm_args_warns_about_none(caplog):
     import logging
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     caplog.set_level(logging.WARNING)
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
@@ -1557,9 +1552,9 @@ def test_the_surrogate_warning_lists_five_documents_and_marks_only_more(count, l
     import logging
     from types import SimpleNamespace
 
-    from lm_eval_dvoting.harness import sanitise_requests
+    from lm_eval_dvoting.integration.harness import sanitise_requests
 
-    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness")
     sanitise_requests([SimpleNamespace(args=(f"q{i} \ud800",), task_name="t", doc_id=i) for i in range(count)])
     assert caplog.records[-1].getMessage() == (
         f"{count} request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: "
@@ -1569,8 +1564,7 @@ def test_the_surrogate_warning_lists_five_documents_and_marks_only_more(count, l
 def test_generate_until_votes_math_answers_by_equivalence_and_keeps_kinds_apart(monkeypatch):
     """The vote's grouping that generate_until hands the decoder: `\\frac{1}{2}` and `0.5`
     are one math answer, a choice letter is compared as it is, and kinds never mix."""
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     handed = {}
     real = harness.decode_questions
 
@@ -1593,7 +1587,7 @@ def test_a_checkpoint_of_no_supported_family_is_refused_naming_its_config_file(t
     with the config file's path in the message (the file a user must look at)."""
     import json
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
     from lm_eval_dvoting.models.loading import CheckpointError
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
@@ -1606,7 +1600,7 @@ def test_a_checkpoint_of_no_supported_family_is_refused_naming_its_config_file(t
 def test_the_tokenizer_name_lm_eval_sees_is_the_tokenizers_source():
     """`tokenizer_name` (lm-eval keys chat-template caches on it): the `tokenizer=` source
     when given, else the checkpoint's, with '/' made file-name safe."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     from lm_eval_dvoting.models.loading import resolve_checkpoint
 
@@ -1619,7 +1613,7 @@ def test_the_tokenizer_name_lm_eval_sees_is_the_tokenizers_source():
 
 def test_batch_size_auto_is_32_rows_on_a_gpu_and_8_on_the_cpu():
     """`_parse_batch_size` on a CUDA device (stood in for: only the device's type is read)."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     assert lm._parse_batch_size("auto", None) == 8
@@ -1628,7 +1622,7 @@ def test_batch_size_auto_is_32_rows_on_a_gpu_and_8_on_the_cpu():
 
 
 def test_a_parallelize_that_is_no_flag_is_refused_by_its_name():
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel(pretrained="tiny-arith", parallelize="maybe")
@@ -1641,7 +1635,7 @@ def test_a_parallelize_that_is_no_flag_is_refused_by_its_name():
 @pytest.mark.parametrize("name", ["use_fast_tokenizer", "add_bos_token"])
 def test_a_tokenizer_flag_that_is_no_flag_is_refused_by_its_name(name):
     """HFLM's tokenizer flags name themselves when their value is neither true nor false."""
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel(pretrained="tiny-arith", device="cpu", **{name: "maybe"})
@@ -1656,8 +1650,7 @@ def test_a_tokenizer_flag_that_is_no_flag_is_refused_by_its_name(name):
 ])
 def test_parallelize_accepts_each_compatible_combination(device_map, device, peft, max_cpu_memory, monkeypatch):
     """`_parallel_budget`'s accepted edges: each returns the GPU budget (stood in for: no GPU here)."""
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     budget, asked = {0: 1, "cpu": 2}, []
     monkeypatch.setattr(harness, "gpu_budget", lambda per_gpu, cpu: asked.append((per_gpu, cpu)) or budget)
     assert harness._parallel_budget(True, "70GiB", max_cpu_memory, device_map, device, None, peft) is budget
@@ -1703,7 +1696,7 @@ class _ReachedTheModel(Exception):
 
 
 def test_a_model_without_parameters_is_scored_on_the_cpu():
-    from lm_eval_dvoting.likelihood import loglikelihood
+    from lm_eval_dvoting.core.likelihood import loglikelihood
 
     model = _UniformLogits()
     assert loglikelihood(model, _ids(3, 1) % 7, _ids(5, 2) % 7, mc_num=4) == pytest.approx(-5 * math.log(8))
@@ -1713,7 +1706,7 @@ def test_a_model_without_parameters_is_scored_on_the_cpu():
 def test_ids_and_attention_mask_go_to_the_models_device_as_long_tensors():
     """The rows go where the weights are (a GPU for a real run; `meta` stands in for it here),
     with HF's 1/0 long attention mask, on the path for modules without `hidden_states`."""
-    from lm_eval_dvoting.likelihood import score_requests
+    from lm_eval_dvoting.core.likelihood import score_requests
 
     model = _UniformLogits(parameter_device="meta")
     with pytest.raises(_ReachedTheModel):
@@ -1723,7 +1716,7 @@ def test_ids_and_attention_mask_go_to_the_models_device_as_long_tensors():
 
 def test_independent_draws_mask_each_count_from_1_to_L_equally_often():
     """`stratified=False`: l uniform on 1..L (not 0, not L+1, not L-1)."""
-    from lm_eval_dvoting.likelihood import _draw_masks
+    from lm_eval_dvoting.core.likelihood import _draw_masks
 
     counts = torch.bincount(_draw_masks(4, 4000, seed=3, stratified=False).sum(dim=1), minlength=6).tolist()
     assert counts[0] == 0 and counts[5] == 0
@@ -1737,7 +1730,7 @@ def test_stratified_draws_follow_the_documented_float64_recipe(length, mc_num, s
     in float64 throughout (so every l_j is exactly uniform and seeded results reproduce).
     A float32 u draws other numbers at every seed; float32 levels differ only where L * t_j
     rounds across a whole number, which the last two cases (found by search) contain."""
-    from lm_eval_dvoting.likelihood import _draw_masks
+    from lm_eval_dvoting.core.likelihood import _draw_masks
 
     u = torch.rand((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     levels = (u + torch.arange(mc_num, dtype=torch.float64) / mc_num) % 1.0
@@ -1746,7 +1739,7 @@ def test_stratified_draws_follow_the_documented_float64_recipe(length, mc_num, s
 
 
 def test_loglikelihood_defaults_are_128_draws_from_seed_0_and_it_passes_stratified_on():
-    from lm_eval_dvoting.likelihood import loglikelihood, score_requests
+    from lm_eval_dvoting.core.likelihood import loglikelihood, score_requests
 
     model, context, continuation = _likelihood_model(), _ids(3, 1), _ids(6, 2)
     assert loglikelihood(model, context, continuation) == loglikelihood(model, context, continuation,
@@ -1763,7 +1756,7 @@ def test_loglikelihood_defaults_are_128_draws_from_seed_0_and_it_passes_stratifi
 def test_rolling_loglikelihood_sums_its_windows_seeded_seed_plus_k_stride(window, stratified):
     """Window k is scored as `loglikelihood` with seed (seed + k * 0x9E3779B97F4A7C15) mod 2**63,
     with the window and `stratified` it was given."""
-    from lm_eval_dvoting.likelihood import loglikelihood, rolling_loglikelihood, rolling_windows
+    from lm_eval_dvoting.core.likelihood import loglikelihood, rolling_loglikelihood, rolling_windows
 
     model, prefix, document = _likelihood_model(), torch.tensor([240]), _ids(158, 3)
     windows = rolling_windows(document, max_length=128, prefix_ids=prefix, window=window)
@@ -1778,8 +1771,7 @@ def test_rolling_loglikelihood_sums_its_windows_seeded_seed_plus_k_stride(window
 
 def test_rolling_loglikelihood_defaults_are_128_draws_from_seed_0_and_no_greedy_check(monkeypatch):
     """lm-eval's loglikelihood_rolling has no is_greedy: no greedy pass is run for it."""
-    from lm_eval_dvoting import likelihood
-
+    from lm_eval_dvoting.core import likelihood
     def no_greedy_check(*args, **kwargs):
         raise AssertionError("rolling_loglikelihood ran greedy checks")
 
@@ -1790,7 +1782,7 @@ def test_rolling_loglikelihood_defaults_are_128_draws_from_seed_0_and_no_greedy_
 
 
 def test_rolling_windows_without_a_prefix_keep_the_nearest_history():
-    from lm_eval_dvoting.likelihood import rolling_windows
+    from lm_eval_dvoting.core.likelihood import rolling_windows
 
     windows = rolling_windows(torch.arange(10), max_length=4)
     assert [(context.tolist(), continuation.tolist()) for context, continuation in windows] == [
@@ -1803,7 +1795,7 @@ def test_rolling_windows_without_a_prefix_keep_the_nearest_history():
 def test_rolling_windows_with_room_for_one_token_score_one_token_each():
     """A prefix one short of max_length leaves room 1: windows of one token (the default
     window is at least 1), no history."""
-    from lm_eval_dvoting.likelihood import rolling_windows
+    from lm_eval_dvoting.core.likelihood import rolling_windows
 
     windows = rolling_windows(torch.arange(3), max_length=4, prefix_ids=torch.tensor([7, 8, 9]))
     assert [(context.tolist(), continuation.tolist()) for context, continuation in windows] == [
@@ -1813,7 +1805,7 @@ def test_rolling_windows_with_room_for_one_token_score_one_token_each():
 @pytest.mark.parametrize("document", [5, 20])
 def test_rolling_windows_refuse_a_window_outside_the_room_whole(document):
     """1 and the room are allowed; 0 and room + 1 refused, also for a document that fits."""
-    from lm_eval_dvoting.likelihood import rolling_windows
+    from lm_eval_dvoting.core.likelihood import rolling_windows
 
     tokens, prefix = torch.arange(document), torch.tensor([99])
     for window in (1, 5):
@@ -1826,7 +1818,7 @@ def test_rolling_windows_refuse_a_window_outside_the_room_whole(document):
 
 
 def test_rolling_windows_refusals_name_the_argument():
-    from lm_eval_dvoting.likelihood import rolling_windows
+    from lm_eval_dvoting.core.likelihood import rolling_windows
 
     with pytest.raises(ValueError) as refused:
         rolling_windows(torch.arange(4), max_length=4, prefix_ids=torch.tensor([1, 2, 3, 4]))
@@ -1840,7 +1832,7 @@ def test_rolling_windows_refusals_name_the_argument():
 
 
 def test_token_ids_of_any_integer_dtype_score_as_long_ids():
-    from lm_eval_dvoting.likelihood import loglikelihood
+    from lm_eval_dvoting.core.likelihood import loglikelihood
 
     model, context, continuation = _likelihood_model(), _ids(4, 5), _ids(5, 6)
     expected = loglikelihood(model, context, continuation, mc_num=4)
@@ -1849,7 +1841,7 @@ def test_token_ids_of_any_integer_dtype_score_as_long_ids():
 
 
 def test_score_requests_refusals_name_the_context_or_the_continuation():
-    from lm_eval_dvoting.likelihood import score_requests
+    from lm_eval_dvoting.core.likelihood import score_requests
 
     model = _likelihood_model()
     with pytest.raises(ValueError) as refused:
@@ -1862,7 +1854,7 @@ def test_score_requests_refusals_name_the_context_or_the_continuation():
 
 def test_a_continuation_too_long_for_one_window_is_refused_whole(dream_fixture):
     """LLaDA's limit is max_length; Dream's one less (a context token must precede)."""
-    from lm_eval_dvoting.likelihood import loglikelihood
+    from lm_eval_dvoting.core.likelihood import loglikelihood
     from lm_eval_dvoting.models.loading import load_model
 
     llada, dream = _likelihood_model(), load_model(str(dream_fixture))
@@ -1878,7 +1870,7 @@ def test_a_continuation_too_long_for_one_window_is_refused_whole(dream_fixture):
 
 
 def test_dream_needs_a_context_token_before_a_continuation_but_not_before_an_empty_one(dream_fixture):
-    from lm_eval_dvoting.likelihood import score_requests
+    from lm_eval_dvoting.core.likelihood import score_requests
     from lm_eval_dvoting.models.loading import load_model
 
     dream, empty = load_model(str(dream_fixture)), torch.zeros(0, dtype=torch.long)
@@ -1892,7 +1884,7 @@ def test_dream_needs_a_context_token_before_a_continuation_but_not_before_an_emp
 
 def test_a_one_token_continuation_keeps_the_context_that_fits():
     """Too long a context loses tokens from the left, also before a single token."""
-    from lm_eval_dvoting.likelihood import loglikelihood
+    from lm_eval_dvoting.core.likelihood import loglikelihood
 
     model, context, token = _likelihood_model(), _ids(140, 7), _ids(1, 8)
     assert loglikelihood(model, context, token, mc_num=2) == loglikelihood(
@@ -1900,7 +1892,7 @@ def test_a_one_token_continuation_keeps_the_context_that_fits():
 
 
 def test_four_requests_sharing_one_forward_pass_score_as_each_alone():
-    from lm_eval_dvoting.likelihood import loglikelihood, score_requests
+    from lm_eval_dvoting.core.likelihood import loglikelihood, score_requests
 
     model = _likelihood_model()
     requests = [(_ids(3 + i, 10 + i), _ids(2 + i, 20 + i)) for i in range(4)]
@@ -1913,7 +1905,7 @@ def test_four_requests_sharing_one_forward_pass_score_as_each_alone():
 def test_our_models_run_the_output_head_only_at_the_scored_positions(monkeypatch):
     """`hidden_states` + `logits_from_hidden`: the vocabulary head runs once per masked
     position of each draw, never over whole rows."""
-    from lm_eval_dvoting.likelihood import _draw_masks, loglikelihood
+    from lm_eval_dvoting.core.likelihood import _draw_masks, loglikelihood
 
     model, context, continuation = _likelihood_model(), _ids(3, 1), _ids(6, 2)
     expected = loglikelihood(model, context, continuation, mc_num=4)
@@ -1936,7 +1928,7 @@ class _HiddenStatesOnly(_UniformLogits):
 
 
 def test_a_module_with_hidden_states_but_no_head_is_run_whole():
-    from lm_eval_dvoting.likelihood import loglikelihood
+    from lm_eval_dvoting.core.likelihood import loglikelihood
 
     assert loglikelihood(_HiddenStatesOnly(), _ids(2, 1) % 7, _ids(3, 2) % 7, mc_num=2) == pytest.approx(
         -3 * math.log(8))
@@ -1945,7 +1937,7 @@ def test_a_module_with_hidden_states_but_no_head_is_run_whole():
 def test_every_likelihood_pass_holds_at_most_batch_size_rows_32_by_default(monkeypatch):
     """`batch_size` caps the rows of each forward pass (GPU memory), in `loglikelihood` and
     `rolling_loglikelihood` alike, and the cap is reached."""
-    from lm_eval_dvoting.likelihood import loglikelihood, rolling_loglikelihood
+    from lm_eval_dvoting.core.likelihood import loglikelihood, rolling_loglikelihood
 
     model, rows = _likelihood_model(), []
     hidden_states = model.hidden_states
@@ -1969,8 +1961,8 @@ def test_alpha_is_a_strict_bound_on_the_entropy():
     """ALGORITHM.md: a position commits by the threshold when its entropy is *below*
     alpha. With alpha exactly the entropy of every (equally certain) position, none does:
     the fallback commits one per step."""
-    from lm_eval_dvoting.decoding import generate
-    from lm_eval_dvoting.decoding.state import entropy, suppress_mask
+    from lm_eval_dvoting.core.decoding import generate
+    from lm_eval_dvoting.core.decoding.state import entropy, suppress_mask
 
     model = ScriptedModel(gen_choices(3, lambda q, g: (1,)))  # the same certain token everywhere
     prompt = torch.tensor([[1, 1, 1]])
@@ -1985,7 +1977,7 @@ def test_alpha_is_a_strict_bound_on_the_entropy():
 def test_rows_of_different_temperatures_decode_together_as_each_alone():
     """A batch may mix temperatures (HEX's temperature-0 samples beside sampled ones): the
     entropy rule samples only the rows with T > 0, each from its own generator."""
-    from lm_eval_dvoting.decoding import DecodeRow, RowDecoder
+    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 
     model = _likelihood_model()
 

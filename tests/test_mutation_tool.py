@@ -39,8 +39,8 @@ def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path,
     run = tmp_path / "mutants"
     meta = run / "lm_eval_dvoting" / "decoding" / "rules.py.meta"
     meta.parent.mkdir(parents=True)
-    codes = {"lm_eval_dvoting.decoding.rules.x_f__mutmut_1": 1, "lm_eval_dvoting.decoding.rules.x_f__mutmut_2": 0,
-             "lm_eval_dvoting.decoding.rules.x_f__mutmut_3": None, "lm_eval_dvoting.decoding.rules.x_f__mutmut_4": 36}
+    codes = {"lm_eval_dvoting.core.decoding.rules.x_f__mutmut_1": 1, "lm_eval_dvoting.core.decoding.rules.x_f__mutmut_2": 0,
+             "lm_eval_dvoting.core.decoding.rules.x_f__mutmut_3": None, "lm_eval_dvoting.core.decoding.rules.x_f__mutmut_4": 36}
     meta.write_text(json.dumps(_meta(codes)))
     assert not tool.save_state("answers", run)  # no results of that module there: nothing saved
     assert tool.save_state("decoding.rules", run)
@@ -49,7 +49,7 @@ def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path,
     seeded = json.loads((fresh / "lm_eval_dvoting" / "decoding" / "rules.py.meta").read_text())
     assert seeded == _meta(codes)
     # the survivors to test again: recorded and not killed (untested ones are not survivors)
-    assert tool._survivors(fresh, "decoding.rules") == ["lm_eval_dvoting.decoding.rules.x_f__mutmut_2"]
+    assert tool._survivors(fresh, "decoding.rules") == ["lm_eval_dvoting.core.decoding.rules.x_f__mutmut_2"]
 
 
 def test_the_tracked_results_are_mutmuts_meta_files_of_known_modules():
@@ -64,15 +64,15 @@ def test_the_tracked_results_are_mutmuts_meta_files_of_known_modules():
         assert meta["exit_code_by_key"] and all(key.startswith(prefix) for key in meta["exit_code_by_key"]), path
 
 
-_DIFF = """--- lm_eval_dvoting/strategies.py
-+++ lm_eval_dvoting/strategies.py
+_DIFF = """--- lm_eval_dvoting/core/strategies.py
++++ lm_eval_dvoting/core/strategies.py
 @@ -6,7 +6,7 @@
      seeds: Sequence[int],
 -    max_rows: int = 16,
 +    max_rows: int = 17,
  ) -> list[StrategyResult]:
 """
-_NAME = "lm_eval_dvoting.strategies.x_decode_questions__mutmut_1"
+_NAME = "lm_eval_dvoting.core.strategies.x_decode_questions__mutmut_1"
 
 
 def _summary(diff: str) -> dict:

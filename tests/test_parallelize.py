@@ -26,9 +26,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import fixture_folder
-from lm_eval_dvoting import harness
-from lm_eval_dvoting.decoding import generate
-from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.integration import harness
+from lm_eval_dvoting.core.decoding import generate
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models import placement
 from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Model
 from lm_eval_dvoting.models.loading import CheckpointError, _read_weights_placed, load_model, weight_files

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import REPO_ROOT
 
-from lm_eval_dvoting import cli, plugin
+from lm_eval_dvoting.commands import cli
 
-
+from lm_eval_dvoting.integration import plugin
 def run_hooked(code: str, **env_extra: str) -> str:
     """Run `code` in a fresh interpreter with the start-up hook loaded first."""
     env = {k: v for k, v in os.environ.items() if k != "LM_EVAL_DVOTING_DISABLE_HOOK"}
@@ -38,8 +38,8 @@ def test_models_match_pyproject_entry_points() -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
     meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert meta["entry-points"]["lm_eval.models"] == plugin.MODELS
-    assert meta["entry-points"]["lm_eval.tasks"] == {"dvoting": "lm_eval_dvoting.plugin:TASK_DIR"}
-    assert meta["scripts"] == {"dvoting": "lm_eval_dvoting.cli:main"}
+    assert meta["entry-points"]["lm_eval.tasks"] == {"dvoting": "lm_eval_dvoting.integration.plugin:TASK_DIR"}
+    assert meta["scripts"] == {"dvoting": "lm_eval_dvoting.commands.cli:main"}
 
 
 def test_task_dir_is_the_source_folder_in_a_checkout() -> None:
@@ -59,7 +59,7 @@ def test_include_path_gets_our_folder_first(tmp_path: Path) -> None:
 def test_hook_waits_for_lm_eval() -> None:
     out = run_hooked("""
         import sys
-        import lm_eval_dvoting, lm_eval_dvoting.plugin, lm_eval_dvoting.cli
+        import lm_eval_dvoting, lm_eval_dvoting.integration.plugin, lm_eval_dvoting.commands.cli
         print('torch' in sys.modules, 'lm_eval' in sys.modules,
               type(sys.meta_path[0]).__name__)
     """)
@@ -74,7 +74,7 @@ def test_hook_registers_models_and_keeps_builtins() -> None:
               'hf' in model_registry)
         # the class's own @register_model (if harness.py adds one) is the same entry
         from lm_eval.api.registry import register_model
-        from lm_eval_dvoting.harness import DreamEvalModel
+        from lm_eval_dvoting.integration.harness import DreamEvalModel
         register_model('dvoting-dream')(DreamEvalModel)
         print(get_model('dvoting-dream') is DreamEvalModel)
         # the watcher leaves once all the watched modules ran (the harness imports the
@@ -120,7 +120,7 @@ def test_hook_steps_aside_for_native_discovery(monkeypatch: pytest.MonkeyPatch) 
 
 def test_explicit_register_is_idempotent() -> None:
     out = run_hooked("""
-        from lm_eval_dvoting import plugin
+        from lm_eval_dvoting.integration import plugin
         from lm_eval.api.registry import model_registry
         plugin.register(); plugin.register()
         print(plugin.register_models(), model_registry.get('dvoting-dream').__name__)
@@ -174,7 +174,7 @@ def test_cli_missing_subcommand_module_is_a_clear_error(monkeypatch: pytest.Monk
 
 def test_cli_dispatches_with_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setitem(cli.COMMANDS, "echo", ("lm_eval_dvoting.cli:_test_echo", "?"))
+    monkeypatch.setitem(cli.COMMANDS, "echo", ("lm_eval_dvoting.commands.cli:_test_echo", "?"))
     monkeypatch.setattr(cli, "_test_echo", lambda argv: seen.append(list(argv)) or 3,
                         raising=False)
     assert cli.main(["echo", "--x", "1"]) == 3

@@ -137,7 +137,7 @@ def test_import_stays_light_and_hook_waits(installed: Env) -> None:
     out = installed.py("""
         import sys
         hooked = '_lm_eval_dvoting_startup' in sys.modules
-        import lm_eval_dvoting, lm_eval_dvoting.plugin, lm_eval_dvoting.cli
+        import lm_eval_dvoting, lm_eval_dvoting.integration.plugin, lm_eval_dvoting.commands.cli
         print(hooked, 'torch' in sys.modules, 'lm_eval' in sys.modules)
     """)
     assert out.split() == ["True", "False", "False"]
@@ -155,7 +155,7 @@ def test_models_resolve_and_builtins_survive(installed: Env) -> None:
 def test_task_manager_sees_our_tasks(installed: Env) -> None:
     out = installed.py("""
         from lm_eval.tasks import TaskManager
-        from lm_eval_dvoting.plugin import task_dir
+        from lm_eval_dvoting.integration.plugin import task_dir
         print(task_dir())
         print(' '.join(TaskManager(include_defaults=False).all_tasks))
     """)
@@ -203,7 +203,7 @@ def test_disable_env_turns_hook_off(installed: Env) -> None:
         from lm_eval.api.registry import get_model, model_registry
         get_model('dummy')
         print('dvoting-llada' in model_registry)
-        from lm_eval_dvoting import plugin
+        from lm_eval_dvoting.integration import plugin
         plugin.register()  # the explicit fallback `dvoting eval` uses
         print(get_model('dvoting-llada').__name__)
     """, env_extra={"LM_EVAL_DVOTING_DISABLE_HOOK": "1"})

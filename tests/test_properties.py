@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lm_eval.api.instance import Instance
 
-from lm_eval_dvoting.answers import answers_equivalent, extract_answer, tally, vote
-from lm_eval_dvoting.harness import LLaDAEvalModel
-from lm_eval_dvoting.metrics import consistency_level
-from lm_eval_dvoting.strategies import run_strategy, should_stop_early
+from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer, tally, vote
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
+from lm_eval_dvoting.core.metrics import consistency_level
+from lm_eval_dvoting.core.strategies import run_strategy, should_stop_early
 from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 
 # pure functions: many examples, still well under a second each

@@ -27,11 +27,11 @@ import lm_eval
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-import lm_eval_dvoting.harness as harness
-from lm_eval_dvoting.costs import CostedText
-from lm_eval_dvoting.harness import LLaDAEvalModel
+import lm_eval_dvoting.integration.harness as harness
+from lm_eval_dvoting.integration.costs import CostedText
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models.loading import CheckpointError, load_model, parse_dtype
-from lm_eval_dvoting.strategies import StrategySettings, derive_seed
+from lm_eval_dvoting.core.strategies import StrategySettings, derive_seed
 
 TASKS = REPO_ROOT / "task_configs"
 ARITH = {"until": [], "max_gen_toks": 32, "dvoting_answer": "number"}
@@ -88,7 +88,7 @@ def test_empty_context_starts_from_end_of_text(single):
 def test_overlong_context_is_cut_from_the_left(single, caplog):
     room = single.max_length - 32  # 224 of the tiny model's 256 positions
     context = "".join(str(i % 7) for i in range(1000))  # one token per character
-    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.harness"):
+    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness"):
         overlong, tail, short = _texts(single, [context, context[-room:], "1+1=?"])
     assert "cut from the left to 224" in caplog.text
     assert overlong == tail  # only the last `room` tokens were seen

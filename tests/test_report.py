@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_eval_dvoting import report
-from lm_eval_dvoting.answers import vote
-from lm_eval_dvoting.cli import main as dvoting_main
+from lm_eval_dvoting.commands import report
+from lm_eval_dvoting.core.answers import vote
+from lm_eval_dvoting.commands.cli import main as dvoting_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -146,7 +146,7 @@ def test_report_on_a_real_harness_run(tiny_llada_dir: Path, tmp_path: Path) -> N
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     torch.set_num_threads(1)
     manager = TaskManager(include_path=str(Path(__file__).resolve().parents[1] / "task_configs"),
@@ -292,7 +292,7 @@ def test_report_on_a_real_temporal_run(tmp_path: Path) -> None:
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     torch.set_num_threads(1)
     manager = TaskManager(include_path=str(Path(__file__).resolve().parents[1] / "task_configs"),

@@ -27,12 +27,12 @@ import torch
 from lm_eval.tasks import TaskManager
 from safetensors.torch import load_file, save_file
 
-import lm_eval_dvoting.harness as harness
-import lm_eval_dvoting.result_cache as result_cache
+import lm_eval_dvoting.integration.harness as harness
+import lm_eval_dvoting.integration.result_cache as result_cache
 from conftest import REPO_ROOT
-from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS
-from lm_eval_dvoting.strategies import StrategySettings
+from lm_eval_dvoting.core.strategies import StrategySettings
 
 TASKS = REPO_ROOT / "task_configs"
 ARITH_YAML = TASKS / "dvoting_arith.yaml"
@@ -148,15 +148,15 @@ def test_a_cache_of_other_weights_at_the_same_path_is_not_replayed(tmp_path):
 def test_a_new_configuration_is_reported_with_the_settings_that_differ(tmp_path, caplog):
     cache = tmp_path / "cache"
     _evaluate("strategy=single", 2, cache)
-    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.result_cache"):
+    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.result_cache"):
         _evaluate("strategy=dvoting,seed=7", 2, cache)
-    [message] = [r.getMessage() for r in caplog.records if r.name == "lm_eval_dvoting.result_cache"]
+    [message] = [r.getMessage() for r in caplog.records if r.name == "lm_eval_dvoting.integration.result_cache"]
     assert "1 other configuration(s)" in message and "pretrained=tiny-arith" in message
     assert "strategy: 'single' -> 'dvoting'" in message and "seed: 1234 -> 7" in message
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.result_cache"):
+    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.result_cache"):
         _evaluate("strategy=single", 2, cache)  # a configuration already in the file: nothing to say
-    assert not [r for r in caplog.records if r.name == "lm_eval_dvoting.result_cache"]
+    assert not [r for r in caplog.records if r.name == "lm_eval_dvoting.integration.result_cache"]
 
 
 # every StrategySettings field, with another valid value: each must change the fingerprint
@@ -331,7 +331,7 @@ def test_cached_values_are_the_costed_texts(tmp_path):
     """What the cache holds is what generate_until returned: CostedText with its cost."""
     from sqlitedict import SqliteDict
 
-    from lm_eval_dvoting.costs import CostedText
+    from lm_eval_dvoting.integration.costs import CostedText
 
     cache = tmp_path / "cache"
     _evaluate("strategy=dvoting", 2, cache)

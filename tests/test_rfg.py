@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lm_eval_dvoting.guidance import GuidedModel
+from lm_eval_dvoting.core.guidance import GuidedModel
 from lm_eval_dvoting.models import adapters
 from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS, load_model
-from lm_eval_dvoting.strategies import StrategySettings, run_strategy
+from lm_eval_dvoting.core.strategies import StrategySettings, run_strategy
 from lora import OFFICIAL, peft_adapter
 
 PROMPTS = torch.randint(4, 40, (3, 12), generator=torch.Generator().manual_seed(0))
@@ -112,8 +112,7 @@ def test_a_reference_of_another_family_or_tokenizer_is_refused():
 
 
 def test_the_harness_refuses_rfg_without_a_reference_before_reading_weights(monkeypatch):
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     def no_model(*args, **kwargs):
         raise AssertionError("the weights were read before the bad arguments were refused")
 
@@ -136,7 +135,7 @@ def test_the_harness_refuses_rfg_without_a_reference_before_reading_weights(monk
 
 
 def test_switching_to_rfg_needs_a_reference_and_an_empty_run_needs_no_model():
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     with pytest.raises(ValueError) as refused:
@@ -152,8 +151,8 @@ def test_rfg_through_the_harness_with_a_reference_and_its_fingerprint(reference_
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_dvoting import result_cache
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration import result_cache
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     torch.set_num_threads(1)
     tasks = TaskManager(include_path=str(Path(__file__).resolve().parents[1] / "task_configs"),
@@ -185,7 +184,7 @@ def test_the_packaged_adapter_and_the_rfg_row_of_compare(tmp_path):
     runs on it (two passes per step) and is refused without a reference."""
     import json
 
-    from lm_eval_dvoting import compare
+    from lm_eval_dvoting.commands import compare
     from lm_eval_dvoting.models.adapters import read_adapter
 
     adapter = read_adapter("tiny-arith-lora")
@@ -286,8 +285,7 @@ def test_every_mismatch_of_the_pair_is_named_in_one_message(reference_folder):
 def test_a_reference_of_another_family_and_vocabulary_is_refused_with_both_differences(tmp_path):
     """Every difference is named, joined by '; ': here the family and the tokenizers' vocabularies
     (the Dream demo's tokenizer with one token added)."""
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     folder = tmp_path / "other-vocabulary"
     shutil.copytree(PACKAGED_CHECKPOINTS["tiny-arith-dream"], folder)
     tokenizer = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))

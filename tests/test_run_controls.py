@@ -31,8 +31,8 @@ import torch
 from lm_eval.tasks import TaskManager
 
 from conftest import REPO_ROOT, _write_random_llada
-from lm_eval_dvoting import harness
-from lm_eval_dvoting.harness import LLaDAEvalModel
+from lm_eval_dvoting.integration import harness
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models import loading
 
 TASKS = REPO_ROOT / "task_configs"
@@ -120,12 +120,12 @@ def test_no_harness_seed_is_deterministic():
 
 def _unused_sampling_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "lm_eval_dvoting.harness" and r.levelno == logging.WARNING and "are not used" in r.getMessage()]
+            if r.name == "lm_eval_dvoting.integration.harness" and r.levelno == logging.WARNING and "are not used" in r.getMessage()]
 
 
 @pytest.mark.parametrize("strategy", ["dvoting", "single"])
 def test_an_unused_temperature_is_reported_once_per_run(strategy, caplog):
-    caplog.set_level(logging.INFO, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.INFO, logger="lm_eval_dvoting.integration.harness")
     _evaluate(f"strategy={strategy}", gen_kwargs="temperature=0.1")
     [message] = _unused_sampling_warnings(caplog)  # one, not one per request
     assert "0.1" in message and f"strategy={strategy}" in message
@@ -133,7 +133,7 @@ def test_an_unused_temperature_is_reported_once_per_run(strategy, caplog):
 
 
 def test_a_used_or_greedy_request_is_not_warned_about(caplog):
-    caplog.set_level(logging.INFO, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.INFO, logger="lm_eval_dvoting.integration.harness")
     _evaluate("strategy=single", gen_kwargs="do_sample=true,temperature=0.5")  # used by single
     _evaluate("strategy=dvoting")  # the task's do_sample: false, the default of every task
     assert _unused_sampling_warnings(caplog) == []
@@ -325,7 +325,7 @@ def test_the_real_cli_takes_model_arg_device_and_trust_remote_code(tmp_path, mon
     # lm-eval's --trust_remote_code also sets this global of `datasets`; undo it afterwards
     monkeypatch.setattr(datasets.config, "HF_DATASETS_TRUST_REMOTE_CODE",
                         getattr(datasets.config, "HF_DATASETS_TRUST_REMOTE_CODE", False), raising=False)
-    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.harness")
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         results = _cli(monkeypatch, tmp_path, "pretrained=tiny-arith,strategy=single,device=cpu", "--trust_remote_code")
@@ -373,8 +373,7 @@ def test_model_arg_batch_size_beside_lm_evals_default(monkeypatch):
 
 
 def test_model_arg_device_works_with_compare(tmp_path):
-    from lm_eval_dvoting import compare
-
+    from lm_eval_dvoting.commands import compare
     common = ["--tasks", "dvoting_arith", "--strategies", "single", "--limit", "2", "--out", str(tmp_path)]
     assert compare.main(["--model_args", "pretrained=tiny-arith,device=cpu,batch_size=4", *common]) == 0
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]

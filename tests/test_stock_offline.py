@@ -20,8 +20,7 @@ import pytest
 from lm_eval.tasks import TaskManager
 
 from conftest import DATA, require_shared
-from lm_eval_dvoting import local_data, plugin
-
+from lm_eval_dvoting.integration import local_data, plugin
 STOCK = Path(lm_eval.tasks.__file__).parent  # lm-eval's own task folder
 
 
@@ -86,7 +85,7 @@ def data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_gsm8k_reads_the_local_file_and_says_so(data: Path, no_hub: list, caplog) -> None:
-    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.plugin"):
+    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.plugin"):
         task = stock_task("gsm8k_cot_zeroshot", "gsm8k")
     docs = list(task.test_docs())
     assert docs == GSM8K  # the hub's columns are the file's: question, answer
@@ -229,7 +228,7 @@ def test_stock_gsm8k_end_to_end_offline(real_data: Path, no_hub: list, caplog) -
     `--gen_kwargs max_gen_toks=32 --limit 2` (strategy=single: one sample per question)."""
     plugin.register()
     manager = TaskManager(include_path=str(STOCK / "gsm8k"), include_defaults=False)
-    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.plugin"):
+    with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.plugin"):
         results = lm_eval.simple_evaluate(
             model="dvoting-llada", model_args="pretrained=tiny-arith,strategy=single",
             tasks=["gsm8k_cot_zeroshot"], limit=2, gen_kwargs="max_gen_toks=32", device="cpu",

@@ -17,12 +17,12 @@ import pytest
 import torch
 from torch import nn
 
-import lm_eval_dvoting.strategies as strategies
-from lm_eval_dvoting.decoding import RowDecoder
-from lm_eval_dvoting.answers import extract_answer
+import lm_eval_dvoting.core.strategies as strategies
+from lm_eval_dvoting.core.decoding import RowDecoder
+from lm_eval_dvoting.core.answers import extract_answer
 from lm_eval_dvoting.demo import arith
 from lm_eval_dvoting.models.loading import load_model, load_tokenizer
-from lm_eval_dvoting.strategies import (
+from lm_eval_dvoting.core.strategies import (
     StrategySettings,
     derive_seed,
     remask_tokens,
@@ -434,7 +434,7 @@ def test_derive_seed_is_stable():
     import subprocess
     import sys
 
-    code = "from lm_eval_dvoting.strategies import derive_seed; print(derive_seed(0, 1), derive_seed('x', 3, None))"
+    code = "from lm_eval_dvoting.core.strategies import derive_seed; print(derive_seed(0, 1), derive_seed('x', 3, None))"
     runs = [subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONHASHSEED=salt),
                            capture_output=True, text=True, check=True).stdout.split() for salt in ("1", "2")]
     assert runs[0] == runs[1] == [str(derive_seed(0, 1)), str(derive_seed("x", 3, None))]
@@ -604,7 +604,7 @@ def test_a_plan_that_asks_for_no_samples_raises_instead_of_waiting_forever(monke
 def test_a_rule_that_commits_nothing_names_the_question_and_sample(monkeypatch):
     """The decoder's progress guard (tests/test_decoding.py) names a strategy's row by its
     question and sample."""
-    from lm_eval_dvoting.decoding import rules
+    from lm_eval_dvoting.core.decoding import rules
 
     monkeypatch.setattr(rules.EntropyThreshold, "_decide", staticmethod(lambda work, entropy: []))
     says = r"committed nothing in step 1 of row 0 \(question 0, sample 1\)"

@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_eval_dvoting import report, strict_json
-from lm_eval_dvoting.bookkeeping import CostBook
-from lm_eval_dvoting.strategies import StrategySettings
-from lm_eval_dvoting.strict_json import dumps, json_safe, loads_strict
+from lm_eval_dvoting.commands import report
+
+from lm_eval_dvoting.integration import strict_json
+from lm_eval_dvoting.integration.bookkeeping import CostBook
+from lm_eval_dvoting.core.strategies import StrategySettings
+from lm_eval_dvoting.integration.strict_json import dumps, json_safe, loads_strict
 from test_task_costs import LOCAL, TASKS, _stock_task
 
 FILTERS = ("strict-match", "flexible-extract")

@@ -30,7 +30,7 @@ import yaml
 from lm_eval.tasks import TaskManager
 
 from conftest import REPO_ROOT
-from lm_eval_dvoting.costs import CostedText
+from lm_eval_dvoting.integration.costs import CostedText
 
 TASKS = REPO_ROOT / "task_configs"
 STOCK_YAML = Path(lm_eval.tasks.__file__).parent / "gsm8k" / "gsm8k-cot-zeroshot.yaml"

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import datasets
 import pytest
 
-from lm_eval_dvoting.costs import CostedText
+from lm_eval_dvoting.integration.costs import CostedText
 
 from conftest import DATA, REPO_ROOT, require_shared
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from lm_eval_dvoting.answers import answers_equivalent
-from lm_eval_dvoting.decoding import generate
-from lm_eval_dvoting.strategies import StrategySettings, run_strategy
-from lm_eval_dvoting.temporal import StepAnswers, step_weight, temporal_vote
+from lm_eval_dvoting.core.answers import answers_equivalent
+from lm_eval_dvoting.core.decoding import generate
+from lm_eval_dvoting.core.strategies import StrategySettings, run_strategy
+from lm_eval_dvoting.core.temporal import StepAnswers, step_weight, temporal_vote
 
 MASK = 15
 GEN = 4
@@ -53,7 +53,7 @@ def test_the_decoder_shows_each_steps_full_prediction_before_its_commits():
     position, future ones included; the decode itself is unchanged (same tokens, NFE)."""
     seen: list[tuple[int, list[int]]] = []
     plain = generate(OscillatingModel(), PROMPT, gen_length=GEN, block_length=GEN, steps=GEN)
-    from lm_eval_dvoting.decoding import DecodeRow, RowDecoder
+    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 
     decoder = RowDecoder(OscillatingModel())
     row = DecodeRow(prompt=PROMPT[0], tokens=torch.full((GEN,), MASK), block_length=GEN, steps=GEN,
@@ -203,7 +203,7 @@ def test_bad_temporal_settings_are_refused_by_name(settings, says):
 def test_on_the_demo_temporal_costs_what_single_costs_and_a_steep_weight_gives_its_texts(checkpoint):
     """Same seed and settings: `temporal` takes exactly `single`'s forward passes; with
     temporal_alpha=50 the last step dominates and it returns exactly `single`'s tokens."""
-    from lm_eval_dvoting.answers import extract_answer
+    from lm_eval_dvoting.core.answers import extract_answer
     from lm_eval_dvoting.demo import arith
     from lm_eval_dvoting.demo.tokenizer import EOS
     from lm_eval_dvoting.models.loading import load_model, load_tokenizer
@@ -248,7 +248,7 @@ def test_strategy_temporal_through_the_harness_answers_every_document():
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     torch.set_num_threads(1)
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="temporal", batch_size=8)
@@ -285,7 +285,7 @@ def test_strategy_temporal_through_the_harness_answers_every_document():
 
 def test_temporal_follows_the_tasks_sampling_as_single_does():
     """One decode per request, like HF generate: the task's do_sample/temperature apply."""
-    from lm_eval_dvoting.request_planning import task_sampling
+    from lm_eval_dvoting.integration.request_planning import task_sampling
 
     settings = StrategySettings(strategy="temporal", gen_length=32)
     assert task_sampling(settings, {"do_sample": True, "temperature": 0.7}, "t", set()).temperature == 0.7
@@ -330,8 +330,7 @@ def test_the_temporal_vote_groups_answers_with_same_answer():
 
 def test_run_strategy_hands_every_setting_to_the_strategy(monkeypatch):
     """run_strategy's keywords reach StrategySettings as given, and its defaults are the settings'."""
-    from lm_eval_dvoting import strategies
-
+    from lm_eval_dvoting.core import strategies
     seen = []
     monkeypatch.setattr(strategies, "decode_questions", lambda model, prompts, settings, *a, **k: seen.append(settings))
     given_values = dict(strategy="majority", gen_length=8, block_length=4, n=3, alpha=0.4, temperature=0.5, tau=0.8,
@@ -402,7 +401,7 @@ def test_the_vote_defaults_to_the_strategys_own():
 
 from hypothesis import given, strategies as st  # noqa: E402
 
-from lm_eval_dvoting.temporal import answer_runs, expand_runs, step_figures, temporal_entropy  # noqa: E402
+from lm_eval_dvoting.core.temporal import answer_runs, expand_runs, step_figures, temporal_entropy  # noqa: E402
 
 
 def test_runs_keep_the_steps_without_an_answer():
@@ -452,7 +451,7 @@ def test_majority_with_vote_temporal_through_the_harness_logs_every_samples_step
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_dvoting.harness import LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     torch.set_num_threads(1)
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="majority", n=3, vote="temporal",
@@ -540,7 +539,7 @@ def test_the_temporal_vote_returns_a_later_samples_carrier_with_that_sample_chos
     """When the temporal winner is no sample's final answer and the latest step carrying it
     is in another sample than the plain vote's choice, the response is that step's
     prediction and `chosen` names its sample (the trace and `returned_step` refer to it)."""
-    from lm_eval_dvoting.strategies import _Question
+    from lm_eval_dvoting.core.strategies import _Question
 
     def decode(per_step: list[int]) -> tuple[torch.Tensor, StepAnswers]:
         steps = StepAnswers(answer_of=lambda t: int(t[-1]))

@@ -15,10 +15,10 @@ import logging
 
 import pytest
 
-import lm_eval_dvoting.result_cache as result_cache
-from lm_eval_dvoting import strategies
-from lm_eval_dvoting.harness import LLaDAEvalModel
-from lm_eval_dvoting.strategies import StrategySettings
+import lm_eval_dvoting.integration.result_cache as result_cache
+from lm_eval_dvoting.core import strategies
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
+from lm_eval_dvoting.core.strategies import StrategySettings
 
 GEN_LENGTH = 32  # hex needs a multiple of 32
 
@@ -198,7 +198,7 @@ def test_hex_takes_a_block_length_that_divides_no_length_and_warns_it_unused(cap
     """hex reads no block_length (its own block sizes L/32..L/2), so the block rule (a block
     length divides L) is not applied to it: block_length=5 with L=64 runs, warned as unused;
     hex's own rule (L a multiple of 32) still refuses L=48, whatever the block length."""
-    from lm_eval_dvoting.request_planning import task_length
+    from lm_eval_dvoting.integration.request_planning import task_length
 
     with caplog.at_level(logging.WARNING):
         lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="hex",

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from lm_eval_dvoting.answers import extract_answer, option_count
+from lm_eval_dvoting.core.answers import extract_answer, option_count
 
 
 @pytest.mark.parametrize("doc, kind, expected", [
@@ -27,8 +27,7 @@ def test_the_vote_reads_a_choice_letter_within_the_questions_options(monkeypatch
     "E" on a four-option question is no answer in the vote, as in the score."""
     from lm_eval.api.instance import Instance
 
-    from lm_eval_dvoting import harness
-
+    from lm_eval_dvoting.integration import harness
     handed: list = []
     real = harness.decode_questions
 

@@ -91,7 +91,7 @@ def lm_eval_reader(yaml_name: str, filter_name: str) -> Reader:
 
 def compare() -> list[dict[str, Any]]:
     """One record per number row: the text, the grader's, our and each filter's reading."""
-    from lm_eval_dvoting.answers import extract_answer
+    from lm_eval_dvoting.core.answers import extract_answer
 
     readers = {label: lm_eval_reader(yaml_name, name) for label, yaml_name, name in FILTERS}
     records = []

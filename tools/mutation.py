@@ -87,7 +87,7 @@ MODULES: dict[str, list[str]] = {
     # RFG's guided model and the LoRA adapters it may guide (issue 21)
     "guidance": ["tests/test_rfg.py", KILLS],
     "models.adapters": ["tests/test_adapters.py", "tests/test_rfg.py", KILLS],
-    # the decoder's units (lm_eval_dvoting/decoding/), one run each
+    # the decoder's units (lm_eval_dvoting/core/decoding/), one run each
     **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", "tests/test_confidence_decoder.py",
                             "tests/test_block_diffusion.py", KILLS]
        for unit in ("state", "rules", "caches", "rows", "blocks")},
@@ -181,8 +181,8 @@ def _run_one(module: str, max_children: int, retest: list[str]) -> None:
 
 
 def _source(module: str) -> str:
-    """The file of a module name: `answers` -> lm_eval_dvoting/answers.py,
-    `decoding.rules` -> lm_eval_dvoting/decoding/rules.py."""
+    """The file of a module name: `answers` -> lm_eval_dvoting/core/answers.py,
+    `decoding.rules` -> lm_eval_dvoting/core/decoding/rules.py."""
     return f"{PACKAGE}/{module.replace('.', '/')}.py"
 
 

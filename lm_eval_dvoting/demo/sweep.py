@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from ..answers import extract_answer
-from ..strategies import derive_seed, run_strategy
-from . import arith
-from .tokenizer import EOS
+from lm_eval_dvoting.core.answers import extract_answer
+from lm_eval_dvoting.core.strategies import derive_seed, run_strategy
+from lm_eval_dvoting.demo import arith
+from lm_eval_dvoting.demo.tokenizer import EOS
 
 GEN_LENGTH = 32
 
@@ -29,8 +29,8 @@ GEN_LENGTH = 32
 def row_kwargs(row: str) -> dict:
     """`run_strategy` keywords of a strategy or of one of `dvoting compare`'s rows
     (`single-entropy`, `majority-entropy`: the same definitions, on the default settings)."""
-    from ..compare import ROWS, row_overrides
-    from ..strategies import StrategySettings
+    from lm_eval_dvoting.commands.compare import ROWS, row_overrides
+    from lm_eval_dvoting.core.strategies import StrategySettings
 
     if row not in ROWS:
         raise ValueError(f"unknown strategy or row {row!r}; choose from {', '.join(ROWS)}")
@@ -41,7 +41,7 @@ def row_kwargs(row: str) -> dict:
 def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arith.Problem],
                      max_rows: int = 64, salt: str = "sweep", device: str = "cpu") -> dict[str, dict[str, float]]:
     """Accuracy and mean NFE of each strategy on `problems` for one checkpoint folder."""
-    from ..models.loading import load_model, load_tokenizer
+    from lm_eval_dvoting.models.loading import load_model, load_tokenizer
 
     model = load_model(checkpoint, device=device)
     return score_strategies(model, load_tokenizer(checkpoint), strategies, problems, max_rows, salt)

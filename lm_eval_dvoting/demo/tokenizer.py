@@ -18,7 +18,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from .arith import INSTRUCTION
+from lm_eval_dvoting.demo.arith import INSTRUCTION
 
 EOS, MASK, UNK = "<|endoftext|>", "<|mdm_mask|>", "<|unk|>"
 BOXED = "\\boxed{"

@@ -38,12 +38,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import strict_json
-from ..models.dream import DreamConfig, DreamModel
-from ..models.llada import LLaDAConfig, LLaDAModel
-from . import arith
-from .sweep import score_strategies
-from .tokenizer import EOS, MASK, build_tokenizer
+from lm_eval_dvoting.integration import strict_json
+from lm_eval_dvoting.models.dream import DreamConfig, DreamModel
+from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
+from lm_eval_dvoting.demo import arith
+from lm_eval_dvoting.demo.sweep import score_strategies
+from lm_eval_dvoting.demo.tokenizer import EOS, MASK, build_tokenizer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,8 +271,8 @@ def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length:
                     batch_size: int = 250) -> dict[str, float]:
     """Share of `problems` answered right at temperature 0, steps = L, blocks of L/16,
     overall (``acc``) and by number of steps (``acc_2``, ``acc_3``, ...)."""
-    from ..answers import extract_answer
-    from ..decoding import default_block_length, generate
+    from lm_eval_dvoting.core.answers import extract_answer
+    from lm_eval_dvoting.core.decoding import default_block_length, generate
 
     model.eval()
     right: dict[int, list[bool]] = {}
@@ -332,7 +332,7 @@ def load_state(path: Path, device: torch.device) -> dict[str, Any]:
 
 def evaluate(checkpoint: str, args: argparse.Namespace) -> dict[str, float]:
     """Greedy (single-sample) accuracy of a checkpoint on the shipped test set."""
-    from ..models.loading import load_model, load_tokenizer
+    from lm_eval_dvoting.models.loading import load_model, load_tokenizer
 
     model = load_model(checkpoint, device=args.device)
     tokenizer = load_tokenizer(checkpoint)

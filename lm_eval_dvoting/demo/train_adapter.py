@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from . import train
-from .tokenizer import build_tokenizer
+from lm_eval_dvoting.demo import train
+from lm_eval_dvoting.demo.tokenizer import build_tokenizer
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "tiny-arith-lora"
 TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj")
@@ -59,7 +59,7 @@ def validation_accuracy(model: torch.nn.Module, tokenizer, valid) -> dict[str, f
 def main(argv: list[str] | None = None) -> dict[str, object]:
     from peft import LoraConfig, get_peft_model
 
-    from ..models.loading import load_model
+    from lm_eval_dvoting.models.loading import load_model
 
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     targs = data_args(args)
     tokenizer = build_tokenizer()
     held_out, _ = train.held_out_problems(targs)
-    from .arith import held_out_sets
+    from lm_eval_dvoting.demo.arith import held_out_sets
 
     _, valid = held_out_sets()
     model = load_model(args.base, device="cpu", dtype="float32")

@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .loading import CheckpointError
+from lm_eval_dvoting.models.loading import CheckpointError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # adapters shipped with the package: the demo's RFG policy (demo/train_adapter.py)

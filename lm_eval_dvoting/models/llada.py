@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import (
+from lm_eval_dvoting.models.common import (
     PrefixCache,
     RMSNorm,
     apply_rotary,

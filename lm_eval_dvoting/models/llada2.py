@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, attention_bias, block_causal_bias, default_position_ids, repeat_kv,
+from lm_eval_dvoting.models.common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, attention_bias, block_causal_bias, default_position_ids, repeat_kv,
                      rotary_tables)
-from .llada_moe import apply_partial_rotary
-from .moe import Experts, SwiGLU
+from lm_eval_dvoting.models.llada_moe import apply_partial_rotary
+from lm_eval_dvoting.models.moe import Experts, SwiGLU
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, apply_rotary, attention_bias,
+from lm_eval_dvoting.models.common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, apply_rotary, attention_bias,
                      bidirectional_attention, default_position_ids, rotary_tables)
-from .moe import Experts, SwiGLU
+from lm_eval_dvoting.models.moe import Experts, SwiGLU
 
 
 def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

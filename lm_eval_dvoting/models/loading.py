@@ -26,11 +26,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from .dream import DreamConfig, DreamModel
-from .llada import LLaDAConfig, LLaDAModel
-from .llada2 import LLaDA2Config, LLaDA2Model
-from .llada_moe import LLaDAMoEConfig, LLaDAMoEModel
-from . import placement
+from lm_eval_dvoting.models.dream import DreamConfig, DreamModel
+from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
+from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Model
+from lm_eval_dvoting.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModel
+from lm_eval_dvoting.models import placement
 
 # Official ids, used when a config does not name them (the real checkpoints' values).
 # LLaDA-MoE and LLaDA2.x share inclusionAI's tokenizer: mask 156895 and end of text 156892

@@ -30,10 +30,10 @@ from typing import Any, Callable, Union
 import torch
 from torch import nn
 
-from .dream import DreamLayer, DreamModel
-from .llada import LLaDABlock, LLaDAModel
-from .llada2 import LLaDA2Layer, LLaDA2Model
-from .llada_moe import LLaDAMoELayer, LLaDAMoEModel
+from lm_eval_dvoting.models.dream import DreamLayer, DreamModel
+from lm_eval_dvoting.models.llada import LLaDABlock, LLaDAModel
+from lm_eval_dvoting.models.llada2 import LLaDA2Layer, LLaDA2Model
+from lm_eval_dvoting.models.llada_moe import LLaDAMoELayer, LLaDAMoEModel
 
 Device = Union[int, str]  # a GPU index or "cpu" ("disk" only inside auto_device_map, where it is refused)
 # model class -> its transformer layer class (the unit accelerate must never split)

@@ -45,7 +45,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from .costs import CostedText
+from lm_eval_dvoting.integration.costs import CostedText
 
 log = logging.getLogger(__name__)
 

@@ -146,7 +146,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence, Union
 
-from .latex_value import latex_value
+from lm_eval_dvoting.core.latex_value import latex_value
 
 __all__ = [
     "ANSWER_KINDS",

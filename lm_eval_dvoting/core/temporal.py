@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from .answers import group_answers
+from lm_eval_dvoting.core.answers import group_answers
 
 TEMPORAL_WEIGHTS = ("exp", "linear", "fixed")
 SameAnswer = Optional[Callable[[Any, Any], bool]]

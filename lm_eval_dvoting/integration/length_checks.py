@@ -34,7 +34,7 @@ import inspect
 import logging
 from typing import Any, Callable, Mapping
 
-from .task_costs import _costed_model
+from lm_eval_dvoting.integration.task_costs import _costed_model
 
 _PATCH_MARK = "_lm_eval_dvoting_lengths"
 log = logging.getLogger(__name__)
@@ -134,13 +134,13 @@ def indexed_generation_kwargs(index: Mapping[str, Any], tasks: list[Any],
 
 def _our_model_class(model: Any) -> Any:
     """The dvoting model class `simple_evaluate`'s `model` names, else None."""
-    from .plugin import MODELS
+    from lm_eval_dvoting.integration.plugin import MODELS
 
     if not isinstance(model, str) or model not in MODELS:
         return None
     import lm_eval.api.registry as registry
 
-    from .harness import DVotingEvalModel
+    from lm_eval_dvoting.integration.harness import DVotingEvalModel
 
     found = registry.get_model(model)
     return found if isinstance(found, type) and issubclass(found, DVotingEvalModel) else None

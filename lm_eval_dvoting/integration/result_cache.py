@@ -67,9 +67,9 @@ from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import __version__
-from .models.loading import TOKENIZER_FILES, hub_revision, weight_files
-from .strategies import unused_settings
+from lm_eval_dvoting import __version__
+from lm_eval_dvoting.models.loading import TOKENIZER_FILES, hub_revision, weight_files
+from lm_eval_dvoting.core.strategies import unused_settings
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +226,7 @@ def plugin_code_digest() -> str:
     plugin replay results its older code wrote; any change to the code gets new entries.
     Computed once per process: the code that runs is the code imported at its start.
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     files = sorted(package.rglob("*.py"))
     return _files_digest(files, package, None)
 
@@ -372,7 +372,7 @@ class ResultCache:
 
     def serve(self, attr: str, requests: list[Any], **kwargs: Any) -> list[Any]:
         """lm-eval's call for one request type: cached results, the rest computed by the model."""
-        from .harness import sanitise_requests
+        from lm_eval_dvoting.integration.harness import sanitise_requests
 
         # before the keys: a request answered from the cache never reaches the model, and its
         # text must still be what lm-eval's --log_samples hashing can encode

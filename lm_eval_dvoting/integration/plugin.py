@@ -33,19 +33,19 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .local_data import SplitNeeds
+    from lm_eval_dvoting.integration.local_data import SplitNeeds
 
 # lm-eval model name -> "module:Class" of the module that *defines* the class.
 # Keep in sync with [project.entry-points."lm_eval.models"] in pyproject.toml
 # (tests/test_plugin_hook.py checks this).
 MODELS: dict[str, str] = {
-    "dvoting-llada": "lm_eval_dvoting.harness:LLaDAEvalModel",
-    "dvoting-dream": "lm_eval_dvoting.harness:DreamEvalModel",
-    "dvoting-llada2": "lm_eval_dvoting.harness:LLaDA2EvalModel",
-    "dvoting-llada21": "lm_eval_dvoting.harness:LLaDA21EvalModel",
+    "dvoting-llada": "lm_eval_dvoting.integration.harness:LLaDAEvalModel",
+    "dvoting-dream": "lm_eval_dvoting.integration.harness:DreamEvalModel",
+    "dvoting-llada2": "lm_eval_dvoting.integration.harness:LLaDA2EvalModel",
+    "dvoting-llada21": "lm_eval_dvoting.integration.harness:LLaDA21EvalModel",
 }
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # A wheel carries the YAMLs inside the package (pyproject force-include); an editable
 # install or a plain checkout has them in the top-level folder of the source tree.
 _TASK_DIR_CANDIDATES = (_PACKAGE_DIR / "task_configs", _PACKAGE_DIR.parent / "task_configs")
@@ -296,7 +296,7 @@ def patch_results_table(utils_module: ModuleType | None = None) -> bool:
 
 def _split_needs(task: Any) -> SplitNeeds:
     """The splits a stock task reads, from its config (`local_data.SplitNeeds`)."""
-    from .local_data import SplitNeeds
+    from lm_eval_dvoting.integration.local_data import SplitNeeds
 
     config = task.config
     fewshot_cfg = getattr(task, "fewshot_cfg", None)
@@ -316,8 +316,7 @@ def _split_needs(task: Any) -> SplitNeeds:
 def _read_local_stock_data(task: Any) -> bool:
     """Load a stock task's dataset from the local data folder when the user named one and
     it holds the task's hub dataset; returns whether it did (else lm-eval loads it)."""
-    from . import local_data
-
+    from lm_eval_dvoting.integration import local_data
     config = task.config
     if callable(config.custom_dataset):
         return False  # a task with its own loader (ours read the folder themselves)
@@ -372,7 +371,7 @@ def register() -> None:
     """Register models and tasks explicitly (for use after lm_eval was imported)."""
     register_models()
     patch_lm_eval()
-    from .length_checks import install_early
+    from lm_eval_dvoting.integration.length_checks import install_early
 
     install_early()
 
@@ -393,7 +392,7 @@ def on_evaluate_config_imported(module: ModuleType) -> None:
 def on_evaluator_imported(module: ModuleType) -> None:
     """Hook target for `lm_eval.evaluator`: task lengths checked before the weights load
     when `simple_evaluate` (or the CLI) is given a dvoting model's name (length_checks.py)."""
-    from .length_checks import install_early
+    from lm_eval_dvoting.integration.length_checks import install_early
 
     install_early(module)
 

@@ -12,10 +12,10 @@ from typing import Sequence
 
 import torch
 
-from .blocks import BlockThreshold, align
-from .caches import ForwardPass, StepLogits
-from .rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork, _inside
-from .state import BlockDecoding, DecodeResult, DecodeRow, argmax_without, check_prompt_batch, validate_row_settings
+from lm_eval_dvoting.core.decoding.blocks import BlockThreshold, align
+from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits
+from lm_eval_dvoting.core.decoding.rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork, _inside
+from lm_eval_dvoting.core.decoding.state import BlockDecoding, DecodeResult, DecodeRow, argmax_without, check_prompt_batch, validate_row_settings
 
 Rule = FixedSchedule | EntropyThreshold | ConfidenceThreshold | BlockThreshold
 

@@ -1,7 +1,7 @@
 """What every decoder unit shares: the row to decode, the result, the settings' checks,
 and the float64 numerics every commit rule takes its decisions from.
 
-This is the bottom floor of the decoder (see `lm_eval_dvoting/decoding/__init__.py`): it
+This is the bottom floor of the decoder (see `lm_eval_dvoting/core/decoding/__init__.py`): it
 imports nothing from the rules, the caches or the row batch.
 """
 from __future__ import annotations

@@ -75,25 +75,25 @@ import torch
 from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
-from .answers import answers_equivalent, extract_answer
-from .arg_parsing import flag, real_number, whole_number
-from .bookkeeping import CostBook, costed_text, settings_entry
-from .costs import CostedText
-from .likelihood import rolling_loglikelihood, score_requests
-from .request_planning import RequestPlanner, generated_text, task_length
-from .result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
-from .guidance import GuidedModel
-from .models.adapters import attach as attach_adapter
-from .models.adapters import read_adapter
-from .models.loading import (checkpoint_facts, config_max_length, hub_revision, load_model,
+from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer
+from lm_eval_dvoting.integration.arg_parsing import flag, real_number, whole_number
+from lm_eval_dvoting.integration.bookkeeping import CostBook, costed_text, settings_entry
+from lm_eval_dvoting.integration.costs import CostedText
+from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
+from lm_eval_dvoting.integration.request_planning import RequestPlanner, generated_text, task_length
+from lm_eval_dvoting.integration.result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
+from lm_eval_dvoting.core.guidance import GuidedModel
+from lm_eval_dvoting.models.adapters import attach as attach_adapter
+from lm_eval_dvoting.models.adapters import read_adapter
+from lm_eval_dvoting.models.loading import (checkpoint_facts, config_max_length, hub_revision, load_model,
                              load_tokenizer, local_checkpoint, model_family, read_config, resolve_checkpoint,
                              resolve_device)
-from .models.placement import describe as describe_placement
-from .models.placement import gpu_budget
-from .strategies import StrategySettings, decode_questions, derive_seed, report_unused_settings
-from .strict_json import install as _install_strict_json
-from .task_costs import RunCosts, install as _install_task_costs
-from .length_checks import install as _install_length_checks
+from lm_eval_dvoting.models.placement import describe as describe_placement
+from lm_eval_dvoting.models.placement import gpu_budget
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions, derive_seed, report_unused_settings
+from lm_eval_dvoting.integration.strict_json import install as _install_strict_json
+from lm_eval_dvoting.integration.task_costs import RunCosts, install as _install_task_costs
+from lm_eval_dvoting.integration.length_checks import install as _install_length_checks
 
 log = logging.getLogger(__name__)
 # every task a dvoting model runs reports its cost per question (mean NFE, samples)

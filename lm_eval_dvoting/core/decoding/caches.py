@@ -29,9 +29,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..models.common import PrefixCache
-from .rules import Window
-from .state import DecodeRow, KeptKeysValues, left_pad
+from lm_eval_dvoting.models.common import PrefixCache
+from lm_eval_dvoting.core.decoding.rules import Window
+from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
 
 
 def accepts_cache(model: torch.nn.Module) -> bool:

@@ -28,7 +28,7 @@ directly) and writes into `--out`:
   candidate's generated tokens, each coloured by how many samples hold the same token
   at that position (the paper's Figure 3b); kept (not remasked) positions are framed.
 
-Definitions: `lm_eval_dvoting.metrics` (ALGORITHM.md section 4). NUPR@k averages over
+Definitions: `lm_eval_dvoting.core.metrics` (ALGORITHM.md section 4). NUPR@k averages over
 the questions with at least k samples, over every generation position (end-of-text
 padding included). In a dVoting run the remask samples copy the positions kept from
 the earlier samples, so its NUPR is higher than that of independent samples (a
@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from . import strict_json
-from .metrics import (benefit_per_cost_if_costlier, consistency_from_votes, mean_nupr_at_k,
+from lm_eval_dvoting.integration import strict_json
+from lm_eval_dvoting.core.metrics import (benefit_per_cost_if_costlier, consistency_from_votes, mean_nupr_at_k,
                       token_agreement)
-from .temporal import expand_runs
+from lm_eval_dvoting.core.temporal import expand_runs
 
 log = logging.getLogger(__name__)
 
@@ -492,7 +492,7 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
     return lines + ["", "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
                     "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
                     "per-step answers over its answered steps, equal answers grouped, averaged over the question's "
-                    "decodes (`lm_eval_dvoting.temporal.temporal_entropy`).", ""]
+                    "decodes (`lm_eval_dvoting.core.temporal.temporal_entropy`).", ""]
 
 
 def _percent(flags: Sequence[bool]) -> float:
@@ -553,7 +553,7 @@ class TokenNames:
         self.special: set[int] = set()
         if source:
             try:
-                from .models.loading import load_tokenizer
+                from lm_eval_dvoting.models.loading import load_tokenizer
 
                 self.tokenizer = load_tokenizer(_tokenizer_only(source))
                 self.special = set(self.tokenizer.all_special_ids)
@@ -589,7 +589,7 @@ _TOKENIZER_FILES = ["config.json", "tokenizer*", "special_tokens_map.json", "add
 def _tokenizer_only(source: str) -> str:
     """A local folder for `source`: a hub id is fetched without its weights (the
     checkpoint loader would fetch those too), folders and packaged names pass."""
-    from .models.loading import PACKAGED_CHECKPOINTS
+    from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS
 
     if source in PACKAGED_CHECKPOINTS or Path(source).expanduser().is_dir() or source.count("/") != 1:
         return source
@@ -798,7 +798,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
     table = "\n".join([markdown(rows, baseline), *step_markdown(step_rows)])
     missing = [f"{r.run.label} · {r.task.name}" for r in rows if not r.task.records]
-    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.metrics`); BPC in percentage "
+    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.core.metrics`); BPC in percentage "
              "points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
              "dividing by a cost ratio below 1 would magnify its accuracy difference rather than "
              "charge for cost). Questions: documents scored; a task with several filters has one "

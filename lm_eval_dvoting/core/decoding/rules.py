@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from .state import DecodeRow, candidates, entropy, masked_block, suppress_mask
+from lm_eval_dvoting.core.decoding.state import DecodeRow, candidates, entropy, masked_block, suppress_mask
 
 Window = tuple[int, int] | None  # generation indices [lo, hi) whose logits a step has; None: all
 

@@ -45,10 +45,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .length_checks import index_leaves, indexed_generation_kwargs
-from .request_planning import task_length
-from .strategies import StrategySettings
-from .strict_json import dumps as strict_dumps
+from lm_eval_dvoting.integration.length_checks import index_leaves, indexed_generation_kwargs
+from lm_eval_dvoting.integration.request_planning import task_length
+from lm_eval_dvoting.core.strategies import StrategySettings
+from lm_eval_dvoting.integration.strict_json import dumps as strict_dumps
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _task_manager(task: str) -> Any:
     files takes many seconds); every task otherwise."""
     from lm_eval.tasks import TaskManager
 
-    from .plugin import asks_only_ours, task_dir
+    from lm_eval_dvoting.integration.plugin import asks_only_ours, task_dir
 
     return TaskManager(include_path=str(task_dir()), include_defaults=not asks_only_ours(task))
 
@@ -663,8 +663,8 @@ def summarize_row(name: str, seeds: Sequence[int],
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate each row with its seeds: {"rows": [...], "paired": {...} or None, "seeds": [...]};
     with --sweep {"sweep": {...}, "seeds": [...]} (`sweep_summary`)."""
-    from .harness import DreamEvalModel, LLaDAEvalModel
-    from .plugin import register
+    from lm_eval_dvoting.integration.harness import DreamEvalModel, LLaDAEvalModel
+    from lm_eval_dvoting.integration.plugin import register
 
     register()
     model_class = LLaDAEvalModel if args.model == "dvoting-llada" else DreamEvalModel
@@ -842,7 +842,7 @@ BPC_NOTE = ("BPC vs single: (accuracy - single's) / (mean NFE / single's mean NF
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The comparison as Markdown; BPC against the `single` row (on the means) when there is one,
     for rows at least as costly (`benefit_per_cost_if_costlier`), explained under the table."""
-    from .metrics import benefit_per_cost_if_costlier
+    from lm_eval_dvoting.core.metrics import benefit_per_cost_if_costlier
 
     single = next((r for r in rows if r["strategy"] == "single"), None)
     lines = [

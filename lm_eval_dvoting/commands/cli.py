@@ -3,8 +3,8 @@
     dvoting eval ARGS...    the stock lm-eval CLI with the plugin registered (ARGS pass
                             through unchanged; the explicit fallback for the start-up hook)
     dvoting tasks-dir       print the folder holding the dvoting task YAMLs
-    dvoting compare ARGS... lm_eval_dvoting.compare:main
-    dvoting report ARGS...  lm_eval_dvoting.report:main
+    dvoting compare ARGS... lm_eval_dvoting.commands.compare:main
+    dvoting report ARGS...  lm_eval_dvoting.commands.report:main
 
 Subcommands live in their own modules and are imported only when used, so
 `dvoting tasks-dir` never imports torch or lm_eval.
@@ -17,17 +17,16 @@ from collections.abc import Callable, Sequence
 
 # name -> ("module:function" taking argv and returning an exit code or None, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "eval": ("lm_eval_dvoting.cli:run_eval", "run lm-eval with the dvoting models and tasks"),
-    "tasks-dir": ("lm_eval_dvoting.cli:print_tasks_dir", "print the dvoting task folder"),
-    "compare": ("lm_eval_dvoting.compare:main", "compare strategies side by side"),
-    "report": ("lm_eval_dvoting.report:main", "summarise results into tables and plots"),
+    "eval": ("lm_eval_dvoting.commands.cli:run_eval", "run lm-eval with the dvoting models and tasks"),
+    "tasks-dir": ("lm_eval_dvoting.commands.cli:print_tasks_dir", "print the dvoting task folder"),
+    "compare": ("lm_eval_dvoting.commands.compare:main", "compare strategies side by side"),
+    "report": ("lm_eval_dvoting.commands.report:main", "summarise results into tables and plots"),
 }
 
 
 def run_eval(argv: Sequence[str]) -> int | None:
     """Run lm-eval's own CLI on `argv` after registering the plugin explicitly."""
-    from lm_eval_dvoting import plugin
-
+    from lm_eval_dvoting.integration import plugin
     plugin.register()  # idempotent; needed when the start-up hook is disabled or absent
     from lm_eval.__main__ import cli_evaluate
 
@@ -42,7 +41,7 @@ def print_tasks_dir(argv: Sequence[str]) -> int:
     if argv:
         print("usage: dvoting tasks-dir", file=sys.stderr)
         return 2
-    from lm_eval_dvoting.plugin import task_dir
+    from lm_eval_dvoting.integration.plugin import task_dir
 
     try:
         print(task_dir())

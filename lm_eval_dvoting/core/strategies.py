@@ -40,12 +40,12 @@ from typing import Any, Callable, Generator, Hashable, Sequence
 
 import torch
 
-from .answers import tally
-from .decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
+from lm_eval_dvoting.core.answers import tally
+from lm_eval_dvoting.core.decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
                        default_block_length)
-from .decoding.caches import shared_block_prefix
-from .decoding.state import LLADA2_STEPS, BlockDecoding
-from .temporal import TEMPORAL_WEIGHTS, StepAnswer, StepAnswers, temporal_vote
+from lm_eval_dvoting.core.decoding.caches import shared_block_prefix
+from lm_eval_dvoting.core.decoding.state import LLADA2_STEPS, BlockDecoding
+from lm_eval_dvoting.core.temporal import TEMPORAL_WEIGHTS, StepAnswer, StepAnswers, temporal_vote
 
 STRATEGIES = ("single", "majority", "hex", "dvoting", "temporal", "rfg")
 # the strategies that decode one sample per request, like HF generate: they follow the
@@ -795,7 +795,7 @@ def decode_questions(
 def _model_for(model: torch.nn.Module, settings_of: Sequence[StrategySettings]) -> torch.nn.Module:
     """The model to decode: for strategy=rfg a `guidance.GuidedModel` at the settings'
     guidance; a guided model decodes nothing else (its NFE would count one pass of two)."""
-    from .guidance import GuidedModel
+    from lm_eval_dvoting.core.guidance import GuidedModel
 
     guided = {s.guidance for s in settings_of if s.strategy == "rfg"}
     if not settings_of:
@@ -809,7 +809,7 @@ def _model_for(model: torch.nn.Module, settings_of: Sequence[StrategySettings]) 
         raise ValueError("strategy=rfg decodes with one guidance strength and no other strategy in the same run; "
                          f"got guidance {sorted(guided)} and strategies {sorted({s.strategy for s in settings_of})}")
     if not isinstance(model, GuidedModel):
-        raise ValueError("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.guidance): the "
+        raise ValueError("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.core.guidance): the "
                          "harness builds it from reference=... or peft=...; got a "
                          f"{type(model).__name__}")
     return model.with_guidance(guided.pop())

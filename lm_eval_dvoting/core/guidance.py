@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .models.adapters import enabled as adapter_enabled
-from .models.adapters import lora_layers
+from lm_eval_dvoting.models.adapters import enabled as adapter_enabled
+from lm_eval_dvoting.models.adapters import lora_layers
 
 
 class GuidedModel(torch.nn.Module):

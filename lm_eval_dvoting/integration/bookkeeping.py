@@ -13,11 +13,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .costs import CostedText
-from .strategies import StrategySettings, unused_settings
-from .strict_json import json_safe
-from .task_costs import RunCosts
-from .temporal import answer_runs
+from lm_eval_dvoting.integration.costs import CostedText
+from lm_eval_dvoting.core.strategies import StrategySettings, unused_settings
+from lm_eval_dvoting.integration.strict_json import json_safe
+from lm_eval_dvoting.integration.task_costs import RunCosts
+from lm_eval_dvoting.core.temporal import answer_runs
 
 _FIGURES = ("requests", "nfe", "samples")  # the cost figures counted per request
 

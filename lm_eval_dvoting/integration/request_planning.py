@@ -20,13 +20,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .answers import infer_answer_kind, option_count
-from .arg_parsing import flag, whole_number
-from .strategies import ONE_DECODE, StrategySettings, derive_seed
+from lm_eval_dvoting.core.answers import infer_answer_kind, option_count
+from lm_eval_dvoting.integration.arg_parsing import flag, whole_number
+from lm_eval_dvoting.core.strategies import ONE_DECODE, StrategySettings, derive_seed
 
 # the harness's logger: its warnings about a run's requests are where users (and tests)
 # have always looked for them, whichever module words them
-log = logging.getLogger("lm_eval_dvoting.harness")
+log = logging.getLogger("lm_eval_dvoting.integration.harness")
 
 # gen_kwargs this model understands; anything else is rejected with this list
 GEN_KWARGS = ("until", "max_gen_toks", "do_sample", "temperature", "dvoting_answer")

@@ -53,8 +53,8 @@ from typing import Sequence
 
 import torch
 
-from .rules import RowWork, _ScheduledWork
-from .state import LLADA2_STEPS, BlockDecoding, DecodeRow, suppress_mask
+from lm_eval_dvoting.core.decoding.rules import RowWork, _ScheduledWork
+from lm_eval_dvoting.core.decoding.state import LLADA2_STEPS, BlockDecoding, DecodeRow, suppress_mask
 
 
 def align(row: DecodeRow, mask_id: int) -> None:
