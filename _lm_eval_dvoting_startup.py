@@ -17,6 +17,7 @@ Rules this module lives by, because it runs in *every* Python process:
 
 Set `LM_EVAL_DVOTING_DISABLE_HOOK=1` to turn it off; `dvoting eval` still works then.
 """
+
 # (no `from __future__ import annotations`: even that is an import at every start)
 import os
 import sys
@@ -107,6 +108,7 @@ class _LmEvalWatcher:
             return
         try:
             from lm_eval_dvoting.integration import plugin
+
             getattr(plugin, action)(module)
         except Exception as exc:
             _report(f"{fullname}: {type(exc).__name__}: {exc}")

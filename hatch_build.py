@@ -7,6 +7,7 @@ start-up module: both are then read from the source tree (on sys.path through th
 editable install's own `_lm_eval_dvoting.pth`, which `site` reads first as it sorts
 the names), so edits apply without reinstalling.
 """
+
 from __future__ import annotations
 
 from typing import Any

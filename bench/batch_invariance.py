@@ -18,6 +18,7 @@ token changes the rest of that sample. On a GPU the matmul kernels themselves ar
 the same holds there for every dtype. The per-cell results (accuracy, NFE, config.dvoting) are kept in
 `--json`; a cell already there is not rerun (delete the file to start afresh).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,19 @@ TASK = "dvoting_arith"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--pretrained", default="tiny-arith")
     p.add_argument("--limit", type=int, default=100, help="documents of dvoting_arith")
-    p.add_argument("--dtypes", default="bfloat16,float32,float16", help="model dtypes (float32 is the control)")
+    p.add_argument(
+        "--dtypes", default="bfloat16,float32,float16", help="model dtypes (float32 is the control)"
+    )
     p.add_argument("--strategies", default="single,majority,dvoting")
     p.add_argument("--seeds", default="1,2,3", help="model arg `seed`")
-    p.add_argument("--batch-sizes", default="1,8,32", help="--batch_size values; the first is the reference")
+    p.add_argument(
+        "--batch-sizes", default="1,8,32", help="--batch_size values; the first is the reference"
+    )
     p.add_argument("--out", type=Path, default=REPO / "docs" / "batch_invariance.md")
     p.add_argument("--json", type=Path, default=REPO / "docs" / "batch_invariance.json")
     return p.parse_args(argv)
@@ -54,7 +61,9 @@ def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def run_cell(pretrained: str, dtype: str, strategy: str, seed: int, batch_size: int, limit: int) -> dict[str, Any]:
+def run_cell(
+    pretrained: str, dtype: str, strategy: str, seed: int, batch_size: int, limit: int
+) -> dict[str, Any]:
     """One harness run; accuracy, mean NFE, each document's returned text, and config.dvoting."""
     import lm_eval
     from lm_eval.tasks import TaskManager
@@ -63,14 +72,23 @@ def run_cell(pretrained: str, dtype: str, strategy: str, seed: int, batch_size: 
     manager = TaskManager(include_path=str(REPO / "task_configs"), include_defaults=False)
     started = time.perf_counter()
     results = lm_eval.simple_evaluate(
-        model="dvoting-llada", model_args=f"pretrained={pretrained},dtype={dtype},strategy={strategy},seed={seed}",
-        tasks=[TASK], limit=limit, batch_size=batch_size, device="cpu", log_samples=True,
-        task_manager=manager, verbosity="ERROR",
+        model="dvoting-llada",
+        model_args=f"pretrained={pretrained},dtype={dtype},strategy={strategy},seed={seed}",
+        tasks=[TASK],
+        limit=limit,
+        batch_size=batch_size,
+        device="cpu",
+        log_samples=True,
+        task_manager=manager,
+        verbosity="ERROR",
     )
     task = results["results"][TASK]
     records = sorted(results["samples"][TASK], key=lambda r: r["doc_id"])
     return {
-        "dtype": dtype, "strategy": strategy, "seed": seed, "batch_size": batch_size,
+        "dtype": dtype,
+        "strategy": strategy,
+        "seed": seed,
+        "batch_size": batch_size,
         "accuracy": 100 * task["exact_match,extract"],
         "mean_nfe": task["nfe,extract"],
         "mean_samples": task["n_samples,extract"],
@@ -114,10 +132,15 @@ def markdown(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         "flips a decision only at a near-tie (argmax, confidence ranking, dVoting's entropy threshold); a "
         "flipped token changes the rest of that sample. On a GPU the kernels are also chosen by shape.",
         "",
-        "| dtype | strategy | seed | " + " | ".join(f"accuracy b{b}" for b in sizes) + " | "
-        + " | ".join(f"mean NFE b{b}" for b in sizes) + " | "
-        + " | ".join(f"differ b{b}" for b in sizes[1:]) + " | "
-        + " | ".join(f"score flips b{b}" for b in sizes[1:]) + " |",
+        "| dtype | strategy | seed | "
+        + " | ".join(f"accuracy b{b}" for b in sizes)
+        + " | "
+        + " | ".join(f"mean NFE b{b}" for b in sizes)
+        + " | "
+        + " | ".join(f"differ b{b}" for b in sizes[1:])
+        + " | "
+        + " | ".join(f"score flips b{b}" for b in sizes[1:])
+        + " |",
         "|---|---|---:|" + "---:|" * (2 * len(sizes) + 2 * (len(sizes) - 1)),
     ]
     summary = []
@@ -132,31 +155,50 @@ def markdown(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                 base = row[0]
                 measured += 1
                 # a question differs when its returned text or its cost (NFE) does
-                differ = [sum(ta != tb or na != nb for ta, tb, na, nb in
-                              zip(base["texts"], c["texts"], base["nfes"], c["nfes"])) for c in row[1:]]
+                differ = [
+                    sum(
+                        ta != tb or na != nb
+                        for ta, tb, na, nb in zip(
+                            base["texts"], c["texts"], base["nfes"], c["nfes"]
+                        )
+                    )
+                    for c in row[1:]
+                ]
                 flips = [sum(a != b for a, b in zip(base["scores"], c["scores"])) for c in row[1:]]
                 accs, nfes = [c["accuracy"] for c in row], [c["mean_nfe"] for c in row]
                 worst_acc = max(worst_acc, max(accs) - min(accs))
                 worst_nfe = max(worst_nfe, max(nfes) - min(nfes))
                 differing = max(differing, *differ)
                 lines.append(
-                    f"| {dtype} | {strategy} | {seed} | " + " | ".join(f"{a:.1f}" for a in accs) + " | "
-                    + " | ".join(f"{n:.2f}" for n in nfes) + " | " + " | ".join(map(str, differ)) + " | "
-                    + " | ".join(map(str, flips)) + " |"
+                    f"| {dtype} | {strategy} | {seed} | "
+                    + " | ".join(f"{a:.1f}" for a in accs)
+                    + " | "
+                    + " | ".join(f"{n:.2f}" for n in nfes)
+                    + " | "
+                    + " | ".join(map(str, differ))
+                    + " | "
+                    + " | ".join(map(str, flips))
+                    + " |"
                 )
             if not measured:
                 summary.append(f"- {dtype}, {strategy}: not measured")
                 continue
-            summary.append(f"- {dtype}, {strategy} ({measured} seeds): accuracy moves by up to {worst_acc:.1f} points and mean NFE "
-                           f"by up to {worst_nfe:.2f} across batch sizes {args.batch_sizes}; up to {differing} of "
-                           f"{args.limit} questions return another text or cost than at batch size {ref}.")
-    return "\n".join(lines + ["", "Largest movement per dtype and strategy (over the seeds):", "", *summary, ""])
+            summary.append(
+                f"- {dtype}, {strategy} ({measured} seeds): accuracy moves by up to {worst_acc:.1f} points and mean NFE "
+                f"by up to {worst_nfe:.2f} across batch sizes {args.batch_sizes}; up to {differing} of "
+                f"{args.limit} questions return another text or cost than at batch size {ref}."
+            )
+    return "\n".join(
+        lines + ["", "Largest movement per dtype and strategy (over the seeds):", "", *summary, ""]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     args = parse_args(argv)
-    cells: dict[str, dict[str, Any]] = json.loads(args.json.read_text()) if args.json.exists() else {}
+    cells: dict[str, dict[str, Any]] = (
+        json.loads(args.json.read_text()) if args.json.exists() else {}
+    )
     for dtype in _split(args.dtypes):
         for strategy in _split(args.strategies):
             for seed in (int(s) for s in _split(args.seeds)):
@@ -164,11 +206,18 @@ def main(argv: list[str] | None = None) -> None:
                     key = _key(dtype, strategy, seed, batch_size)
                     if key in cells and "nfes" in cells[key]:
                         continue
-                    cells[key] = run_cell(args.pretrained, dtype, strategy, seed, batch_size, args.limit)
-                    print(f"{key}: accuracy {cells[key]['accuracy']:.1f}, mean NFE {cells[key]['mean_nfe']:.2f}, "
-                          f"{cells[key]['seconds']:.1f} s", flush=True)
+                    cells[key] = run_cell(
+                        args.pretrained, dtype, strategy, seed, batch_size, args.limit
+                    )
+                    print(
+                        f"{key}: accuracy {cells[key]['accuracy']:.1f}, mean NFE {cells[key]['mean_nfe']:.2f}, "
+                        f"{cells[key]['seconds']:.1f} s",
+                        flush=True,
+                    )
                     args.json.parent.mkdir(parents=True, exist_ok=True)
-                    args.json.write_text(json.dumps(cells, indent=1))  # resumable: a rerun skips done cells
+                    args.json.write_text(
+                        json.dumps(cells, indent=1)
+                    )  # resumable: a rerun skips done cells
     args.out.write_text(markdown(cells, args))
     print(f"wrote {args.out}")
 

@@ -33,6 +33,7 @@ loses little (`--resume` skips what is found there). The section goes between th
 `<!-- caches_bench:start -->` and `<!-- caches_bench:end -->` of `--out` (appended when
 absent); nothing else in the file is touched.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,13 @@ class PassCounter(TimedModel):
         self.rows = {"full": 0, "reuse": 0}
         self.last_kind, self.last_width = "", 0
 
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      position_ids: torch.Tensor | None = None, cache: Any = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+    ) -> torch.Tensor:
         kind = "reuse" if cache is not None and cache.keys else "full"
         self.calls[kind] += 1
         self.rows[kind] += int(input_ids.shape[0])
@@ -98,8 +104,15 @@ def real_rule(rule: str, gen_length: int) -> dict[str, Any]:
     return {"steps": gen_length, "temperature": 0.0} if rule == "fixed" else dict(ENTROPY_RULE)
 
 
-def entering_decoder(model: PassCounter, prompt: torch.Tensor, args: argparse.Namespace, rule: str,
-                     cache: str, block_index: int, rows: int = 1) -> RowDecoder:
+def entering_decoder(
+    model: PassCounter,
+    prompt: torch.Tensor,
+    args: argparse.Namespace,
+    rule: str,
+    cache: str,
+    block_index: int,
+    rows: int = 1,
+) -> RowDecoder:
     """A decoder holding `rows` rows (the same prompt, each its own noise) about to enter block
     `block_index` (earlier blocks pre-filled); the noise is drawn on the prompt's device."""
     mask_id = int(model.mask_token_id)
@@ -107,10 +120,17 @@ def entering_decoder(model: PassCounter, prompt: torch.Tensor, args: argparse.Na
     for r in range(rows):
         tokens = torch.full((args.gen_length,), mask_id, dtype=torch.long)
         filled = block_index * args.block
-        tokens[:filled] = torch.randint(0, 126_000, (filled,), generator=torch.Generator().manual_seed(5 + r))
-        row = DecodeRow(prompt=prompt, tokens=tokens, block_length=args.block, cache=cache,
-                        generator=torch.Generator(device=prompt.device).manual_seed(6 + r),
-                        **real_rule(rule, args.gen_length))
+        tokens[:filled] = torch.randint(
+            0, 126_000, (filled,), generator=torch.Generator().manual_seed(5 + r)
+        )
+        row = DecodeRow(
+            prompt=prompt,
+            tokens=tokens,
+            block_length=args.block,
+            cache=cache,
+            generator=torch.Generator(device=prompt.device).manual_seed(6 + r),
+            **real_rule(rule, args.gen_length),
+        )
         decoder.add(row)
         # add() starts the fixed schedule at block 0; it walks blocks by count, not by
         # masks, so point it at the block we time (the entropy rule finds it by itself)
@@ -128,8 +148,16 @@ def timed_steps(model: PassCounter, decoder: RowDecoder, count: int) -> list[dic
         start = time.perf_counter()
         decoder.step()
         wall = time.perf_counter() - start
-        steps.append({"wall": wall, "forward": model.seconds, "head": model.head_seconds,
-                      "kind": model.last_kind, "width": model.last_width, "passes": model.passes})
+        steps.append(
+            {
+                "wall": wall,
+                "forward": model.seconds,
+                "head": model.head_seconds,
+                "kind": model.last_kind,
+                "width": model.last_width,
+                "passes": model.passes,
+            }
+        )
     return steps
 
 
@@ -142,20 +170,34 @@ def real_cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
     return cells
 
 
-def run_repeat(model: PassCounter, prompt: torch.Tensor, args: argparse.Namespace, repeat: int, rows: int = 1,
-               warm_up: int = 0) -> Results:
+def run_repeat(
+    model: PassCounter,
+    prompt: torch.Tensor,
+    args: argparse.Namespace,
+    repeat: int,
+    rows: int = 1,
+    warm_up: int = 0,
+) -> Results:
     """One repeat of every real-shape cell, stepped round-robin (one step of each cell in turn),
     so that the other processes' load, which drifts over minutes here, hits every cache alike.
     `warm_up` untimed steps of a throwaway `none` row go first (on a GPU the first step of a
     repeat cost ~20x a later one)."""
     if warm_up:
         timed_steps(model, entering_decoder(model, prompt, args, "fixed", "none", 0, rows), warm_up)
-    cells = {f"{rule}/{cache}/block{b}/repeat{repeat}":
-             (entering_decoder(model, prompt, args, rule, cache, b, rows), count)
-             for rule, cache, b, count in real_cells(args)}
+    cells = {
+        f"{rule}/{cache}/block{b}/repeat{repeat}": (
+            entering_decoder(model, prompt, args, rule, cache, b, rows),
+            count,
+        )
+        for rule, cache, b, count in real_cells(args)
+    }
     timings: Results = {key: [] for key in cells}
     while True:
-        pending = [key for key, (decoder, count) in cells.items() if len(timings[key]) < count and decoder.active]
+        pending = [
+            key
+            for key, (decoder, count) in cells.items()
+            if len(timings[key]) < count and decoder.active
+        ]
         if not pending:
             return timings
         for key in pending:
@@ -164,8 +206,16 @@ def run_repeat(model: PassCounter, prompt: torch.Tensor, args: argparse.Namespac
 
 def run_real(args: argparse.Namespace, results: Results, save: Callable[[], None]) -> None:
     """Part 1: every real-shape cell, `--repeats` times; saved after each repeat."""
-    work = real_vocab_workload(1, args.gen_length, args.prompt_length, d_model=args.width, n_layers=args.layers,
-                               n_heads=args.heads, name="real-shape", std=0.02)
+    work = real_vocab_workload(
+        1,
+        args.gen_length,
+        args.prompt_length,
+        d_model=args.width,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        name="real-shape",
+        std=0.02,
+    )
     results["real_description"] = work.description
     model = PassCounter(work.model)
     real = results.setdefault("real", {})
@@ -173,9 +223,15 @@ def run_real(args: argparse.Namespace, results: Results, save: Callable[[], None
         if any(key.endswith(f"/repeat{repeat}") for key in real):
             continue
         real.update(run_repeat(model, work.prompts[0], args, repeat))
-        walls = {key.rsplit("/", 1)[0]: sum(s["wall"] for s in steps) for key, steps in real.items()
-                 if key.endswith(f"/repeat{repeat}")}
-        print(f"  [real] repeat {repeat}: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()), flush=True)
+        walls = {
+            key.rsplit("/", 1)[0]: sum(s["wall"] for s in steps)
+            for key, steps in real.items()
+            if key.endswith(f"/repeat{repeat}")
+        }
+        print(
+            f"  [real] repeat {repeat}: " + ", ".join(f"{k} {v:.0f} s" for k, v in walls.items()),
+            flush=True,
+        )
         save()
 
 
@@ -189,14 +245,25 @@ def demo_inputs(name: str, count: int) -> dict[str, Any]:
 
     tokenizer = load_tokenizer(name)
     records = arith.read_test_set()[:count]
-    encoded = tokenizer([arith.format_prompt(r["question"]) for r in records], add_special_tokens=False,
-                        padding=True, return_tensors="pt")
+    encoded = tokenizer(
+        [arith.format_prompt(r["question"]) for r in records],
+        add_special_tokens=False,
+        padding=True,
+        return_tensors="pt",
+    )
     model = PassCounter(load_model(name, device="cpu", dtype="float32"))
-    return {"model": model, "tokenizer": tokenizer, "ids": encoded.input_ids, "mask": encoded.attention_mask,
-            "targets": [str(r["answer"]) for r in records]}
+    return {
+        "model": model,
+        "tokenizer": tokenizer,
+        "ids": encoded.input_ids,
+        "mask": encoded.attention_mask,
+        "targets": [str(r["answer"]) for r in records],
+    }
 
 
-def answer_extractor(tokenizer: Any, end_ids: tuple[int, ...]) -> Callable[[torch.Tensor], str | None]:
+def answer_extractor(
+    tokenizer: Any, end_ids: tuple[int, ...]
+) -> Callable[[torch.Tensor], str | None]:
     """The harness's reading of a sample: text up to the first end token, its number (task `dvoting_arith`)."""
     from lm_eval_dvoting.core.answers import extract_answer
 
@@ -215,11 +282,15 @@ def blocks_decoded(result: Any, gen_length: int, block: int) -> int:
     total = 0
     for kept in result.kept:
         kept_set = set(kept or [])
-        total += sum(any(p not in kept_set for p in range(b, b + block)) for b in range(0, gen_length, block))
+        total += sum(
+            any(p not in kept_set for p in range(b, b + block)) for b in range(0, gen_length, block)
+        )
     return total
 
 
-def demo_cell(inputs: dict[str, Any], strategy: str, cache: str, seed: int, args: argparse.Namespace) -> Results:
+def demo_cell(
+    inputs: dict[str, Any], strategy: str, cache: str, seed: int, args: argparse.Namespace
+) -> Results:
     """One run of a strategy with a cache over the demo questions: accuracy, NFE, wall, passes."""
     from lm_eval_dvoting.core.answers import answers_equivalent
     from lm_eval_dvoting.core.strategies import run_strategy
@@ -227,18 +298,39 @@ def demo_cell(inputs: dict[str, Any], strategy: str, cache: str, seed: int, args
     model = inputs["model"]
     model.reset()
     start = time.perf_counter()
-    out = run_strategy(model, inputs["ids"], inputs["mask"], strategy=strategy, gen_length=args.demo_gen_length,
-                       extract=answer_extractor(inputs["tokenizer"], model.end_token_ids), seed=seed, cache=cache,
-                       max_rows=args.max_rows)
+    out = run_strategy(
+        model,
+        inputs["ids"],
+        inputs["mask"],
+        strategy=strategy,
+        gen_length=args.demo_gen_length,
+        extract=answer_extractor(inputs["tokenizer"], model.end_token_ids),
+        seed=seed,
+        cache=cache,
+        max_rows=args.max_rows,
+    )
     wall = time.perf_counter() - start
     chosen = [r.answers[r.chosen] for r in out]
     block = args.demo_gen_length // 16  # the strategies' default block length, L/16
-    return {"strategy": strategy, "cache": cache, "seed": seed, "questions": len(out), "wall": wall,
-            "accuracy": sum(answers_equivalent(t, a, "number") for t, a in zip(inputs["targets"], chosen)) / len(out),
-            "nfe": sum(r.nfe for r in out) / len(out), "forward": model.seconds,
-            "calls": dict(model.calls), "rows": dict(model.rows),
-            "blocks": sum(blocks_decoded(r, args.demo_gen_length, block) for r in out),
-            "digests": [hashlib.sha256(json.dumps(r.samples.tolist()).encode()).hexdigest()[:16] for r in out]}
+    return {
+        "strategy": strategy,
+        "cache": cache,
+        "seed": seed,
+        "questions": len(out),
+        "wall": wall,
+        "accuracy": sum(
+            answers_equivalent(t, a, "number") for t, a in zip(inputs["targets"], chosen)
+        )
+        / len(out),
+        "nfe": sum(r.nfe for r in out) / len(out),
+        "forward": model.seconds,
+        "calls": dict(model.calls),
+        "rows": dict(model.rows),
+        "blocks": sum(blocks_decoded(r, args.demo_gen_length, block) for r in out),
+        "digests": [
+            hashlib.sha256(json.dumps(r.samples.tolist()).encode()).hexdigest()[:16] for r in out
+        ],
+    }
 
 
 def run_demo(args: argparse.Namespace, results: Results, save: Callable[[], None]) -> None:
@@ -247,7 +339,9 @@ def run_demo(args: argparse.Namespace, results: Results, save: Callable[[], None
     for name in args.models:
         inputs = demo_inputs(name, args.questions)
         for strategy in ("single", "dvoting"):
-            seeds = args.seeds[:1] if strategy == "single" else args.seeds  # single is greedy: seeds agree
+            seeds = (
+                args.seeds[:1] if strategy == "single" else args.seeds
+            )  # single is greedy: seeds agree
             for seed in seeds:
                 for cache in CACHES:
                     key = f"{name}/{strategy}/{cache}/seed{seed}"
@@ -255,17 +349,26 @@ def run_demo(args: argparse.Namespace, results: Results, save: Callable[[], None
                         continue
                     demo[key] = {"model": name, **demo_cell(inputs, strategy, cache, seed, args)}
                     cell = demo[key]
-                    print(f"  [demo] {key}: accuracy {cell['accuracy']:.3f}, NFE {cell['nfe']:.2f}, "
-                          f"{cell['wall']:.1f} s", flush=True)
+                    print(
+                        f"  [demo] {key}: accuracy {cell['accuracy']:.3f}, NFE {cell['nfe']:.2f}, "
+                        f"{cell['wall']:.1f} s",
+                        flush=True,
+                    )
                     save()
 
 
 # ----------------------------------------------------------------- summaries
 
 
-def median_over_repeats(real: Results, prefix: str, measure: Callable[[list[dict[str, Any]]], float]) -> float:
+def median_over_repeats(
+    real: Results, prefix: str, measure: Callable[[list[dict[str, Any]]], float]
+) -> float:
     """The median over repeats of `measure` applied to each repeat's steps of one cell."""
-    values = [measure(steps) for key, steps in real.items() if key.startswith(prefix + "/repeat") and steps]
+    values = [
+        measure(steps)
+        for key, steps in real.items()
+        if key.startswith(prefix + "/repeat") and steps
+    ]
     return statistics.median(values) if values else float("nan")
 
 
@@ -279,6 +382,7 @@ def fixed_block(real: Results, cache: str, block_index: int, scale: float) -> di
     `scale` multiplies each step's body time (forward pass less the head) to extrapolate
     to another depth: scale 1 is what was measured.
     """
+
     def wall(step: dict[str, Any]) -> float:
         return step["wall"] + (scale - 1) * (step["forward"] - step["head"])
 
@@ -286,11 +390,13 @@ def fixed_block(real: Results, cache: str, block_index: int, scale: float) -> di
         return [x for x in steps if x["kind"] == "reuse"]
 
     prefix = f"fixed/{cache}/block{block_index}"
-    return {"full": median_over_repeats(real, prefix, lambda s: wall(s[0])),
-            "reuse": median_over_repeats(real, prefix, lambda s: mean([wall(x) for x in reuse(s)])),
-            "total": median_over_repeats(real, prefix, lambda s: sum(wall(x) for x in s)),
-            "head": median_over_repeats(real, prefix, lambda s: mean([x["head"] for x in s])),
-            "width": median_over_repeats(real, prefix, lambda s: mean([x["width"] for x in reuse(s)]))}
+    return {
+        "full": median_over_repeats(real, prefix, lambda s: wall(s[0])),
+        "reuse": median_over_repeats(real, prefix, lambda s: mean([wall(x) for x in reuse(s)])),
+        "total": median_over_repeats(real, prefix, lambda s: sum(wall(x) for x in s)),
+        "head": median_over_repeats(real, prefix, lambda s: mean([x["head"] for x in s])),
+        "width": median_over_repeats(real, prefix, lambda s: mean([x["width"] for x in reuse(s)])),
+    }
 
 
 def per_question(real: Results, cache: str, blocks: int, scale: float) -> float:
@@ -305,23 +411,35 @@ def per_question(real: Results, cache: str, blocks: int, scale: float) -> float:
 def entropy_steps(real: Results, cache: str) -> dict[str, float]:
     """The entropy rule's first (full) step and mean later step, medians over repeats."""
     prefix = f"entropy/{cache}/block0"
-    return {"full": median_over_repeats(real, prefix, lambda s: s[0]["wall"]),
-            "later": median_over_repeats(real, prefix, lambda s: mean([x["wall"] for x in s[1:]]))}
+    return {
+        "full": median_over_repeats(real, prefix, lambda s: s[0]["wall"]),
+        "later": median_over_repeats(real, prefix, lambda s: mean([x["wall"] for x in s[1:]])),
+    }
 
 
 def demo_summary(demo: Results, name: str, strategy: str, cache: str) -> dict[str, Any]:
     """Mean ± std over seeds, and the pass counts summed over seeds, of one demo cell."""
-    runs = [c for c in demo.values() if (c["model"], c["strategy"], c["cache"]) == (name, strategy, cache)]
+    runs = [
+        c
+        for c in demo.values()
+        if (c["model"], c["strategy"], c["cache"]) == (name, strategy, cache)
+    ]
     accuracy = [100 * c["accuracy"] for c in runs]
     rows = {k: sum(c["rows"][k] for c in runs) for k in ("full", "reuse")}
     questions = sum(c["questions"] for c in runs)
-    return {"runs": len(runs), "accuracy": mean(accuracy),
-            "std": statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0,
-            "nfe": mean([c["nfe"] for c in runs]), "wall": mean([c["wall"] for c in runs]),
-            "calls": {k: mean([c["calls"][k] for c in runs]) for k in ("full", "reuse")},
-            "full_share": rows["full"] / max(1, rows["full"] + rows["reuse"]),
-            "steps_per_block": sum(c["nfe"] * c["questions"] for c in runs) / max(1, sum(c["blocks"] for c in runs)),
-            "questions": questions, "digests": [c["digests"] for c in sorted(runs, key=lambda c: c["seed"])]}
+    return {
+        "runs": len(runs),
+        "accuracy": mean(accuracy),
+        "std": statistics.stdev(accuracy) if len(accuracy) > 1 else 0.0,
+        "nfe": mean([c["nfe"] for c in runs]),
+        "wall": mean([c["wall"] for c in runs]),
+        "calls": {k: mean([c["calls"][k] for c in runs]) for k in ("full", "reuse")},
+        "full_share": rows["full"] / max(1, rows["full"] + rows["reuse"]),
+        "steps_per_block": sum(c["nfe"] * c["questions"] for c in runs)
+        / max(1, sum(c["blocks"] for c in runs)),
+        "questions": questions,
+        "digests": [c["digests"] for c in sorted(runs, key=lambda c: c["seed"])],
+    }
 
 
 # ----------------------------------------------------------------- the section
@@ -333,46 +451,78 @@ def fmt(value: float, digits: int = 2) -> str:
 
 def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
     """Per-block step times of `single`'s fixed schedule, then per question and the ratios."""
-    lines = ["| cache | block | full step s | reuse step s | reuse pass tokens | mean step s (over the block) | "
-             "head s/step |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for cache, block_index in [("none", 0), ("prefix", 0), ("prefix", blocks - 1), ("dual", 0), ("dual", blocks - 1)]:
+    lines = [
+        "| cache | block | full step s | reuse step s | reuse pass tokens | mean step s (over the block) | "
+        "head s/step |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for cache, block_index in [
+        ("none", 0),
+        ("prefix", 0),
+        ("prefix", blocks - 1),
+        ("dual", 0),
+        ("dual", blocks - 1),
+    ]:
         b = fixed_block(real, cache, block_index, 1.0)
         steps = real.get(f"fixed/{cache}/block{block_index}/repeat0", [])
         reuse, width = ("-", "-") if cache == "none" else (fmt(b["reuse"]), fmt(b["width"], 0))
-        lines.append(f"| {cache} | {block_index + 1} of {blocks} | {fmt(b['full'])} | {reuse} | {width} | "
-                     f"{fmt(b['total'] / max(1, len(steps)))} | {fmt(b['head'])} |")
+        lines.append(
+            f"| {cache} | {block_index + 1} of {blocks} | {fmt(b['full'])} | {reuse} | {width} | "
+            f"{fmt(b['total'] / max(1, len(steps)))} | {fmt(b['head'])} |"
+        )
     scale = FULL_DEPTH / layers
-    lines += ["", f"| cache | s/question (`single`, {blocks} blocks) | mean s/step | none/cache per step | "
-              f"extrapolated to {FULL_DEPTH} layers: s/step | none/cache ({FULL_DEPTH} layers, extrapolated) |",
-              "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        f"| cache | s/question (`single`, {blocks} blocks) | mean s/step | none/cache per step | "
+        f"extrapolated to {FULL_DEPTH} layers: s/step | none/cache ({FULL_DEPTH} layers, extrapolated) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     steps_per_question = blocks * len(real.get("fixed/none/block0/repeat0", [])) or 1
-    base, base_deep = per_question(real, "none", blocks, 1.0), per_question(real, "none", blocks, scale)
+    base, base_deep = (
+        per_question(real, "none", blocks, 1.0),
+        per_question(real, "none", blocks, scale),
+    )
     for cache in CACHES:
-        measured, deep = per_question(real, cache, blocks, 1.0), per_question(real, cache, blocks, scale)
-        lines.append(f"| {cache} | {fmt(measured, 1)} | {fmt(measured / steps_per_question)} | "
-                     f"{fmt(base / measured)}x | {fmt(deep / steps_per_question)} | {fmt(base_deep / deep)}x |")
+        measured, deep = (
+            per_question(real, cache, blocks, 1.0),
+            per_question(real, cache, blocks, scale),
+        )
+        lines.append(
+            f"| {cache} | {fmt(measured, 1)} | {fmt(measured / steps_per_question)} | "
+            f"{fmt(base / measured)}x | {fmt(deep / steps_per_question)} | {fmt(base_deep / deep)}x |"
+        )
     return lines
 
 
 def real_entropy_table(real: Results, demo: Results, llada: str) -> list[str]:
     """The entropy rule's full and later steps, and dVoting's expected step time at this shape."""
-    lines = ["| cache | first step of a block s (full) | later step s | dVoting's full-pass share on the demo | "
-             "expected dVoting s/step | none/cache |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| cache | first step of a block s (full) | later step s | dVoting's full-pass share on the demo | "
+        "expected dVoting s/step | none/cache |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     base = entropy_steps(real, "none")["full"]
     for cache in CACHES:
         step = entropy_steps(real, cache)
         share = demo_summary(demo, llada, "dvoting", cache)["full_share"] if demo else float("nan")
-        expected = step["full"] if cache == "none" else share * step["full"] + (1 - share) * step["later"]
-        lines.append(f"| {cache} | {fmt(step['full'])} | {fmt(step['later'])} | {fmt(100 * share, 0)}% | "
-                     f"{fmt(expected)} | {fmt(base / expected)}x |")
+        expected = (
+            step["full"] if cache == "none" else share * step["full"] + (1 - share) * step["later"]
+        )
+        lines.append(
+            f"| {cache} | {fmt(step['full'])} | {fmt(step['later'])} | {fmt(100 * share, 0)}% | "
+            f"{fmt(expected)} | {fmt(base / expected)}x |"
+        )
     return lines
 
 
 def demo_table(demo: Results, models: list[str]) -> list[str]:
     """Accuracy, NFE, speed and passes of each demo model, strategy and cache."""
-    lines = ["| model | strategy | cache | seeds | accuracy % (mean ± std) | mean NFE | wall s | speed-up vs none | "
-             "full passes (of row-passes) | model calls: full + reuse | steps per block | "
-             "outputs token-identical to none |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| model | strategy | cache | seeds | accuracy % (mean ± std) | mean NFE | wall s | speed-up vs none | "
+        "full passes (of row-passes) | model calls: full + reuse | steps per block | "
+        "outputs token-identical to none |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name in models:
         for strategy in ("single", "dvoting"):
             base = demo_summary(demo, name, strategy, "none")
@@ -380,12 +530,18 @@ def demo_table(demo: Results, models: list[str]) -> list[str]:
                 s = demo_summary(demo, name, strategy, cache)
                 if not s["runs"]:
                     continue
-                same = sum(a == b for run, ref in zip(s["digests"], base["digests"]) for a, b in zip(run, ref))
-                lines.append(f"| {name} | {strategy} | {cache} | {s['runs']} | {fmt(s['accuracy'], 1)} ± "
-                             f"{fmt(s['std'], 1)} | {fmt(s['nfe'], 2)} | {fmt(s['wall'], 1)} | "
-                             f"{fmt(base['wall'] / s['wall'])}x | {fmt(100 * s['full_share'], 0)}% | "
-                             f"{s['calls']['full']:.0f} + {s['calls']['reuse']:.0f} | "
-                             f"{fmt(s['steps_per_block'], 2)} | {same} of {s['questions']} |")
+                same = sum(
+                    a == b
+                    for run, ref in zip(s["digests"], base["digests"])
+                    for a, b in zip(run, ref)
+                )
+                lines.append(
+                    f"| {name} | {strategy} | {cache} | {s['runs']} | {fmt(s['accuracy'], 1)} ± "
+                    f"{fmt(s['std'], 1)} | {fmt(s['nfe'], 2)} | {fmt(s['wall'], 1)} | "
+                    f"{fmt(base['wall'] / s['wall'])}x | {fmt(100 * s['full_share'], 0)}% | "
+                    f"{s['calls']['full']:.0f} + {s['calls']['reuse']:.0f} | "
+                    f"{fmt(s['steps_per_block'], 2)} | {same} of {s['questions']} |"
+                )
     return lines
 
 
@@ -395,23 +551,38 @@ def verdicts(results: Results, blocks: int) -> list[str]:
     if real:
         ratio = per_question(real, "none", blocks, 1.0) / per_question(real, "dual", blocks, 1.0)
         deep = FULL_DEPTH / results["args"]["layers"]
-        ratio_deep = per_question(real, "none", blocks, deep) / per_question(real, "dual", blocks, deep)
-        lines.append(f"- **Goal 1, `dual` at least 5x faster per step than `none` for `single` at this length:** "
-                     f"{'met' if ratio >= 5 else 'not met'} as measured ({fmt(ratio)}x with "
-                     f"{results['args']['layers']} layer(s)); extrapolated to {FULL_DEPTH} layers {fmt(ratio_deep)}x "
-                     f"(an estimate from the measured body and head times, not a measurement).")
+        ratio_deep = per_question(real, "none", blocks, deep) / per_question(
+            real, "dual", blocks, deep
+        )
+        lines.append(
+            f"- **Goal 1, `dual` at least 5x faster per step than `none` for `single` at this length:** "
+            f"{'met' if ratio >= 5 else 'not met'} as measured ({fmt(ratio)}x with "
+            f"{results['args']['layers']} layer(s)); extrapolated to {FULL_DEPTH} layers {fmt(ratio_deep)}x "
+            f"(an estimate from the measured body and head times, not a measurement)."
+        )
     if demo:
         worst = []
         for name in results["args"]["models"]:
             for strategy in ("single", "dvoting"):
                 base = demo_summary(demo, name, strategy, "none")["accuracy"]
-                worst += [(abs(demo_summary(demo, name, strategy, c)["accuracy"] - base), f"{name} {strategy} {c}")
-                          for c in ("prefix", "dual") if demo_summary(demo, name, strategy, c)["runs"]]
+                worst += [
+                    (
+                        abs(demo_summary(demo, name, strategy, c)["accuracy"] - base),
+                        f"{name} {strategy} {c}",
+                    )
+                    for c in ("prefix", "dual")
+                    if demo_summary(demo, name, strategy, c)["runs"]
+                ]
         gap, where = max(worst) if worst else (float("nan"), "-")
-        met = round(gap, 6) <= 1  # accuracies are multiples of 0.2 points: no float noise in the verdict
-        lines.append(f"- **Goal 2, demo accuracy within 1 point of `none`:** {'met' if met else 'not met'}; "
-                     f"largest gap {fmt(gap, 1)} points ({where}), on {results['args']['questions']} questions "
-                     "(one question is " f"{fmt(100 / results['args']['questions'], 1)} points).")
+        met = (
+            round(gap, 6) <= 1
+        )  # accuracies are multiples of 0.2 points: no float noise in the verdict
+        lines.append(
+            f"- **Goal 2, demo accuracy within 1 point of `none`:** {'met' if met else 'not met'}; "
+            f"largest gap {fmt(gap, 1)} points ({where}), on {results['args']['questions']} questions "
+            "(one question is "
+            f"{fmt(100 / results['args']['questions'], 1)} points)."
+        )
     return lines
 
 
@@ -444,77 +615,101 @@ def intro_lines(results: Results) -> list[str]:
 
 def machine_lines(results: Results) -> list[str]:
     facts = results["meta"]["facts"]
-    lines = ["### Machine and command", "", f"- command: `{results['meta']['command']}` (from the repository root)"]
+    lines = [
+        "### Machine and command",
+        "",
+        f"- command: `{results['meta']['command']}` (from the repository root)",
+    ]
     lines += [f"- {k}: {v}" for k, v in facts.items()]
-    lines += [f"- load average (1/5/15 min) before: {results['meta']['load_before']}, after: "
-              f"{results['meta'].get('load_after')} (`uptime`: before `{results['meta']['uptime_before']}`, after "
-              f"`{results['meta'].get('uptime_after', '')}`)",
-              "- other busy processes at the start (the 2 cores are shared with other sessions' tests and "
-              "benchmarks, so timings are noisy):"]
+    lines += [
+        f"- load average (1/5/15 min) before: {results['meta']['load_before']}, after: "
+        f"{results['meta'].get('load_after')} (`uptime`: before `{results['meta']['uptime_before']}`, after "
+        f"`{results['meta'].get('uptime_after', '')}`)",
+        "- other busy processes at the start (the 2 cores are shared with other sessions' tests and "
+        "benchmarks, so timings are noisy):",
+    ]
     lines += [f"  - `{p}`" for p in results["meta"]["busy"]]
-    lines.append(f"- wall time of the whole run: {results['meta'].get('elapsed', 0) / 60:.1f} min"
-                 + (" (resumed after an interruption)" if results["meta"].get("resumed") else ""))
+    lines.append(
+        f"- wall time of the whole run: {results['meta'].get('elapsed', 0) / 60:.1f} min"
+        + (" (resumed after an interruption)" if results["meta"].get("resumed") else "")
+    )
     return lines + [""]
 
 
 def real_lines(results: Results, blocks: int) -> list[str]:
     """Part 1's description and tables."""
     a, real = results["args"], results["real"]
-    shape = (f"LLaDA-8B's width, heads, MLP and vocabulary, {a['layers']} of its 32 layers" if a["width"] == 4096
-             else f"a smoke-test width, {a['layers']} layer(s)")
+    shape = (
+        f"LLaDA-8B's width, heads, MLP and vocabulary, {a['layers']} of its 32 layers"
+        if a["width"] == 4096
+        else f"a smoke-test width, {a['layers']} layer(s)"
+    )
     L, B = a["gen_length"], a["block"]
-    head = [median_over_repeats(real, "fixed/none/block0", lambda steps: steps[k]["head"]) for k in (0, -1)]
-    return [
-        "### Real shape: seconds per decoding step",
-        "",
-        f"{results['real_description']}: {shape}.",
-        f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} blocks); "
-        f"medians over {a['repeats']} repeats; the cells run side by side, one step of each in turn, so load",
-        "changes on the shared cores hit them alike. A step is *full* when the model's pass covers",
-        "the whole sequence, *reuse* when it attends to kept keys/values (told apart by what `hidden_states`",
-        f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one commit each) is timed over",
-        "whole blocks: `none` in the first block (all its passes cover the whole sequence, so every block",
-        "costs the same), `prefix` and `dual` in the first and the last block (earlier blocks pre-filled).",
-        "*head s/step*: the output head's part of a step (the block's masked positions x the vocabulary: the",
-        f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s here, down to 1 at its last, "
-        f"{fmt(head[1])} s).",
-        "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps their ratio to",
-        "`none`; in the 32-layer model it is a far smaller part of a step.",
-        "",
-    ] + real_fixed_table(real, blocks, a["layers"]) + [
-        "",
-        f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of their first and last",
-        f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly with the block index,",
-        f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is also the ratio per",
-        "question.",
-        "",
-        f"The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first {a['entropy_steps']} steps of the first "
-        "block. With random weights it commits one token per step, so its real steps per block are",
-        "not measurable here: *expected dVoting s/step* weights the full and later steps by the share of full",
-        "passes dVoting has on the LLaDA demo (table below).",
-        "",
-    ] + real_entropy_table(real, results.get("demo", {}), a["models"][0]) + [""]
+    head = [
+        median_over_repeats(real, "fixed/none/block0", lambda steps: steps[k]["head"])
+        for k in (0, -1)
+    ]
+    return (
+        [
+            "### Real shape: seconds per decoding step",
+            "",
+            f"{results['real_description']}: {shape}.",
+            f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} blocks); "
+            f"medians over {a['repeats']} repeats; the cells run side by side, one step of each in turn, so load",
+            "changes on the shared cores hit them alike. A step is *full* when the model's pass covers",
+            "the whole sequence, *reuse* when it attends to kept keys/values (told apart by what `hidden_states`",
+            f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one commit each) is timed over",
+            "whole blocks: `none` in the first block (all its passes cover the whole sequence, so every block",
+            "costs the same), `prefix` and `dual` in the first and the last block (earlier blocks pre-filled).",
+            "*head s/step*: the output head's part of a step (the block's masked positions x the vocabulary: the",
+            f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s here, down to 1 at its last, "
+            f"{fmt(head[1])} s).",
+            "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps their ratio to",
+            "`none`; in the 32-layer model it is a far smaller part of a step.",
+            "",
+        ]
+        + real_fixed_table(real, blocks, a["layers"])
+        + [
+            "",
+            f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of their first and last",
+            f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly with the block index,",
+            f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is also the ratio per",
+            "question.",
+            "",
+            f"The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first {a['entropy_steps']} steps of the first "
+            "block. With random weights it commits one token per step, so its real steps per block are",
+            "not measurable here: *expected dVoting s/step* weights the full and later steps by the share of full",
+            "passes dVoting has on the LLaDA demo (table below).",
+            "",
+        ]
+        + real_entropy_table(real, results.get("demo", {}), a["models"][0])
+        + [""]
+    )
 
 
 def demo_lines(results: Results) -> list[str]:
     """Part 2's description and table."""
     a = results["args"]
-    return [
-        "### Demo: accuracy and speed",
-        "",
-        f"The shipped demo models, the first {a['questions']} of the 500 held-out problems "
-        "(`demo/arith_test.jsonl`), generation 32, block 2 (16 blocks), 16 rows per pass, scored as the task",
-        "`dvoting_arith` scores (text up to the first end token, its number equal to the target). `single` is",
-        "greedy (temperature 0), so every seed gives the same output: it ran once (seed "
-        f"{a['seeds'][0]}); `dvoting` ran with seeds {', '.join(map(str, a['seeds']))} (std over seeds, n-1).",
-        "*wall s*: one run (mean over seeds); on this shared CPU the same cell has differed by up to 1.5x",
-        "between runs of this script, so read the speed-ups as rough. *full passes*: the share of row-passes",
-        "over the whole sequence.",
-        "*model calls*: `hidden_states` calls per run (a step whose rows mix full and reuse passes makes two).",
-        "*steps per block*: NFE / blocks decoded (a dVoting remask sample skips the blocks it keeps whole).",
-        "*token-identical*: outputs (every sample's tokens) equal to `none`'s at the same seed.",
-        "",
-    ] + demo_table(results["demo"], a["models"]) + [""]
+    return (
+        [
+            "### Demo: accuracy and speed",
+            "",
+            f"The shipped demo models, the first {a['questions']} of the 500 held-out problems "
+            "(`demo/arith_test.jsonl`), generation 32, block 2 (16 blocks), 16 rows per pass, scored as the task",
+            "`dvoting_arith` scores (text up to the first end token, its number equal to the target). `single` is",
+            "greedy (temperature 0), so every seed gives the same output: it ran once (seed "
+            f"{a['seeds'][0]}); `dvoting` ran with seeds {', '.join(map(str, a['seeds']))} (std over seeds, n-1).",
+            "*wall s*: one run (mean over seeds); on this shared CPU the same cell has differed by up to 1.5x",
+            "between runs of this script, so read the speed-ups as rough. *full passes*: the share of row-passes",
+            "over the whole sequence.",
+            "*model calls*: `hidden_states` calls per run (a step whose rows mix full and reuse passes makes two).",
+            "*steps per block*: NFE / blocks decoded (a dVoting remask sample skips the blocks it keeps whole).",
+            "*token-identical*: outputs (every sample's tokens) equal to `none`'s at the same seed.",
+            "",
+        ]
+        + demo_table(results["demo"], a["models"])
+        + [""]
+    )
 
 
 def dvoting_lines(results: Results) -> list[str]:
@@ -523,13 +718,20 @@ def dvoting_lines(results: Results) -> list[str]:
     if not demo:
         return []
     s = {c: demo_summary(demo, name, "dvoting", c) for c in CACHES}
-    entered = {c: 1 / s[c]["full_share"] if s[c]["full_share"] else float("nan") for c in ("prefix", "dual")}
+    entered = {
+        c: 1 / s[c]["full_share"] if s[c]["full_share"] else float("nan")
+        for c in ("prefix", "dual")
+    }
 
     def calls(cache: str) -> float:
         return s[cache]["calls"]["full"] + s[cache]["calls"]["reuse"]
 
-    speed = [demo_summary(demo, m, "dvoting", "none")["wall"] / demo_summary(demo, m, "dvoting", c)["wall"]
-             for m in results["args"]["models"] for c in ("prefix", "dual")]
+    speed = [
+        demo_summary(demo, m, "dvoting", "none")["wall"]
+        / demo_summary(demo, m, "dvoting", c)["wall"]
+        for m in results["args"]["models"]
+        for c in ("prefix", "dual")
+    ]
 
     return [
         "### Why dVoting gains less",
@@ -586,22 +788,36 @@ def write_section(path: Path, lines: list[str], start: str = START, end: str = E
 # ----------------------------------------------------------------- command line
 
 
-def add_real_shape_arguments(p: argparse.ArgumentParser, prompt_length: int, gen_length: int) -> None:
+def add_real_shape_arguments(
+    p: argparse.ArgumentParser, prompt_length: int, gen_length: int
+) -> None:
     """The real-shape model's options (LLaDA-8B's width at reduced depth), shared by the benches."""
-    p.add_argument("--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)")
-    p.add_argument("--width", type=int, default=4096, help="d_model of the real-shape model (MLP 3x)")
+    p.add_argument(
+        "--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)"
+    )
+    p.add_argument(
+        "--width", type=int, default=4096, help="d_model of the real-shape model (MLP 3x)"
+    )
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--prompt-length", type=int, default=prompt_length)
     p.add_argument("--gen-length", type=int, default=gen_length)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_real_shape_arguments(p, prompt_length=256, gen_length=256)
     p.add_argument("--block", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3, help="repeats of every real-shape cell (medians)")
-    p.add_argument("--entropy-steps", type=int, default=4, help="entropy-rule steps timed per repeat")
-    p.add_argument("--models", nargs="+", default=["tiny-arith", "tiny-arith-dream"], help="LLaDA first")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="repeats of every real-shape cell (medians)"
+    )
+    p.add_argument(
+        "--entropy-steps", type=int, default=4, help="entropy-rule steps timed per repeat"
+    )
+    p.add_argument(
+        "--models", nargs="+", default=["tiny-arith", "tiny-arith-dream"], help="LLaDA first"
+    )
     p.add_argument("--questions", type=int, default=500)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--max-rows", type=int, default=16)
@@ -633,17 +849,30 @@ def start_results(args: argparse.Namespace, argv: list[str]) -> Results:
         results = json.loads(args.json.read_text())
         results["meta"]["resumed"] = True
         return results
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py" + "".join(f" {a}" for a in argv)
-    meta = {"command": command, "facts": machine_description(torch.device("cpu")), "load_before": load_average(),
-            "uptime_before": uptime(), "busy": busy_processes(), "started": time.time()}
-    return {"meta": meta, "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py" + "".join(
+        f" {a}" for a in argv
+    )
+    meta = {
+        "command": command,
+        "facts": machine_description(torch.device("cpu")),
+        "load_before": load_average(),
+        "uptime_before": uptime(),
+        "busy": busy_processes(),
+        "started": time.time(),
+    }
+    return {
+        "meta": meta,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_num_threads(1)  # the 2 cores are shared
-    if args.report_only:  # e.g. after changing the section's text: the numbers and the run's facts stay
+    if (
+        args.report_only
+    ):  # e.g. after changing the section's text: the numbers and the run's facts stay
         write_section(args.out, section(json.loads(args.json.read_text())))
         return 0
     results = start_results(args, argv)
@@ -662,7 +891,10 @@ def main(argv: list[str] | None = None) -> int:
     meta["load_after"], meta["uptime_after"] = load_average(), uptime()
     save()
     write_section(args.out, section(results))
-    print(f"wrote the caches section of {args.out} and {args.json} in {meta['elapsed'] / 60:.1f} min", flush=True)
+    print(
+        f"wrote the caches section of {args.out} and {args.json} in {meta['elapsed'] / 60:.1f} min",
+        flush=True,
+    )
     return 0
 
 

@@ -21,6 +21,7 @@ part that fails records its traceback and the next one runs):
    majority and dvoting, 1 and 16 rows per pass: accuracy, NFE, and the questions whose
    samples differ from the 1-row run; and float32 on the GPU against float32 on the CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,9 +60,13 @@ Results = dict[str, Any]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", default="cuda")
-    p.add_argument("--layers", type=int, default=32, help="layers of the real-shape model (LLaDA-8B: 32)")
+    p.add_argument(
+        "--layers", type=int, default=32, help="layers of the real-shape model (LLaDA-8B: 32)"
+    )
     p.add_argument("--width", type=int, default=4096)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--parts", nargs="+", default=["forward", "caches", "strategies", "invariance"])
@@ -73,7 +78,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report-only", action="store_true", help="only write the section from --json")
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--section", default=SECTION, help="the name in the section's markers, `<!-- NAME:start -->`")
+    p.add_argument(
+        "--section",
+        default=SECTION,
+        help="the name in the section's markers, `<!-- NAME:start -->`",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.layers, args.width, args.heads, args.cache_rows = 1, 256, 4, [1, 2]
@@ -89,7 +98,9 @@ def sync(device: torch.device) -> None:
 # ------------------------------------------------------------------ part 1: forward
 
 
-def forward_ms(model: torch.nn.Module, rows: int, length: int, head_positions: int, repeats: int = 5) -> float:
+def forward_ms(
+    model: torch.nn.Module, rows: int, length: int, head_positions: int, repeats: int = 5
+) -> float:
     """Median milliseconds of hidden states over `length` tokens + the head at the last positions."""
     device = next(model.parameters()).device
     ids = torch.randint(0, 126_000, (rows, length), device=device)
@@ -106,25 +117,34 @@ def forward_ms(model: torch.nn.Module, rows: int, length: int, head_positions: i
 
 
 def part_forward(work: Workload, args: argparse.Namespace) -> Results:
-    return {f"{rows}x{length}": forward_ms(work.model, rows, length, min(32, length))
-            for length in (512, 64) for rows in (1, 4, 16)}
+    return {
+        f"{rows}x{length}": forward_ms(work.model, rows, length, min(32, length))
+        for length in (512, 64)
+        for rows in (1, 4, 16)
+    }
 
 
 # ------------------------------------------------------------------ part 2: caches
 
 
-CACHE_SHAPE = SimpleNamespace(gen_length=256, block=32, entropy_steps=4)  # caches_bench's real-shape cells
+CACHE_SHAPE = SimpleNamespace(
+    gen_length=256, block=32, entropy_steps=4
+)  # caches_bench's real-shape cells
 
 
 def part_caches(work: Workload, args: argparse.Namespace) -> Results:
     counter = caches_bench.PassCounter(work.model)
     device = next(work.model.parameters()).device
-    prompt = torch.randint(0, 126_000, (256,), generator=torch.Generator().manual_seed(2)).to(device)
+    prompt = torch.randint(0, 126_000, (256,), generator=torch.Generator().manual_seed(2)).to(
+        device
+    )
     out: Results = {}
     for rows in args.cache_rows:
         real: Results = {}
         for repeat in range(args.cache_repeats):
-            real.update(caches_bench.run_repeat(counter, prompt, CACHE_SHAPE, repeat, rows, warm_up=2))
+            real.update(
+                caches_bench.run_repeat(counter, prompt, CACHE_SHAPE, repeat, rows, warm_up=2)
+            )
         out[str(rows)] = real
         print(f"  [caches] {rows} row(s) done", flush=True)
     return out
@@ -134,8 +154,14 @@ def part_caches(work: Workload, args: argparse.Namespace) -> Results:
 
 
 def part_strategies(work: Workload, args: argparse.Namespace) -> Results:
-    cells = run_cells(work, ["single", "majority", "dvoting", "hex"], [1, 16], args.strategy_questions,
-                      max(1, args.strategy_questions // 8), repeats=1)
+    cells = run_cells(
+        work,
+        ["single", "majority", "dvoting", "hex"],
+        [1, 16],
+        args.strategy_questions,
+        max(1, args.strategy_questions // 8),
+        repeats=1,
+    )
     return {"cells": [c.as_json() for c in cells], "table": cells_table(cells)}
 
 
@@ -148,12 +174,22 @@ def sample_digests(results: list[Any]) -> list[str]:
 
 def demo_run(model: torch.nn.Module, work: Any, strategy: str, rows: int, count: int) -> Results:
     start = time.perf_counter()
-    results = decode_questions(model, work.prompts[:count], StrategySettings(strategy=strategy, gen_length=32),
-                               work.extract, list(range(count)), max_rows=rows)
+    results = decode_questions(
+        model,
+        work.prompts[:count],
+        StrategySettings(strategy=strategy, gen_length=32),
+        work.extract,
+        list(range(count)),
+        max_rows=rows,
+    )
     chosen = [r.answers[r.chosen] for r in results]
-    return {"wall": time.perf_counter() - start, "nfe": sum(r.nfe for r in results) / count,
-            "accuracy": sum(str(a) == t for a, t in zip(chosen, work.targets)) / count,
-            "answers": [str(a) for a in chosen], "digests": sample_digests(results)}
+    return {
+        "wall": time.perf_counter() - start,
+        "nfe": sum(r.nfe for r in results) / count,
+        "accuracy": sum(str(a) == t for a, t in zip(chosen, work.targets)) / count,
+        "answers": [str(a) for a in chosen],
+        "digests": sample_digests(results),
+    }
 
 
 def part_invariance(shape: Workload, args: argparse.Namespace) -> Results:
@@ -166,7 +202,9 @@ def part_invariance(shape: Workload, args: argparse.Namespace) -> Results:
         gpu_model = demo_workload("tiny-arith", 1).model.to(args.device, getattr(torch, dtype))
         for strategy in ("single", "majority", "dvoting"):
             for rows in (1, 16):
-                out[f"{args.device}/{dtype}/{strategy}/{rows}"] = demo_run(gpu_model, work, strategy, rows, count)
+                out[f"{args.device}/{dtype}/{strategy}/{rows}"] = demo_run(
+                    gpu_model, work, strategy, rows, count
+                )
             print(f"  [invariance] {dtype} {strategy} done", flush=True)
     for strategy in ("single", "majority", "dvoting"):
         out[f"cpu/float32/{strategy}/16"] = demo_run(cpu_model, work, strategy, 16, count)
@@ -191,10 +229,16 @@ def fixture_logits(folder: Path, device: str, dtype: str) -> Results:
     with torch.no_grad():
         plain, masked = model(ids).float().cpu(), model(ids, attention_mask=attention).float().cpu()
     # the padded reference as tests/test_models*.py read it (the README of the fixtures says why)
-    padded = next(expected[k] for k in ("logits_pad4d", "logits_masked_dllm", "logits_masked") if k in expected)
-    return {"plain": (plain - expected["logits"]).abs().max().item(),
-            "masked": (masked - padded).abs().max().item(),
-            "argmax": (plain.argmax(-1) == expected["logits"].argmax(-1)).float().mean().item()}
+    padded = next(
+        expected[k]
+        for k in ("logits_pad4d", "logits_masked_dllm", "logits_masked")
+        if k in expected
+    )
+    return {
+        "plain": (plain - expected["logits"]).abs().max().item(),
+        "masked": (masked - padded).abs().max().item(),
+        "argmax": (plain.argmax(-1) == expected["logits"].argmax(-1)).float().mean().item(),
+    }
 
 
 def llada2_block_cache(device: str, dtype: str) -> Results:
@@ -207,21 +251,47 @@ def llada2_block_cache(device: str, dtype: str) -> Results:
     model = load_model(str(FIXTURES / "llada2"), device=device, dtype=dtype)
     drawn = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 240, (n,), generator=drawn) for n in (3, 4, 6, 9)]
-    presets = {"2.0": BlockDecoding(), "2.1-quality": BlockDecoding(threshold=0.7, editing_threshold=0.5),
-               "2.1-speed": BlockDecoding(threshold=0.5, editing_threshold=0.0)}
+    presets = {
+        "2.0": BlockDecoding(),
+        "2.1-quality": BlockDecoding(threshold=0.7, editing_threshold=0.5),
+        "2.1-speed": BlockDecoding(threshold=0.5, editing_threshold=0.0),
+    }
     differ, total = 0, 0
     for settings in presets.values():
         for prompt in prompts:
-            runs = [generate(model, prompt[None], gen_length=8, block_length=4, block=settings, cache=c)
-                    for c in ("none", "block")]
-            differ += int(not (torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(runs[0].nfe, runs[1].nfe)))
+            runs = [
+                generate(model, prompt[None], gen_length=8, block_length=4, block=settings, cache=c)
+                for c in ("none", "block")
+            ]
+            differ += int(
+                not (
+                    torch.equal(runs[0].tokens, runs[1].tokens)
+                    and torch.equal(runs[0].nfe, runs[1].nfe)
+                )
+            )
             total += 1
     ids, attention, _ = left_pad(prompts, 0, torch.device(device))
-    sampled = [generate(model, ids, attention, gen_length=11, block_length=4, block=presets["2.1-quality"], cache=c,
-                        temperature=0.8, generator=[torch.Generator(device=device).manual_seed(r) for r in range(4)])
-               for c in ("none", "block")]
+    sampled = [
+        generate(
+            model,
+            ids,
+            attention,
+            gen_length=11,
+            block_length=4,
+            block=presets["2.1-quality"],
+            cache=c,
+            temperature=0.8,
+            generator=[torch.Generator(device=device).manual_seed(r) for r in range(4)],
+        )
+        for c in ("none", "block")
+    ]
     rows_differ = int((sampled[0].tokens != sampled[1].tokens).any(-1).sum())
-    return {"greedy_differ": differ, "greedy_total": total, "sampled_rows_differ": rows_differ, "sampled_rows": 4}
+    return {
+        "greedy_differ": differ,
+        "greedy_total": total,
+        "sampled_rows_differ": rows_differ,
+        "sampled_rows": 4,
+    }
 
 
 def part_fidelity(shape: Workload, args: argparse.Namespace) -> Results:
@@ -237,19 +307,33 @@ def part_fidelity(shape: Workload, args: argparse.Namespace) -> Results:
 
 def _entries(fidelity: Results, kind: str) -> list[tuple[str, str, Results]]:
     """(second, third part of the key, value) of the entries `kind/x/y`."""
-    return [(*key.split("/")[1:], value) for key, value in fidelity.items() if key.startswith(kind + "/")]
+    return [
+        (*key.split("/")[1:], value)
+        for key, value in fidelity.items()
+        if key.startswith(kind + "/")
+    ]
 
 
 def fidelity_lines(fidelity: Results) -> list[str]:
-    lines = ["| fixture | dtype | max abs diff of the logits (plain / left-padded) | argmax agreement |",
-             "|---|---|---:|---:|"]
-    lines += [f"| {family} | {dtype} | {v['plain']:.2e} / {v['masked']:.2e} | {100 * v['argmax']:.1f}% |"
-              for family, dtype, v in _entries(fidelity, "logits")]
-    lines += ["", "| device | dtype | LLaDA2 `cache=block` vs `none`: greedy decodes that differ (3 presets x 4 "
-              "prompts, generation 8, block 4) | sampled rows that differ (4 batched rows, generation 11) |",
-              "|---|---|---:|---:|"]
-    lines += [f"| {device} | {dtype} | {v['greedy_differ']} of {v['greedy_total']} | {v['sampled_rows_differ']} of "
-              f"{v['sampled_rows']} |" for device, dtype, v in _entries(fidelity, "block_cache")]
+    lines = [
+        "| fixture | dtype | max abs diff of the logits (plain / left-padded) | argmax agreement |",
+        "|---|---|---:|---:|",
+    ]
+    lines += [
+        f"| {family} | {dtype} | {v['plain']:.2e} / {v['masked']:.2e} | {100 * v['argmax']:.1f}% |"
+        for family, dtype, v in _entries(fidelity, "logits")
+    ]
+    lines += [
+        "",
+        "| device | dtype | LLaDA2 `cache=block` vs `none`: greedy decodes that differ (3 presets x 4 "
+        "prompts, generation 8, block 4) | sampled rows that differ (4 batched rows, generation 11) |",
+        "|---|---|---:|---:|",
+    ]
+    lines += [
+        f"| {device} | {dtype} | {v['greedy_differ']} of {v['greedy_total']} | {v['sampled_rows_differ']} of "
+        f"{v['sampled_rows']} |"
+        for device, dtype, v in _entries(fidelity, "block_cache")
+    ]
     return lines
 
 
@@ -260,13 +344,28 @@ def run_parts(args: argparse.Namespace, results: Results, save: Callable[[], Non
     device = torch.device(args.device)
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     start = time.perf_counter()
-    shape = real_vocab_workload(args.strategy_questions, 32, 32, name="real-shape", d_model=args.width, n_layers=args.layers, n_heads=args.heads,
-                                std=0.02, device=str(device), dtype=dtype)
+    shape = real_vocab_workload(
+        args.strategy_questions,
+        32,
+        32,
+        name="real-shape",
+        d_model=args.width,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        std=0.02,
+        device=str(device),
+        dtype=dtype,
+    )
     results["model_seconds"] = time.perf_counter() - start
     results["real_description"] = shape.description
     results["dtype"] = str(dtype).replace("torch.", "")
-    parts = {"forward": part_forward, "caches": part_caches, "strategies": part_strategies,
-             "invariance": part_invariance, "fidelity": part_fidelity}
+    parts = {
+        "forward": part_forward,
+        "caches": part_caches,
+        "strategies": part_strategies,
+        "invariance": part_invariance,
+        "fidelity": part_fidelity,
+    }
     for name in args.parts:
         start = time.perf_counter()
         try:
@@ -287,28 +386,48 @@ def ms(value: float) -> str:
 
 
 def forward_lines(forward: Results) -> list[str]:
-    lines = ["| rows x tokens | ms per pass | ms per row | rows/s against 1 row |", "|---|---:|---:|---:|"]
+    lines = [
+        "| rows x tokens | ms per pass | ms per row | rows/s against 1 row |",
+        "|---|---:|---:|---:|",
+    ]
     for key, value in forward.items():
-        rows, length = (key.split("x") + ["512"])[:2]  # older runs keyed by rows alone, at 512 tokens
+        rows, length = (key.split("x") + ["512"])[
+            :2
+        ]  # older runs keyed by rows alone, at 512 tokens
         base = forward.get(f"1x{length}", forward.get("1"))
-        lines.append(f"| {rows} x {length} | {value:.1f} | {value / int(rows):.1f} | {base * int(rows) / value:.2f}x |")
+        lines.append(
+            f"| {rows} x {length} | {value:.1f} | {value / int(rows):.1f} | {base * int(rows) / value:.2f}x |"
+        )
     return lines
 
 
 def cache_lines(real: Results, rows: str) -> list[str]:
     """`single`'s fixed schedule per block and per question, and the entropy rule's steps, in ms."""
     fixed, blocks = caches_bench.fixed_block, 8
-    lines = [f"**{rows} row(s).**", "", "| cache | block | full step ms | reuse step ms | reuse pass tokens | "
-             "head ms/step | ms/step over a question (`single`) | none/cache |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"**{rows} row(s).**",
+        "",
+        "| cache | block | full step ms | reuse step ms | reuse pass tokens | "
+        "head ms/step | ms/step over a question (`single`) | none/cache |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     steps = 256  # one question of `single`: 8 blocks x 32 steps
     base = caches_bench.per_question(real, "none", blocks, 1.0)
     for cache, b in [("none", 0), ("prefix", 0), ("prefix", 7), ("dual", 0), ("dual", 7)]:
         cell = fixed(real, cache, b, 1.0)
         question = caches_bench.per_question(real, cache, blocks, 1.0)
-        reuse, width = ("-", "-") if cache == "none" else (ms(cell["reuse"]), f"{cell['width']:.0f}")
-        lines.append(f"| {cache} | {b + 1} of {blocks} | {ms(cell['full'])} | {reuse} | {width} | {ms(cell['head'])} | "
-                     f"{ms(question / steps)} | {base / question:.2f}x |")
-    lines += ["", "| cache | entropy rule: first step of a block ms (full) | later step ms |", "|---|---:|---:|"]
+        reuse, width = (
+            ("-", "-") if cache == "none" else (ms(cell["reuse"]), f"{cell['width']:.0f}")
+        )
+        lines.append(
+            f"| {cache} | {b + 1} of {blocks} | {ms(cell['full'])} | {reuse} | {width} | {ms(cell['head'])} | "
+            f"{ms(question / steps)} | {base / question:.2f}x |"
+        )
+    lines += [
+        "",
+        "| cache | entropy rule: first step of a block ms (full) | later step ms |",
+        "|---|---:|---:|",
+    ]
     for cache in caches_bench.CACHES:
         step = caches_bench.entropy_steps(real, cache)
         lines.append(f"| {cache} | {ms(step['full'])} | {ms(step['later'])} |")
@@ -318,21 +437,36 @@ def cache_lines(real: Results, rows: str) -> list[str]:
 def strategy_targets(cells: list[dict[str, Any]]) -> list[str]:
     """Targets 1 and 3 of BENCHMARKS.md on the GPU cells."""
     by = {(c["strategy"], c["batch"]): c for c in cells}
-    lines = ["| strategy | q/s, batch 1 | q/s, batch 16 | speed-up | answers identical across batch sizes |",
-             "|---|---:|---:|---:|---|"]
+    lines = [
+        "| strategy | q/s, batch 1 | q/s, batch 16 | speed-up | answers identical across batch sizes |",
+        "|---|---:|---:|---:|---|",
+    ]
     for strategy in ("single", "majority", "dvoting", "hex"):
         one, many = by.get((strategy, 1)), by.get((strategy, 16))
         if one and many:
-            same = "yes" if one["tokens_digest"] == many["tokens_digest"] else "NO (token digests differ)"
-            lines.append(f"| {strategy} | {one['qps']:.3f} | {many['qps']:.3f} | {many['qps'] / one['qps']:.2f}x | {same} |")
-    lines += ["", "| batch | dVoting/majority time per question | NFE ratio | time ratio / NFE ratio |",
-              "|---:|---:|---:|---:|"]
+            same = (
+                "yes"
+                if one["tokens_digest"] == many["tokens_digest"]
+                else "NO (token digests differ)"
+            )
+            lines.append(
+                f"| {strategy} | {one['qps']:.3f} | {many['qps']:.3f} | {many['qps'] / one['qps']:.2f}x | {same} |"
+            )
+    lines += [
+        "",
+        "| batch | dVoting/majority time per question | NFE ratio | time ratio / NFE ratio |",
+        "|---:|---:|---:|---:|",
+    ]
     for batch in (1, 16):
         d, m = by.get(("dvoting", batch)), by.get(("majority", batch))
         if d and m:
-            time_ratio = (statistics.median(d["wall"]) / d["questions"]) / (statistics.median(m["wall"]) / m["questions"])
+            time_ratio = (statistics.median(d["wall"]) / d["questions"]) / (
+                statistics.median(m["wall"]) / m["questions"]
+            )
             nfe_ratio = d["nfe"] / m["nfe"]
-            lines.append(f"| {batch} | {time_ratio:.3f} | {nfe_ratio:.3f} | {time_ratio / nfe_ratio:.3f} |")
+            lines.append(
+                f"| {batch} | {time_ratio:.3f} | {nfe_ratio:.3f} | {time_ratio / nfe_ratio:.3f} |"
+            )
     return lines
 
 
@@ -345,39 +479,57 @@ WHAT_IT_DOES_NOT_SHOW = (
     "step counts are its worst case (one token per step, all five samples, no early stop) and the real-shape "
     "answers are meaningless; one GPU kind (the {gpu}), torch 2.11 there against 2.13 in CI, eager PyTorch "
     "(no CUDA graphs, no compiled kernels); each strategy cell ran once, so its seconds carry the spread of "
-    "one run (the cache cells are medians of 3 repeats).")
+    "one run (the cache cells are medians of 3 repeats)."
+)
 INVARIANCE_NOTE = (
     "The first 50 held-out problems, generation 32, block 2, each strategy's defaults, the seeds "
     "the harness would give (question index). Only `single` (greedy) can match the CPU token for token: "
     "the sampling strategies draw their noise from a generator on the model's device, and a CUDA "
     "generator's stream differs from the CPU's for the same seed, so their samples differ from the CPU's "
-    "by design (a seed reproduces a run on the same kind of device, not across kinds).")
+    "by design (a seed reproduces a run on the same kind of device, not across kinds)."
+)
 
 
 def invariance_lines(inv: Results, device: str) -> list[str]:
-    lines = ["| dtype | strategy | accuracy %, 1 row / 16 rows | mean NFE, 1 / 16 | questions whose samples differ, "
-             "16 rows vs 1 | whose returned answer differs | samples differ from the CPU's (float32, 16 rows) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| dtype | strategy | accuracy %, 1 row / 16 rows | mean NFE, 1 / 16 | questions whose samples differ, "
+        "16 rows vs 1 | whose returned answer differs | samples differ from the CPU's (float32, 16 rows) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for dtype in ("float32", "bfloat16"):
         for strategy in ("single", "majority", "dvoting"):
-            one, many = inv.get(f"{device}/{dtype}/{strategy}/1"), inv.get(f"{device}/{dtype}/{strategy}/16")
+            one, many = (
+                inv.get(f"{device}/{dtype}/{strategy}/1"),
+                inv.get(f"{device}/{dtype}/{strategy}/16"),
+            )
             cpu = inv.get(f"cpu/float32/{strategy}/16")
             if not (one and many):
                 continue
-            against_cpu = f"{differing(many, cpu, 'digests')} of {len(cpu['digests'])}" if cpu else "n/a"
-            lines.append(f"| {dtype} | {strategy} | {100 * one['accuracy']:.1f} / {100 * many['accuracy']:.1f} | "
-                         f"{one['nfe']:.2f} / {many['nfe']:.2f} | {differing(one, many, 'digests')} of "
-                         f"{len(one['digests'])} | {differing(one, many, 'answers')} | {against_cpu} |")
+            against_cpu = (
+                f"{differing(many, cpu, 'digests')} of {len(cpu['digests'])}" if cpu else "n/a"
+            )
+            lines.append(
+                f"| {dtype} | {strategy} | {100 * one['accuracy']:.1f} / {100 * many['accuracy']:.1f} | "
+                f"{one['nfe']:.2f} / {many['nfe']:.2f} | {differing(one, many, 'digests')} of "
+                f"{len(one['digests'])} | {differing(one, many, 'answers')} | {against_cpu} |"
+            )
     return lines
 
 
-def part_lines(results: Results, name: str, title: str, render: Callable[[Any], list[str]]) -> list[str]:
+def part_lines(
+    results: Results, name: str, title: str, render: Callable[[Any], list[str]]
+) -> list[str]:
     part = results.get(name)
     if part is None:
         return [f"### {title}", "", "Not run.", ""]
     if isinstance(part, dict) and "error" in part:
         last = part["error"].strip().splitlines()[-1]
-        return [f"### {title}", "", f"Failed on the GPU: `{last}` (the traceback is in the JSON).", ""]
+        return [
+            f"### {title}",
+            "",
+            f"Failed on the GPU: `{last}` (the traceback is in the JSON).",
+            "",
+        ]
     return [f"### {title}", "", *render(part), ""]
 
 
@@ -386,71 +538,134 @@ def reading_lines(results: Results) -> list[str]:
     lines = ["### Reading", ""]
     forward = results.get("forward", {})
     if "1x64" in forward and "1x512" in forward:
-        lines.append(f"- **One row is bound by per-kernel overheads, not arithmetic:** a pass over 64 tokens costs "
-                     f"{forward['1x64']:.1f} ms against {forward['1x512']:.1f} ms over 512, and 16 rows of 64 tokens "
-                     f"{forward['16x64']:.1f} ms. Batching is nearly free there; shortening one row's pass is not.")
+        lines.append(
+            f"- **One row is bound by per-kernel overheads, not arithmetic:** a pass over 64 tokens costs "
+            f"{forward['1x64']:.1f} ms against {forward['1x512']:.1f} ms over 512, and 16 rows of 64 tokens "
+            f"{forward['16x64']:.1f} ms. Batching is nearly free there; shortening one row's pass is not."
+        )
     caches = results.get("caches", {})
     if "error" not in caches:
         for rows, real in caches.items():
-            ratios = {c: caches_bench.per_question(real, "none", 8, 1.0) / caches_bench.per_question(real, c, 8, 1.0)
-                      for c in ("prefix", "dual")}
-            lines.append(f"- **Caches at {rows} row(s):** `prefix` {ratios['prefix']:.2f}x and `dual` "
-                         f"{ratios['dual']:.2f}x `none`'s speed per step of `single`; the goal of `dual` at least 5x "
-                         f"is {'met' if ratios['dual'] >= 5 else 'NOT met'} here.")
+            ratios = {
+                c: caches_bench.per_question(real, "none", 8, 1.0)
+                / caches_bench.per_question(real, c, 8, 1.0)
+                for c in ("prefix", "dual")
+            }
+            lines.append(
+                f"- **Caches at {rows} row(s):** `prefix` {ratios['prefix']:.2f}x and `dual` "
+                f"{ratios['dual']:.2f}x `none`'s speed per step of `single`; the goal of `dual` at least 5x "
+                f"is {'met' if ratios['dual'] >= 5 else 'NOT met'} here."
+            )
     cells = results.get("strategies", {}).get("cells", [])
     by = {(c["strategy"], c["batch"]): c for c in cells}
     speedups = [by[(s, 16)]["qps"] / by[(s, 1)]["qps"] for s, b in by if b == 1 and (s, 16) in by]
     if speedups:
-        lines.append(f"- **Batch 16 against batch 1** at the real shape: {min(speedups):.1f}x to {max(speedups):.1f}x "
-                     f"the questions per second (the target is 3x; the CPU's ceiling was 1.3x). The random-weight "
-                     f"model's tokens differ between the batch sizes (not investigated further: the likely cause is "
-                     f"near-tied logits of random weights, rounded differently by bfloat16 matrix kernels that the "
-                     f"GPU picks by shape; see the demo rows for a trained model).")
+        lines.append(
+            f"- **Batch 16 against batch 1** at the real shape: {min(speedups):.1f}x to {max(speedups):.1f}x "
+            f"the questions per second (the target is 3x; the CPU's ceiling was 1.3x). The random-weight "
+            f"model's tokens differ between the batch sizes (not investigated further: the likely cause is "
+            f"near-tied logits of random weights, rounded differently by bfloat16 matrix kernels that the "
+            f"GPU picks by shape; see the demo rows for a trained model)."
+        )
     inv = results.get("invariance", {})
     pairs = [(k, k[:-1] + "16") for k in inv if k.endswith("/1") and k[:-1] + "16" in inv]
     if pairs:
         moved = sum(differing(inv[a], inv[b], "digests") for a, b in pairs)
-        lines.append(f"- **The demo model on the GPU:** {moved} of {sum(len(inv[a]['digests']) for a, _ in pairs)} "
-                     f"question-runs changed any sample between 1 and 16 rows per pass (float32 and bfloat16, "
-                     f"single, majority and dvoting).")
+        lines.append(
+            f"- **The demo model on the GPU:** {moved} of {sum(len(inv[a]['digests']) for a, _ in pairs)} "
+            f"question-runs changed any sample between 1 and 16 rows per pass (float32 and bfloat16, "
+            f"single, majority and dvoting)."
+        )
     fidelity = results.get("fidelity", {})
     if fidelity and "error" not in fidelity:
-        worst = max(max(v["plain"], v["masked"]) for k, v in fidelity.items() if k.endswith("/float32") and "logits" in k)
-        caches = {k.split("/")[1]: (v["greedy_differ"] + v["sampled_rows_differ"], v["greedy_total"] + v["sampled_rows"])
-                  for k, v in fidelity.items() if k.startswith("block_cache/") and k.endswith("/bfloat16")}
-        lines.append(f"- **Fidelity on the GPU:** in float32 the four official-format fixtures stay within "
-                     f"{worst:.1e} of the upstream logits (the CPU tests' bound is 1e-4), and LLaDA2's block cache "
-                     f"gives no cache's tokens exactly on both devices. In bfloat16 the decodes with the block "
-                     f"cache that differ from no cache's (greedy and sampled): "
-                     + ", ".join(f"{n} of {total} on {device}" for device, (n, total) in caches.items())
-                     + " (not investigated: in bfloat16 the cached keys and values, computed over a shorter "
-                       "sequence, may round differently from recomputed ones; exactness is claimed for float32 only).")
+        worst = max(
+            max(v["plain"], v["masked"])
+            for k, v in fidelity.items()
+            if k.endswith("/float32") and "logits" in k
+        )
+        caches = {
+            k.split("/")[1]: (
+                v["greedy_differ"] + v["sampled_rows_differ"],
+                v["greedy_total"] + v["sampled_rows"],
+            )
+            for k, v in fidelity.items()
+            if k.startswith("block_cache/") and k.endswith("/bfloat16")
+        }
+        lines.append(
+            f"- **Fidelity on the GPU:** in float32 the four official-format fixtures stay within "
+            f"{worst:.1e} of the upstream logits (the CPU tests' bound is 1e-4), and LLaDA2's block cache "
+            f"gives no cache's tokens exactly on both devices. In bfloat16 the decodes with the block "
+            f"cache that differ from no cache's (greedy and sampled): "
+            + ", ".join(f"{n} of {total} on {device}" for device, (n, total) in caches.items())
+            + " (not investigated: in bfloat16 the cached keys and values, computed over a shorter "
+            "sequence, may round differently from recomputed ones; exactness is claimed for float32 only)."
+        )
     return lines + [""]
 
 
 def section(results: Results, name: str = SECTION) -> list[str]:
     facts = results["facts"]
     device = results["device"]
-    gpu = facts.get("gpu", device).removeprefix("NVIDIA ").split()[0]  # "NVIDIA H100 80GB HBM3": H100; a CPU run: cpu
+    gpu = (
+        facts.get("gpu", device).removeprefix("NVIDIA ").split()[0]
+    )  # "NVIDIA H100 80GB HBM3": H100; a CPU run: cpu
     start, end = markers(name)
-    lines = [start, "## GPU: LLaDA-8B's full shape in bfloat16" + ("" if name == SECTION else f", on the {gpu}"), "",
-             "Written by `bench/gpu_bench.py` on a lent GPU machine (rerun it there, then "
-             "`--report-only` here). " + results["real_description"] + f"; {results['dtype']}, on the GPU.", "",
-             f"- command: `{results['command']}`"] + [f"- {k}: {v}" for k, v in facts.items()] + [
-             f"- date: {results['date']}; building the random model took {results['model_seconds']:.1f} s"]
+    lines = (
+        [
+            start,
+            "## GPU: LLaDA-8B's full shape in bfloat16"
+            + ("" if name == SECTION else f", on the {gpu}"),
+            "",
+            "Written by `bench/gpu_bench.py` on a lent GPU machine (rerun it there, then "
+            "`--report-only` here). "
+            + results["real_description"]
+            + f"; {results['dtype']}, on the GPU.",
+            "",
+            f"- command: `{results['command']}`",
+        ]
+        + [f"- {k}: {v}" for k, v in facts.items()]
+        + [
+            f"- date: {results['date']}; building the random model took {results['model_seconds']:.1f} s"
+        ]
+    )
     if "second_run" in results:
-        lines.append(f"- second run: {results['second_run']['date']}, on {results['second_run']['facts'].get('gpu')}")
+        lines.append(
+            f"- second run: {results['second_run']['date']}, on {results['second_run']['facts'].get('gpu')}"
+        )
     lines.append("")
-    lines += part_lines(results, "forward", "One forward pass (hidden states + the head at 32 positions per row; "
-                        "medians of 5)", forward_lines)
-    lines += part_lines(results, "caches", "Key/value caches: step times (`bench/caches_bench.py`'s cells, "
-                        "block 32, 8 blocks)", lambda c: [x for rows in c for x in cache_lines(c[rows], rows) + [""]])
-    lines += part_lines(results, "strategies", "Strategies at the real shape (prompt 32, generation 32, block 2; "
-                        "one repeat)", lambda s: s["table"] + [""] + strategy_targets(s["cells"]))
-    lines += part_lines(results, "invariance", "The demo model on the GPU: does the batch change the answers?",
-                        lambda inv: [inv["description"] + ". " + INVARIANCE_NOTE, ""] + invariance_lines(inv, device))
-    lines += part_lines(results, "fidelity", "The official-format fixtures on the GPU (tests/fixtures/official-tiny; "
-                        "logits against what the upstream code computed on the CPU in float32)", fidelity_lines)
+    lines += part_lines(
+        results,
+        "forward",
+        "One forward pass (hidden states + the head at 32 positions per row; medians of 5)",
+        forward_lines,
+    )
+    lines += part_lines(
+        results,
+        "caches",
+        "Key/value caches: step times (`bench/caches_bench.py`'s cells, block 32, 8 blocks)",
+        lambda c: [x for rows in c for x in cache_lines(c[rows], rows) + [""]],
+    )
+    lines += part_lines(
+        results,
+        "strategies",
+        "Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)",
+        lambda s: s["table"] + [""] + strategy_targets(s["cells"]),
+    )
+    lines += part_lines(
+        results,
+        "invariance",
+        "The demo model on the GPU: does the batch change the answers?",
+        lambda inv: (
+            [inv["description"] + ". " + INVARIANCE_NOTE, ""] + invariance_lines(inv, device)
+        ),
+    )
+    lines += part_lines(
+        results,
+        "fidelity",
+        "The official-format fixtures on the GPU (tests/fixtures/official-tiny; "
+        "logits against what the upstream code computed on the CPU in float32)",
+        fidelity_lines,
+    )
     return lines + reading_lines(results) + [WHAT_IT_DOES_NOT_SHOW.format(gpu=gpu), "", end]
 
 
@@ -461,10 +676,16 @@ def main(argv: list[str] | None = None) -> int:
         caches_bench.write_section(args.out, lines, *markers(args.section))
         return 0
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"--device {args.device}: no CUDA device is visible here; use --device cpu for a smoke run")
-    results: Results = {"command": "python3 bench/gpu_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                        "device": args.device, "facts": machine_description(torch.device(args.device)),
-                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        raise SystemExit(
+            f"--device {args.device}: no CUDA device is visible here; use --device cpu for a smoke run"
+        )
+    results: Results = {
+        "command": "python3 bench/gpu_bench.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "device": args.device,
+        "facts": machine_description(torch.device(args.device)),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,7 @@ keeps the other parts found in `--json`, so that parts can be run apart into one
 
 The section goes between `<!-- moe_bench:start -->` and `<!-- moe_bench:end -->` of `--out`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,10 +75,10 @@ from bench.caches_bench import uptime, write_section  # noqa: E402
 from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
 from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder  # noqa: E402
 from lm_eval_dvoting.core.decoding.state import BlockDecoding  # noqa: E402
+from lm_eval_dvoting.integration import strict_json  # noqa: E402
 from lm_eval_dvoting.models.common import PrefixCache, rotary_tables  # noqa: E402
 from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model  # noqa: E402
 from lm_eval_dvoting.models.loading import OFFICIAL_IDS  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 START, END = "<!-- moe_bench:start -->", "<!-- moe_bench:end -->"
@@ -94,19 +95,48 @@ Results = dict[str, Any]
 # 20 layers, 16 heads, vocabulary 157,184, 16B total and 1.4B active parameters as the model
 # card and its reviews say (`parameter_counts` gives 16.3B and 1.43B from these fields).
 LLADA2_MINI: dict[str, Any] = {
-    "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 128,
-    "num_hidden_layers": 20, "intermediate_size": 5120, "vocab_size": 157184, "num_experts": 256,
-    "num_experts_per_tok": 8, "moe_intermediate_size": 512, "num_shared_experts": 1, "n_group": 8,
-    "topk_group": 4, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "partial_rotary_factor": 0.5,
-    "rope_theta": 600000, "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+    "hidden_size": 2048,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_hidden_layers": 20,
+    "intermediate_size": 5120,
+    "vocab_size": 157184,
+    "num_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512,
+    "num_shared_experts": 1,
+    "n_group": 8,
+    "topk_group": 4,
+    "routed_scaling_factor": 2.5,
+    "first_k_dense_replace": 1,
+    "partial_rotary_factor": 0.5,
+    "rope_theta": 600000,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 32768,
 }
-CONFIG_SOURCE = ("inclusionAI/LLaDA2.1-mini `config.json` (same architecture and size as LLaDA2.0-mini; "
-                 "equal in these fields to the LLaDA2.0-mini fine-tune Zigeng/DMax-Math-16B's)")
-DTYPE_NOTE = {"float32": " (the published weights are bfloat16; float32 is what this package runs on a CPU)"}
+CONFIG_SOURCE = (
+    "inclusionAI/LLaDA2.1-mini `config.json` (same architecture and size as LLaDA2.0-mini; "
+    "equal in these fields to the LLaDA2.0-mini fine-tune Zigeng/DMax-Math-16B's)"
+)
+DTYPE_NOTE = {
+    "float32": " (the published weights are bfloat16; float32 is what this package runs on a CPU)"
+}
 # a tiny model of the same structure, for --quick
-QUICK: dict[str, Any] = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-                         "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32,
-                         "n_group": 4, "topk_group": 2, "intermediate_size": 128, "vocab_size": 1000}
+QUICK: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_experts": 16,
+    "num_experts_per_tok": 4,
+    "moe_intermediate_size": 32,
+    "n_group": 4,
+    "topk_group": 2,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+}
 
 
 # ----------------------------------------------------------------- the proxy
@@ -137,8 +167,9 @@ def parameter_counts(cfg: LLaDA2Config) -> tuple[int, int]:
 
 def random_layers(cfg: LLaDA2Config, dtype: torch.dtype, seed: int) -> dict[str, LLaDA2Layer]:
     """The MoE layer and the same layer with the dense-active MLP, random weights."""
-    dense_cfg = LLaDA2Config.from_dict({**asdict(cfg), "intermediate_size": dense_active_width(cfg),
-                                        "first_k_dense_replace": 1})
+    dense_cfg = LLaDA2Config.from_dict(
+        {**asdict(cfg), "intermediate_size": dense_active_width(cfg), "first_k_dense_replace": 1}
+    )
     torch.manual_seed(seed)
     with torch.device("meta"):  # no default initialisation: 256 experts' kaiming init costs seconds
         layers = {"moe": LLaDA2Layer(cfg, 1), "dense": LLaDA2Layer(dense_cfg, 0)}
@@ -183,8 +214,12 @@ def cells_of(args: argparse.Namespace) -> list[Cell]:
     whole = args.prompt_length + args.gen_length
     prefix = args.prompt_length + (args.gen_length - args.block) // 2
     shapes = [(args.block, prefix)] + ([] if args.no_whole else [(whole, 0)])
-    return [Cell(kind, rows, tokens, prefix if kind == "layer" else 0)
-            for kind in args.kinds for tokens, prefix in shapes for rows in args.rows]
+    return [
+        Cell(kind, rows, tokens, prefix if kind == "layer" else 0)
+        for kind in args.kinds
+        for tokens, prefix in shapes
+        for rows in args.rows
+    ]
 
 
 def step_input(cell: Cell, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -193,8 +228,9 @@ def step_input(cell: Cell, width: int, dtype: torch.dtype, seed: int) -> torch.T
     return torch.randn(cell.rows, cell.tokens, width, generator=gen).to(dtype)
 
 
-def step_call(layer: LLaDA2Layer, cfg: LLaDA2Config, cell: Cell, dtype: torch.dtype,
-              seed: int) -> Callable[[], torch.Tensor]:
+def step_call(
+    layer: LLaDA2Layer, cfg: LLaDA2Config, cell: Cell, dtype: torch.dtype, seed: int
+) -> Callable[[], torch.Tensor]:
     """A call of `layer` (its MLP for kind `mlp`) on the cell's random inputs; in a layer cell
     with a prefix, the block attends to that many cached keys (random) as well."""
     x = step_input(cell, cfg.hidden_size, dtype, seed)
@@ -207,7 +243,9 @@ def step_call(layer: LLaDA2Layer, cfg: LLaDA2Config, cell: Cell, dtype: torch.dt
     rotary = rotary_tables(positions, cfg.rotary_dim, cfg.rope_theta)
 
     def call() -> torch.Tensor:
-        cache = PrefixCache(keys=[keys], values=[values]) if cell.prefix else None  # fresh: a pass appends to it
+        cache = (
+            PrefixCache(keys=[keys], values=[values]) if cell.prefix else None
+        )  # fresh: a pass appends to it
         return layer(x, rotary, None, cache, 0)
 
     return call
@@ -227,10 +265,17 @@ def moe_parts(mlp: torch.nn.Module, x: torch.Tensor, reverse: bool) -> dict[str,
     chosen, weights = mlp.gate(flat)
     counts = torch.bincount(chosen.flatten(), minlength=len(mlp.experts)).tolist()
     order = chosen.flatten().argsort(stable=True)
-    inputs = [(e, part) for e, part in enumerate(flat[order // chosen.shape[1]].split(counts)) if counts[e]]
-    calls = {"router": lambda: mlp.gate(flat), "experts": lambda: mlp.experts(flat, chosen, weights),
-             "swiglus": lambda: [mlp.experts[e](part) for e, part in inputs],
-             "shared": lambda: mlp.shared_experts(x) if mlp.shared_experts is not None else None}
+    inputs = [
+        (e, part)
+        for e, part in enumerate(flat[order // chosen.shape[1]].split(counts))
+        if counts[e]
+    ]
+    calls = {
+        "router": lambda: mlp.gate(flat),
+        "experts": lambda: mlp.experts(flat, chosen, weights),
+        "swiglus": lambda: [mlp.experts[e](part) for e, part in inputs],
+        "shared": lambda: mlp.shared_experts(x) if mlp.shared_experts is not None else None,
+    }
     return {name: timed(calls[name]) for name in (reversed(calls) if reverse else calls)}
 
 
@@ -241,14 +286,24 @@ def experts_used(mlp: torch.nn.Module, x: torch.Tensor) -> int:
 
 
 @torch.inference_mode()
-def run_cell(layers: dict[str, LLaDA2Layer], cfg: LLaDA2Config, cell: Cell, args: argparse.Namespace,
-             dtype: torch.dtype) -> Results:
+def run_cell(
+    layers: dict[str, LLaDA2Layer],
+    cfg: LLaDA2Config,
+    cell: Cell,
+    args: argparse.Namespace,
+    dtype: torch.dtype,
+) -> Results:
     """`args.repeats` paired timings of the MoE and the dense-active model on one cell."""
     calls = {name: step_call(layer, cfg, cell, dtype, args.seed) for name, layer in layers.items()}
     x = step_input(cell, cfg.hidden_size, dtype, args.seed)
     for call in calls.values():
         call()  # warm-up
-    result: Results = {"moe": [], "dense": [], "parts": [], "experts_used": experts_used(layers["moe"].mlp, x)}
+    result: Results = {
+        "moe": [],
+        "dense": [],
+        "parts": [],
+        "experts_used": experts_used(layers["moe"].mlp, x),
+    }
     for repeat in range(args.repeats):
         for name in ("moe", "dense") if repeat % 2 == 0 else ("dense", "moe"):
             result[name].append(timed(calls[name]))
@@ -261,18 +316,34 @@ def run_moe(args: argparse.Namespace, save: Callable[[Results], None]) -> Result
     """Part `moe`: every cell; saved after each."""
     dtype = getattr(torch, args.dtype)
     cfg = proxy_config(args.quick)
-    part: Results = {"meta": start_meta(args), "cells": {},
-                     "model": {"config": asdict(cfg), "dense_width": dense_active_width(cfg),
-                               "counts": parameter_counts(cfg), "dtype": args.dtype, "quick": args.quick}}
+    part: Results = {
+        "meta": start_meta(args),
+        "cells": {},
+        "model": {
+            "config": asdict(cfg),
+            "dense_width": dense_active_width(cfg),
+            "counts": parameter_counts(cfg),
+            "dtype": args.dtype,
+            "quick": args.quick,
+        },
+    }
     began = time.perf_counter()
     layers = random_layers(cfg, dtype, args.seed)
     for cell in cells_of(args):
-        part["cells"][cell.name] = {"cell": asdict(cell), **run_cell(layers, cfg, cell, args, dtype)}
+        part["cells"][cell.name] = {
+            "cell": asdict(cell),
+            **run_cell(layers, cfg, cell, args, dtype),
+        }
         times = part["cells"][cell.name]
-        print(f"  [{cell.name}] MoE {1000 * statistics.median(times['moe']):.1f} ms, dense "
-              f"{1000 * statistics.median(times['dense']):.1f} ms", flush=True)
+        print(
+            f"  [{cell.name}] MoE {1000 * statistics.median(times['moe']):.1f} ms, dense "
+            f"{1000 * statistics.median(times['dense']):.1f} ms",
+            flush=True,
+        )
         save(part)
-    part["meta"].update(elapsed=time.perf_counter() - began, load_after=load_average(), busy_after=busy_processes())
+    part["meta"].update(
+        elapsed=time.perf_counter() - began, load_after=load_average(), busy_after=busy_processes()
+    )
     save(part)
     return part
 
@@ -299,7 +370,9 @@ def timed_block(gen_length: int, block: int) -> int:
     return gen_length // block // 2
 
 
-def cache_rows(args: argparse.Namespace, model: LLaDA2Model, cache: str, rows: int) -> list[DecodeRow]:
+def cache_rows(
+    args: argparse.Namespace, model: LLaDA2Model, cache: str, rows: int
+) -> list[DecodeRow]:
     """`rows` rows of random tokens, blocks before the timed one pre-filled; the block cache's rows
     from one block earlier, so that decoding that block fills their cache as decoding would."""
     gen, mask = torch.Generator().manual_seed(args.seed), model.mask_token_id
@@ -309,8 +382,15 @@ def cache_rows(args: argparse.Namespace, model: LLaDA2Model, cache: str, rows: i
         prompt = torch.randint(0, mask, (args.prompt_length,), generator=gen)
         tokens = torch.full((args.gen_length,), mask, dtype=torch.long)
         tokens[:filled] = torch.randint(0, mask, (filled,), generator=gen)
-        out.append(DecodeRow(prompt=prompt, tokens=tokens, block_length=args.block, cache=cache,
-                             block=BlockDecoding(threshold=1.0, steps=args.cache_steps)))
+        out.append(
+            DecodeRow(
+                prompt=prompt,
+                tokens=tokens,
+                block_length=args.block,
+                cache=cache,
+                block=BlockDecoding(threshold=1.0, steps=args.cache_steps),
+            )
+        )
     return out
 
 
@@ -318,6 +398,7 @@ def layer_clock(model: LLaDA2Model, record: Results) -> list[Any]:
     """Hooks that add each layer's seconds to `record["layers"]`, the pass's (rows, tokens) to
     `record["shape"]` and how many experts the last layer's router picks to `record["experts"]`;
     returns their handles."""
+
     def before(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         record["shape"] = list(inputs[0].shape[:2])
         record["layers"].append(-time.perf_counter())
@@ -325,12 +406,17 @@ def layer_clock(model: LLaDA2Model, record: Results) -> list[Any]:
     def after(module: torch.nn.Module, inputs: Any, output: Any) -> None:
         record["layers"][-1] += time.perf_counter()
 
-    def routed(module: torch.nn.Module, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def routed(
+        module: torch.nn.Module, inputs: Any, output: tuple[torch.Tensor, torch.Tensor]
+    ) -> None:
         record["experts"] = int(output[0].unique().numel())
 
     layers = model.model.layers
-    handles = [h for layer in layers for h in (layer.register_forward_pre_hook(before),
-                                               layer.register_forward_hook(after))]
+    handles = [
+        h
+        for layer in layers
+        for h in (layer.register_forward_pre_hook(before), layer.register_forward_hook(after))
+    ]
     gate = getattr(layers[-1].mlp, "gate", None)
     return handles + ([gate.register_forward_hook(routed)] if gate is not None else [])
 
@@ -361,18 +447,24 @@ def timed_step(decoder: RowDecoder) -> Results:
 
 
 @torch.inference_mode()
-def decode_steps(model: LLaDA2Model, args: argparse.Namespace, cache: str, rows: int) -> list[Results]:
+def decode_steps(
+    model: LLaDA2Model, args: argparse.Namespace, cache: str, rows: int
+) -> list[Results]:
     """Every step of one decode of `cache_rows`, up to the end of the timed block."""
     decoder = RowDecoder(model)
     for row in cache_rows(args, model, cache, rows):
         decoder.add(row)
     steps = []
-    while decoder.active and decoder.active[0].progress.block <= timed_block(args.gen_length, args.block):
+    while decoder.active and decoder.active[0].progress.block <= timed_block(
+        args.gen_length, args.block
+    ):
         steps.append(timed_step(decoder))
     return steps
 
 
-def run_cache_cell(model: LLaDA2Model, args: argparse.Namespace, rows: int, repeats: int) -> Results:
+def run_cache_cell(
+    model: LLaDA2Model, args: argparse.Namespace, rows: int, repeats: int
+) -> Results:
     """`repeats` paired decodes, no cache and block cache back to back (the order alternating), then
     the MoE layer on spread inputs (`spread_moe`)."""
     cell: Results = {"rows": rows, "none": [], "block": []}
@@ -390,14 +482,21 @@ def spread_moe(model: LLaDA2Model, args: argparse.Namespace, rows: int, repeats:
     timed block (its tokens + the cached keys before it) and a pass over the whole sequence, paired."""
     cfg, dtype = model.config, next(model.parameters()).dtype
     prefix = args.prompt_length + timed_block(args.gen_length, args.block) * args.block
-    cells = {"block": Cell("layer", rows, args.block, prefix), "none": Cell("layer", rows, args.prompt_length
-                                                                             + args.gen_length)}
+    cells = {
+        "block": Cell("layer", rows, args.block, prefix),
+        "none": Cell("layer", rows, args.prompt_length + args.gen_length),
+    }
     layer = model.model.layers[-1]
     calls = {name: step_call(layer, cfg, cell, dtype, args.seed) for name, cell in cells.items()}
     for call in calls.values():
         call()  # warm-up
-    out: Results = {"none": [], "block": [],
-                    "experts": experts_used(layer.mlp, step_input(cells["block"], cfg.hidden_size, dtype, args.seed))}
+    out: Results = {
+        "none": [],
+        "block": [],
+        "experts": experts_used(
+            layer.mlp, step_input(cells["block"], cfg.hidden_size, dtype, args.seed)
+        ),
+    }
     for repeat in range(repeats):
         for name in ("none", "block") if repeat % 2 == 0 else ("block", "none"):
             out[name].append(timed(calls[name]))
@@ -408,9 +507,17 @@ def run_cache(args: argparse.Namespace, save: Callable[[Results], None]) -> Resu
     """Part `cache`: a decode at each row count; saved after each."""
     dtype = getattr(torch, args.dtype)
     cfg = proxy_config(args.quick)
-    part: Results = {"meta": start_meta(args), "cells": {},
-                     "model": {"config": asdict(cfg), "dense_width": dense_active_width(cfg), "depth": args.depth,
-                               "dtype": args.dtype, "quick": args.quick}}
+    part: Results = {
+        "meta": start_meta(args),
+        "cells": {},
+        "model": {
+            "config": asdict(cfg),
+            "dense_width": dense_active_width(cfg),
+            "depth": args.depth,
+            "dtype": args.dtype,
+            "quick": args.quick,
+        },
+    }
     began = time.perf_counter()
     model = random_model(cfg, args.depth, dtype, args.seed)
     part["meta"]["build_seconds"] = time.perf_counter() - began
@@ -419,9 +526,14 @@ def run_cache(args: argparse.Namespace, save: Callable[[Results], None]) -> Resu
         cell = part["cells"][str(rows)] = run_cache_cell(model, args, rows, repeats)
         save(part)
         s = cache_summary(cell, "forward", part)
-        print(f"  [cache, {rows} row(s)] forward passes, mid-block: none {s['none']['mid']:.1f} ms, block "
-              f"{s['block']['mid']:.1f} ms; first of a block: {s['block']['first']:.1f} ms", flush=True)
-    part["meta"].update(elapsed=time.perf_counter() - began, load_after=load_average(), busy_after=busy_processes())
+        print(
+            f"  [cache, {rows} row(s)] forward passes, mid-block: none {s['none']['mid']:.1f} ms, block "
+            f"{s['block']['mid']:.1f} ms; first of a block: {s['block']['first']:.1f} ms",
+            flush=True,
+        )
+    part["meta"].update(
+        elapsed=time.perf_counter() - began, load_after=load_average(), busy_after=busy_processes()
+    )
     save(part)
     return part
 
@@ -431,11 +543,17 @@ def run_cache(args: argparse.Namespace, save: Callable[[Results], None]) -> Resu
 
 def git_commit() -> str:
     """HEAD's short hash, with a note when the working tree has changes."""
+
     def git(*cmd: str) -> str:
-        return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(
+            ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
 
     try:
-        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+        head, dirty = (
+            git("rev-parse", "--short", "HEAD"),
+            git("status", "--porcelain", "--untracked-files=no"),
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head}{' + uncommitted changes' if dirty else ''}"
@@ -443,11 +561,21 @@ def git_commit() -> str:
 
 def start_meta(args: argparse.Namespace) -> Results:
     """The command, machine, date, commit and the other processes, at the start of a part."""
-    env = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} " if "OMP_NUM_THREADS" in os.environ else ""
-    return {"command": f"{env}.venv/bin/python bench/moe_bench.py" + "".join(f" {a}" for a in args.argv),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": git_commit(),
-            "facts": machine_description(torch.device("cpu")), "load_before": load_average(),
-            "uptime_before": uptime(), "busy": busy_processes()}
+    env = (
+        f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} "
+        if "OMP_NUM_THREADS" in os.environ
+        else ""
+    )
+    return {
+        "command": f"{env}.venv/bin/python bench/moe_bench.py"
+        + "".join(f" {a}" for a in args.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": git_commit(),
+        "facts": machine_description(torch.device("cpu")),
+        "load_before": load_average(),
+        "uptime_before": uptime(),
+        "busy": busy_processes(),
+    }
 
 
 # ----------------------------------------------------------------- the section
@@ -473,10 +601,14 @@ def weight_mib(model: Results, cell: Results) -> tuple[float, float]:
     (float32) against the dense MLP; plus the attention's in a layer cell."""
     cfg, size = model["config"], torch.finfo(getattr(torch, model["dtype"])).bits // 8
     h, inter = cfg["hidden_size"], cfg["moe_intermediate_size"]
-    moe = (cell["experts_used"] + cfg["num_shared_experts"]) * 3 * h * inter * size + cfg["num_experts"] * h * 4
+    moe = (cell["experts_used"] + cfg["num_shared_experts"]) * 3 * h * inter * size + cfg[
+        "num_experts"
+    ] * h * 4
     dense = 3 * h * model["dense_width"] * size
     if cell["cell"]["kind"] == "layer":
-        heads = cfg["num_attention_heads"] + 2 * (cfg["num_key_value_heads"] or cfg["num_attention_heads"])
+        heads = cfg["num_attention_heads"] + 2 * (
+            cfg["num_key_value_heads"] or cfg["num_attention_heads"]
+        )
         attention = (heads + cfg["num_attention_heads"]) * cfg["head_dim"] * h * size
         moe, dense = moe + attention, dense + attention
     return moe / 2**20, dense / 2**20
@@ -488,18 +620,24 @@ def cell_row(model: Results, name: str, cell: Results) -> str:
     moe_w, dense_w = weight_mib(model, cell)
     speed = " | |"
     if c["kind"] == "mlp":
-        moe_speed, dense_speed = (mlp_flops(model, cell) / statistics.median(cell[k]) / 1e9 for k in ("moe", "dense"))
+        moe_speed, dense_speed = (
+            mlp_flops(model, cell) / statistics.median(cell[k]) / 1e9 for k in ("moe", "dense")
+        )
         speed = f" {moe_speed:.0f} | {dense_speed:.0f} |"
-    return (f"| {name} | {c['rows'] * c['tokens']} | {cell['experts_used']} | {moe_w:,.0f} / {dense_w:,.0f} | "
-            f"{ms(cell['moe']):.1f} | {ms(cell['dense']):.1f} | {statistics.median(r):.2f} "
-            f"({min(r):.2f}-{max(r):.2f}) |{speed}")
+    return (
+        f"| {name} | {c['rows'] * c['tokens']} | {cell['experts_used']} | {moe_w:,.0f} / {dense_w:,.0f} | "
+        f"{ms(cell['moe']):.1f} | {ms(cell['dense']):.1f} | {statistics.median(r):.2f} "
+        f"({min(r):.2f}-{max(r):.2f}) |{speed}"
+    )
 
 
 def cells_table(part: Results) -> list[str]:
     experts = part["model"]["config"]["num_experts"]
-    lines = [f"| cell (rows x tokens) | tokens | experts hit (of {experts}) by the step's input | weights read MiB, "
-             "MoE / dense | MoE ms | dense ms | MoE / dense: median of repeats (range) | MoE GFLOP/s | dense GFLOP/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| cell (rows x tokens) | tokens | experts hit (of {experts}) by the step's input | weights read MiB, "
+        "MoE / dense | MoE ms | dense ms | MoE / dense: median of repeats (range) | MoE GFLOP/s | dense GFLOP/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     return lines + [cell_row(part["model"], name, cell) for name, cell in part["cells"].items()]
 
 
@@ -513,20 +651,31 @@ def part_medians(cell: Results) -> dict[str, float]:
 
 def parts_table(part: Results) -> list[str]:
     """Where the MoE MLP's time goes in the block cells (medians of the repeats)."""
-    lines = ["| cell | router ms | routed experts ms | of which the SwiGLUs alone | dispatch: the rest (median "
-             "of repeats) | shared expert ms |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| cell | router ms | routed experts ms | of which the SwiGLUs alone | dispatch: the rest (median "
+        "of repeats) | shared expert ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, cell in part["cells"].items():
         if cell["parts"]:
             p = part_medians(cell)
-            lines.append(f"| {name} | {p['router']:.1f} | {p['experts']:.1f} | {p['swiglus']:.1f} | "
-                         f"{p['dispatch']:.1f} ({100 * p['dispatch'] / p['experts']:.0f}%) | "
-                         f"{p['shared']:.1f} |")
+            lines.append(
+                f"| {name} | {p['router']:.1f} | {p['experts']:.1f} | {p['swiglus']:.1f} | "
+                f"{p['dispatch']:.1f} ({100 * p['dispatch'] / p['experts']:.0f}%) | "
+                f"{p['shared']:.1f} |"
+            )
     return lines
 
 
 def find_cell(part: Results, kind: str, rows: int, tokens: int) -> Results | None:
-    return next((c for c in part["cells"].values() if (c["cell"]["kind"], c["cell"]["rows"], c["cell"]["tokens"])
-                 == (kind, rows, tokens)), None)
+    return next(
+        (
+            c
+            for c in part["cells"].values()
+            if (c["cell"]["kind"], c["cell"]["rows"], c["cell"]["tokens"]) == (kind, rows, tokens)
+        ),
+        None,
+    )
 
 
 def goal_lines(part: Results) -> list[str]:
@@ -538,10 +687,18 @@ def goal_lines(part: Results) -> list[str]:
     ratio = statistics.median(ratios(cell))
     verdict = "met" if ratio <= GOAL_RATIO else "**missed**"
     layer = find_cell(part, "layer", max(a["rows"]), a["block"])
-    diluted = "" if layer is None else (f" (the whole layer, attention over the cached keys included: "
-                                        f"{statistics.median(ratios(layer)):.2f}x)")
-    return [f"- **Goal** (issue): the MoE MLP within {GOAL_RATIO}x of its dense-active equivalent at "
-            f"{max(a['rows'])} rows x {a['block']} tokens: {ratio:.2f}x, {verdict}{diluted}."]
+    diluted = (
+        ""
+        if layer is None
+        else (
+            f" (the whole layer, attention over the cached keys included: "
+            f"{statistics.median(ratios(layer)):.2f}x)"
+        )
+    )
+    return [
+        f"- **Goal** (issue): the MoE MLP within {GOAL_RATIO}x of its dense-active equivalent at "
+        f"{max(a['rows'])} rows x {a['block']} tokens: {ratio:.2f}x, {verdict}{diluted}."
+    ]
 
 
 def why_lines(part: Results) -> list[str]:
@@ -564,7 +721,8 @@ def why_lines(part: Results) -> list[str]:
             f"(MKL, one thread) runs at {flops / statistics.median(big['moe']) / 1e9:.0f} GFLOP/s on the MoE and "
             f"{flops / statistics.median(big['dense']) / 1e9:.0f} on the dense layer: a GEMM of a few rows "
             f"streams and packs a whole weight matrix for little arithmetic. That nearly every expert is hit is "
-            f"the nature of a {tokens}-token step at top-{cfg['num_experts_per_tok']}, not of this implementation.")
+            f"the nature of a {tokens}-token step at top-{cfg['num_experts_per_tok']}, not of this implementation."
+        )
     lines += dispatch_lines(part) + small_lines(part) + whole_lines(part) + gpu_lines(part)
     return lines
 
@@ -578,14 +736,18 @@ def dispatch_lines(part: Results) -> list[str]:
     dispatch = p["dispatch"]
     share = f"{dispatch:.0f} ms of the routed experts' {p['experts']:.0f} ms"
     if abs(dispatch) <= 0.05 * p["experts"]:
-        share = (f"small: {dispatch:+.0f} ms of the routed experts' {p['experts']:.0f} ms, within the noise of "
-                 "timing the two apart")
+        share = (
+            f"small: {dispatch:+.0f} ms of the routed experts' {p['experts']:.0f} ms, within the noise of "
+            "timing the two apart"
+        )
     floor = (p["swiglus"] + p["shared"]) / ms(big["dense"])
-    return [f"- The dispatch in `Experts.forward` (sorting the assignments, gathering each expert's tokens, "
-            f"weighting and scattering the outputs, the loop over experts) is {share}; the experts' SwiGLUs on "
-            f"inputs gathered beforehand take {p['swiglus']:.0f} ms. "
-            f"Those SwiGLUs and the shared expert alone come to {floor:.2f}x the dense layer's time, so no "
-            f"dispatch could meet the goal with these GEMMs; the router adds {p['router']:.0f} ms."]
+    return [
+        f"- The dispatch in `Experts.forward` (sorting the assignments, gathering each expert's tokens, "
+        f"weighting and scattering the outputs, the loop over experts) is {share}; the experts' SwiGLUs on "
+        f"inputs gathered beforehand take {p['swiglus']:.0f} ms. "
+        f"Those SwiGLUs and the shared expert alone come to {floor:.2f}x the dense layer's time, so no "
+        f"dispatch could meet the goal with these GEMMs; the router adds {p['router']:.0f} ms."
+    ]
 
 
 def small_lines(part: Results) -> list[str]:
@@ -596,12 +758,14 @@ def small_lines(part: Results) -> list[str]:
     tokens = one["cell"]["rows"] * one["cell"]["tokens"]
     assignments = tokens * cfg["num_experts_per_tok"]
     moe_w, dense_w = weight_mib(part["model"], one)
-    return [f"- At {one['cell']['rows']} row ({tokens} tokens, {assignments} assignments) "
-            f"{one['experts_used']} experts are hit with ~{assignments / one['experts_used']:.1f} tokens each: the "
-            f"step reads {moe_w:,.0f} MiB of weights against {dense_w:,.0f} MiB for the same arithmetic (at "
-            f"{moe_w * 2**20 / statistics.median(one['moe']) / 1e9:.0f} GB/s), so its cost follows the weights it "
-            f"touches, not its arithmetic, and the MoE takes {statistics.median(ratios(one)):.1f}x the dense "
-            "layer's time."]
+    return [
+        f"- At {one['cell']['rows']} row ({tokens} tokens, {assignments} assignments) "
+        f"{one['experts_used']} experts are hit with ~{assignments / one['experts_used']:.1f} tokens each: the "
+        f"step reads {moe_w:,.0f} MiB of weights against {dense_w:,.0f} MiB for the same arithmetic (at "
+        f"{moe_w * 2**20 / statistics.median(one['moe']) / 1e9:.0f} GB/s), so its cost follows the weights it "
+        f"touches, not its arithmetic, and the MoE takes {statistics.median(ratios(one)):.1f}x the dense "
+        "layer's time."
+    ]
 
 
 def whole_lines(part: Results) -> list[str]:
@@ -609,13 +773,18 @@ def whole_lines(part: Results) -> list[str]:
     whole = find_cell(part, "mlp", max(a["rows"]), a["prompt_length"] + a["gen_length"])
     if whole is None:
         return []
-    tokens, ratio = whole["cell"]["rows"] * whole["cell"]["tokens"], statistics.median(ratios(whole))
+    tokens, ratio = (
+        whole["cell"]["rows"] * whole["cell"]["tokens"],
+        statistics.median(ratios(whole)),
+    )
     per_expert = tokens * cfg["num_experts_per_tok"] // cfg["num_experts"]
     within = "within" if ratio <= GOAL_RATIO else "still outside"
-    return [f"- Without a cache a step feeds the whole sequence: at {whole['cell']['rows']} rows x "
-            f"{whole['cell']['tokens']} tokens each expert gets ~{per_expert} tokens, and the MoE takes {ratio:.2f}x "
-            f"the dense layer, {within} {GOAL_RATIO}x: the closer a call comes to hundreds of tokens per expert, "
-            "the closer the MoE comes to the cost of its active parameters."]
+    return [
+        f"- Without a cache a step feeds the whole sequence: at {whole['cell']['rows']} rows x "
+        f"{whole['cell']['tokens']} tokens each expert gets ~{per_expert} tokens, and the MoE takes {ratio:.2f}x "
+        f"the dense layer, {within} {GOAL_RATIO}x: the closer a call comes to hundreds of tokens per expert, "
+        "the closer the MoE comes to the cost of its active parameters."
+    ]
 
 
 def gpu_lines(part: Results) -> list[str]:
@@ -626,28 +795,39 @@ def gpu_lines(part: Results) -> list[str]:
     moe_gib = (cfg["num_experts"] + cfg["num_shared_experts"]) * 3 * h * inter * 2 / 2**30
     dense_mib = 3 * h * model["dense_width"] * 2 / 2**20
     gflop = 2 * 3 * h * model["dense_width"] * tokens / 1e9
-    return [f"- On a GPU (not measured: this machine has none) a grouped GEMM would run all experts in one "
-            f"kernel instead of {3 * cfg['num_experts']} small ones, which removes the launch and dispatch "
-            f"overheads but not the weight traffic: a {tokens}-token step still reads every expert, "
-            f"{moe_gib:.2f} GiB in bfloat16 against {dense_mib:.0f} MiB for the dense-active layer, for "
-            f"{gflop:.0f} GFLOP either way. On an H100 (assumed 3.3 TB/s and 500 bf16 TFLOP/s) that is about "
-            f"{moe_gib * 2**30 / 3.3e12 * 1e3:.2f} ms of reads against about {gflop / 500e3 * 1e3:.2f} ms of "
-            f"dense arithmetic (estimates): the ratio there would be further from {GOAL_RATIO}x, not closer. What "
-            "the MoE saves is against a dense model of its *total* size (the arithmetic of 1.4B parameters per "
-            "token instead of 16B); against the dense-active layer it loses whenever a step's tokens spread over "
-            "all experts, since the dense weights serve every token and each expert's only a few."]
+    return [
+        f"- On a GPU (not measured: this machine has none) a grouped GEMM would run all experts in one "
+        f"kernel instead of {3 * cfg['num_experts']} small ones, which removes the launch and dispatch "
+        f"overheads but not the weight traffic: a {tokens}-token step still reads every expert, "
+        f"{moe_gib:.2f} GiB in bfloat16 against {dense_mib:.0f} MiB for the dense-active layer, for "
+        f"{gflop:.0f} GFLOP either way. On an H100 (assumed 3.3 TB/s and 500 bf16 TFLOP/s) that is about "
+        f"{moe_gib * 2**30 / 3.3e12 * 1e3:.2f} ms of reads against about {gflop / 500e3 * 1e3:.2f} ms of "
+        f"dense arithmetic (estimates): the ratio there would be further from {GOAL_RATIO}x, not closer. What "
+        "the MoE saves is against a dense model of its *total* size (the arithmetic of 1.4B parameters per "
+        "token instead of 16B); against the dense-active layer it loses whenever a step's tokens spread over "
+        "all experts, since the dense weights serve every token and each expert's only a few."
+    ]
 
 
 def machine_lines(meta: Results, args: Results, runs: str | None = None) -> list[str]:
     """The command, machine, settings (`runs`: how the timings were repeated; default part `moe`'s),
     load and the other busy processes of a part."""
-    runs = runs or f"repeats: {args['repeats']} (paired, the order alternating), one warm-up call per model and cell"
-    lines = ["Machine and command:", "", f"- command: `{meta['command']}` (from the repository root)",
-             f"- date: {meta['date']}; commit: {meta['commit']}"]
+    runs = (
+        runs
+        or f"repeats: {args['repeats']} (paired, the order alternating), one warm-up call per model and cell"
+    )
+    lines = [
+        "Machine and command:",
+        "",
+        f"- command: `{meta['command']}` (from the repository root)",
+        f"- date: {meta['date']}; commit: {meta['commit']}",
+    ]
     lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
-    lines += [f"- threads: {args['threads']}, dtype: {args['dtype']}, {runs}",
-              f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; other busy processes "
-              "(1% CPU or more) at the start (the 2 cores are shared):"]
+    lines += [
+        f"- threads: {args['threads']}, dtype: {args['dtype']}, {runs}",
+        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; other busy processes "
+        "(1% CPU or more) at the start (the 2 cores are shared):",
+    ]
     lines += [f"  - `{b}`" for b in busy(meta["busy"])]
     if meta.get("busy_after"):
         lines += ["- and at the end:"] + [f"  - `{b}`" for b in busy(meta["busy_after"])]
@@ -664,16 +844,29 @@ def moe_lines(part: Results) -> list[str]:
     model, a = part["model"], part["args"]
     total, active = model["counts"]
     quick = " (**--quick: a tiny model, not the real shape**)" if model["quick"] else ""
-    return ["### The MoE layer against its dense-active equivalent" + quick, "",
-            f"One call per step shape; *MLP* = `LLaDA2SparseMLP` (router, {model['config']['num_experts']} routed "
-            f"experts, shared expert) against a SwiGLU of intermediate {model['dense_width']}; *layer* = the whole "
-            f"`LLaDA2Layer` (norms, attention, MLP) with either MLP; in the block cells of the layer the "
-            f"{a['block']} tokens attend to {a['prompt_length'] + (a['gen_length'] - a['block']) // 2} cached keys "
-            f"as well (prompt {a['prompt_length']} + generation {a['gen_length']}: the mean over the blocks). The "
-            f"MoE's config gives {total / 1e9:.1f}B parameters in all and {active / 1e9:.2f}B active per token "
-            "for the whole model (the published 16B / 1.4B).", "",
-            *cells_table(part), "", "Where the MoE MLP's time goes (block cells, medians of the repeats):", "",
-            *parts_table(part), "", *goal_lines(part), *why_lines(part), "", *machine_lines(part["meta"], a), ""]
+    return [
+        "### The MoE layer against its dense-active equivalent" + quick,
+        "",
+        f"One call per step shape; *MLP* = `LLaDA2SparseMLP` (router, {model['config']['num_experts']} routed "
+        f"experts, shared expert) against a SwiGLU of intermediate {model['dense_width']}; *layer* = the whole "
+        f"`LLaDA2Layer` (norms, attention, MLP) with either MLP; in the block cells of the layer the "
+        f"{a['block']} tokens attend to {a['prompt_length'] + (a['gen_length'] - a['block']) // 2} cached keys "
+        f"as well (prompt {a['prompt_length']} + generation {a['gen_length']}: the mean over the blocks). The "
+        f"MoE's config gives {total / 1e9:.1f}B parameters in all and {active / 1e9:.2f}B active per token "
+        "for the whole model (the published 16B / 1.4B).",
+        "",
+        *cells_table(part),
+        "",
+        "Where the MoE MLP's time goes (block cells, medians of the repeats):",
+        "",
+        *parts_table(part),
+        "",
+        *goal_lines(part),
+        *why_lines(part),
+        "",
+        *machine_lines(part["meta"], a),
+        "",
+    ]
 
 
 # ----------------------------------------------------------------- part `cache`'s section
@@ -681,10 +874,13 @@ def moe_lines(part: Results) -> list[str]:
 # A step's seconds, by what is timed: the forward pass, the whole step (head and rules too), a
 # layer (0: dense, -1: MoE); `_full`: with `extra` more MoE layers (the 20-layer model, estimated).
 METRICS: dict[str, Callable[[Results, int], float]] = {
-    "forward": lambda s, extra: s["forward"], "step": lambda s, extra: s["seconds"],
+    "forward": lambda s, extra: s["forward"],
+    "step": lambda s, extra: s["seconds"],
     "forward_full": lambda s, extra: s["forward"] + extra * s["layers"][-1],
     "step_full": lambda s, extra: s["seconds"] + extra * s["layers"][-1],
-    "dense": lambda s, extra: s["layers"][0], "moe": lambda s, extra: s["layers"][-1]}
+    "dense": lambda s, extra: s["layers"][0],
+    "moe": lambda s, extra: s["layers"][-1],
+}
 
 
 def timed_steps(decode: list[Results], block: int) -> list[Results]:
@@ -699,20 +895,35 @@ def step_kinds(seconds: list[float], block: int) -> dict[str, float]:
     return {"first": first, "mid": mid, "mean": (first + (block - 1) * mid) / block}
 
 
-def repeat_seconds(cell: Results, metric: str, repeat: int, part: Results) -> dict[str, dict[str, float]]:
+def repeat_seconds(
+    cell: Results, metric: str, repeat: int, part: Results
+) -> dict[str, dict[str, float]]:
     """One repeat's seconds by cache (`none`, `block`) and step kind. The two are paired by the step's
     place in the block: no cache's passes are alike, but the head's and the rules' work is not (it
     follows the block's masked positions)."""
     a, cfg = part["args"], part["model"]["config"]
-    block, extra = timed_block(a["gen_length"], a["block"]), cfg["num_hidden_layers"] - part["model"]["depth"]
-    return {cache: step_kinds([METRICS[metric](s, extra) for s in timed_steps(cell[cache][repeat], block)],
-                              a["block"]) for cache in ("none", "block")}
+    block, extra = (
+        timed_block(a["gen_length"], a["block"]),
+        cfg["num_hidden_layers"] - part["model"]["depth"],
+    )
+    return {
+        cache: step_kinds(
+            [METRICS[metric](s, extra) for s in timed_steps(cell[cache][repeat], block)], a["block"]
+        )
+        for cache in ("none", "block")
+    }
 
 
 def cache_summary(cell: Results, metric: str, part: Results) -> Results:
     """Medians over the repeats (ms) by cache and step kind, and the per-repeat ratios none / block."""
-    runs, kinds = [repeat_seconds(cell, metric, r, part) for r in range(len(cell["none"]))], ("first", "mid", "mean")
-    out: Results = {cache: {k: ms([run[cache][k] for run in runs]) for k in kinds} for cache in ("none", "block")}
+    runs, kinds = (
+        [repeat_seconds(cell, metric, r, part) for r in range(len(cell["none"]))],
+        ("first", "mid", "mean"),
+    )
+    out: Results = {
+        cache: {k: ms([run[cache][k] for run in runs]) for k in kinds}
+        for cache in ("none", "block")
+    }
     out["ratios"] = {k: [run["none"][k] / run["block"][k] for run in runs] for k in kinds}
     return out
 
@@ -726,44 +937,67 @@ def pass_shape(cell: Results, part: Results) -> dict[str, str]:
     """What each kind of step's pass covers: rows x tokens + the cached keys it attends to."""
     block = timed_block(part["args"]["gen_length"], part["args"]["block"])
     none, cached = timed_steps(cell["none"][0], block)[0], timed_steps(cell["block"][0], block)
+
     def text(s: Results) -> str:
-        return f"{s['shape'][0]} x {s['shape'][1]}" + (f" + {s['kept']} cached" if s["kept"] else "")
+        return f"{s['shape'][0]} x {s['shape'][1]}" + (
+            f" + {s['kept']} cached" if s["kept"] else ""
+        )
+
     return {"none": text(none), "first": text(cached[0]), "mid": text(cached[1])}
 
 
-STEP_KINDS = {"mid": "mid-block", "first": "first of a block", "mean": "mean over a block at one token a step"}
+STEP_KINDS = {
+    "mid": "mid-block",
+    "first": "first of a block",
+    "mean": "mean over a block at one token a step",
+}
 
 
 def forward_table(part: Results) -> list[str]:
     """The forward passes at the proxy's depth: none against block, per step kind."""
-    lines = ["| rows | step | the pass (rows x tokens + cached keys): no cache / block cache | no cache ms | "
-             "block cache ms | no cache / block cache: median of repeats (range) |", "|---:|---|---|---:|---:|---:|"]
+    lines = [
+        "| rows | step | the pass (rows x tokens + cached keys): no cache / block cache | no cache ms | "
+        "block cache ms | no cache / block cache: median of repeats (range) |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
     for rows, cell in part["cells"].items():
         s, shape = cache_summary(cell, "forward", part), pass_shape(cell, part)
         for kind, name in STEP_KINDS.items():
-            covers = f"{shape['none']} / {shape[kind]}" if kind in shape else (
-                f"1 first + {part['args']['block'] - 1} mid-block")
-            lines.append(f"| {rows} | {name} | {covers} | {s['none'][kind]:.1f} | {s['block'][kind]:.1f} | "
-                         f"{ratio_text(s['ratios'][kind])} |")
+            covers = (
+                f"{shape['none']} / {shape[kind]}"
+                if kind in shape
+                else (f"1 first + {part['args']['block'] - 1} mid-block")
+            )
+            lines.append(
+                f"| {rows} | {name} | {covers} | {s['none'][kind]:.1f} | {s['block'][kind]:.1f} | "
+                f"{ratio_text(s['ratios'][kind])} |"
+            )
     return lines
 
 
 def other_table(part: Results) -> list[str]:
     """Mid-block and block-mean ratios for the whole step and for the 20-layer model (estimated)."""
     layers = part["model"]["config"]["num_hidden_layers"]
-    lines = ["| rows | timed | no cache ms, mid-block | block cache ms, mid-block | ratio, mid-block | "
-             "ratio, mean over a block |",
-             "|---:|---|---:|---:|---:|---:|"]
-    names = {"step": "whole step (forward pass, head at the block's masked positions, rules)",
-             "forward_full": f"forward pass of the {layers}-layer model (estimate)",
-             "step_full": f"whole step of the {layers}-layer model (estimate)",
-             "dense": "layer 0 alone (dense MLP)", "moe": "layer 1 alone (MoE MLP)"}
+    lines = [
+        "| rows | timed | no cache ms, mid-block | block cache ms, mid-block | ratio, mid-block | "
+        "ratio, mean over a block |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    names = {
+        "step": "whole step (forward pass, head at the block's masked positions, rules)",
+        "forward_full": f"forward pass of the {layers}-layer model (estimate)",
+        "step_full": f"whole step of the {layers}-layer model (estimate)",
+        "dense": "layer 0 alone (dense MLP)",
+        "moe": "layer 1 alone (MoE MLP)",
+    }
     for rows, cell in part["cells"].items():
         for metric, name in names.items():
             s = cache_summary(cell, metric, part)
-            lines.append(f"| {rows} | {name} | {s['none']['mid']:.1f} | {s['block']['mid']:.1f} | "
-                         f"{ratio_text(s['ratios']['mid'])} | "
-                         f"{ratio_text(s['ratios']['mean'])} |")
+            lines.append(
+                f"| {rows} | {name} | {s['none']['mid']:.1f} | {s['block']['mid']:.1f} | "
+                f"{ratio_text(s['ratios']['mid'])} | "
+                f"{ratio_text(s['ratios']['mean'])} |"
+            )
         lines += spread_rows(rows, cell, part)
     return lines
 
@@ -774,12 +1008,14 @@ def spread_rows(rows: str, cell: Results, part: Results) -> list[str]:
         return []
     spread, est, cfg = cell["spread"], spread_estimate(cell, part), part["model"]["config"]
     per_repeat = [n / b for n, b in zip(spread["none"], spread["block"])]
-    return [f"| {rows} | layer 1 alone on standard-normal inputs ({spread['experts']} of {cfg['num_experts']} "
-            f"experts hit by a block's tokens) | {ms(spread['none']):.1f} | {ms(spread['block']):.1f} | "
-            f"{ratio_text(per_repeat)} | |",
-            f"| {rows} | forward pass of the {cfg['num_hidden_layers']}-layer model, its MoE layers as on those "
-            f"inputs (estimate, from the medians) | {est['none']:.1f} | {est['block']:.1f} | "
-            f"{spread_ratio(cell, part):.2f} | |"]
+    return [
+        f"| {rows} | layer 1 alone on standard-normal inputs ({spread['experts']} of {cfg['num_experts']} "
+        f"experts hit by a block's tokens) | {ms(spread['none']):.1f} | {ms(spread['block']):.1f} | "
+        f"{ratio_text(per_repeat)} | |",
+        f"| {rows} | forward pass of the {cfg['num_hidden_layers']}-layer model, its MoE layers as on those "
+        f"inputs (estimate, from the medians) | {est['none']:.1f} | {est['block']:.1f} | "
+        f"{spread_ratio(cell, part):.2f} | |",
+    ]
 
 
 def spread_ratio(cell: Results, part: Results) -> float:
@@ -792,10 +1028,17 @@ def spread_estimate(cell: Results, part: Results) -> dict[str, float]:
     """The full-depth forward pass (ms, mid-block) with every MoE layer at the spread inputs' time: the
     proxy's forward pass, its MoE layers' time taken out and the full model's MoE layers' put in."""
     cfg, depth = part["model"]["config"], part["model"]["depth"]
-    proxy_moe, full_moe = depth - cfg["first_k_dense_replace"], cfg["num_hidden_layers"] - cfg["first_k_dense_replace"]
+    proxy_moe, full_moe = (
+        depth - cfg["first_k_dense_replace"],
+        cfg["num_hidden_layers"] - cfg["first_k_dense_replace"],
+    )
     fwd, moe = cache_summary(cell, "forward", part), cache_summary(cell, "moe", part)
-    return {cache: fwd[cache]["mid"] - proxy_moe * moe[cache]["mid"] + full_moe * ms(cell["spread"][cache])
-            for cache in ("none", "block")}
+    return {
+        cache: fwd[cache]["mid"]
+        - proxy_moe * moe[cache]["mid"]
+        + full_moe * ms(cell["spread"][cache])
+        for cache in ("none", "block")
+    }
 
 
 def cache_model_text(part: Results) -> str:
@@ -803,21 +1046,23 @@ def cache_model_text(part: Results) -> str:
     a, model, cfg = part["args"], part["model"], part["model"]["config"]
     blocks, timed = a["gen_length"] // a["block"], timed_block(a["gen_length"], a["block"])
     per_step = a["block"] // a["cache_steps"]
-    return (f"`LLaDA2Model` at the proxy's shape with {model['depth']} of its {cfg['num_hidden_layers']} layers "
-            f"(layer 0 dense, a SwiGLU of intermediate {cfg['intermediate_size']}, then MoE layers, as "
-            f"`first_k_dense_replace` = {cfg['first_k_dense_replace']}), the embedding and untied head of "
-            f"{cfg['vocab_size']:,} tokens, random weights as above, {model['dtype']}; decoded by `RowDecoder` "
-            f"(`BlockDecoding(threshold=1.0, steps={a['cache_steps']})`: {per_step} tokens a step, "
-            f"{a['cache_steps']} steps a block) with `cache` `none` or `block`, prompt {a['prompt_length']} + "
-            f"generation {a['gen_length']} (random tokens), block {a['block']}. Timed: block {timed} of {blocks} "
-            f"(0-based: {timed * a['block']} generated tokens before it), the blocks before it pre-filled; the "
-            "block cache's rows start one block earlier, and that block's steps (the first of which runs over "
-            "the whole prefix, as no cache is kept yet) are left out, so that the timed steps find the cache "
-            "decoding would have kept. Per step: `ForwardPass.run` (the decoder's forward pass: embedding, "
-            "layers, final norm, gathering and keeping the cached keys and values; the output head is lazy and "
-            "runs after it), the whole `RowDecoder.step()` (also the head at the block's masked positions and "
-            "the float64 rules) and each layer (forward hooks). The block cache is exact: it decodes the same "
-            "tokens as no cache (tests/test_block_diffusion.py).")
+    return (
+        f"`LLaDA2Model` at the proxy's shape with {model['depth']} of its {cfg['num_hidden_layers']} layers "
+        f"(layer 0 dense, a SwiGLU of intermediate {cfg['intermediate_size']}, then MoE layers, as "
+        f"`first_k_dense_replace` = {cfg['first_k_dense_replace']}), the embedding and untied head of "
+        f"{cfg['vocab_size']:,} tokens, random weights as above, {model['dtype']}; decoded by `RowDecoder` "
+        f"(`BlockDecoding(threshold=1.0, steps={a['cache_steps']})`: {per_step} tokens a step, "
+        f"{a['cache_steps']} steps a block) with `cache` `none` or `block`, prompt {a['prompt_length']} + "
+        f"generation {a['gen_length']} (random tokens), block {a['block']}. Timed: block {timed} of {blocks} "
+        f"(0-based: {timed * a['block']} generated tokens before it), the blocks before it pre-filled; the "
+        "block cache's rows start one block earlier, and that block's steps (the first of which runs over "
+        "the whole prefix, as no cache is kept yet) are left out, so that the timed steps find the cache "
+        "decoding would have kept. Per step: `ForwardPass.run` (the decoder's forward pass: embedding, "
+        "layers, final norm, gathering and keeping the cached keys and values; the output head is lazy and "
+        "runs after it), the whole `RowDecoder.step()` (also the head at the block's masked positions and "
+        "the float64 rules) and each layer (forward hooks). The block cache is exact: it decodes the same "
+        "tokens as no cache (tests/test_block_diffusion.py)."
+    )
 
 
 def cache_goal_lines(part: Results) -> list[str]:
@@ -828,23 +1073,37 @@ def cache_goal_lines(part: Results) -> list[str]:
         mid, mean = (statistics.median(s["ratios"][k]) for k in ("mid", "mean"))
         found.append((rows, mid, mean))
     met = all(min(mid, mean) >= CACHE_GOAL for _, mid, mean in found)
-    ratios_text = "; ".join(f"{rows} row(s): {mid:.1f}x mid-block, {mean:.1f}x over a block"
-                            for rows, mid, mean in found)
+    ratios_text = "; ".join(
+        f"{rows} row(s): {mid:.1f}x mid-block, {mean:.1f}x over a block"
+        for rows, mid, mean in found
+    )
     a, layers = part["args"], part["model"]["config"]["num_hidden_layers"]
-    whole = "; ".join(f"{rows} row(s): {mean_ratio(cell, 'step', part):.1f}x at {part['model']['depth']} layers, "
-                      f"{mean_ratio(cell, 'step_full', part):.1f}x at {layers} (estimated)"
-                      for rows, cell in part["cells"].items())
-    spreads = {rows: spread_ratio(cell, part) for rows, cell in part["cells"].items() if "spread" in cell}
+    whole = "; ".join(
+        f"{rows} row(s): {mean_ratio(cell, 'step', part):.1f}x at {part['model']['depth']} layers, "
+        f"{mean_ratio(cell, 'step_full', part):.1f}x at {layers} (estimated)"
+        for rows, cell in part["cells"].items()
+    )
+    spreads = {
+        rows: spread_ratio(cell, part) for rows, cell in part["cells"].items() if "spread" in cell
+    }
     short = [rows for rows, ratio in spreads.items() if ratio < CACHE_GOAL]
-    spread = spreads and (f" With the MoE layers' routing spread as far as it goes (standard-normal inputs, below) "
-                          f"instead of the random weights' narrow one, the {layers}-layer forward pass, mid-block, "
-                          "is estimated at " + "; ".join(f"{r} row(s): {v:.1f}x" for r, v in spreads.items())
-                          + (f": a trained model could miss the goal at {' and '.join(short)} row(s)." if short
-                             else ": the goal holds there too."))
-    return [f"- **Goal** (issue): the block cache at least {CACHE_GOAL:.0f}x faster per step than no cache at "
-            f"prompt {a['prompt_length']} + generation {a['gen_length']}, the decoder's forward pass at the "
-            f"proxy's depth: {ratios_text}: **{'met' if met else 'missed'}** on this proxy. The whole step (the "
-            f"output head and the rules, which no cache changes, included), over a block: {whole}.{spread}"]
+    spread = spreads and (
+        f" With the MoE layers' routing spread as far as it goes (standard-normal inputs, below) "
+        f"instead of the random weights' narrow one, the {layers}-layer forward pass, mid-block, "
+        "is estimated at "
+        + "; ".join(f"{r} row(s): {v:.1f}x" for r, v in spreads.items())
+        + (
+            f": a trained model could miss the goal at {' and '.join(short)} row(s)."
+            if short
+            else ": the goal holds there too."
+        )
+    )
+    return [
+        f"- **Goal** (issue): the block cache at least {CACHE_GOAL:.0f}x faster per step than no cache at "
+        f"prompt {a['prompt_length']} + generation {a['gen_length']}, the decoder's forward pass at the "
+        f"proxy's depth: {ratios_text}: **{'met' if met else 'missed'}** on this proxy. The whole step (the "
+        f"output head and the rules, which no cache changes, included), over a block: {whole}.{spread}"
+    ]
 
 
 def mean_ratio(cell: Results, metric: str, part: Results) -> float:
@@ -873,7 +1132,8 @@ def cache_why_lines(part: Results) -> list[str]:
             f"rules cost the same with either cache, {shared:.0f} ms of the block cache's mid-block step of "
             f"{step['block']['mid']:.0f} ms: at {part['model']['depth']} layers the whole step is "
             f"{statistics.median(step['ratios']['mid']):.1f}x, at {cfg['num_hidden_layers']} (estimated) "
-            f"{statistics.median(full['ratios']['mid']):.1f}x faster.")
+            f"{statistics.median(full['ratios']['mid']):.1f}x faster."
+        )
     return lines + routing_lines(part)
 
 
@@ -883,11 +1143,13 @@ def routing_lines(part: Results) -> list[str]:
     rows, cell = next(iter(part["cells"].items()))
     steps = timed_steps(cell["block"][0], timed_block(a["gen_length"], a["block"]))[1:]
     masks = [a["block"] - (a["block"] // a["cache_steps"]) * s["step"] for s in steps]
-    lines = [f"- The {cfg['num_hidden_layers']}-layer estimates add {cfg['num_hidden_layers'] - depth} more MoE "
-             "layers at the time the MoE layer took in the same step: the same shape, but trained weights would "
-             "route otherwise than random ones. Random weights route the block's mask tokens alike: at "
-             f"{rows} row(s) the mid-block steps, with {', '.join(map(str, masks))} masks of {a['block']} tokens, "
-             f"hit {', '.join(str(s['experts']) for s in steps)} experts."]
+    lines = [
+        f"- The {cfg['num_hidden_layers']}-layer estimates add {cfg['num_hidden_layers'] - depth} more MoE "
+        "layers at the time the MoE layer took in the same step: the same shape, but trained weights would "
+        "route otherwise than random ones. Random weights route the block's mask tokens alike: at "
+        f"{rows} row(s) the mid-block steps, with {', '.join(map(str, masks))} masks of {a['block']} tokens, "
+        f"hit {', '.join(str(s['experts']) for s in steps)} experts."
+    ]
     if "spread" not in cell:
         return lines
     n = cfg["num_experts"]
@@ -899,7 +1161,8 @@ def routing_lines(part: Results) -> list[str]:
         f"{n * (1 - (1 - 1 / n) ** picks):.0f} on average): on them the MoE layer runs "
         f"{ms(cell['spread']['none']) / ms(cell['spread']['block']):.1f}x faster on the block than on the whole "
         f"sequence, and the {cfg['num_hidden_layers']}-layer forward pass with every MoE layer so is estimated "
-        f"{spread_ratio(cell, part):.1f}x faster with the block cache: a narrow and a wide case."]
+        f"{spread_ratio(cell, part):.1f}x faster with the block cache: a narrow and a wide case."
+    ]
 
 
 def cache_experts(cell: Results, part: Results) -> dict[str, float]:
@@ -912,46 +1175,77 @@ def cache_experts(cell: Results, part: Results) -> dict[str, float]:
 
 def cache_lines(part: Results) -> list[str]:
     """Part `cache`'s subsection."""
-    a, quick = part["args"], " (**--quick: a tiny model, not the real shape**)" if part["model"]["quick"] else ""
+    a, quick = (
+        part["args"],
+        " (**--quick: a tiny model, not the real shape**)" if part["model"]["quick"] else "",
+    )
     repeats = ", ".join(f"{len(c['none'])} at {rows} row(s)" for rows, c in part["cells"].items())
-    runs = (f"paired decodes (no cache and block cache back to back, the order alternating): {repeats}; per "
-            "repeat the median of its steps of each kind, then the median over the repeats")
-    return ["### The block cache against no cache" + quick, "", cache_model_text(part), "",
-            "The decoder's forward pass per step (medians over the repeats; no cache's steps, all over the whole "
-            "sequence, paired with the block cache's by their place in the block; *mean over a block*: a block "
-            f"decoded one token a step, as `BlockDecoding(threshold=1.0)`, takes 1 first and {a['block'] - 1} "
-            "mid-block steps):", "",
-            *forward_table(part), "", *cache_goal_lines(part), "",
-            "The whole step, the model at full depth (estimated), and the two layers alone:", "",
-            *other_table(part), "", *cache_why_lines(part), "",
-            *machine_lines(part["meta"], a, runs), f"- building the model: {part['meta']['build_seconds']:.0f} s", ""]
+    runs = (
+        f"paired decodes (no cache and block cache back to back, the order alternating): {repeats}; per "
+        "repeat the median of its steps of each kind, then the median over the repeats"
+    )
+    return [
+        "### The block cache against no cache" + quick,
+        "",
+        cache_model_text(part),
+        "",
+        "The decoder's forward pass per step (medians over the repeats; no cache's steps, all over the whole "
+        "sequence, paired with the block cache's by their place in the block; *mean over a block*: a block "
+        f"decoded one token a step, as `BlockDecoding(threshold=1.0)`, takes 1 first and {a['block'] - 1} "
+        "mid-block steps):",
+        "",
+        *forward_table(part),
+        "",
+        *cache_goal_lines(part),
+        "",
+        "The whole step, the model at full depth (estimated), and the two layers alone:",
+        "",
+        *other_table(part),
+        "",
+        *cache_why_lines(part),
+        "",
+        *machine_lines(part["meta"], a, runs),
+        f"- building the model: {part['meta']['build_seconds']:.0f} s",
+        "",
+    ]
 
 
-PARTS: dict[str, tuple[Callable[[argparse.Namespace, Callable[[Results], None]], Results],
-                       Callable[[Results], list[str]]]] = {"moe": (run_moe, moe_lines),
-                                                                  "cache": (run_cache, cache_lines)}
+PARTS: dict[
+    str,
+    tuple[
+        Callable[[argparse.Namespace, Callable[[Results], None]], Results],
+        Callable[[Results], list[str]],
+    ],
+] = {"moe": (run_moe, moe_lines), "cache": (run_cache, cache_lines)}
 
 
 def model_description(model: Results) -> str:
     """The proxy's shape in words, from the config a part ran."""
     c = model["config"]
-    return (f"width {c['hidden_size']}, {c['num_attention_heads']} query and {c['num_key_value_heads']} key/value "
-            f"heads of {c['head_dim']}, {c['num_experts']} experts of intermediate {c['moe_intermediate_size']}, "
-            f"top-{c['num_experts_per_tok']} within the best {c['topk_group']} of {c['n_group']} groups, "
-            f"{c['num_shared_experts']} shared expert(s); one layer of its {c['num_hidden_layers']}, random weights "
-            f"(std 0.02, zero expert bias), {model['dtype']}{DTYPE_NOTE.get(model['dtype'], '')}, inputs standard "
-            "normal. The dense-active equivalent "
-            f"is a SwiGLU of intermediate ({c['num_experts_per_tok']} + {c['num_shared_experts']}) x "
-            f"{c['moe_intermediate_size']} = {model['dense_width']}: the MoE MLP's multiply-adds per token, "
-            "router aside")
+    return (
+        f"width {c['hidden_size']}, {c['num_attention_heads']} query and {c['num_key_value_heads']} key/value "
+        f"heads of {c['head_dim']}, {c['num_experts']} experts of intermediate {c['moe_intermediate_size']}, "
+        f"top-{c['num_experts_per_tok']} within the best {c['topk_group']} of {c['n_group']} groups, "
+        f"{c['num_shared_experts']} shared expert(s); one layer of its {c['num_hidden_layers']}, random weights "
+        f"(std 0.02, zero expert bias), {model['dtype']}{DTYPE_NOTE.get(model['dtype'], '')}, inputs standard "
+        "normal. The dense-active equivalent "
+        f"is a SwiGLU of intermediate ({c['num_experts_per_tok']} + {c['num_shared_experts']}) x "
+        f"{c['moe_intermediate_size']} = {model['dense_width']}: the MoE MLP's multiply-adds per token, "
+        "router aside"
+    )
 
 
 def section(results: Results) -> list[str]:
     """The whole section: the model, then each part that ran, in `PARTS` order."""
     model = next(iter(results["parts"].values()))["model"]
-    lines = [START, "## LLaDA2.0-mini proxy on the CPU", "",
-             f"Written by `bench/moe_bench.py` (its docstring says what runs). The model: LLaDA2.0-mini's shape "
-             f"from {CONFIG_SOURCE}: {model_description(model)}.", ""]
+    lines = [
+        START,
+        "## LLaDA2.0-mini proxy on the CPU",
+        "",
+        f"Written by `bench/moe_bench.py` (its docstring says what runs). The model: LLaDA2.0-mini's shape "
+        f"from {CONFIG_SOURCE}: {model_description(model)}.",
+        "",
+    ]
     for name, (_, part_lines) in PARTS.items():
         if name in results["parts"]:
             lines += part_lines(results["parts"][name])
@@ -962,32 +1256,65 @@ def section(results: Results) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="rows per step")
-    p.add_argument("--block", type=int, default=32, help="tokens of one block: a step's input with the block cache")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=32,
+        help="tokens of one block: a step's input with the block cache",
+    )
     p.add_argument("--prompt-length", type=int, default=256)
     p.add_argument("--gen-length", type=int, default=256)
     p.add_argument("--kinds", nargs="+", default=["mlp", "layer"], choices=["mlp", "layer"])
-    p.add_argument("--no-whole", action="store_true", help="skip the whole-sequence (no cache) cells")
+    p.add_argument(
+        "--no-whole", action="store_true", help="skip the whole-sequence (no cache) cells"
+    )
     p.add_argument("--repeats", type=int, default=7, help="paired timings per cell (medians)")
-    p.add_argument("--cache-rows", type=int, nargs="+", default=[1, 16], help="rows per decode (part cache)")
-    p.add_argument("--cache-steps", type=int, default=4, help="steps per block (part cache; 32 / 4 tokens a step)")
-    p.add_argument("--cache-repeats", type=int, nargs="+", default=[3, 2],
-                   help="paired decodes per row count, in --cache-rows' order (the last for the rest; part cache)")
-    p.add_argument("--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)")
+    p.add_argument(
+        "--cache-rows", type=int, nargs="+", default=[1, 16], help="rows per decode (part cache)"
+    )
+    p.add_argument(
+        "--cache-steps",
+        type=int,
+        default=4,
+        help="steps per block (part cache; 32 / 4 tokens a step)",
+    )
+    p.add_argument(
+        "--cache-repeats",
+        type=int,
+        nargs="+",
+        default=[3, 2],
+        help="paired decodes per row count, in --cache-rows' order (the last for the rest; part cache)",
+    )
+    p.add_argument(
+        "--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)"
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a tiny model and sizes, for a smoke test")
-    p.add_argument("--keep", action="store_true", help="keep the parts found in --json that this run skips")
+    p.add_argument(
+        "--keep", action="store_true", help="keep the parts found in --json that this run skips"
+    )
     p.add_argument("--report-only", action="store_true", help="only write the section from --json")
     p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
     p.add_argument("--json", type=Path, default=Path("/tmp/moe_bench.json"))
     args = p.parse_args(argv)
     args.argv = list(argv or [])
     if args.quick:
-        args.rows, args.block, args.prompt_length, args.gen_length, args.repeats = [1, 2], 4, 8, 8, 2
+        args.rows, args.block, args.prompt_length, args.gen_length, args.repeats = (
+            [1, 2],
+            4,
+            8,
+            8,
+            2,
+        )
         args.cache_rows, args.cache_steps, args.cache_repeats = [1, 2], 2, [2]
     return args
 
@@ -1002,8 +1329,11 @@ def main(argv: list[str] | None = None) -> int:
     kept = json.loads(args.json.read_text())["parts"] if args.keep and args.json.exists() else {}
     results: Results = {"parts": {k: v for k, v in kept.items() if k not in args.parts}}
     for name in args.parts:
+
         def save(part: Results, name: str = name) -> None:
-            part["args"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+            part["args"] = {
+                k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+            }
             results["parts"][name] = part
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(strict_json.dumps(results))

@@ -9,12 +9,15 @@ block. This module reproduces that work so that `bench/run.py` can time it again
 masked positions of the committable block. It is a benchmark reference, not a decoder
 the package uses; its commits follow the same rules as `lm_eval_dvoting.core.decoding`.
 """
+
 from __future__ import annotations
 
 import torch
 
 
-def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+def add_gumbel_noise(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> torch.Tensor:
     """LLaDA's float64 Gumbel-max transform of the whole logits tensor."""
     if temperature == 0:
         return logits
@@ -25,8 +28,16 @@ def add_gumbel_noise(logits: torch.Tensor, temperature: float, generator: torch.
 
 
 @torch.no_grad()
-def naive_entropy_step(logits: torch.Tensor, x: torch.Tensor, mask_id: int, block_start: int, block_end: int,
-                       alpha: float, temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def naive_entropy_step(
+    logits: torch.Tensor,
+    x: torch.Tensor,
+    mask_id: int,
+    block_start: int,
+    block_end: int,
+    alpha: float,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """dVoting's entropy-threshold commit for one step, computed over the whole sequence.
 
     `logits` (batch, length, vocab) float32, `x` (batch, length) ids, updated in place;
@@ -52,8 +63,15 @@ def naive_entropy_step(logits: torch.Tensor, x: torch.Tensor, mask_id: int, bloc
 
 
 @torch.no_grad()
-def naive_fixed_step(logits: torch.Tensor, x: torch.Tensor, mask_id: int, block_end: int, commit_count: int,
-                     temperature: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def naive_fixed_step(
+    logits: torch.Tensor,
+    x: torch.Tensor,
+    mask_id: int,
+    block_end: int,
+    commit_count: int,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """LLaDA's low-confidence remasking step (majority / HEX), over the whole sequence."""
     logits = logits.clone()
     logits[..., mask_id] = float("-inf")

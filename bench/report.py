@@ -4,6 +4,7 @@
 and command, the column legend, one strategies table per model, the prefix-cache and
 one-step sections when they ran, the targets, and what limits the targets on a CPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,8 @@ from bench.prefix_cache_bench import prefix_cache_section
 from bench.step_bench import measured_noise_note, step_section
 from bench.strategies_bench import Cell, cells_table
 from lm_eval_dvoting.integration import strict_json
+
+
 @dataclass
 class RunResults:
     """Everything one run measured, by part, with the machine facts around it."""
@@ -80,7 +83,11 @@ def strategies_sections(results: RunResults) -> list[str]:
 def targets_sections(results: RunResults, verdict_lines: list[str]) -> list[str]:
     """The targets, then the analysis of what limits them (with this run's noise cost filled in)."""
     noise_note = measured_noise_note(results.step)
-    return ["## Targets", ""] + verdict_lines + [line.replace("{noise_ns}", noise_note) for line in ANALYSIS]
+    return (
+        ["## Targets", ""]
+        + verdict_lines
+        + [line.replace("{noise_ns}", noise_note) for line in ANALYSIS]
+    )
 
 
 def write_report(args: argparse.Namespace, results: RunResults, verdict_lines: list[str]) -> None:
@@ -97,10 +104,12 @@ def write_report(args: argparse.Namespace, results: RunResults, verdict_lines: l
 # Sections other scripts (e.g. bench/caches_bench.py) or people (the ablations, made with
 # `dvoting compare --sweep`) write into BENCHMARKS.md between their own markers: a rerun of
 # bench/run.py keeps them as they are.
-KEPT_MARKERS = (("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),
-                ("<!-- ablations:start -->", "<!-- ablations:end -->"),
-                ("<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"),
-                ("<!-- moe_bench:start -->", "<!-- moe_bench:end -->"))
+KEPT_MARKERS = (
+    ("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),
+    ("<!-- ablations:start -->", "<!-- ablations:end -->"),
+    ("<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"),
+    ("<!-- moe_bench:start -->", "<!-- moe_bench:end -->"),
+)
 
 
 def kept_sections(path: Path) -> str:
@@ -110,17 +119,26 @@ def kept_sections(path: Path) -> str:
     text, kept = path.read_text(), []
     for start, end in KEPT_MARKERS:
         if start in text and end in text:
-            kept.append(text[text.index(start):text.index(end) + len(end)])
+            kept.append(text[text.index(start) : text.index(end) + len(end)])
     return "".join("\n" + section + "\n" for section in kept)
 
 
 def write_json(path: Path, results: RunResults, verdicts: dict[str, Any]) -> None:
     """Write the raw numbers of every part, the verdicts and the machine facts to `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(strict_json.dumps({
-        "cells": {m: [c.as_json() for c in cs] for m, cs in results.cells.items()},
-        "step": results.step, "verdicts": verdicts, "machine": results.facts, "prefix_cache": results.cache_rows,
-    }, indent=1, default=str))
+    path.write_text(
+        strict_json.dumps(
+            {
+                "cells": {m: [c.as_json() for c in cs] for m, cs in results.cells.items()},
+                "step": results.step,
+                "verdicts": verdicts,
+                "machine": results.facts,
+                "prefix_cache": results.cache_rows,
+            },
+            indent=1,
+            default=str,
+        )
+    )
 
 
 # What limits the targets on this kind of machine (CPU, one thread); the numbers it

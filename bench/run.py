@@ -27,6 +27,7 @@ This file parses the flags and runs the parts in order; each part lives in its o
 `bench/step_bench.py` (part 2), `bench/targets.py` (part 3) and `bench/report.py`
 (BENCHMARKS.md and `--json`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,32 +54,60 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--demo", default="tiny-arith", help="demo checkpoint: 'tiny-arith' or a folder (random "
-                   "weights of the demo's shape when it has none)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--demo",
+        default="tiny-arith",
+        help="demo checkpoint: 'tiny-arith' or a folder (random "
+        "weights of the demo's shape when it has none)",
+    )
     p.add_argument("--questions", type=int, default=16, help="demo questions per cell")
-    p.add_argument("--hex-questions", type=int, default=8, help="demo questions for hex (25 samples each)")
-    p.add_argument("--real-questions", type=int, default=4, help="real-vocabulary questions per cell")
+    p.add_argument(
+        "--hex-questions", type=int, default=8, help="demo questions for hex (25 samples each)"
+    )
+    p.add_argument(
+        "--real-questions", type=int, default=4, help="real-vocabulary questions per cell"
+    )
     p.add_argument("--real-hex-questions", type=int, default=2)
     p.add_argument("--real-gen-length", type=int, default=32)
     p.add_argument("--real-prompt-length", type=int, default=32)
     p.add_argument("--real-width", type=int, default=256)
     p.add_argument("--real-layers", type=int, default=2)
-    p.add_argument("--real-shape-layers", type=int, default=1,
-                   help="layers of the model at LLaDA-8B's width (4096, 32 heads, MLP 12,288); 0: skip it")
+    p.add_argument(
+        "--real-shape-layers",
+        type=int,
+        default=1,
+        help="layers of the model at LLaDA-8B's width (4096, 32 heads, MLP 12,288); 0: skip it",
+    )
     p.add_argument("--real-shape-batch-sizes", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--real-shape-strategies", nargs="+", default=["single", "majority", "dvoting"],
-                   choices=STRATEGIES)
-    p.add_argument("--cache-questions", type=int, default=200,
-                   help="demo questions for the prefix-cache comparison (0: skip it)")
+    p.add_argument(
+        "--real-shape-strategies",
+        nargs="+",
+        default=["single", "majority", "dvoting"],
+        choices=STRATEGIES,
+    )
+    p.add_argument(
+        "--cache-questions",
+        type=int,
+        default=200,
+        help="demo questions for the prefix-cache comparison (0: skip it)",
+    )
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    p.add_argument("--repeats", type=int, default=2, help="repeats of every demo cell (medians reported)")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="repeats of every demo cell (medians reported)"
+    )
     p.add_argument("--real-repeats", type=int, default=1)
     p.add_argument("--step-repeats", type=int, default=3, help="repeats of the one-step benchmark")
     p.add_argument("--skip-step", action="store_true", help="skip part 2 (the one-step benchmark)")
-    p.add_argument("--skip-real", action="store_true", help="skip the real-vocabulary model in part 1")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)")
+    p.add_argument(
+        "--skip-real", action="store_true", help="skip the real-vocabulary model in part 1"
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
     p.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "results.json")
@@ -89,7 +118,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; `--quick` overrides the sizes with tiny ones (a smoke test)."""
     args = argument_parser().parse_args(argv)
     if args.quick:
-        args.questions, args.hex_questions, args.real_questions, args.real_hex_questions = 4, 1, 2, 1
+        args.questions, args.hex_questions, args.real_questions, args.real_hex_questions = (
+            4,
+            1,
+            2,
+            1,
+        )
         args.real_gen_length, args.repeats, args.step_repeats = 32, 1, 1
         args.real_shape_layers, args.cache_questions = 0, 8
     return args
@@ -101,10 +135,12 @@ def run_demo(args: argparse.Namespace, results: RunResults) -> None:
     results.descriptions["demo"] = (
         f"{demo.description}. Questions: the first {args.questions} of `demo/arith_test.jsonl` (hex: the first "
         f"{args.hex_questions}), generation length {demo.gen_length}, block {default_block_length(demo.gen_length)}, repeats "
-        f"{args.repeats}.")
+        f"{args.repeats}."
+    )
     print(f"part 1: demo model ({demo.description})", flush=True)
-    results.cells["demo"] = run_cells(demo, args.strategies, args.batch_sizes, args.questions,
-                                      args.hex_questions, args.repeats)
+    results.cells["demo"] = run_cells(
+        demo, args.strategies, args.batch_sizes, args.questions, args.hex_questions, args.repeats
+    )
 
 
 def run_demo_prefix_cache(args: argparse.Namespace, results: RunResults) -> None:
@@ -116,29 +152,50 @@ def run_demo_prefix_cache(args: argparse.Namespace, results: RunResults) -> None
 
 def run_real_vocab(args: argparse.Namespace, results: RunResults) -> None:
     """Part 1 on the random-weight LLaDA with the real vocabulary at reduced depth and width."""
-    real = real_vocab_workload(max(args.real_questions, args.real_hex_questions), args.real_gen_length,
-                               args.real_prompt_length, args.real_width, args.real_layers)
+    real = real_vocab_workload(
+        max(args.real_questions, args.real_hex_questions),
+        args.real_gen_length,
+        args.real_prompt_length,
+        args.real_width,
+        args.real_layers,
+    )
     results.descriptions["real-vocab"] = (
         f"{real.description}. {args.real_questions} questions (hex: {args.real_hex_questions}), generation "
-        f"length {real.gen_length}, block {default_block_length(real.gen_length)}, repeats {args.real_repeats}.")
+        f"length {real.gen_length}, block {default_block_length(real.gen_length)}, repeats {args.real_repeats}."
+    )
     print(f"part 1: real-vocabulary model ({real.description})", flush=True)
-    results.cells["real-vocab"] = run_cells(real, args.strategies, args.batch_sizes, args.real_questions,
-                                            args.real_hex_questions, args.real_repeats)
+    results.cells["real-vocab"] = run_cells(
+        real,
+        args.strategies,
+        args.batch_sizes,
+        args.real_questions,
+        args.real_hex_questions,
+        args.real_repeats,
+    )
 
 
 def run_real_shape(args: argparse.Namespace, results: RunResults) -> None:
     """Part 1 at LLaDA-8B's width with `--real-shape-layers` layers: the decoder-share target's model."""
-    shape = real_vocab_workload(args.real_questions, args.real_gen_length, args.real_prompt_length,
-                                d_model=4096, n_layers=args.real_shape_layers, n_heads=32,
-                                name="real-shape", std=0.02)
+    shape = real_vocab_workload(
+        args.real_questions,
+        args.real_gen_length,
+        args.real_prompt_length,
+        d_model=4096,
+        n_layers=args.real_shape_layers,
+        n_heads=32,
+        name="real-shape",
+        std=0.02,
+    )
     results.descriptions["real-shape"] = (
         f"{shape.description}: LLaDA-8B's width and vocabulary, {args.real_shape_layers} of its 32 layers. "
         f"1 question per cell (its 5 samples fill up to 4 rows), generation length {shape.gen_length}, block "
         f"{default_block_length(shape.gen_length)}, repeats 1. Strategies {', '.join(args.real_shape_strategies)} (hex: 480 "
-        f"forward passes of about a second each here, left out).")
+        f"forward passes of about a second each here, left out)."
+    )
     print(f"part 1: real-shape model ({shape.description})", flush=True)
-    results.cells["real-shape"] = run_cells(shape, args.real_shape_strategies, args.real_shape_batch_sizes,
-                                            1, 1, 1)
+    results.cells["real-shape"] = run_cells(
+        shape, args.real_shape_strategies, args.real_shape_batch_sizes, 1, 1, 1
+    )
 
 
 def run_parts(args: argparse.Namespace, results: RunResults) -> None:
@@ -159,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
-    results = RunResults(load_before=load_average(), busy=busy_processes(),
-                         facts=machine_description(torch.device("cpu")))
+    results = RunResults(
+        load_before=load_average(),
+        busy=busy_processes(),
+        facts=machine_description(torch.device("cpu")),
+    )
     run_parts(args, results)
     verdict_lines, verdicts = targets(results.cells)  # part 3
     results.elapsed = time.perf_counter() - began

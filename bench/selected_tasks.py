@@ -9,6 +9,7 @@ and logs "Selected Tasks"; it prints the seconds since this script started (wall
 CPU: user + system of this process) and exits before any model is loaded. CPU time is the
 figure to compare on a shared machine; wall time on a quiet one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,11 @@ class _StopAtSelectedTasks(logging.Handler):
             return
         wall = time.perf_counter() - WALL_START
         times = os.times()
-        print(f"to 'Selected Tasks': wall {wall:.1f} s, CPU {times.user + times.system:.1f} s "
-              f"(user {times.user:.1f}, sys {times.system:.1f})", flush=True)
+        print(
+            f"to 'Selected Tasks': wall {wall:.1f} s, CPU {times.user + times.system:.1f} s "
+            f"(user {times.user:.1f}, sys {times.system:.1f})",
+            flush=True,
+        )
         os._exit(0)  # stop here: what follows (model, data, requests) is not measured
 
 

@@ -10,6 +10,7 @@ row, vocabulary 126,464. The decoder's own time per step, forward pass excluded:
   timed at the first step of the first block and as the mean over that block;
 * the cost of drawing one block's float64 noise alone, the floor of the fixed schedule.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -43,7 +44,7 @@ class FixedHidden(torch.nn.Module):
         self.max_length = 4096
 
     def hidden_states(self, input_ids, attention_mask=None, position_ids=None):
-        return self.hidden[:, :input_ids.shape[1]].expand(input_ids.shape[0], -1, -1)
+        return self.hidden[:, : input_ids.shape[1]].expand(input_ids.shape[0], -1, -1)
 
     def logits_from_hidden(self, hidden):
         return self.head(hidden)
@@ -81,7 +82,9 @@ def step_rules(gen_len: int) -> dict[str, dict[str, Any]]:
     """The two commit rules timed, by their table name: `DecodeRow` keyword arguments."""
     return {
         "dvoting (entropy threshold, T=0.6)": dict(alpha=0.3, temperature=0.6),
-        "majority (fixed schedule, low confidence, T=0.9)": dict(steps=gen_len // 2, temperature=0.9),
+        "majority (fixed schedule, low confidence, T=0.9)": dict(
+            steps=gen_len // 2, temperature=0.9
+        ),
     }
 
 
@@ -92,12 +95,27 @@ def time_naive_step(setup: StepSetup, rule: dict[str, Any], seed: int) -> float:
     generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     if "alpha" in rule:
-        naive_entropy_step(s.full_logits, x, s.mask, s.prompt_len, s.prompt_len + s.block, rule["alpha"],
-                           rule["temperature"], generator)
+        naive_entropy_step(
+            s.full_logits,
+            x,
+            s.mask,
+            s.prompt_len,
+            s.prompt_len + s.block,
+            rule["alpha"],
+            rule["temperature"],
+            generator,
+        )
     else:
         per_step = s.block // (rule["steps"] // (s.gen_len // s.block))
-        naive_fixed_step(s.full_logits, x, s.mask, s.prompt_len + s.block, per_step, rule["temperature"],
-                         generator)
+        naive_fixed_step(
+            s.full_logits,
+            x,
+            s.mask,
+            s.prompt_len + s.block,
+            per_step,
+            rule["temperature"],
+            generator,
+        )
     return time.perf_counter() - start
 
 
@@ -106,10 +124,17 @@ def time_row_decoder_block(setup: StepSetup, rule: dict[str, Any], seed: int) ->
     s = setup
     timed = TimedModel(FixedHidden(s.hidden, s.head, s.mask))
     decoder = RowDecoder(timed)
-    decoder.add(DecodeRow(prompt=s.prompt, tokens=torch.full((s.gen_len,), s.mask), block_length=s.block,
-                          generator=torch.Generator().manual_seed(seed), **rule))
+    decoder.add(
+        DecodeRow(
+            prompt=s.prompt,
+            tokens=torch.full((s.gen_len,), s.mask),
+            block_length=s.block,
+            generator=torch.Generator().manual_seed(seed),
+            **rule,
+        )
+    )
     own = []
-    while decoder.active and int((decoder.active[0].tokens[:s.block] == s.mask).sum()) > 0:
+    while decoder.active and int((decoder.active[0].tokens[: s.block] == s.mask).sum()) > 0:
         timed.reset()
         start = time.perf_counter()
         decoder.step()
@@ -148,13 +173,21 @@ def time_rule(setup: StepSetup, rule: dict[str, Any], repeats: int) -> dict[str,
 def run_step_bench(quick: bool, width: int, repeats: int) -> dict[str, Any]:
     """Decoder-own time per step, naive full-sequence vs ours, V = 126,464, sequence 400."""
     setup = make_setup(quick, width)
-    out: dict[str, Any] = {"sequence": setup.prompt_len + setup.gen_len, "prompt": setup.prompt_len,
-                           "gen": setup.gen_len, "block": setup.block, "vocab": LLADA_VOCAB, "rules": {}}
+    out: dict[str, Any] = {
+        "sequence": setup.prompt_len + setup.gen_len,
+        "prompt": setup.prompt_len,
+        "gen": setup.gen_len,
+        "block": setup.block,
+        "vocab": LLADA_VOCAB,
+        "rules": {},
+    }
     for name, rule in step_rules(setup.gen_len).items():
         r = out["rules"][name] = time_rule(setup, rule, repeats)
-        print(f"  [step] {name}: naive {r['naive_s'] * 1e3:.0f} ms, ours first step "
-              f"{r['ours_first_step_s'] * 1e3:.1f} ms, ours block mean {r['ours_block_mean_s'] * 1e3:.1f} ms",
-              flush=True)
+        print(
+            f"  [step] {name}: naive {r['naive_s'] * 1e3:.0f} ms, ours first step "
+            f"{r['ours_first_step_s'] * 1e3:.1f} ms, ours block mean {r['ours_block_mean_s'] * 1e3:.1f} ms",
+            flush=True,
+        )
     return out
 
 
@@ -179,7 +212,8 @@ def step_section(step: dict[str, Any], width: int) -> list[str]:
         lines.append(
             f"| {name} | {r['naive_s'] * 1e3:,.0f} | {r['ours_first_step_s'] * 1e3:.1f} | "
             f"{r['naive_s'] / r['ours_first_step_s']:.0f}x | {r['ours_block_mean_s'] * 1e3:.1f} | "
-            f"{r['naive_s'] / r['ours_block_mean_s']:.0f}x | {r['noise_draw_s'] * 1e3:.1f} ms |")
+            f"{r['naive_s'] / r['ours_block_mean_s']:.0f}x | {r['noise_draw_s'] * 1e3:.1f} ms |"
+        )
     return lines + [
         "",
         "The last column is the cost of `torch.rand((32, 126464), float64, generator)` alone, the noise of",
@@ -195,8 +229,11 @@ def measured_noise_note(step: dict[str, Any] | None) -> str:
     """' (measured in this run: N ns)' per vocabulary entry of the block's noise draw, or '' without one."""
     if step is None:
         return ""
-    per_entry = [r["noise_draw_s"] / (step["block"] * step["vocab"]) for r in step["rules"].values()
-                 if r["noise_draw_s"]]
+    per_entry = [
+        r["noise_draw_s"] / (step["block"] * step["vocab"])
+        for r in step["rules"].values()
+        if r["noise_draw_s"]
+    ]
     if not per_entry:
         return ""
     low, high = (f"{v * 1e9:.0f}" for v in (min(per_entry), max(per_entry)))

@@ -8,6 +8,7 @@ interleaved order and repeated; the table shows medians. The digest must not cha
 between repeats (the decoding is seeded), and equal digests across batch sizes show
 that batching does not change the answers.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,8 +68,11 @@ class Cell:
 
     def as_json(self) -> dict[str, Any]:
         """The raw fields and the derived numbers the tables show, for `--json`."""
-        return asdict(self) | {"qps": self.qps, "decoder_share": self.decoder_share,
-                               "seconds_per_pass": self.seconds_per_pass}
+        return asdict(self) | {
+            "qps": self.qps,
+            "decoder_share": self.decoder_share,
+            "seconds_per_pass": self.seconds_per_pass,
+        }
 
 
 def tokens_digest(results) -> str:
@@ -87,8 +91,14 @@ def run_cell(work: Workload, timed: TimedModel, cell: Cell) -> None:
     timed.reset()
     with PeakMemory(torch.device("cpu")) as memory:
         start = time.perf_counter()
-        results = decode_questions(timed, work.prompts[:count], settings, work.extract, list(range(count)),
-                        max_rows=cell.batch)
+        results = decode_questions(
+            timed,
+            work.prompts[:count],
+            settings,
+            work.extract,
+            list(range(count)),
+            max_rows=cell.batch,
+        )
         wall = time.perf_counter() - start
     cell.wall.append(wall)
     cell.forward.append(timed.seconds)
@@ -99,7 +109,9 @@ def run_cell(work: Workload, timed: TimedModel, cell: Cell) -> None:
     cell.rows_per_pass = sum(r.nfe for r in results) / max(1, timed.passes)
     digest = tokens_digest(results)
     if cell.tokens_digest and digest != cell.tokens_digest:
-        raise RuntimeError(f"{cell.model} {cell.strategy} batch {cell.batch}: tokens differ between repeats")
+        raise RuntimeError(
+            f"{cell.model} {cell.strategy} batch {cell.batch}: tokens differ between repeats"
+        )
     cell.tokens_digest = digest
     cell.answers = [r.answers[r.chosen] for r in results]
 
@@ -119,25 +131,43 @@ def interleaved_order(cells: list[Cell], repeat: int) -> list[Cell]:
 
 def _warm_up(work: Workload, timed: TimedModel) -> None:
     """One short unrecorded run, so that the allocator and lazy initialisation are not charged to a cell."""
-    decode_questions(timed, work.prompts[:1], StrategySettings(strategy="single", gen_length=work.gen_length),
-          work.extract, [0], max_rows=1)
+    decode_questions(
+        timed,
+        work.prompts[:1],
+        StrategySettings(strategy="single", gen_length=work.gen_length),
+        work.extract,
+        [0],
+        max_rows=1,
+    )
 
 
 def _print_run(work: Workload, cell: Cell) -> None:
     share = (cell.wall[-1] - cell.forward[-1]) / cell.wall[-1]
-    print(f"  [{work.name}] {cell.strategy:8s} batch {cell.batch:2d}: {cell.wall[-1]:7.2f} s, "
-          f"NFE {cell.nfe:6.1f}, decoder share {share:.2f}", flush=True)
+    print(
+        f"  [{work.name}] {cell.strategy:8s} batch {cell.batch:2d}: {cell.wall[-1]:7.2f} s, "
+        f"NFE {cell.nfe:6.1f}, decoder share {share:.2f}",
+        flush=True,
+    )
 
 
-def run_cells(work: Workload, strategies: list[str], batch_sizes: list[int], questions: int,
-              hex_questions: int, repeats: int) -> list[Cell]:
+def run_cells(
+    work: Workload,
+    strategies: list[str],
+    batch_sizes: list[int],
+    questions: int,
+    hex_questions: int,
+    repeats: int,
+) -> list[Cell]:
     """Every strategy at every batch size on `work`, `repeats` times, interleaved.
 
     hex gets `hex_questions` (its 25 samples per question make it the slow one).
     """
     timed = TimedModel(work.model)
-    cells = [Cell(work.name, s, b, hex_questions if s == "hex" else questions)
-             for s in strategies for b in batch_sizes]
+    cells = [
+        Cell(work.name, s, b, hex_questions if s == "hex" else questions)
+        for s in strategies
+        for b in batch_sizes
+    ]
     _warm_up(work, timed)
     for repeat in range(repeats):
         for cell in interleaved_order(cells, repeat):

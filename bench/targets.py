@@ -7,6 +7,7 @@
 
 Each check gives Markdown lines for the report and named yes/no verdicts for `--json`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,9 +33,12 @@ def _same_tokens(cells: list[Cell], strategy: str) -> bool:
 
 def dvoting_vs_majority(all_cells: dict[str, list[Cell]], verdicts: Verdicts) -> list[str]:
     """Target 1: dVoting's wall time per question over majority's <= 1.1 x its NFE ratio."""
-    lines = ["**1. dVoting's time per question / majority's <= 1.1 x NFE ratio** (same questions)", "",
-             "| model | batch | time ratio | NFE ratio | time ratio / NFE ratio | met |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "**1. dVoting's time per question / majority's <= 1.1 x NFE ratio** (same questions)",
+        "",
+        "| model | batch | time ratio | NFE ratio | time ratio / NFE ratio | met |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for model, cells in all_cells.items():
         by = _by_strategy_and_batch(cells)
         for b in sorted({c.batch for c in cells}):
@@ -46,8 +50,10 @@ def dvoting_vs_majority(all_cells: dict[str, list[Cell]], verdicts: Verdicts) ->
             rel = time_ratio / nfe_ratio
             ok = rel <= 1.1
             verdicts[f"dvoting_vs_majority/{model}/batch{b}"] = ok
-            lines.append(f"| {model} | {b} | {time_ratio:.3f} | {nfe_ratio:.3f} | {rel:.3f} | "
-                         f"{'yes' if ok else 'NO'} |")
+            lines.append(
+                f"| {model} | {b} | {time_ratio:.3f} | {nfe_ratio:.3f} | {rel:.3f} | "
+                f"{'yes' if ok else 'NO'} |"
+            )
     return lines + [""]
 
 
@@ -68,8 +74,10 @@ def decoder_share(all_cells: dict[str, list[Cell]], verdicts: Verdicts) -> list[
             ok = c.decoder_share < 0.10
             if model == "real-shape":
                 verdicts[f"decoder_share/{model}/{c.strategy}/batch{c.batch}"] = ok
-            lines.append(f"| {model} | {c.strategy} | {c.batch} | {c.decoder_share * 100:.1f}% | "
-                         f"{('yes' if ok else 'NO') if model == 'real-shape' else '(reference)'} |")
+            lines.append(
+                f"| {model} | {c.strategy} | {c.batch} | {c.decoder_share * 100:.1f}% | "
+                f"{('yes' if ok else 'NO') if model == 'real-shape' else '(reference)'} |"
+            )
     return lines + [""]
 
 
@@ -82,29 +90,39 @@ def _batch_1_and_16(demo: list[Cell]) -> list[tuple[str, Cell, Cell]]:
 
 def batch_speedup(demo: list[Cell], verdicts: Verdicts) -> list[str]:
     """Target 3: batch 16 >= 3x the questions/s of batch 1 on the demo, identical tokens."""
-    lines = ["**3. Demo model: batch 16 gives >= 3x the questions/s of batch 1, with identical answers**", "",
-             "| strategy | q/s batch 1 | q/s batch 16 | speed-up | met | tokens identical across batch sizes |",
-             "|---|---:|---:|---:|---|---|"]
+    lines = [
+        "**3. Demo model: batch 16 gives >= 3x the questions/s of batch 1, with identical answers**",
+        "",
+        "| strategy | q/s batch 1 | q/s batch 16 | speed-up | met | tokens identical across batch sizes |",
+        "|---|---:|---:|---:|---|---|",
+    ]
     for s, one, sixteen in _batch_1_and_16(demo):
         speedup = sixteen.qps / one.qps
         same = _same_tokens(demo, s)
         verdicts[f"batch_speedup/demo/{s}"] = speedup >= 3
         verdicts[f"identical_tokens/demo/{s}"] = same
-        lines.append(f"| {s} | {one.qps:.3f} | {sixteen.qps:.3f} | {speedup:.2f}x | {'yes' if speedup >= 3 else 'NO'} "
-                     f"| {'yes' if same else 'NO'} |")
+        lines.append(
+            f"| {s} | {one.qps:.3f} | {sixteen.qps:.3f} | {speedup:.2f}x | {'yes' if speedup >= 3 else 'NO'} "
+            f"| {'yes' if same else 'NO'} |"
+        )
     return lines + [""]
 
 
 def forward_ceiling(demo: list[Cell]) -> list[str]:
     """The batch speed-up a decoder costing nothing would reach: forward time per row, batch 1 / batch 16."""
-    lines = ["Forward time per decoded row (s/forward pass / rows per pass), demo model: the ceiling of the",
-             "batch speed-up when the decoder's own time is zero:", "",
-             "| strategy | forward ms/row, batch 1 | forward ms/row, batch 16 | ceiling |",
-             "|---|---:|---:|---:|"]
+    lines = [
+        "Forward time per decoded row (s/forward pass / rows per pass), demo model: the ceiling of the",
+        "batch speed-up when the decoder's own time is zero:",
+        "",
+        "| strategy | forward ms/row, batch 1 | forward ms/row, batch 16 | ceiling |",
+        "|---|---:|---:|---:|",
+    ]
     for s, one, sixteen in _batch_1_and_16(demo):
         per_row_1 = one.seconds_per_pass / one.rows_per_pass
         per_row_16 = sixteen.seconds_per_pass / sixteen.rows_per_pass
-        lines.append(f"| {s} | {per_row_1 * 1e3:.2f} | {per_row_16 * 1e3:.2f} | {per_row_1 / per_row_16:.2f}x |")
+        lines.append(
+            f"| {s} | {per_row_1 * 1e3:.2f} | {per_row_16 * 1e3:.2f} | {per_row_1 / per_row_16:.2f}x |"
+        )
     return lines + [""]
 
 
@@ -121,7 +139,11 @@ def targets(all_cells: dict[str, list[Cell]]) -> tuple[list[str], Verdicts]:
     """The report's lines on the three targets, and every verdict by name."""
     verdicts: Verdicts = {}
     demo = all_cells.get("demo", [])
-    lines = (dvoting_vs_majority(all_cells, verdicts) + decoder_share(all_cells, verdicts)
-             + batch_speedup(demo, verdicts) + forward_ceiling(demo))
+    lines = (
+        dvoting_vs_majority(all_cells, verdicts)
+        + decoder_share(all_cells, verdicts)
+        + batch_speedup(demo, verdicts)
+        + forward_ceiling(demo)
+    )
     identical_tokens_beyond_demo(all_cells, verdicts)
     return lines, verdicts

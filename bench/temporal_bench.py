@@ -29,6 +29,7 @@ load of the shared machine hits both alike; medians over the repeats. Results go
 `--json` as each cell finishes, the section between `<!-- temporal_bench:start -->` and
 `<!-- temporal_bench:end -->` of `--out`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,13 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `bench` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.caches_bench import (add_real_shape_arguments, answer_extractor, demo_inputs, uptime,  # noqa: E402
-                                write_section)
+from bench.caches_bench import (
+    add_real_shape_arguments,
+    answer_extractor,
+    demo_inputs,
+    uptime,  # noqa: E402
+    write_section,
+)
 from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
 from bench.workloads import random_llada, real_vocab_config  # noqa: E402
 from lm_eval_dvoting.core.answers import extract_answer  # noqa: E402
@@ -63,25 +69,58 @@ Results = dict[str, Any]
 def settings_for(strategy: str, gen_length: int) -> StrategySettings:
     """The TSCV paper's settings, written out so that both strategies run them."""
     block = min(32, gen_length)
-    return StrategySettings(strategy=strategy, gen_length=gen_length, block_length=block, steps=gen_length // 2,
-                            temperature=0.0)
+    return StrategySettings(
+        strategy=strategy,
+        gen_length=gen_length,
+        block_length=block,
+        steps=gen_length // 2,
+        temperature=0.0,
+    )
 
 
-def run_once(model: TimedModel, prompts: list[torch.Tensor], extract: Callable[[torch.Tensor], Any],
-             strategy: str, gen_length: int, max_rows: int) -> dict[str, Any]:
+def run_once(
+    model: TimedModel,
+    prompts: list[torch.Tensor],
+    extract: Callable[[torch.Tensor], Any],
+    strategy: str,
+    gen_length: int,
+    max_rows: int,
+) -> dict[str, Any]:
     """One decode of every prompt: wall, forward and head time, head calls, NFE, a token digest."""
     model.reset()
     start = time.perf_counter()
-    results = decode_questions(model, prompts, settings_for(strategy, gen_length), extract,
-                               list(range(len(prompts))), max_rows=max_rows)
+    results = decode_questions(
+        model,
+        prompts,
+        settings_for(strategy, gen_length),
+        extract,
+        list(range(len(prompts))),
+        max_rows=max_rows,
+    )
     wall = time.perf_counter() - start
     digest = hashlib.sha256(b"".join(r.samples.numpy().tobytes() for r in results)).hexdigest()[:16]
-    return {"wall": wall, "forward": model.seconds, "head": model.head_seconds, "head_calls": model.head_calls,
-            "passes": model.passes, "nfe": sum(r.nfe for r in results) / len(results), "digest": digest}
+    return {
+        "wall": wall,
+        "forward": model.seconds,
+        "head": model.head_seconds,
+        "head_calls": model.head_calls,
+        "passes": model.passes,
+        "nfe": sum(r.nfe for r in results) / len(results),
+        "digest": digest,
+    }
 
 
-def run_pair(name: str, model: TimedModel, prompts: list[torch.Tensor], extract: Callable[[torch.Tensor], Any],
-             gen_length: int, max_rows: int, repeats: int, results: Results, save: Callable[[], None]) -> None:
+def run_pair(
+    name: str,
+    model: TimedModel,
+    prompts: list[torch.Tensor],
+    extract: Callable[[torch.Tensor], Any],
+    gen_length: int,
+    max_rows: int,
+    repeats: int,
+    results: Results,
+    save: Callable[[], None],
+) -> None:
     """`repeats` runs of each strategy, alternating which goes first."""
     run_once(model, prompts[:1], extract, "single", gen_length, 1)  # warm-up, not recorded
     cells = results.setdefault("cells", {}).setdefault(name, {s: [] for s in STRATEGIES})
@@ -89,34 +128,58 @@ def run_pair(name: str, model: TimedModel, prompts: list[torch.Tensor], extract:
         for strategy in STRATEGIES if repeat % 2 == 0 else STRATEGIES[::-1]:
             run = run_once(model, prompts, extract, strategy, gen_length, max_rows)
             cells[strategy].append(run)
-            print(f"  [{name}] {strategy:8s} {run['wall']:7.2f} s, NFE {run['nfe']:.1f}, "
-                  f"head calls {run['head_calls']}", flush=True)
+            print(
+                f"  [{name}] {strategy:8s} {run['wall']:7.2f} s, NFE {run['nfe']:.1f}, "
+                f"head calls {run['head_calls']}",
+                flush=True,
+            )
             save()
 
 
-def demo_workloads(args: argparse.Namespace) -> list[tuple[str, TimedModel, list[torch.Tensor], Any, str]]:
+def demo_workloads(
+    args: argparse.Namespace,
+) -> list[tuple[str, TimedModel, list[torch.Tensor], Any, str]]:
     loads = []
     for name in args.models:
         inputs = demo_inputs(name, args.questions)
         prompts = [ids[mask.bool()] for ids, mask in zip(inputs["ids"], inputs["mask"])]
         extract = answer_extractor(inputs["tokenizer"], inputs["model"].end_token_ids)
-        loads.append((name, inputs["model"], prompts, extract, f"demo `{name}`, {len(prompts)} questions, "
-                      f"generation length {args.demo_gen_length}, {args.max_rows} rows per pass"))
+        loads.append(
+            (
+                name,
+                inputs["model"],
+                prompts,
+                extract,
+                f"demo `{name}`, {len(prompts)} questions, "
+                f"generation length {args.demo_gen_length}, {args.max_rows} rows per pass",
+            )
+        )
     return loads
 
 
 def real_workload(args: argparse.Namespace) -> tuple[str, TimedModel, list[torch.Tensor], Any, str]:
-    config = real_vocab_config(d_model=args.width, n_layers=args.layers, n_heads=args.heads, mlp=3 * args.width)
+    config = real_vocab_config(
+        d_model=args.width, n_layers=args.layers, n_heads=args.heads, mlp=3 * args.width
+    )
     model = TimedModel(random_llada(config, seed=1, std=0.05))
-    prompt = torch.randint(0, 126_000, (args.prompt_length,), generator=torch.Generator().manual_seed(2))
+    prompt = torch.randint(
+        0, 126_000, (args.prompt_length,), generator=torch.Generator().manual_seed(2)
+    )
 
-    def extract(tokens: torch.Tensor) -> str | None:  # a parse of about an answer's length (module docstring)
+    def extract(
+        tokens: torch.Tensor,
+    ) -> str | None:  # a parse of about an answer's length (module docstring)
         return extract_answer(" ".join(map(str, tokens.tolist())), "number")
 
-    return ("real-shape", model, [prompt], extract,
-            f"random-weight LLaDA, d_model {args.width}, {args.layers} of 32 layers, {args.heads} heads, MLP "
-            f"{3 * args.width}, vocabulary 126,464; one row, prompt {args.prompt_length} + generation "
-            f"{args.gen_length}")
+    return (
+        "real-shape",
+        model,
+        [prompt],
+        extract,
+        f"random-weight LLaDA, d_model {args.width}, {args.layers} of 32 layers, {args.heads} heads, MLP "
+        f"{3 * args.width}, vocabulary 126,464; one row, prompt {args.prompt_length} + generation "
+        f"{args.gen_length}",
+    )
 
 
 # ----------------------------------------------------------------- the section
@@ -142,16 +205,21 @@ def paired_ratios(cell: dict[str, list[dict[str, Any]]]) -> list[float]:
 
 
 def table(results: Results) -> list[str]:
-    lines = ["| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls | NFE / question "
-             "| temporal / single: median of repeats (range) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls | NFE / question "
+        "| temporal / single: median of repeats (range) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, cell in results["cells"].items():
         ratios = paired_ratios(cell)
         spread = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
         for strategy in STRATEGIES:
             runs = cell[strategy]
-            lines.append(f"| {name} | {strategy} | {len(runs)} | {medians(runs, 'wall'):.3f} | "
-                         f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | {runs[0]['head_calls']} | "
-                         f"{runs[0]['nfe']:.1f} | {spread if strategy == 'temporal' else ''} |")
+            lines.append(
+                f"| {name} | {strategy} | {len(runs)} | {medians(runs, 'wall'):.3f} | "
+                f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | {runs[0]['head_calls']} | "
+                f"{runs[0]['nfe']:.1f} | {spread if strategy == 'temporal' else ''} |"
+            )
     return lines
 
 
@@ -163,25 +231,43 @@ def same_decoding(cell: dict[str, list[dict[str, Any]]]) -> bool:
 
 def section(results: Results) -> list[str]:
     meta, cells = results["meta"], results["cells"]
-    lines = [START, "## `strategy=temporal` against `single`: wall time at the same settings", "",
-             "Written by `bench/temporal_bench.py` (its docstring says what runs). Both strategies decode with "
-             "the TSCV paper's settings (fixed schedule, block 32, steps L/2, temperature 0); `temporal` adds "
-             "the output head over every still-masked position at each step (the rules then reuse those logits), "
-             "the argmax and the answer of each changed prediction. Goal: within 5% of `single`.", "",
-             *table(results), ""]
+    lines = [
+        START,
+        "## `strategy=temporal` against `single`: wall time at the same settings",
+        "",
+        "Written by `bench/temporal_bench.py` (its docstring says what runs). Both strategies decode with "
+        "the TSCV paper's settings (fixed schedule, block 32, steps L/2, temperature 0); `temporal` adds "
+        "the output head over every still-masked position at each step (the rules then reuse those logits), "
+        "the argmax and the answer of each changed prediction. Goal: within 5% of `single`.",
+        "",
+        *table(results),
+        "",
+    ]
     for name, cell in cells.items():
-        lines.append(f"- {name}: {meta['workloads'][name]}; identical NFE and tokens in every run: "
-                     f"{'yes' if same_decoding(cell) else 'NO'}.")
+        lines.append(
+            f"- {name}: {meta['workloads'][name]}; identical NFE and tokens in every run: "
+            f"{'yes' if same_decoding(cell) else 'NO'}."
+        )
     if "real-shape" in cells:
         layers = results["args"]["layers"]
-        lines.append(f"- real shape extrapolated to {FULL_DEPTH} layers (each of the {FULL_DEPTH - layers} missing "
-                     f"layers adds single's measured time per layer to both): temporal / single "
-                     f"{extrapolated_ratio(cells['real-shape'], layers):.3f} (an estimate, not a measurement).")
-    lines += ["", "Machine and command:", "", f"- command: `{meta['command']}` (from the repository root)"]
+        lines.append(
+            f"- real shape extrapolated to {FULL_DEPTH} layers (each of the {FULL_DEPTH - layers} missing "
+            f"layers adds single's measured time per layer to both): temporal / single "
+            f"{extrapolated_ratio(cells['real-shape'], layers):.3f} (an estimate, not a measurement)."
+        )
+    lines += [
+        "",
+        "Machine and command:",
+        "",
+        f"- command: `{meta['command']}` (from the repository root)",
+    ]
     lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
-    lines += [f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 cores are "
-              "shared with other work, so single runs vary by several percent (see the repeats in the JSON)",
-              f"- wall time of the whole run: {meta.get('elapsed', 0) / 60:.1f} min", END]
+    lines += [
+        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 cores are "
+        "shared with other work, so single runs vary by several percent (see the repeats in the JSON)",
+        f"- wall time of the whole run: {meta.get('elapsed', 0) / 60:.1f} min",
+        END,
+    ]
     return lines
 
 
@@ -189,13 +275,19 @@ def section(results: Results) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", nargs="+", default=["tiny-arith", "tiny-arith-dream"])
     p.add_argument("--questions", type=int, default=128)
     p.add_argument("--max-rows", type=int, default=16)
     p.add_argument("--demo-gen-length", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=7, help="runs of each strategy on the demo (medians)")
-    p.add_argument("--real-repeats", type=int, default=3, help="runs of each strategy at the real shape")
+    p.add_argument(
+        "--repeats", type=int, default=7, help="runs of each strategy on the demo (medians)"
+    )
+    p.add_argument(
+        "--real-repeats", type=int, default=3, help="runs of each strategy at the real shape"
+    )
     add_real_shape_arguments(p, prompt_length=32, gen_length=64)
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
@@ -216,18 +308,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         write_section(args.out, section(json.loads(args.json.read_text())), START, END)
         return 0
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py" + "".join(f" {a}" for a in argv)
-    results: Results = {"meta": {"command": command, "facts": machine_description(torch.device("cpu")),
-                                 "load_before": load_average(), "uptime_before": uptime(), "busy": busy_processes(),
-                                 "workloads": {}},
-                        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py" + "".join(
+        f" {a}" for a in argv
+    )
+    results: Results = {
+        "meta": {
+            "command": command,
+            "facts": machine_description(torch.device("cpu")),
+            "load_before": load_average(),
+            "uptime_before": uptime(),
+            "busy": busy_processes(),
+            "workloads": {},
+        },
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
     began = time.perf_counter()
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(strict_json.dumps(results))
 
-    loads = [(*load, args.demo_gen_length, args.max_rows, args.repeats) for load in demo_workloads(args)]
+    loads = [
+        (*load, args.demo_gen_length, args.max_rows, args.repeats) for load in demo_workloads(args)
+    ]
     if not args.skip_real:
         loads.append((*real_workload(args), args.gen_length, 1, args.real_repeats))
     for name, model, prompts, extract, description, gen_length, max_rows, repeats in loads:

@@ -9,6 +9,7 @@ with no wrapper there is nothing to switch off, so the timing costs nothing when
 measuring. On CUDA each timed call ends with `torch.cuda.synchronize()`, so that the
 asynchronous kernels are charged to the call that queued them.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,14 @@ class TimedModel(torch.nn.Module):
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.inner = model
-        for name in ("mask_token_id", "end_token_ids", "logits_shift", "max_length", "family", "config"):
+        for name in (
+            "mask_token_id",
+            "end_token_ids",
+            "logits_shift",
+            "max_length",
+            "family",
+            "config",
+        ):
             if hasattr(model, name):
                 setattr(self, name, getattr(model, name))
         first = next(iter(model.parameters()), None)
@@ -52,11 +60,18 @@ class TimedModel(torch.nn.Module):
             torch.cuda.synchronize()
 
     # the signature names position_ids and cache so that the decoder passes them on
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      position_ids: torch.Tensor | None = None, cache: Any = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+    ) -> torch.Tensor:
         self._sync()
         start = time.perf_counter()
-        if cache is None:  # a model without a prefix cache (bench/step_bench.py's FixedHidden) takes no `cache`
+        if (
+            cache is None
+        ):  # a model without a prefix cache (bench/step_bench.py's FixedHidden) takes no `cache`
             hidden = self.inner.hidden_states(input_ids, attention_mask, position_ids)
         else:
             hidden = self.inner.hidden_states(input_ids, attention_mask, position_ids, cache=cache)
@@ -76,8 +91,12 @@ class TimedModel(torch.nn.Module):
         self.head_calls += 1
         return logits
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids))
 
 
@@ -169,8 +188,12 @@ def load_average() -> tuple[float, float, float] | None:
 def busy_processes(limit: int = 6) -> list[str]:
     """The busiest other processes (command, %CPU) as `ps` reports them."""
     try:
-        out = subprocess.run(["ps", "-eo", "pid,pcpu,args", "--sort=-pcpu"], capture_output=True,
-                             text=True, timeout=5).stdout.splitlines()[1:]
+        out = subprocess.run(
+            ["ps", "-eo", "pid,pcpu,args", "--sort=-pcpu"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.splitlines()[1:]
     except (OSError, subprocess.SubprocessError):
         return []
     mine = os.getpid()

@@ -10,6 +10,7 @@
   Its "answer" is the first generated token: random weights give no arithmetic, but
   the answers still agree or disagree, which is all the strategies' control flow needs.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,13 @@ def demo_config() -> dict[str, Any]:
     return train.model_config(train.parse_args([]), build_tokenizer())
 
 
-def random_llada(config: dict[str, Any], seed: int = 0, std: float = 0.02, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> LLaDAModel:
+def random_llada(
+    config: dict[str, Any],
+    seed: int = 0,
+    std: float = 0.02,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> LLaDAModel:
     """A LLaDA of `config` with N(0, std) weights, built on `device` in `dtype` (no float32 copy first)."""
     torch.manual_seed(seed)
     with torch.device("meta"):  # no default initialisation: at LLaDA-8B's width it costs seconds
@@ -84,51 +90,83 @@ def demo_workload(path: str, questions: int, gen_length: int = 32) -> Workload:
         folder, has_weights = Path(path), False
     if has_weights:
         model = load_model(str(folder), device="cpu", dtype="float32")
-        trained = (folder / "TRAINING.md").exists() and "placeholder" not in (folder / "TRAINING.md").read_text()
+        trained = (folder / "TRAINING.md").exists() and "placeholder" not in (
+            folder / "TRAINING.md"
+        ).read_text()
         description = f"demo checkpoint `{path}` ({folder}){'' if trained else ', TRAINING.md still a placeholder'}"
     else:
         model = random_llada(demo_config())
         description = f"random-weight LLaDA of the demo's shape (no weights found at `{path}`)"
     cfg = model.config
-    description += (f"; LLaDA d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
-                    f"MLP {cfg.mlp_hidden_size}, vocabulary {cfg.padded_vocab}")
+    description += (
+        f"; LLaDA d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
+        f"MLP {cfg.mlp_hidden_size}, vocabulary {cfg.padded_vocab}"
+    )
     rows = [json.loads(line) for line in arith.TEST_FILE.read_text().splitlines()[:questions]]
-    prompts = [torch.tensor(tokenizer(arith.format_prompt(r["question"]), add_special_tokens=False).input_ids)
-               for r in rows]
+    prompts = [
+        torch.tensor(
+            tokenizer(arith.format_prompt(r["question"]), add_special_tokens=False).input_ids
+        )
+        for r in rows
+    ]
     eos = tokenizer.eos_token_id
 
     def extract(tokens: torch.Tensor) -> Any:
         ids = tokens.tolist()
         if eos in ids:
-            ids = ids[:ids.index(eos)]
+            ids = ids[: ids.index(eos)]
         return extract_answer(tokenizer.decode(ids), "number")
 
     targets = [str(r["answer"]) for r in rows]
     return Workload("demo", model, prompts, extract, gen_length, description, targets)
 
 
-def real_vocab_config(d_model: int = 256, n_layers: int = 2, n_heads: int = 4, mlp: int = 768) -> dict[str, Any]:
+def real_vocab_config(
+    d_model: int = 256, n_layers: int = 2, n_heads: int = 4, mlp: int = 768
+) -> dict[str, Any]:
     return {
-        "model_type": "llada", "d_model": d_model, "n_heads": n_heads, "n_kv_heads": n_heads,
-        "n_layers": n_layers, "mlp_hidden_size": mlp, "vocab_size": LLADA_VOCAB,
-        "embedding_size": LLADA_VOCAB, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-        "weight_tying": False, "max_sequence_length": 4096,
-        "mask_token_id": LLADA_MASK_ID, "eos_token_id": LLADA_EOS_ID,
+        "model_type": "llada",
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "n_kv_heads": n_heads,
+        "n_layers": n_layers,
+        "mlp_hidden_size": mlp,
+        "vocab_size": LLADA_VOCAB,
+        "embedding_size": LLADA_VOCAB,
+        "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5,
+        "weight_tying": False,
+        "max_sequence_length": 4096,
+        "mask_token_id": LLADA_MASK_ID,
+        "eos_token_id": LLADA_EOS_ID,
     }
 
 
-def real_vocab_workload(questions: int, gen_length: int = 64, prompt_length: int = 48,
-                        d_model: int = 256, n_layers: int = 2, n_heads: int = 4, name: str = "real-vocab",
-                        std: float = 0.05, device: str = "cpu", dtype: torch.dtype = torch.float32) -> Workload:
+def real_vocab_workload(
+    questions: int,
+    gen_length: int = 64,
+    prompt_length: int = 48,
+    d_model: int = 256,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    name: str = "real-vocab",
+    std: float = 0.05,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Workload:
     config = real_vocab_config(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp=3 * d_model)
     model = random_llada(config, seed=1, std=std, device=device, dtype=dtype)
     generator = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, 126_000, (prompt_length,), generator=generator) for _ in range(questions)]
+    prompts = [
+        torch.randint(0, 126_000, (prompt_length,), generator=generator) for _ in range(questions)
+    ]
 
     def extract(tokens: torch.Tensor) -> Any:
         return int(tokens[0])
 
-    description = (f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} layers, "
-                   f"{n_heads} heads, MLP {3 * d_model}; random prompts of {prompt_length} tokens; answer = first "
-                   f"generated token")
+    description = (
+        f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} layers, "
+        f"{n_heads} heads, MLP {3 * d_model}; random prompts of {prompt_length} tokens; answer = first "
+        f"generated token"
+    )
     return Workload(name, model, prompts, extract, gen_length, description)

@@ -3,6 +3,7 @@
 Import-light on purpose: importing the package pulls in neither torch nor lm_eval, so
 the start-up hook and the console scripts stay cheap. The public API is resolved lazily.
 """
+
 from __future__ import annotations
 
 import importlib

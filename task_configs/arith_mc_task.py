@@ -5,6 +5,7 @@ and the boxed answer: the right one and three near misses (the answer +1, -1, +2
 with other offsets where a near miss would be negative). The right solution's place
 among the four is fixed per problem (answer modulo 4), so it is not always first.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -6,6 +6,7 @@ made by ``lm_eval_dvoting.demo.arith`` from its test seed); the validation probl
 drawn from their own seed at load time, canonically disjoint from the test set. Both run
 offline. lm-eval imports this file by its path, so it imports only installed packages.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,11 +35,17 @@ def load_validation(**kwargs: Any) -> datasets.DatasetDict:
     from lm_eval_dvoting.demo.arith import held_out_sets
 
     _, valid = held_out_sets()
-    docs = [_doc({"question": p.question, "solution": p.solution, "answer": p.answer, "steps": p.steps})
-            for p in valid]
+    docs = [
+        _doc({"question": p.question, "solution": p.solution, "answer": p.answer, "steps": p.steps})
+        for p in valid
+    ]
     return datasets.DatasetDict({"validation": datasets.Dataset.from_list(docs)})
 
 
 def _doc(row: dict[str, Any]) -> dict[str, Any]:
-    return {"question": row["question"], "solution": row["solution"], "target": str(row["answer"]),
-            "steps": row["steps"]}
+    return {
+        "question": row["question"],
+        "solution": row["solution"],
+        "target": str(row["answer"]),
+        "steps": row["steps"],
+    }

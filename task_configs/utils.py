@@ -46,6 +46,7 @@ Answers
     rather than reported as 0 or NaN (lm-eval aggregates only the metrics that
     ``process_results`` returns, and NaN would spoil the results JSON).
 """
+
 from __future__ import annotations
 
 import csv
@@ -58,9 +59,9 @@ from typing import Any, Callable, Iterable, Optional
 import datasets
 
 from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer, option_count
-from lm_eval_dvoting.integration.costs import CostedText
-from lm_eval_dvoting.integration import local_data
 from lm_eval_dvoting.core.temporal import step_figures
+from lm_eval_dvoting.integration import local_data
+from lm_eval_dvoting.integration.costs import CostedText
 
 # What a filter writes when a response has no extractable answer (lm-eval's own
 # regex filter uses the same word), so `--log_samples` shows it plainly.
@@ -115,7 +116,9 @@ def load_math500(**kwargs: Any) -> datasets.DatasetDict:
     return _test_split({key: row[key] for key in _MATH500_FIELDS} for row in rows)
 
 
-def _arc_doc(row_id: str, stem: str, texts: list[str], labels: list[str], key: str) -> dict[str, Any]:
+def _arc_doc(
+    row_id: str, stem: str, texts: list[str], labels: list[str], key: str
+) -> dict[str, Any]:
     # The answer letter is the *position* of the keyed label, so the 22 items with
     # labels 1-4 become A-D and every item is shown as A), B), ... in order.
     return {
@@ -135,7 +138,8 @@ def load_arc_challenge(**kwargs: Any) -> datasets.DatasetDict:
     data_dir = local_data.data_dir(kwargs)
     if data_dir:
         rows = local_data.read_jsonl(
-            local_data.local_file(data_dir, "arc_challenge/ARC-Challenge-Test.jsonl"))
+            local_data.local_file(data_dir, "arc_challenge/ARC-Challenge-Test.jsonl")
+        )
         docs = (
             _arc_doc(
                 r["id"],
@@ -149,7 +153,9 @@ def load_arc_challenge(**kwargs: Any) -> datasets.DatasetDict:
     else:
         rows = _hub("allenai/ai2_arc", "ARC-Challenge", "test")
         docs = (
-            _arc_doc(r["id"], r["question"], r["choices"]["text"], r["choices"]["label"], r["answerKey"])
+            _arc_doc(
+                r["id"], r["question"], r["choices"]["text"], r["choices"]["label"], r["answerKey"]
+            )
             for r in rows
         )
     return _test_split(docs)
@@ -171,8 +177,12 @@ def load_mmlu(**kwargs: Any) -> datasets.DatasetDict:
     else:
         for row in _hub("cais/mmlu", "all", "test"):
             docs.append(
-                {"question": row["question"], "subject": row["subject"],
-                 "choices": list(row["choices"]), "answer": LETTERS[int(row["answer"])]}
+                {
+                    "question": row["question"],
+                    "subject": row["subject"],
+                    "choices": list(row["choices"]),
+                    "answer": LETTERS[int(row["answer"])],
+                }
             )
     return _test_split(docs)
 
@@ -261,7 +271,7 @@ def doc_to_text_choice_answer_line(doc: dict[str, Any]) -> str:
     """MMLU prompt (paper, section 5): options ``A)``.., a last line ``Answer: LETTER``."""
     return (
         "Please answer the multiple-choice question step by step. The last line of your "
-        "response must be of the form \"Answer: LETTER\", where LETTER is one of "
+        'response must be of the form "Answer: LETTER", where LETTER is one of '
         f"{_letters_phrase(len(doc['choices']))}.\n\n"
         f"{doc['question'].strip()}\n\n{_options(doc)}"
     )
@@ -270,21 +280,23 @@ def doc_to_text_choice_answer_line(doc: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- filters
 
 
-
-
 def _extract_filter(kind: str) -> Callable[[list[list[Any]], list[dict]], list[list[str]]]:
     def apply(resps: list[list[Any]], docs: list[dict]) -> list[list[str]]:
         # `CostedText.like` keeps the response's cost figures on the extracted text; a
         # letter beyond the question's options is no answer, in the vote too (the harness
         # reads the same `option_count` from the request's doc)
         return [
-            [CostedText.like(extract_answer(str(r), kind, option_count(doc, kind)) or INVALID, r)
-             for r in sample_resps]
+            [
+                CostedText.like(extract_answer(str(r), kind, option_count(doc, kind)) or INVALID, r)
+                for r in sample_resps
+            ]
             for sample_resps, doc in zip(resps, docs, strict=True)
         ]
 
     apply.__name__ = f"extract_{kind}"
-    apply.__doc__ = f"lm-eval `custom` filter: each response -> its {kind!r} answer, or {INVALID!r}."
+    apply.__doc__ = (
+        f"lm-eval `custom` filter: each response -> its {kind!r} answer, or {INVALID!r}."
+    )
     return _NamedFilter(apply)
 
 
@@ -330,8 +342,11 @@ def _score(gold: str, results: list[Any], kind: str) -> dict[str, Any]:
     if trace is not None and any("steps" in c for c in trace.get("candidates", [])):
         # the temporal vote's per-step answers: scored against the gold here, where it is
         # known; `ever_pass` and `tse` become per-question metrics (temporal.step_figures)
-        trace, figures = step_figures(trace, lambda answer: answers_equivalent(gold, answer, kind),
-                                      lambda a, b: answers_equivalent(a, b, kind))
+        trace, figures = step_figures(
+            trace,
+            lambda answer: answers_equivalent(gold, answer, kind),
+            lambda a, b: answers_equivalent(a, b, kind),
+        )
         scores.update(figures)
     if trace is not None:
         scores["dvoting_trace"] = trace

@@ -5,6 +5,7 @@ The official-format checkpoints and their expected logits (tests/fixtures/offici
 about 2 MB) ship with the project, so every fidelity test runs in a plain clone. Only
 tests that need the real benchmark files (../shared/data) skip without ../shared.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,10 @@ FIXTURES = REPO_ROOT / "tests" / "fixtures" / "official-tiny"
 # when the tests run from a copy elsewhere (tools/mutation.py runs them in mutants/).
 SHARED = Path(os.environ.get("DVOTING_SHARED_DIR") or REPO_ROOT.parent / "shared")
 DATA = SHARED / "data"
-NO_SHARED_REASON = (f"needs the real benchmark data files in {DATA} (the project's shared folder, "
-                    "absent in a plain clone)")
+NO_SHARED_REASON = (
+    f"needs the real benchmark data files in {DATA} (the project's shared folder, "
+    "absent in a plain clone)"
+)
 
 
 def require_shared(path: Path) -> Path:
@@ -38,8 +41,10 @@ def fixture_folder(family: str) -> Path:
     folder = FIXTURES / family
     if not (folder / "model.safetensors").exists():
         # never a skip: these ship with the project, so a missing one is a broken checkout
-        raise FileNotFoundError(f"test fixture {folder} is missing; it is part of the project "
-                                "(git checkout tests/fixtures)")
+        raise FileNotFoundError(
+            f"test fixture {folder} is missing; it is part of the project "
+            "(git checkout tests/fixtures)"
+        )
     return folder
 
 
@@ -110,9 +115,17 @@ def _write_random_llada(folder: Path, seed: int = 0) -> Path:
     tokenizer = build_tokenizer()
     vocab = len(tokenizer)
     config = {
-        "model_type": "llada", "d_model": 32, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2,
-        "mlp_hidden_size": 64, "vocab_size": vocab, "embedding_size": vocab,
-        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "weight_tying": False,
+        "model_type": "llada",
+        "d_model": 32,
+        "n_heads": 4,
+        "n_kv_heads": 4,
+        "n_layers": 2,
+        "mlp_hidden_size": 64,
+        "vocab_size": vocab,
+        "embedding_size": vocab,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "weight_tying": False,
         "max_sequence_length": 256,
         "mask_token_id": tokenizer.convert_tokens_to_ids(MASK),
         "eos_token_id": tokenizer.convert_tokens_to_ids(EOS),
@@ -123,7 +136,10 @@ def _write_random_llada(folder: Path, seed: int = 0) -> Path:
         for p in model.parameters():
             p.normal_(0, 0.3)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(folder / "model.safetensors"),
+    )
     (folder / "config.json").write_text(json.dumps(config))
     tokenizer.save_pretrained(str(folder))
     return folder
@@ -142,9 +158,13 @@ def _write_random_llada2(folder: Path, seed: int = 0) -> Path:
 
     tokenizer = build_tokenizer()
     config = json.loads((fixture_folder("llada2") / "config.json").read_text())
-    config.update(vocab_size=len(tokenizer), mask_token_id=tokenizer.convert_tokens_to_ids(MASK),
-                  eos_token_id=tokenizer.convert_tokens_to_ids(EOS), pad_token_id=tokenizer.convert_tokens_to_ids(EOS),
-                  max_position_embeddings=512)
+    config.update(
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.convert_tokens_to_ids(MASK),
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS),
+        pad_token_id=tokenizer.convert_tokens_to_ids(EOS),
+        max_position_embeddings=512,
+    )
     torch.manual_seed(seed)
     model = LLaDA2Model(LLaDA2Config.from_dict(config))
     with torch.no_grad():

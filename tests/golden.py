@@ -13,6 +13,7 @@ block and Fast-dLLM's prefix cache, at two seeds, for 16 held-out demo questions
 the chosen sample. The test (tests/test_golden_decoding.py) also decodes one row at a
 time and must find the same.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "dvoting": dict(strategy="dvoting"),
     "dvoting-T0": dict(strategy="dvoting", temperature=0.0),
     "dvoting-block8-tau0.6": dict(strategy="dvoting", block_length=8, tau=0.6, alpha=0.1),
-    "prefix-single-block8": dict(strategy="single", block_length=8, steps=16, temperature=0.6,
-                                 prefix_cache=True),
+    "prefix-single-block8": dict(
+        strategy="single", block_length=8, steps=16, temperature=0.6, prefix_cache=True
+    ),
     "prefix-dvoting-block8": dict(strategy="dvoting", block_length=8, prefix_cache=True),
 }
 
@@ -58,15 +60,24 @@ def _inputs(name: str, questions: int) -> tuple[torch.nn.Module, Any, torch.Tens
     tokenizer = load_tokenizer(name)
     questions = [arith.format_prompt(p["question"]) for p in arith.read_test_set()[:questions]]
     enc = tokenizer(questions, add_special_tokens=False, padding=True, return_tensors="pt")
-    return load_model(name, device="cpu", dtype="float32"), tokenizer, enc.input_ids, enc.attention_mask
+    return (
+        load_model(name, device="cpu", dtype="float32"),
+        tokenizer,
+        enc.input_ids,
+        enc.attention_mask,
+    )
 
 
 def _digest(samples: torch.Tensor) -> str:
     return hashlib.sha256(json.dumps(samples.tolist()).encode()).hexdigest()[:16]
 
 
-def capture(models: tuple[str, ...] = MODELS, max_rows: int = QUESTIONS, seeds: tuple[int, ...] = SEEDS,
-            questions: int = QUESTIONS) -> dict[str, Any]:
+def capture(
+    models: tuple[str, ...] = MODELS,
+    max_rows: int = QUESTIONS,
+    seeds: tuple[int, ...] = SEEDS,
+    questions: int = QUESTIONS,
+) -> dict[str, Any]:
     """{model: {config: {seed: [[digest, sample_nfe, chosen], ...per question]}}}, over the
     first `questions` demo test questions, decoded `max_rows` rows at a time."""
     from lm_eval_dvoting.core.answers import extract_answer
@@ -77,15 +88,27 @@ def capture(models: tuple[str, ...] = MODELS, max_rows: int = QUESTIONS, seeds: 
         model, tokenizer, ids, mask = _inputs(name, questions)
 
         def extract(tokens: torch.Tensor) -> str | None:
-            return extract_answer(tokenizer.decode(tokens.tolist(), skip_special_tokens=True), "number")
+            return extract_answer(
+                tokenizer.decode(tokens.tolist(), skip_special_tokens=True), "number"
+            )
 
         out[name] = {}
         for config, kwargs in CONFIGS.items():
             out[name][config] = {}
             for seed in seeds:
-                results = run_strategy(model, ids, mask, extract=extract, gen_length=GEN_LENGTH, seed=seed,
-                                       max_rows=max_rows, **kwargs)
-                out[name][config][str(seed)] = [[_digest(r.samples), r.sample_nfe, r.chosen] for r in results]
+                results = run_strategy(
+                    model,
+                    ids,
+                    mask,
+                    extract=extract,
+                    gen_length=GEN_LENGTH,
+                    seed=seed,
+                    max_rows=max_rows,
+                    **kwargs,
+                )
+                out[name][config][str(seed)] = [
+                    [_digest(r.samples), r.sample_nfe, r.chosen] for r in results
+                ]
     return out
 
 
@@ -101,7 +124,9 @@ def differences(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
                     continue
                 for q, (want, have) in enumerate(zip(questions, got)):
                     if want != have:
-                        lines.append(f"{name} {config} seed {seed} question {q}: expected {want}, got {have}")
+                        lines.append(
+                            f"{name} {config} seed {seed} question {q}: expected {want}, got {have}"
+                        )
     return lines
 
 

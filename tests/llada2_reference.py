@@ -7,6 +7,7 @@ cache. Deviations we make on purpose, and apply here too: temperature 0 is the a
 in 2.1 (its hub mask loses it), and decoding stops after a block whose answer holds an
 end token in 2.1 as in 2.0 (upstream 2.1 only with eos_early_stop; the answer, cut at the
 first end token, is the same)."""
+
 from __future__ import annotations
 
 import math
@@ -21,15 +22,24 @@ def _forward(model: nn.Module, x: torch.Tensor, block: int) -> torch.Tensor:
     return model(x[None], block_lengths=torch.tensor([block]))[0].double()
 
 
-def upstream_generate(model: nn.Module, prompt: list[int], gen_length: int, block: int, threshold: float = 0.95,
-                      steps: int | None = None, editing_threshold: float | None = None,
-                      max_post_steps: int = 16) -> tuple[list[int], int]:
+def upstream_generate(
+    model: nn.Module,
+    prompt: list[int],
+    gen_length: int,
+    block: int,
+    threshold: float = 0.95,
+    steps: int | None = None,
+    editing_threshold: float | None = None,
+    max_post_steps: int = 16,
+) -> tuple[list[int], int]:
     """(answer tokens, forward passes) of greedy LLaDA2.0 (`editing_threshold` None) or 2.1 decoding."""
     mask, ends = model.mask_token_id, set(model.end_token_ids)
     total = -(-(len(prompt) + gen_length) // block) * block
     x = torch.full((total,), mask, dtype=torch.long)
-    x[:len(prompt)] = torch.tensor(prompt)
-    steps = min(steps or 32, gen_length)  # upstream's default steps=32, capped by min(steps, gen_length)
+    x[: len(prompt)] = torch.tensor(prompt)
+    steps = min(
+        steps or 32, gen_length
+    )  # upstream's default steps=32, capped by min(steps, gen_length)
     base, extra = divmod(block, steps)
     quotas = [base + 1 if s < extra else base for s in range(steps)]
     passes = 0
@@ -69,9 +79,9 @@ def upstream_generate(model: nn.Module, prompt: list[int], gen_length: int, bloc
             step += 1
             if editing_threshold is not None and not masked.any() and not edit.any():
                 break
-        answer = x[len(prompt):hi].tolist()
+        answer = x[len(prompt) : hi].tolist()
         if any(t in ends for t in answer):
             break
-    answer = x[len(prompt):len(prompt) + gen_length].tolist()
+    answer = x[len(prompt) : len(prompt) + gen_length].tolist()
     cut = next((k for k, t in enumerate(answer) if t in ends), None)
-    return (answer if cut is None else answer[:cut + 1]), passes
+    return (answer if cut is None else answer[: cut + 1]), passes

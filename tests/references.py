@@ -1,6 +1,7 @@
 """Helpers the decoder's tests share: the fixture models loaded once, the upstream
 reference reading of a row's logits, LLaDA's Gumbel-max sampling, and a recorder of
 forward-pass input lengths."""
+
 from __future__ import annotations
 
 import contextlib

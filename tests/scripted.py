@@ -18,6 +18,7 @@ logits at `p` are
 `forward` also records the batch size of each call (`calls`), so a test can count
 forward passes and row-steps independently of the decoder's own NFE counters.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -56,7 +57,9 @@ class ScriptedModel(nn.Module):
             self._cache[key] = row
         return self._cache[key]
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         batch, width = input_ids.shape
         self.calls.append(batch)
         if attention_mask is None:

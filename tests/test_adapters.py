@@ -1,5 +1,6 @@
 """LoRA adapters in the PEFT format on the native models (`peft=`, models/adapters.py),
 checked against adapters written by `peft` itself for the official parameter names."""
+
 from __future__ import annotations
 
 import json
@@ -7,23 +8,37 @@ from pathlib import Path
 
 import pytest
 import torch
+from lora import D1_TARGETS, OFFICIAL, peft_adapter
 from safetensors.torch import load_file, save_file
 
 from lm_eval_dvoting.models import adapters
 from lm_eval_dvoting.models.adapters import AdapterError
 from lm_eval_dvoting.models.loading import load_model
-from lora import D1_TARGETS, OFFICIAL, peft_adapter
 
 IDS = torch.randint(0, 90, (2, 10), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("family, targets, adapted, extra", [
-    ("llada", D1_TARGETS, {"q_proj", "k_proj", "v_proj", "up_proj"}, {}),
-    ("dream", D1_TARGETS, {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"}, {}),
-    ("llada", ["q_proj", "up_proj"], {"q_proj", "up_proj"}, {"use_rslora": True}),  # scale alpha / sqrt(r)
-])
+@pytest.mark.parametrize(
+    "family, targets, adapted, extra",
+    [
+        ("llada", D1_TARGETS, {"q_proj", "k_proj", "v_proj", "up_proj"}, {}),
+        (
+            "dream",
+            D1_TARGETS,
+            {"q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"},
+            {},
+        ),
+        (
+            "llada",
+            ["q_proj", "up_proj"],
+            {"q_proj", "up_proj"},
+            {"use_rslora": True},
+        ),  # scale alpha / sqrt(r)
+    ],
+)
 def test_an_adapter_written_by_peft_gives_peft_logits_off_gives_the_base_and_merged_the_same(
-        family, targets, adapted, extra, tmp_path):
+    family, targets, adapted, extra, tmp_path
+):
     folder, written = peft_adapter(OFFICIAL / family, tmp_path / "adapter", targets, **extra)
     with torch.no_grad():
         expected = written(input_ids=IDS) if family == "dream" else written(IDS)
@@ -32,7 +47,9 @@ def test_an_adapter_written_by_peft_gives_peft_logits_off_gives_the_base_and_mer
     with torch.no_grad():
         base = model(IDS)
     adapter = adapters.read_adapter(folder)
-    assert {name.rsplit(".", 1)[-1] for name in adapter.weights} == adapted  # what the saved weights name
+    assert {
+        name.rsplit(".", 1)[-1] for name in adapter.weights
+    } == adapted  # what the saved weights name
     adapters.attach(model, adapter)
     with torch.no_grad():
         on = model(IDS)
@@ -50,7 +67,9 @@ def test_an_adapter_written_by_peft_gives_peft_logits_off_gives_the_base_and_mer
 def test_a_target_that_also_names_llada_s_output_head_adapts_only_the_trained_modules(tmp_path):
     """`ff_out` is the blocks' MLP output and the model's head in LLaDA: the adapter's saved
     weights, not the config's names, say which were trained."""
-    folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", r"model\.transformer\.blocks\.\d+\.ff_out")
+    folder, _ = peft_adapter(
+        OFFICIAL / "llada", tmp_path / "a", r"model\.transformer\.blocks\.\d+\.ff_out"
+    )
     config = json.loads((folder / "adapter_config.json").read_text())
     config["target_modules"] = ["ff_out"]  # as a training config would say it
     (folder / "adapter_config.json").write_text(json.dumps(config))
@@ -72,30 +91,45 @@ def test_an_adapter_that_does_not_fit_is_refused_with_the_names(tmp_path):
     _edit_weights(folder, lambda w: w | {key: torch.zeros(4, 7)})
     model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
     module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-    with pytest.raises(AdapterError, match=rf"does not fit this model \(LLaDAModel\): {module}: lora_A \(4, 7\)"):
+    with pytest.raises(
+        AdapterError, match=rf"does not fit this model \(LLaDAModel\): {module}: lora_A \(4, 7\)"
+    ):
         adapters.attach(model, adapters.read_adapter(folder))
     dream_model = load_model(OFFICIAL / "dream", device="cpu", dtype="float32")
     fresh, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "b", ["q_proj"])
-    with pytest.raises(AdapterError, match=r"model\.transformer\.blocks\.0\.q_proj: no such module in the model"):
+    with pytest.raises(
+        AdapterError, match=r"model\.transformer\.blocks\.0\.q_proj: no such module in the model"
+    ):
         adapters.attach(dream_model, adapters.read_adapter(fresh))  # a LLaDA adapter on Dream
 
 
-@pytest.mark.parametrize("change, says", [
-    (lambda c: c | {"use_dora": True}, "sets use_dora=True, which this loader does not support"),
-    (lambda c: c | {"bias": "all"}, "sets bias='all'"),
-    (lambda c: c | {"modules_to_save": ["lm_head"]}, "sets modules_to_save"),
-    (lambda c: c | {"rank_pattern": {"q_proj": 8}}, "sets rank_pattern"),
-    (lambda c: c | {"peft_type": "IA3"}, "peft_type='IA3'; only LoRA adapters"),
-    (lambda c: c | {"alora_invocation_tokens": [5, 6]}, "sets alora_invocation_tokens=[5, 6]"),
-    (lambda c: c | {"use_qalora": True}, "sets use_qalora=True"),
-    (lambda c: c | {"some_future_feature": 1}, "sets some_future_feature=1"),
-    (lambda c: {k: v for k, v in c.items() if k != "r"}, "has r=None; a LoRA adapter needs a positive r"),
-])
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (
+            lambda c: c | {"use_dora": True},
+            "sets use_dora=True, which this loader does not support",
+        ),
+        (lambda c: c | {"bias": "all"}, "sets bias='all'"),
+        (lambda c: c | {"modules_to_save": ["lm_head"]}, "sets modules_to_save"),
+        (lambda c: c | {"rank_pattern": {"q_proj": 8}}, "sets rank_pattern"),
+        (lambda c: c | {"peft_type": "IA3"}, "peft_type='IA3'; only LoRA adapters"),
+        (lambda c: c | {"alora_invocation_tokens": [5, 6]}, "sets alora_invocation_tokens=[5, 6]"),
+        (lambda c: c | {"use_qalora": True}, "sets use_qalora=True"),
+        (lambda c: c | {"some_future_feature": 1}, "sets some_future_feature=1"),
+        (
+            lambda c: {k: v for k, v in c.items() if k != "r"},
+            "has r=None; a LoRA adapter needs a positive r",
+        ),
+    ],
+)
 def test_adapter_features_this_loader_does_not_apply_are_refused(change, says, tmp_path):
     folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
     config = json.loads((folder / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps(change(config)))
-    with pytest.raises(AdapterError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(
+        AdapterError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         adapters.read_adapter(folder)
 
 
@@ -104,10 +138,16 @@ def test_missing_files_and_foreign_weights_are_refused(tmp_path):
         adapters.read_adapter("/no/such/adapter")
     folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
     _edit_weights(folder, lambda w: w | {"model.transformer.wte.weight": torch.zeros(2, 2)})
-    with pytest.raises(AdapterError, match=r"holds 'model.transformer.wte.weight', which is no LoRA weight"):
+    with pytest.raises(
+        AdapterError, match=r"holds 'model.transformer.wte.weight', which is no LoRA weight"
+    ):
         adapters.read_adapter(folder)
-    _edit_weights(folder, lambda w: {k: v for k, v in w.items() if "lora_B" not in k and "wte" not in k})
-    with pytest.raises(AdapterError, match=r"lacks lora_A or lora_B for model.transformer.blocks.0.q_proj"):
+    _edit_weights(
+        folder, lambda w: {k: v for k, v in w.items() if "lora_B" not in k and "wte" not in k}
+    )
+    with pytest.raises(
+        AdapterError, match=r"lacks lora_A or lora_B for model.transformer.blocks.0.q_proj"
+    ):
         adapters.read_adapter(folder)
     (folder / "adapter_config.json").unlink()
     with pytest.raises(AdapterError, match=r"the folder has no adapter_config.json"):
@@ -118,8 +158,12 @@ def test_peft_through_the_harness_changes_the_model_and_its_fingerprint(tmp_path
     from lm_eval_dvoting.integration import result_cache
     from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
-    folder, _ = peft_adapter(Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
-                             tmp_path / "a", ["q_proj", "v_proj"], alpha=64)
+    folder, _ = peft_adapter(
+        Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
+        tmp_path / "a",
+        ["q_proj", "v_proj"],
+        alpha=64,
+    )
     base = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
     adapted = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", peft=str(folder))
     ids = torch.randint(4, 40, (1, 12))
@@ -130,8 +174,13 @@ def test_peft_through_the_harness_changes_the_model_and_its_fingerprint(tmp_path
     assert base.get_model_info()["dvoting"]["peft"] is None
     assert result_cache.fingerprint(adapted)["peft"] == info["digest"]
     assert result_cache.fingerprint(base)["peft"] is None
-    other, _ = peft_adapter(Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
-                            tmp_path / "b", ["q_proj", "v_proj"], alpha=64, seed=1)  # other weights, same names
+    other, _ = peft_adapter(
+        Path(__file__).resolve().parents[1] / "lm_eval_dvoting" / "demo" / "tiny-arith",
+        tmp_path / "b",
+        ["q_proj", "v_proj"],
+        alpha=64,
+        seed=1,
+    )  # other weights, same names
     assert adapters.read_adapter(other).identity != info["digest"]
 
 
@@ -145,18 +194,25 @@ def test_a_hub_id_fetches_only_the_two_adapter_files_at_the_revision(tmp_path, m
 
     folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
     calls = []
-    monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda **kwargs: calls.append(kwargs) or str(folder))
+    monkeypatch.setattr(
+        huggingface_hub, "snapshot_download", lambda **kwargs: calls.append(kwargs) or str(folder)
+    )
     adapter = adapters.read_adapter("org/adapter", revision="v2")
-    assert calls == [{"repo_id": "org/adapter", "revision": "v2",
-                      "allow_patterns": ["adapter_config.json", "adapter_model.safetensors"]}]
+    assert calls == [
+        {
+            "repo_id": "org/adapter",
+            "revision": "v2",
+            "allow_patterns": ["adapter_config.json", "adapter_model.safetensors"],
+        }
+    ]
     assert adapter.folder == folder and adapter.source == "org/adapter"
     for local in ("org/adapter.json", "a/b/c", "./adapter", "~/adapter", "/adapter"):
         with pytest.raises(AdapterError) as refused:
             adapters.resolve_adapter(local)
         assert str(refused.value) == (
             f"peft={local!r}: no such folder; give a folder holding adapter_config.json and adapter_model.safetensors, "
-            "a hub id such as 'org/adapter-name', or one of ['tiny-arith-lora']")
+            "a hub id such as 'org/adapter-name', or one of ['tiny-arith-lora']"
+        )
     assert len(calls) == 1
 
 
@@ -168,7 +224,8 @@ def test_the_folder_checks_say_which_file_is_missing_and_what_a_folder_holds(tmp
         adapters.resolve_adapter(folder)
     assert str(refused.value) == (
         f"peft={str(folder)!r}: the folder has no adapter_config.json or adapter_model.safetensors; a PEFT LoRA "
-        "adapter folder holds adapter_config.json and adapter_model.safetensors (as written by save_pretrained)")
+        "adapter folder holds adapter_config.json and adapter_model.safetensors (as written by save_pretrained)"
+    )
 
 
 @pytest.mark.parametrize("rank, accepted", [(0, False), (-2, False), (1, True)])
@@ -187,8 +244,10 @@ def test_the_digest_is_of_the_two_files_as_read(tmp_path):
     import hashlib
 
     folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
-    expected = hashlib.sha256((folder / "adapter_config.json").read_bytes()
-                              + (folder / "adapter_model.safetensors").read_bytes()).hexdigest()[:16]
+    expected = hashlib.sha256(
+        (folder / "adapter_config.json").read_bytes()
+        + (folder / "adapter_model.safetensors").read_bytes()
+    ).hexdigest()[:16]
     assert adapters.read_adapter(folder).identity == expected
 
 
@@ -196,10 +255,19 @@ def test_every_misfit_is_named_with_what_the_module_is(tmp_path):
     """A weight on a norm layer names its type, on a missing module says so; past five
     problems the message counts the rest."""
     folder, _ = peft_adapter(OFFICIAL / "llada", tmp_path / "a", ["q_proj"])
-    extra = {f"base_model.model.model.transformer.blocks.{i}.nothing.lora_{part}.weight": torch.zeros(4, 4)
-             for i in range(5) for part in "AB"}
-    extra |= {f"base_model.model.model.transformer.blocks.0.attn_norm.lora_{part}.weight": torch.zeros(4, 4)
-              for part in "AB"}
+    extra = {
+        f"base_model.model.model.transformer.blocks.{i}.nothing.lora_{part}.weight": torch.zeros(
+            4, 4
+        )
+        for i in range(5)
+        for part in "AB"
+    }
+    extra |= {
+        f"base_model.model.model.transformer.blocks.0.attn_norm.lora_{part}.weight": torch.zeros(
+            4, 4
+        )
+        for part in "AB"
+    }
     _edit_weights(folder, lambda w: w | extra)
     model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
     with pytest.raises(AdapterError) as refused:
@@ -210,16 +278,20 @@ def test_every_misfit_is_named_with_what_the_module_is(tmp_path):
     assert message.count("no such module in the model") == 4 and "; ... (6 in all)" in message
 
 
-@pytest.mark.parametrize("change, shown", [
-    # another architecture's names
-    ({"target_modules": ["query_key_value", "dense"]}, "['query_key_value', 'dense']"),
-    # a regex, matched against the whole name
-    ({"target_modules": r"model\.decoder\.layers\.\d+\.q_proj"}, r"'model\\.decoder"),
-    # names that exist, in layers that do not (the fixture has two blocks)
-    ({"target_modules": ["q_proj"], "layers_to_transform": [7]}, "['q_proj']"),
-])
-def test_target_modules_that_match_no_module_are_refused_as_peft_refuses_them(change, shown,
-                                                                              tmp_path):
+@pytest.mark.parametrize(
+    "change, shown",
+    [
+        # another architecture's names
+        ({"target_modules": ["query_key_value", "dense"]}, "['query_key_value', 'dense']"),
+        # a regex, matched against the whole name
+        ({"target_modules": r"model\.decoder\.layers\.\d+\.q_proj"}, r"'model\\.decoder"),
+        # names that exist, in layers that do not (the fixture has two blocks)
+        ({"target_modules": ["q_proj"], "layers_to_transform": [7]}, "['q_proj']"),
+    ],
+)
+def test_target_modules_that_match_no_module_are_refused_as_peft_refuses_them(
+    change, shown, tmp_path
+):
     """PEFT refuses an adapter whose config's target_modules match no module of the model (the
     adapter was made for another model); so does this loader, though it reads the modules from the
     saved weights, naming the file, the value and module names that exist."""
@@ -231,8 +303,9 @@ def test_target_modules_that_match_no_module_are_refused_as_peft_refuses_them(ch
     adapter = adapters.read_adapter(folder)
     model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="not found in the base model"):  # PEFT's own refusal
-        inject_adapter_in_model(LoraConfig(r=4, **change),
-                                load_model(OFFICIAL / "llada", device="cpu"))
+        inject_adapter_in_model(
+            LoraConfig(r=4, **change), load_model(OFFICIAL / "llada", device="cpu")
+        )
     with pytest.raises(AdapterError) as refused:
         adapters.attach(model, adapter)
     message = str(refused.value)
@@ -242,8 +315,9 @@ def test_target_modules_that_match_no_module_are_refused_as_peft_refuses_them(ch
     assert not adapters.lora_layers(model)  # refused before anything was wrapped
 
 
-@pytest.mark.parametrize("targets",
-                         [["ff_out"], ["q_proj", "not_here"], r".*\.q_proj", "all-linear", None])
+@pytest.mark.parametrize(
+    "targets", [["ff_out"], ["q_proj", "not_here"], r".*\.q_proj", "all-linear", None]
+)
 def test_target_modules_that_match_some_module_are_accepted(targets, tmp_path):
     """A list matching a module by name or suffix, a regex matching a whole name, PEFT's
     all-linear, or no target_modules at all (the saved weights say which modules)."""

@@ -4,6 +4,7 @@ task configs' scoring and docs/ANSWER_READING.md agree with that reading.
 The table is data (tests/fixtures/answer_conformance.py); tools/answer_reading.py runs
 lm-eval's own GSM8K filters over its number rows for the doc.
 """
+
 from __future__ import annotations
 
 import collections
@@ -75,9 +76,20 @@ def test_table_covers_the_issue_and_the_forms_it_names() -> None:
         assert rows[(text, kind)] == grader, text
     assert rows[("A good answer is C", "choice")] == "C"
     groups = {c.group for c in CASES}
-    for form in ("money", "percent", "units and exponents", "thousands separators", "signs",
-                 "fractions and decimals", "mixed numbers", "I hope it is correct",
-                 "repeated boxes", "truncated", "#### line", "bold markdown"):
+    for form in (
+        "money",
+        "percent",
+        "units and exponents",
+        "thousands separators",
+        "signs",
+        "fractions and decimals",
+        "mixed numbers",
+        "I hope it is correct",
+        "repeated boxes",
+        "truncated",
+        "#### line",
+        "bold markdown",
+    ):
         assert form in groups, form
     kinds = collections.Counter(c.kind for c in CASES)
     assert kinds["number"] >= 100 and kinds["math"] >= 20 and kinds["choice"] >= 30
@@ -93,8 +105,13 @@ def test_issue_rows(text: str, kind: str, before: str | None, grader: str | None
 def test_vote_groups_what_the_grader_reads_as_one_answer() -> None:
     """Samples that state one value in different spellings are one vote, and a
     truncated box casts none (it used to vote for the digits inside it)."""
-    texts = [r"\boxed{18 \text{ m}^2}", "The area is 18 m^2.", "#### 18", r"\boxed{18",
-             r"\boxed{2^{1}}"]
+    texts = [
+        r"\boxed{18 \text{ m}^2}",
+        "The area is 18 m^2.",
+        "#### 18",
+        r"\boxed{18",
+        r"\boxed{2^{1}}",
+    ]
     result = vote([extract_answer(t, "number") for t in texts], "number")
     assert result.counts == [("18", 3), ("2", 1)]
     letters = ["Answer: I think it's B", "The correct choice is B.", "Answer: I believe it is C."]
@@ -112,8 +129,9 @@ def test_the_option_range_never_changes_which_letter_is_read() -> None:
         for n_options in range(1, 11):
             ranged = extract_answer(case.text, "choice", n_options)
             assert ranged in (free, None)
-            assert ranged == (free if free is not None and "ABCDEFGHIJ".index(free) < n_options
-                              else None)
+            assert ranged == (
+                free if free is not None and "ABCDEFGHIJ".index(free) < n_options else None
+            )
             for gold in "ABCDEFGHIJ"[:n_options]:
                 assert (ranged == gold) == (free == gold)
 
@@ -122,8 +140,11 @@ def test_the_choice_filter_passes_each_question_s_range() -> None:
     """task_configs/utils.py's choice filter reads a letter beyond the question's options
     as `[invalid]`, per document (ARC mixes 3-, 4- and 5-option questions)."""
     utils = _load(ROOT / "task_configs" / "utils.py", "dvoting_task_utils_conformance")
-    docs = [{"choices": ["a", "b", "c", "d"]}, {"choices": ["a", "b", "c", "d", "e"]},
-            {"choices": ["a", "b", "c"]}]
+    docs = [
+        {"choices": ["a", "b", "c", "d"]},
+        {"choices": ["a", "b", "c", "d", "e"]},
+        {"choices": ["a", "b", "c"]},
+    ]
     responses = [["Answer: E"], ["Answer: E"], [r"\boxed{C}", r"\boxed{D}"]]
     assert utils.extract_choice(responses, docs) == [["[invalid]"], ["E"], ["C", "[invalid]"]]
     with pytest.raises(ValueError):  # a response list without its document is a bug
@@ -147,8 +168,9 @@ def test_the_option_range_is_for_choice_answers_only() -> None:
     assert extract_answer("#### 4", "number", None) == "4"
 
 
-@pytest.mark.parametrize("content", [r"9^{9^{9}}", r"10^{100000}", r"2^{10^{6}}",
-                                     r"(10^{3000})^{5}"])
+@pytest.mark.parametrize(
+    "content", [r"9^{9^{9}}", r"10^{100000}", r"2^{10^{6}}", r"(10^{3000})^{5}"]
+)
 def test_a_huge_power_is_refused_at_once(content: str) -> None:
     """A power whose value would exceed 10,000 bits is no answer, and is refused before it
     is computed: no input can make the reading slow (there is no time limit to rely on)."""
@@ -158,9 +180,15 @@ def test_a_huge_power_is_refused_at_once(content: str) -> None:
     assert time.perf_counter() - start < 0.5
 
 
-@pytest.mark.parametrize("content", ["(" * 2000 + "1" + ")" * 2000, "-" * 5000 + "1",
-                                     "\\text{" * 5000 + "18" + "}" * 5000,
-                                     "\\frac{" * 500 + "1}{2}" + "{2}" * 499])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "(" * 2000 + "1" + ")" * 2000,
+        "-" * 5000 + "1",
+        "\\text{" * 5000 + "18" + "}" * 5000,
+        "\\frac{" * 500 + "1}{2}" + "{2}" * 499,
+    ],
+)
 def test_a_runaway_box_is_refused_at_once(content: str) -> None:
     """Brackets, signs, fractions and text groups nested beyond 32 levels refuse the box:
     a runaway generation neither exhausts the stack (RecursionError) nor takes quadratic
@@ -181,13 +209,24 @@ def test_powers_within_the_bound_are_exact() -> None:
     assert extract_answer(r"\boxed{4^{1/2}}", "number") is None  # not a whole exponent
 
 
-@pytest.mark.parametrize("content", [
-    "2(3)",  # juxtaposition other than a mixed number
-    r"2\frac{3}{2}",  # an improper fraction after a whole number is no mixed number
-    "5k", "2n + 1",  # a single letter other than m g s h l L is a variable
-    "5 + apples",  # a word that follows no operand
-    r"\pi", r"\pm 3", "4:30", "3 < 4", r"\{1, 2\}", "1,8", "3, 4", "3 times 4",
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "2(3)",  # juxtaposition other than a mixed number
+        r"2\frac{3}{2}",  # an improper fraction after a whole number is no mixed number
+        "5k",
+        "2n + 1",  # a single letter other than m g s h l L is a variable
+        "5 + apples",  # a word that follows no operand
+        r"\pi",
+        r"\pm 3",
+        "4:30",
+        "3 < 4",
+        r"\{1, 2\}",
+        "1,8",
+        "3, 4",
+        "3 times 4",
+    ],
+)
 def test_a_box_that_states_no_single_value_is_no_answer(content: str) -> None:
     assert latex_value(content) is None
     assert extract_answer(rf"So 7 is close: \boxed{{{content}}}", "number") is None

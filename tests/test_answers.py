@@ -1,10 +1,11 @@
 """Answer extraction, normalisation, equivalence and the vote (lm_eval_dvoting.core.answers)."""
+
 from __future__ import annotations
 
 import doctest
 import json
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,13 @@ def test_import_is_light() -> None:
         "import sys, lm_eval_dvoting.core.answers as a; a.vote(['1', '1.0'], 'number');"
         "print(sorted(m for m in ('torch', 'lm_eval', 'sympy', 'math_verify') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -90,7 +96,9 @@ def test_number_equal_values_are_one_answer() -> None:
 
 
 def test_number_sign_and_separators_matter() -> None:
-    assert extract_answer("The answer is -3", "number") != extract_answer("The answer is 3", "number")
+    assert extract_answer("The answer is -3", "number") != extract_answer(
+        "The answer is 3", "number"
+    )
     assert extract_answer("it costs 1,000 dollars", "number") == "1000"
     # a comma not in thousands groups separates numbers
     assert extract_answer("the pairs 3,4", "number") == "4"
@@ -196,8 +204,13 @@ def test_number_unwritten_result_yields_to_a_box() -> None:
     assert extract_answer("the answer is 5 + 3, so \\boxed{8}", "number") == "8"
 
 
-_OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-               "x": lambda a, b: a * b, "\\times": lambda a, b: a * b}
+_OPERATIONS = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "x": lambda a, b: a * b,
+    "\\times": lambda a, b: a * b,
+}
 _PHRASES = ["The answer is", "the final answer is", "Answer:", "####", "So the answer is:"]
 _ENDINGS = ["", ".", ". Done.", ", so 1 + 1 = 2.", "\nCheck: 9 - 1 = 8"]
 
@@ -209,12 +222,21 @@ def _spelled_int(draw, value: int) -> str:
     dollar = "$" if draw(st.booleans()) else ""
     if value >= 0:
         return dollar + digits
-    return draw(st.sampled_from([f"-{dollar}{digits}", f"({dollar}-{digits})", f"(-{dollar}{digits})"]))
+    return draw(
+        st.sampled_from([f"-{dollar}{digits}", f"({dollar}-{digits})", f"(-{dollar}{digits})"])
+    )
 
 
 @settings(max_examples=150, deadline=None, derandomize=True, database=None)
-@given(st.data(), st.integers(-10**6, 10**6), st.integers(-10**6, 10**6), st.sampled_from(sorted(_OPERATIONS)),
-       st.sampled_from(_PHRASES), st.sampled_from(_ENDINGS), st.sampled_from(["", " "]))
+@given(
+    st.data(),
+    st.integers(-(10**6), 10**6),
+    st.integers(-(10**6), 10**6),
+    st.sampled_from(sorted(_OPERATIONS)),
+    st.sampled_from(_PHRASES),
+    st.sampled_from(_ENDINGS),
+    st.sampled_from(["", " "]),
+)
 def test_number_answer_phrase_property(data, a, b, op, phrase, ending, space) -> None:
     """For any `a op b = r` after an answer phrase, in any spelling of the numbers, with
     or without spaces and whatever follows the clause, the answer is r; the same
@@ -246,7 +268,10 @@ def test_math_boxed_brace_balanced() -> None:
 
 
 def test_math_light_normalisation() -> None:
-    assert extract_answer("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "math") == "( 3, \\frac{\\pi}{2} )"
+    assert (
+        extract_answer("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "math")
+        == "( 3, \\frac{\\pi}{2} )"
+    )
     assert extract_answer("\\boxed{\\dfrac{1}{2}.}", "math") == "\\frac{1}{2}"
     assert extract_answer("\\boxed{ \\tfrac{1}{2} }", "math") == "\\frac{1}{2}"
     assert extract_answer("\\boxed{$x^2\\!+\\,1$}", "math") == "x^2+1"
@@ -267,7 +292,9 @@ def test_math_equivalent(a: str, b: str) -> None:
     assert answers_equivalent(a, b, "math")
 
 
-@pytest.mark.parametrize("a, b", [("\\frac{1}{2}", "\\frac{1}{3}"), ("2x+1", "2x-1"), ("\\pi", "3")])
+@pytest.mark.parametrize(
+    "a, b", [("\\frac{1}{2}", "\\frac{1}{3}"), ("2x+1", "2x-1"), ("\\pi", "3")]
+)
 def test_math_not_equivalent(a: str, b: str) -> None:
     assert not answers_equivalent(a, b, "math")
 

@@ -1,21 +1,28 @@
 """Block diffusion (LLaDA2.0 threshold decoding, LLaDA2.1 joint threshold decoding) on the
 official-format LLaDA2 fixture, against a transcription of upstream `generate()`
 (tests/llada2_reference.py), and the block cache's exactness."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from llada2_reference import upstream_generate
+from references import load_float32
 
 from lm_eval_dvoting.core.decoding import generate
 from lm_eval_dvoting.core.decoding.blocks import block_schedule
 from lm_eval_dvoting.core.decoding.state import BlockDecoding, left_pad
-from llada2_reference import upstream_generate
-from references import load_float32
 
 QUALITY = BlockDecoding(threshold=0.7, editing_threshold=0.5)
 SPEED = BlockDecoding(threshold=0.5, editing_threshold=0.0)
-SETTINGS = {"2.0": BlockDecoding(), "2.0-steps2": BlockDecoding(steps=2), "2.0-low": BlockDecoding(threshold=0.3),
-            "2.1-quality": QUALITY, "2.1-speed": SPEED, "2.1-post2": BlockDecoding(0.5, None, 0.0, 2)}
+SETTINGS = {
+    "2.0": BlockDecoding(),
+    "2.0-steps2": BlockDecoding(steps=2),
+    "2.0-low": BlockDecoding(threshold=0.3),
+    "2.1-quality": QUALITY,
+    "2.1-speed": SPEED,
+    "2.1-post2": BlockDecoding(0.5, None, 0.0, 2),
+}
 
 
 @pytest.fixture
@@ -33,7 +40,7 @@ def _prompts() -> list[list[int]]:
 
 def _cut(tokens: list[int], ends: set[int]) -> list[int]:
     cut = next((k for k, t in enumerate(tokens) if t in ends), None)
-    return tokens if cut is None else tokens[:cut + 1]
+    return tokens if cut is None else tokens[: cut + 1]
 
 
 @pytest.mark.parametrize("cache", ["none", "block"])
@@ -42,10 +49,24 @@ def test_greedy_decoding_matches_upstream_generate(model, name: str, cache: str)
     settings, ends = SETTINGS[name], set(model.end_token_ids)
     for prompt in _prompts():
         for gen_length in (5, 8):
-            expected, passes = upstream_generate(model, prompt, gen_length, 4, settings.threshold, settings.steps,
-                                                 settings.editing_threshold, settings.max_post_steps)
-            result = generate(model, torch.tensor([prompt]), gen_length=gen_length, block_length=4, block=settings,
-                              cache=cache)
+            expected, passes = upstream_generate(
+                model,
+                prompt,
+                gen_length,
+                4,
+                settings.threshold,
+                settings.steps,
+                settings.editing_threshold,
+                settings.max_post_steps,
+            )
+            result = generate(
+                model,
+                torch.tensor([prompt]),
+                gen_length=gen_length,
+                block_length=4,
+                block=settings,
+                cache=cache,
+            )
             assert _cut(result.tokens[0].tolist(), ends) == expected, (name, prompt, gen_length)
             assert int(result.nfe[0]) == passes
 
@@ -56,22 +77,42 @@ def test_default_steps_are_upstreams_32_capped_at_the_answer_length(model, gen_l
     `min(32, gen_length)` = 3 for a 3-token one (3 tokens per step at least, the block over 3)."""
     for prompt in _prompts():
         expected, passes = upstream_generate(model, prompt, gen_length, 8, threshold=1.0)
-        result = generate(model, torch.tensor([prompt]), gen_length=gen_length, block_length=8,
-                          block=BlockDecoding(threshold=1.0))
+        result = generate(
+            model,
+            torch.tensor([prompt]),
+            gen_length=gen_length,
+            block_length=8,
+            block=BlockDecoding(threshold=1.0),
+        )
         assert _cut(result.tokens[0].tolist(), set(model.end_token_ids)) == expected
         assert int(result.nfe[0]) == passes
-    if gen_length == 3:  # 8 - (9 % 8) = 7 masks at the last prompt's first block: 3 + 3 + 1 over 3 passes
+    if (
+        gen_length == 3
+    ):  # 8 - (9 % 8) = 7 masks at the last prompt's first block: 3 + 3 + 1 over 3 passes
         assert upstream_generate(model, _prompts()[3], 3, 8, threshold=1.0)[1] == 3
 
 
 def test_the_cases_are_not_vacuous(model):
     """Editing changes answers, the threshold changes answers, and some decodes stop at an end token."""
     prompts, ends = _prompts(), set(model.end_token_ids)
-    outputs = {name: [tuple(upstream_generate(model, p, 8, 4, s.threshold, s.steps, s.editing_threshold,
-                                              s.max_post_steps)[0]) for p in prompts] for name, s in SETTINGS.items()}
+    outputs = {
+        name: [
+            tuple(
+                upstream_generate(
+                    model, p, 8, 4, s.threshold, s.steps, s.editing_threshold, s.max_post_steps
+                )[0]
+            )
+            for p in prompts
+        ]
+        for name, s in SETTINGS.items()
+    }
     assert outputs["2.0"] != outputs["2.1-speed"] and outputs["2.0"] != outputs["2.0-low"]
     assert outputs["2.1-speed"] != outputs["2.1-post2"]
-    assert any(answer and answer[-1] in ends and len(answer) < 8 for answers in outputs.values() for answer in answers)
+    assert any(
+        answer and answer[-1] in ends and len(answer) < 8
+        for answers in outputs.values()
+        for answer in answers
+    )
 
 
 @pytest.mark.parametrize("settings", [BlockDecoding(), QUALITY], ids=["2.0", "2.1"])
@@ -81,12 +122,28 @@ def test_block_cache_gives_the_same_tokens_when_sampling_and_batched(model, sett
     results = {}
     for cache in ("none", "block"):
         generators = [torch.Generator().manual_seed(row) for row in range(len(prompts))]
-        results[cache] = generate(model, ids, attention, gen_length=11, block_length=4, block=settings, cache=cache,
-                                  temperature=0.8, generator=generators)
+        results[cache] = generate(
+            model,
+            ids,
+            attention,
+            gen_length=11,
+            block_length=4,
+            block=settings,
+            cache=cache,
+            temperature=0.8,
+            generator=generators,
+        )
     assert torch.equal(results["none"].tokens, results["block"].tokens)
     assert torch.equal(results["none"].nfe, results["block"].nfe)
-    alone = generate(model, torch.tensor([prompts[0]]), gen_length=11, block_length=4, block=settings,
-                     temperature=0.8, generator=[torch.Generator().manual_seed(0)])
+    alone = generate(
+        model,
+        torch.tensor([prompts[0]]),
+        gen_length=11,
+        block_length=4,
+        block=settings,
+        temperature=0.8,
+        generator=[torch.Generator().manual_seed(0)],
+    )
     assert torch.equal(alone.tokens[0], results["block"].tokens[0])
 
 
@@ -98,17 +155,27 @@ def test_block_cache_passes_cover_the_current_block_only(model):
 
     def spy(input_ids, attention_mask=None, position_ids=None, cache=None, block_lengths=None):
         lengths.append(input_ids.shape[1])
-        return original(input_ids, attention_mask, position_ids, cache=cache, block_lengths=block_lengths)
+        return original(
+            input_ids, attention_mask, position_ids, cache=cache, block_lengths=block_lengths
+        )
 
     model.hidden_states = spy
     try:
-        result = generate(model, torch.tensor([_prompts()[3]]), gen_length=12, block_length=4,
-                          block=BlockDecoding(threshold=1.0), cache="block")  # one token per pass
+        result = generate(
+            model,
+            torch.tensor([_prompts()[3]]),
+            gen_length=12,
+            block_length=4,
+            block=BlockDecoding(threshold=1.0),
+            cache="block",
+        )  # one token per pass
     finally:
         del model.hidden_states
     # prompt 9 tokens: blocks [0,4) [4,8) prompt, [8,12) holds the prompt's last token and 3 masks
     assert lengths[:3] == [12, 4, 4]
-    assert lengths[3] == 8  # the finished block [8,12) again, with its final tokens, and block [12,16)
+    assert (
+        lengths[3] == 8
+    )  # the finished block [8,12) again, with its final tokens, and block [12,16)
     assert int(result.nfe[0]) == len(lengths)
 
 
@@ -142,9 +209,13 @@ def test_an_end_token_stops_the_decode_and_fills_the_rest(model):
         tokens = result.tokens[0].tolist()
         ends = [k for k, t in enumerate(tokens) if t in model.end_token_ids]
         if ends:
-            assert all(t == tokens[ends[0]] for t in tokens[ends[0]:])
-            longer = generate(model, torch.tensor([prompt]), gen_length=32, block_length=4, block=SPEED)
-            assert torch.equal(longer.nfe, result.nfe)  # 16 more tokens after the end: no more passes
+            assert all(t == tokens[ends[0]] for t in tokens[ends[0] :])
+            longer = generate(
+                model, torch.tensor([prompt]), gen_length=32, block_length=4, block=SPEED
+            )
+            assert torch.equal(
+                longer.nfe, result.nfe
+            )  # 16 more tokens after the end: no more passes
             return
     pytest.fail("no prompt decoded an end token: the test checks nothing")
 
@@ -154,10 +225,16 @@ def test_block_schedule_spreads_the_block_over_the_steps():
     assert block_schedule(10, 4) == [3, 3, 2, 2]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(block=BlockDecoding(), cache="prefix"), "cache=prefix does not apply to block diffusion"),
-    (dict(steps=8), "block diffusion"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(block=BlockDecoding(), cache="prefix"),
+            "cache=prefix does not apply to block diffusion",
+        ),
+        (dict(steps=8), "block diffusion"),
+    ],
+)
 def test_refusals(model, kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(model, torch.tensor([[1, 2, 3]]), gen_length=8, block_length=4, **kwargs)
@@ -165,12 +242,19 @@ def test_refusals(model, kwargs, message):
 
 def test_block_decoding_is_refused_for_a_bidirectional_model(llada_fixture):
     with pytest.raises(ValueError, match="block diffusion's, for LLaDA2"):
-        generate(load_float32(str(llada_fixture)), torch.tensor([[1, 2, 3]]), gen_length=8, block_length=4,
-                 block=BlockDecoding())
+        generate(
+            load_float32(str(llada_fixture)),
+            torch.tensor([[1, 2, 3]]),
+            gen_length=8,
+            block_length=4,
+            block=BlockDecoding(),
+        )
 
 
-@pytest.mark.parametrize("field, value", [("threshold", 1.5), ("steps", 0), ("editing_threshold", -0.1),
-                                          ("max_post_steps", -1)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("threshold", 1.5), ("steps", 0), ("editing_threshold", -0.1), ("max_post_steps", -1)],
+)
 def test_bad_block_settings_are_named(field, value):
     with pytest.raises(ValueError, match=field):
         BlockDecoding(**{field: value})
@@ -181,10 +265,19 @@ def test_the_threshold_is_strict_and_the_quota_falls_back_to_the_most_confident(
 
     masked = torch.tensor([True, True, True, False])
     confidence = torch.tensor([0.95, 0.5, 0.96, 0.99], dtype=torch.float64)
-    at_threshold = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.95), 0, 4, 16)
+    at_threshold = BlockThreshold._unmasked(
+        masked, confidence, BlockDecoding(threshold=0.95), 0, 4, 16
+    )
     assert at_threshold.tolist() == [False, False, True, False]  # 0.95 is not above 0.95
-    none_above = BlockThreshold._unmasked(masked, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4, 16)
-    assert none_above.tolist() == [True, False, True, False]  # quota 2 (4 over 2 steps): the two most confident masks
+    none_above = BlockThreshold._unmasked(
+        masked, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4, 16
+    )
+    assert none_above.tolist() == [
+        True,
+        False,
+        True,
+        False,
+    ]  # quota 2 (4 over 2 steps): the two most confident masks
 
 
 @pytest.mark.parametrize("settings", ["threshold", "speed"])
@@ -200,12 +293,27 @@ def test_every_strategy_gives_the_same_samples_with_and_without_the_block_cache(
 
     prompts = _prompts()[:4]
     ids, attention, _ = left_pad([torch.tensor(p) for p in prompts], 0, torch.device("cpu"))
-    for strategy in ("majority", "dvoting", "hex") if settings == "threshold" else ("majority", "dvoting"):
-        runs = {cache: run_strategy(model, ids, attention, strategy=strategy, extract=lambda t: int(t[0]) % 2,
-                                    gen_length=32, block_length=4, n=5, tau=0.6, cache=cache,
-                                    block_decoding=settings, temperature=0.8,
-                                    max_rows=1 if strategy == "hex" else 16)
-                for cache in ("none", "block")}
+    for strategy in (
+        ("majority", "dvoting", "hex") if settings == "threshold" else ("majority", "dvoting")
+    ):
+        runs = {
+            cache: run_strategy(
+                model,
+                ids,
+                attention,
+                strategy=strategy,
+                extract=lambda t: int(t[0]) % 2,
+                gen_length=32,
+                block_length=4,
+                n=5,
+                tau=0.6,
+                cache=cache,
+                block_decoding=settings,
+                temperature=0.8,
+                max_rows=1 if strategy == "hex" else 16,
+            )
+            for cache in ("none", "block")
+        }
         for plain, cached in zip(runs["none"], runs["block"]):
             assert torch.equal(plain.samples, cached.samples), strategy
             assert plain.sample_nfe == cached.sample_nfe
@@ -218,13 +326,27 @@ def test_a_remask_sample_recomputes_only_from_its_first_remasked_block(model):
     original = model.hidden_states
 
     def spy(input_ids, attention_mask=None, position_ids=None, cache=None, block_lengths=None):
-        lengths.append((input_ids.shape[1], 0 if cache is None or not cache.keys else cache.keys[0].shape[2]))
-        return original(input_ids, attention_mask, position_ids, cache=cache, block_lengths=block_lengths)
+        lengths.append(
+            (input_ids.shape[1], 0 if cache is None or not cache.keys else cache.keys[0].shape[2])
+        )
+        return original(
+            input_ids, attention_mask, position_ids, cache=cache, block_lengths=block_lengths
+        )
 
     model.hidden_states = spy
     try:
-        [result] = run_strategy(model, torch.tensor([_prompts()[3]]), strategy="dvoting", extract=lambda t: None,
-                                gen_length=32, block_length=4, n=5, tau=0.6, temperature=0.8, max_rows=1)
+        [result] = run_strategy(
+            model,
+            torch.tensor([_prompts()[3]]),
+            strategy="dvoting",
+            extract=lambda t: None,
+            gen_length=32,
+            block_length=4,
+            n=5,
+            tau=0.6,
+            temperature=0.8,
+            max_rows=1,
+        )
     finally:
         del model.hidden_states
     remasked = [i for i, kept in enumerate(result.kept) if kept]
@@ -237,13 +359,24 @@ def test_a_remask_sample_recomputes_only_from_its_first_remasked_block(model):
         assert lengths[sum(result.sample_nfe[:i])] == (4, shared)
 
 
-@pytest.mark.parametrize("preset, overrides, expected", [
-    ("threshold", {}, BlockDecoding(threshold=0.95)),
-    ("threshold", dict(threshold=0.3, steps=2), BlockDecoding(threshold=0.3, steps=2)),
-    ("quality", {}, QUALITY),
-    ("speed", dict(max_post_steps=2), BlockDecoding(threshold=0.5, editing_threshold=0.0, max_post_steps=2)),
-    ("quality", dict(editing_threshold=0.2, threshold=0.6), BlockDecoding(threshold=0.6, editing_threshold=0.2)),
-])
+@pytest.mark.parametrize(
+    "preset, overrides, expected",
+    [
+        ("threshold", {}, BlockDecoding(threshold=0.95)),
+        ("threshold", dict(threshold=0.3, steps=2), BlockDecoding(threshold=0.3, steps=2)),
+        ("quality", {}, QUALITY),
+        (
+            "speed",
+            dict(max_post_steps=2),
+            BlockDecoding(threshold=0.5, editing_threshold=0.0, max_post_steps=2),
+        ),
+        (
+            "quality",
+            dict(editing_threshold=0.2, threshold=0.6),
+            BlockDecoding(threshold=0.6, editing_threshold=0.2),
+        ),
+    ],
+)
 def test_run_strategy_hands_every_block_setting_to_the_decoder(model, preset, overrides, expected):
     """`strategy=single` through `run_strategy` decodes as `generate` with the `BlockDecoding`
     its settings name (the preset's threshold and editing threshold, each override, `steps`
@@ -251,49 +384,95 @@ def test_run_strategy_hands_every_block_setting_to_the_decoder(model, preset, ov
     is that one."""
     from lm_eval_dvoting.core.strategies import StrategySettings, run_strategy
 
-    settings = StrategySettings(strategy="single", gen_length=8, block_length=4, block_decoding=preset, **overrides)
+    settings = StrategySettings(
+        strategy="single", gen_length=8, block_length=4, block_decoding=preset, **overrides
+    )
     assert settings.block_settings() == expected
     for prompt in _prompts():
-        [result] = run_strategy(model, torch.tensor([prompt]), strategy="single", extract=lambda t: None,
-                                gen_length=8, block_length=4, block_decoding=preset, **overrides)
-        reference = generate(model, torch.tensor([prompt]), gen_length=8, block_length=4, block=expected,
-                             cache="block")
-        assert result.samples[0].tolist() == reference.tokens[0].tolist(), (preset, overrides, prompt)
+        [result] = run_strategy(
+            model,
+            torch.tensor([prompt]),
+            strategy="single",
+            extract=lambda t: None,
+            gen_length=8,
+            block_length=4,
+            block_decoding=preset,
+            **overrides,
+        )
+        reference = generate(
+            model,
+            torch.tensor([prompt]),
+            gen_length=8,
+            block_length=4,
+            block=expected,
+            cache="block",
+        )
+        assert result.samples[0].tolist() == reference.tokens[0].tolist(), (
+            preset,
+            overrides,
+            prompt,
+        )
         assert result.sample_nfe == [int(reference.nfe[0])]
 
 
 def test_the_block_settings_cases_are_not_vacuous(model):
     """Each override of the test above changes what the fixture decodes or how many passes it
     takes, so a setting dropped on the way to the decoder would be seen."""
+
     def decode(settings: BlockDecoding) -> list[tuple[list[int], int]]:
         out = []
         for prompt in _prompts():
-            result = generate(model, torch.tensor([prompt]), gen_length=8, block_length=4, block=settings)
+            result = generate(
+                model, torch.tensor([prompt]), gen_length=8, block_length=4, block=settings
+            )
             out.append((result.tokens[0].tolist(), int(result.nfe[0])))
         return out
 
-    pairs = [(BlockDecoding(threshold=0.95), BlockDecoding(threshold=0.3)),
-             (BlockDecoding(threshold=0.95), BlockDecoding(threshold=0.95, steps=2)),
-             (BlockDecoding(threshold=0.6), BlockDecoding(threshold=0.6, editing_threshold=0.2)),
-             (QUALITY, BlockDecoding(threshold=0.7, editing_threshold=0.2)),
-             (SPEED, BlockDecoding(threshold=0.5, editing_threshold=0.0, max_post_steps=2))]
+    pairs = [
+        (BlockDecoding(threshold=0.95), BlockDecoding(threshold=0.3)),
+        (BlockDecoding(threshold=0.95), BlockDecoding(threshold=0.95, steps=2)),
+        (BlockDecoding(threshold=0.6), BlockDecoding(threshold=0.6, editing_threshold=0.2)),
+        (QUALITY, BlockDecoding(threshold=0.7, editing_threshold=0.2)),
+        (SPEED, BlockDecoding(threshold=0.5, editing_threshold=0.0, max_post_steps=2)),
+    ]
     for left, right in pairs:
         assert decode(left) != decode(right), (left, right)
 
 
-@pytest.mark.parametrize("strategy, vote, cache", [
-    ("single", None, "block"), ("majority", None, "block"), ("temporal", None, "none"),
-    ("majority", "temporal", "none"), ("dvoting", "plain", "block")])
+@pytest.mark.parametrize(
+    "strategy, vote, cache",
+    [
+        ("single", None, "block"),
+        ("majority", None, "block"),
+        ("temporal", None, "none"),
+        ("majority", "temporal", "none"),
+        ("dvoting", "plain", "block"),
+    ],
+)
 def test_run_strategy_picks_the_block_cache_unless_a_temporal_vote_needs_every_steps_prediction(
-        model, monkeypatch, strategy, vote, cache):
+    model, monkeypatch, strategy, vote, cache
+):
     """On a block-causal model with `cache` left out, `run_strategy` decodes by threshold
     decoding with the exact block cache, except under a temporal vote (which reads each
     step's whole prediction and so refuses that cache): there it takes no cache, rather
     than refusing a default the caller never chose."""
     from lm_eval_dvoting.core import strategies
+
     seen = []
-    monkeypatch.setattr(strategies, "decode_questions", lambda model, prompts, settings, *a, **k: seen.append(settings))
-    strategies.run_strategy(model, torch.tensor([_prompts()[0]]), strategy=strategy, vote=vote, extract=lambda t: None,
-                            gen_length=8, block_length=4, n=3)
+    monkeypatch.setattr(
+        strategies,
+        "decode_questions",
+        lambda model, prompts, settings, *a, **k: seen.append(settings),
+    )
+    strategies.run_strategy(
+        model,
+        torch.tensor([_prompts()[0]]),
+        strategy=strategy,
+        vote=vote,
+        extract=lambda t: None,
+        gen_length=8,
+        block_length=4,
+        n=3,
+    )
     [settings] = seen
     assert (settings.cache, settings.block_decoding) == (cache, "threshold")

@@ -1,6 +1,7 @@
 """Fast-dLLM's confidence-threshold decoder (`threshold`, decoder=confidence): the rule on a
 scripted model, and token-for-token agreement with a transcription of Fast-dLLM's own
 `generate(..., threshold=...)` at temperature 0."""
+
 from __future__ import annotations
 
 import math
@@ -8,11 +9,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
-from lm_eval_dvoting.core.decoding import DecodeRow, generate
 from references import decoded_after_each_step, gumbel_max, load_float32, reference_logits
 from scripted import ScriptedModel, gen_choices
 
+from lm_eval_dvoting.core.decoding import DecodeRow, generate
 
 _load = load_float32
 _reference_logits = reference_logits
@@ -25,7 +25,7 @@ def reference_fast_dllm_generate(model, prompt, gen_length, block_length, thresh
     token's logit is -inf before anything else)."""
     mask_id = model.mask_token_id
     x = torch.full((prompt.shape[0] + gen_length,), mask_id, dtype=torch.long)
-    x[:prompt.shape[0]] = prompt
+    x[: prompt.shape[0]] = prompt
     nfe = 0
     for num_block in range(gen_length // block_length):
         start = prompt.shape[0] + num_block * block_length
@@ -50,21 +50,29 @@ def reference_fast_dllm_generate(model, prompt, gen_length, block_length, thresh
             x[transfer_index] = x0[transfer_index]
             if int((x[start:end] == mask_id).sum()) == 0:
                 break
-    return x[prompt.shape[0]:], nfe
+    return x[prompt.shape[0] :], nfe
 
 
 @pytest.mark.parametrize("family", ["llada_fixture", "dream_fixture"])
-@pytest.mark.parametrize("threshold,gen_length,block_length", [(0.9, 16, 4), (0.3, 16, 16), (0.05, 12, 4)])
+@pytest.mark.parametrize(
+    "threshold,gen_length,block_length", [(0.9, 16, 4), (0.3, 16, 16), (0.05, 12, 4)]
+)
 def test_confidence_rule_matches_fast_dllm(family, threshold, gen_length, block_length, request):
     model = _load(str(request.getfixturevalue(family)))
-    prompts = [torch.randint(0, 240, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 6, 9)]
+    prompts = [
+        torch.randint(0, 240, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 6, 9)
+    ]
     # batched with rows of other lengths: each row gets the tokens and passes it gets alone
     width = max(p.numel() for p in prompts)
     ids = torch.stack([F.pad(p, (width - p.numel(), 0)) for p in prompts])
     mask = torch.stack([F.pad(torch.ones_like(p), (width - p.numel(), 0)) for p in prompts])
-    found = generate(model, ids, mask, gen_length=gen_length, block_length=block_length, threshold=threshold)
+    found = generate(
+        model, ids, mask, gen_length=gen_length, block_length=block_length, threshold=threshold
+    )
     for row, prompt in enumerate(prompts):
-        expected, nfe = reference_fast_dllm_generate(model, prompt, gen_length, block_length, threshold)
+        expected, nfe = reference_fast_dllm_generate(
+            model, prompt, gen_length, block_length, threshold
+        )
         assert found.tokens[row].tolist() == expected.tolist()
         assert int(found.nfe[row]) == nfe
 
@@ -78,10 +86,16 @@ def test_the_fixtures_make_the_comparison_interesting(llada_fixture):
     assert 4 <= low < high <= 16
 
 
-def _history(model: ScriptedModel, gen_length: int, block_length: int, threshold: float) -> list[list[int]]:
+def _history(
+    model: ScriptedModel, gen_length: int, block_length: int, threshold: float
+) -> list[list[int]]:
     """The decoded positions after each step, for the prompt [1, 1, 1]."""
-    row = DecodeRow(prompt=torch.tensor([1, 1, 1]), tokens=torch.full((gen_length,), model.mask_token_id),
-                    block_length=block_length, threshold=threshold)
+    row = DecodeRow(
+        prompt=torch.tensor([1, 1, 1]),
+        tokens=torch.full((gen_length,), model.mask_token_id),
+        block_length=block_length,
+        threshold=threshold,
+    )
     history = decoded_after_each_step(model, row)
     assert row.nfe == len(history)
     return history
@@ -97,6 +111,7 @@ def test_the_most_confident_position_always_commits_ties_to_the_leftmost():
 def test_others_commit_at_or_above_the_threshold():
     """Ties have probability exactly 0.5: a threshold of 0.5 commits them all at once, one
     just above commits the certain positions only (and the best tie, leftmost)."""
+
     def region(q, g):
         return (0,) if g in (1, 3) else (0, 1)
 
@@ -127,7 +142,9 @@ def test_exactly_one_rule():
 
 
 @torch.no_grad()
-def reference_sampled_confidence(model, prompt, gen_length, block_length, threshold, temperature, seed):
+def reference_sampled_confidence(
+    model, prompt, gen_length, block_length, threshold, temperature, seed
+):
     """The rule at temperature > 0 as the module docstring states it, one row, no cache:
     each step draws float64 uniform noise of shape (block_length, vocab) over the whole
     block from the row's generator, takes LLaDA's Gumbel-max candidate at the masked
@@ -136,18 +153,20 @@ def reference_sampled_confidence(model, prompt, gen_length, block_length, thresh
     mask_id = model.mask_token_id
     x = torch.cat([prompt, torch.full((gen_length,), mask_id, dtype=torch.long)])
     for start in range(len(prompt), len(x), block_length):
-        block = x[start:start + block_length]  # a view: commits land in x
+        block = x[start : start + block_length]  # a view: commits land in x
         while bool((block == mask_id).any()):
             masked = block == mask_id
-            logits = _reference_logits(model, x)[start:start + block_length][masked]
-            noise = torch.rand((block_length, logits.shape[-1]), dtype=torch.float64, generator=generator)[masked]
+            logits = _reference_logits(model, x)[start : start + block_length][masked]
+            noise = torch.rand(
+                (block_length, logits.shape[-1]), dtype=torch.float64, generator=generator
+            )[masked]
             chosen = gumbel_max(logits, noise, temperature)
             probability = F.softmax(logits, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
             commit = probability >= threshold
             commit[int(probability.argmax())] = True
             positions = masked.nonzero().squeeze(1)
             block[positions[commit]] = chosen[commit]
-    return x[len(prompt):]
+    return x[len(prompt) :]
 
 
 @pytest.mark.parametrize("family", ["llada_fixture", "dream_fixture"])
@@ -156,14 +175,26 @@ def test_sampled_confidence_rule_draws_block_noise_from_each_rows_generator(fami
     drawn over the whole block at every step (the fixed schedule's random stream), rows
     batched together each getting what they get alone."""
     model = _load(str(request.getfixturevalue(family)))
-    prompts = [torch.randint(0, 240, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 6)]
+    prompts = [
+        torch.randint(0, 240, (n,), generator=torch.Generator().manual_seed(n)) for n in (3, 6)
+    ]
     ids = torch.stack([F.pad(p, (6 - p.numel(), 0)) for p in prompts])
     mask = torch.stack([F.pad(torch.ones_like(p), (6 - p.numel(), 0)) for p in prompts])
     generators = [torch.Generator().manual_seed(seed) for seed in (11, 12)]
-    found = generate(model, ids, mask, gen_length=8, block_length=4, threshold=0.3, temperature=0.8,
-                     generator=generators)
-    expected = [reference_sampled_confidence(model, prompt, 8, 4, 0.3, 0.8, seed)
-                for prompt, seed in zip(prompts, (11, 12))]
+    found = generate(
+        model,
+        ids,
+        mask,
+        gen_length=8,
+        block_length=4,
+        threshold=0.3,
+        temperature=0.8,
+        generator=generators,
+    )
+    expected = [
+        reference_sampled_confidence(model, prompt, 8, 4, 0.3, 0.8, seed)
+        for prompt, seed in zip(prompts, (11, 12))
+    ]
     assert [row.tolist() for row in found.tokens] == [row.tolist() for row in expected]
     greedy = generate(model, ids, mask, gen_length=8, block_length=4, threshold=0.3).tokens
     assert not torch.equal(found.tokens, greedy)  # the sampling is seen

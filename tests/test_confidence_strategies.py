@@ -1,6 +1,7 @@
 """`decoder=confidence` (Fast-dLLM's confidence-threshold rule, with `threshold`) for the
 strategies: single, majority and dvoting decode their samples with it; hex refuses it.
 The rule itself is tested in tests/test_confidence_decoder.py."""
+
 from __future__ import annotations
 
 import functools
@@ -11,8 +12,8 @@ import torch
 
 from lm_eval_dvoting.core.answers import extract_answer
 from lm_eval_dvoting.core.decoding import generate
-from lm_eval_dvoting.models.loading import load_model, load_tokenizer
 from lm_eval_dvoting.core.strategies import StrategySettings, derive_seed, run_strategy
+from lm_eval_dvoting.models.loading import load_model, load_tokenizer
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,7 +23,12 @@ def _demo() -> tuple:
     tokenizer = load_tokenizer("tiny-arith")
     questions = [arith.format_prompt(p["question"]) for p in arith.read_test_set()[:12]]
     enc = tokenizer(questions, add_special_tokens=False, padding=True, return_tensors="pt")
-    return load_model("tiny-arith", device="cpu", dtype="float32"), tokenizer, enc.input_ids, enc.attention_mask
+    return (
+        load_model("tiny-arith", device="cpu", dtype="float32"),
+        tokenizer,
+        enc.input_ids,
+        enc.attention_mask,
+    )
 
 
 def _extract(tokens: torch.Tensor) -> str | None:
@@ -38,12 +44,19 @@ def test_single_greedy_is_the_decoders_confidence_rule():
     """strategy=single,decoder=confidence at temperature 0 is generate(threshold=...)."""
     model, _, ids, mask = _demo()
     for threshold, block in [(0.9, 32), (0.5, 8)]:
-        results = _run(strategy="single", decoder="confidence", threshold=threshold, block_length=block)
+        results = _run(
+            strategy="single", decoder="confidence", threshold=threshold, block_length=block
+        )
         direct = generate(model, ids, mask, gen_length=32, block_length=block, threshold=threshold)
         assert [r.samples[0].tolist() for r in results] == direct.tokens.tolist()
         assert [r.nfe for r in results] == direct.nfe.tolist()
-    low = sum(r.nfe for r in _run(strategy="single", decoder="confidence", threshold=0.3, block_length=32))
-    high = sum(r.nfe for r in _run(strategy="single", decoder="confidence", threshold=0.99, block_length=32))
+    low = sum(
+        r.nfe for r in _run(strategy="single", decoder="confidence", threshold=0.3, block_length=32)
+    )
+    high = sum(
+        r.nfe
+        for r in _run(strategy="single", decoder="confidence", threshold=0.99, block_length=32)
+    )
     assert low < high  # the threshold reaches the decoder
 
 
@@ -58,9 +71,20 @@ def test_majority_and_dvoting_draw_their_samples_with_the_rule():
     for q, (m, d) in enumerate(zip(majority, dvoting)):
         assert torch.equal(m.samples[0], d.samples[0]) and torch.equal(m.samples[1], d.samples[1])
         seed = derive_seed(derive_seed(3, q), 0)
-        alone = generate(model, ids[q:q + 1], mask[q:q + 1], gen_length=32, block_length=2, threshold=0.9,
-                         temperature=0.6, generator=[torch.Generator().manual_seed(seed)])
-        assert alone.tokens[0].tolist() == m.samples[0].tolist() and int(alone.nfe[0]) == m.sample_nfe[0]
+        alone = generate(
+            model,
+            ids[q : q + 1],
+            mask[q : q + 1],
+            gen_length=32,
+            block_length=2,
+            threshold=0.9,
+            temperature=0.6,
+            generator=[torch.Generator().manual_seed(seed)],
+        )
+        assert (
+            alone.tokens[0].tolist() == m.samples[0].tolist()
+            and int(alone.nfe[0]) == m.sample_nfe[0]
+        )
     assert [d.samples.tolist() for d in dvoting] != [e.samples.tolist() for e in entropy]
 
 
@@ -74,5 +98,6 @@ def test_the_rule_needs_no_schedule():
     settings = StrategySettings(strategy="single", gen_length=32, decoder="confidence", steps=8)
     assert settings.steps_run is None
     assert settings.commit_rule() == dict(steps=None, alpha=None, threshold=0.9)
-    assert StrategySettings(strategy="dvoting", gen_length=32).commit_rule() == dict(steps=None, alpha=0.3,
-                                                                                     threshold=None)
+    assert StrategySettings(strategy="dvoting", gen_length=32).commit_rule() == dict(
+        steps=None, alpha=0.3, threshold=None
+    )

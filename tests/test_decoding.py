@@ -5,6 +5,7 @@ The references below are written independently of `lm_eval_dvoting.core.decoding
 unpadded row, the full sequence through the model's plain `forward`, the whole
 vocabulary at every position.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,11 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from references import (
+    decoded_after_each_step,
+    gumbel_max,
+    load_float32,
+    recorded_pass_lengths,
+    reference_logits,
+)
+from scripted import ScriptedModel, gen_choices
 from torch import nn
 
 from lm_eval_dvoting.core.decoding import DecodeRow, generate
-from references import decoded_after_each_step, gumbel_max, load_float32, recorded_pass_lengths, reference_logits
-from scripted import ScriptedModel, gen_choices
 
 FAMILIES = ["llada_fixture", "dream_fixture"]
 MASK = 250  # the fixtures' mask id
@@ -75,7 +82,7 @@ def reference_llada_generate(model, prompt, steps, gen_length, block_length, mas
     nfe = 0
     for num_block in range(num_blocks):
         block_start = prompt.shape[0] + num_block * block_length
-        block_mask_index = x[:, block_start: block_start + block_length] == mask_id
+        block_mask_index = x[:, block_start : block_start + block_length] == mask_id
         num_transfer_tokens = _get_num_transfer_tokens(block_mask_index, steps)
         for i in range(steps):
             mask_index = x == mask_id
@@ -84,20 +91,23 @@ def reference_llada_generate(model, prompt, steps, gen_length, block_length, mas
             x0 = torch.argmax(logits, dim=-1)  # temperature 0: no Gumbel noise
             p = F.softmax(logits, dim=-1)
             x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)
-            x0_p[:, block_start + block_length:] = float("-inf")
+            x0_p[:, block_start + block_length :] = float("-inf")
             x0 = torch.where(mask_index, x0, x)
-            confidence = torch.where(mask_index, x0_p, torch.tensor(float("-inf"), dtype=x0_p.dtype))
+            confidence = torch.where(
+                mask_index, x0_p, torch.tensor(float("-inf"), dtype=x0_p.dtype)
+            )
             transfer_index = torch.zeros_like(x0, dtype=torch.bool)
             for j in range(confidence.shape[0]):
                 _, select_index = torch.topk(confidence[j], k=int(num_transfer_tokens[j, i]))
                 transfer_index[j, select_index] = True
             x[transfer_index] = x0[transfer_index]
-    return x[0, prompt.shape[0]:], nfe
+    return x[0, prompt.shape[0] :], nfe
 
 
 @torch.no_grad()
-def reference_entropy_threshold(model, prompt, gen_length, block_length, alpha, init=None, temperature=0.0,
-                                seed=0):
+def reference_entropy_threshold(
+    model, prompt, gen_length, block_length, alpha, init=None, temperature=0.0, seed=0
+):
     """ALGORITHM.md 1.4, entropy threshold, one row. What commits is decided on the
     un-noised logits' entropies; at temperature > 0 each committed position, in block
     order, then draws one float64 vocabulary row of uniform noise u from the row's
@@ -129,12 +139,16 @@ def reference_entropy_threshold(model, prompt, gen_length, block_length, alpha, 
             if not chosen.any():
                 if fallback_used:
                     break
-                scores = torch.where(in_block, entropy[lo:hi], torch.tensor(float("inf"), dtype=torch.float64))
+                scores = torch.where(
+                    in_block, entropy[lo:hi], torch.tensor(float("inf"), dtype=torch.float64)
+                )
                 chosen[int(scores.argmin())] = True
                 fallback_used = True
             if temperature > 0:
                 positions = lo + chosen.nonzero().squeeze(1)
-                noise = torch.rand((len(positions), logits.shape[-1]), dtype=torch.float64, generator=generator)
+                noise = torch.rand(
+                    (len(positions), logits.shape[-1]), dtype=torch.float64, generator=generator
+                )
                 x[positions] = gumbel_max(logits[positions], noise, temperature)
             else:
                 x[lo:hi][chosen] = candidates[lo:hi][chosen]
@@ -155,8 +169,12 @@ def reference_entropy_threshold(model, prompt, gen_length, block_length, alpha, 
 def test_fixed_schedule_matches_llada_generate(llada, gen_length, block_length, steps):
     for seed in (0, 1):
         prompt = _prompt(5 + 3 * seed, seed)
-        expected, expected_nfe = reference_llada_generate(llada, prompt, steps, gen_length, block_length, MASK)
-        result = generate(llada, prompt[None], gen_length=gen_length, block_length=block_length, steps=steps)
+        expected, expected_nfe = reference_llada_generate(
+            llada, prompt, steps, gen_length, block_length, MASK
+        )
+        result = generate(
+            llada, prompt[None], gen_length=gen_length, block_length=block_length, steps=steps
+        )
         assert result.tokens[0].tolist() == expected.tolist()
         assert int(result.nfe[0]) == expected_nfe == steps
         assert not (result.tokens == MASK).any()
@@ -167,8 +185,12 @@ def test_fixed_schedule_matches_llada_generate(llada, gen_length, block_length, 
 def test_entropy_threshold_matches_reference(model, alpha, gen_length, block_length):
     for seed in (0, 1):
         prompt = _prompt(4 + 2 * seed, 10 + seed)
-        expected, expected_nfe, _ = reference_entropy_threshold(model, prompt, gen_length, block_length, alpha)
-        result = generate(model, prompt[None], gen_length=gen_length, block_length=block_length, alpha=alpha)
+        expected, expected_nfe, _ = reference_entropy_threshold(
+            model, prompt, gen_length, block_length, alpha
+        )
+        result = generate(
+            model, prompt[None], gen_length=gen_length, block_length=block_length, alpha=alpha
+        )
         assert result.tokens[0].tolist() == expected.tolist()
         assert int(result.nfe[0]) == expected_nfe
         assert not (result.tokens == MASK).any()
@@ -194,8 +216,8 @@ def _left_pad(prompts: list[torch.Tensor], pad: int = 0) -> tuple[torch.Tensor, 
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
@@ -234,8 +256,17 @@ def test_init_tokens_stay_fixed(model, rule):
     fixed[:, -4:] = False  # the last block all masks (see the xfail test below for why)
     values = torch.randint(0, 240, (3, 12), generator=generator)
     init[fixed] = values[fixed]
-    result = generate(model, ids, mask, gen_length=12, block_length=4, init_tokens=init,
-                      temperature=0.7, generator=_generators([1, 2, 3]), **rule)
+    result = generate(
+        model,
+        ids,
+        mask,
+        gen_length=12,
+        block_length=4,
+        init_tokens=init,
+        temperature=0.7,
+        generator=_generators([1, 2, 3]),
+        **rule,
+    )
     assert torch.equal(result.tokens[fixed], values[fixed])
     assert not (result.tokens == MASK).any()
     if "steps" in rule:
@@ -249,7 +280,9 @@ def test_init_tokens_entropy_matches_reference(model):
     init = torch.full((16,), MASK)
     init[[0, 1, 5, 9, 10, 11]] = torch.tensor([7, 8, 9, 10, 11, 12])
     expected, nfe, _ = reference_entropy_threshold(model, prompt, 16, 4, 0.3, init=init)
-    result = generate(model, prompt[None], gen_length=16, block_length=4, alpha=0.3, init_tokens=init[None])
+    result = generate(
+        model, prompt[None], gen_length=16, block_length=4, alpha=0.3, init_tokens=init[None]
+    )
     assert result.tokens[0].tolist() == expected.tolist()
     assert int(result.nfe[0]) == nfe
 
@@ -261,14 +294,18 @@ def test_fixed_schedule_nfe_counts_only_passes_with_masks_left(llada):
     same tokens. Fresh rows always cost exactly `steps`."""
     init = torch.full((1, 8), MASK)
     init[0, 5] = 7  # last block (4..7): 3 masks for 4 steps
-    result = generate(llada, _prompt(4, 0)[None], gen_length=8, block_length=4, steps=8, init_tokens=init)
+    result = generate(
+        llada, _prompt(4, 0)[None], gen_length=8, block_length=4, steps=8, init_tokens=init
+    )
     assert result.nfe.tolist() == [7]
     assert int(result.tokens[0, 5]) == 7
 
 
 def test_fully_given_region_costs_nothing(llada):
     init = torch.randint(0, 240, (1, 8))
-    result = generate(llada, _prompt(4, 0)[None], gen_length=8, block_length=4, alpha=0.3, init_tokens=init)
+    result = generate(
+        llada, _prompt(4, 0)[None], gen_length=8, block_length=4, alpha=0.3, init_tokens=init
+    )
     assert torch.equal(result.tokens, init)
     assert result.nfe.tolist() == [0]
 
@@ -300,8 +337,9 @@ def test_entropy_rule_commits_one_token_per_step_when_none_is_below_alpha():
 
     init = torch.full((1, 16), model.mask_token_id)
     init[0, :9] = 3
-    result = generate(model, torch.tensor([[5, 6, 7]]), gen_length=16, block_length=4, alpha=0.0,
-                      init_tokens=init)
+    result = generate(
+        model, torch.tensor([[5, 6, 7]]), gen_length=16, block_length=4, alpha=0.0, init_tokens=init
+    )
     assert result.nfe.tolist() == [7]  # one step per masked position
     assert result.tokens[0, :9].tolist() == [3] * 9
 
@@ -314,8 +352,12 @@ def test_entropy_rule_mixed_certainty():
         return (1 + g, 25) if g in uncertain else (1 + g,)
 
     model = ScriptedModel(gen_choices(3, region))
-    row = DecodeRow(prompt=torch.tensor([5, 6, 7]), tokens=torch.full((12,), model.mask_token_id),
-                    block_length=4, alpha=0.3)
+    row = DecodeRow(
+        prompt=torch.tensor([5, 6, 7]),
+        tokens=torch.full((12,), model.mask_token_id),
+        block_length=4,
+        alpha=0.3,
+    )
     history = decoded_after_each_step(model, row)
     # step 1: block 0's certain positions 0, 1, 3 (not 2); block 0 unfinished, stop there
     assert history[0] == [0, 1, 3]
@@ -340,8 +382,15 @@ def test_mask_token_is_never_committed():
     model = ScriptedModel(lambda q, p: (31,) if p >= 2 else (0,))
     assert model.mask_token_id == 31
     for rule in ({"steps": 8}, {"alpha": 0.3}):
-        result = generate(model, torch.tensor([[4, 5]]), gen_length=8, block_length=4, temperature=0.5,
-                          generator=torch.Generator().manual_seed(0), **rule)
+        result = generate(
+            model,
+            torch.tensor([[4, 5]]),
+            gen_length=8,
+            block_length=4,
+            temperature=0.5,
+            generator=torch.Generator().manual_seed(0),
+            **rule,
+        )
         assert not (result.tokens == model.mask_token_id).any()
 
 
@@ -367,7 +416,9 @@ def test_gumbel_sampling_is_llada_float64():
     logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for temperature in (0.3, 1.0):
         got = _candidates(logits, temperature, torch.Generator().manual_seed(42))
-        u = torch.rand(logits.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(42))
+        u = torch.rand(
+            logits.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(42)
+        )
         expected = gumbel_max(logits, u, temperature)
         assert got.tolist() == expected.tolist()
         assert (got != logits.argmax(-1)).any()  # the noise does something
@@ -385,7 +436,9 @@ def test_shared_generator_is_used_in_row_order(llada):
 def test_dream_needs_a_prompt(dream_fixture):
     model = _load(str(dream_fixture))
     with pytest.raises(ValueError, match="prompt"):
-        generate(model, torch.zeros((1, 0), dtype=torch.long), gen_length=4, block_length=4, alpha=0.3)
+        generate(
+            model, torch.zeros((1, 0), dtype=torch.long), gen_length=4, block_length=4, alpha=0.3
+        )
 
 
 # --------------------------------------------------------------------- errors
@@ -395,7 +448,10 @@ def test_dream_needs_a_prompt(dream_fixture):
     "kwargs, message",
     [
         (dict(gen_length=10, block_length=4, steps=10), r"block_length 4 .*divide gen_length 10"),
-        (dict(gen_length=16, block_length=4, steps=6), r"steps 6 .*multiple of the number of blocks"),
+        (
+            dict(gen_length=16, block_length=4, steps=6),
+            r"steps 6 .*multiple of the number of blocks",
+        ),
         (dict(gen_length=16, block_length=4, steps=8, alpha=0.3), "exactly one of steps"),
         (dict(gen_length=16, block_length=4), "exactly one of steps"),
         (dict(gen_length=16, block_length=4, alpha=-0.1), r"alpha must be >= 0"),
@@ -411,17 +467,35 @@ def test_argument_errors(kwargs, message):
 
 def test_shape_errors():
     with pytest.raises(ValueError, match="init_tokens"):
-        generate(PEAKED, torch.tensor([[5, 6, 7]]), gen_length=8, block_length=4, alpha=0.3,
-                 init_tokens=torch.full((1, 4), PEAKED.mask_token_id))
+        generate(
+            PEAKED,
+            torch.tensor([[5, 6, 7]]),
+            gen_length=8,
+            block_length=4,
+            alpha=0.3,
+            init_tokens=torch.full((1, 4), PEAKED.mask_token_id),
+        )
     with pytest.raises(ValueError, match="generators"):
-        generate(PEAKED, torch.tensor([[5, 6, 7]]), gen_length=8, block_length=4, alpha=0.3,
-                 generator=_generators([1, 2]))
+        generate(
+            PEAKED,
+            torch.tensor([[5, 6, 7]]),
+            gen_length=8,
+            block_length=4,
+            alpha=0.3,
+            generator=_generators([1, 2]),
+        )
     with pytest.raises(ValueError, match="maximum length"):
-        generate(ScriptedModel(PEAKED.choices, max_length=10), torch.tensor([[5, 6, 7]]),
-                 gen_length=8, block_length=4, alpha=0.3)
+        generate(
+            ScriptedModel(PEAKED.choices, max_length=10),
+            torch.tensor([[5, 6, 7]]),
+            gen_length=8,
+            block_length=4,
+            alpha=0.3,
+        )
 
 
 # --------------------------------------------------------------------- prefix cache
+
 
 def _demo_prompts(count: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     from lm_eval_dvoting.demo import arith
@@ -433,22 +507,40 @@ def _demo_prompts(count: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     return _load("tiny-arith"), enc.input_ids, enc.attention_mask
 
 
-@pytest.mark.parametrize("rule", [dict(steps=32), dict(alpha=0.3, temperature=0.6)], ids=["fixed", "entropy"])
+@pytest.mark.parametrize(
+    "rule", [dict(steps=32), dict(alpha=0.3, temperature=0.6)], ids=["fixed", "entropy"]
+)
 def test_prefix_cache_stays_close_to_the_exact_decoder(rule):
     """An approximation: most demo answers are unchanged, the NFE is the same for the
     fixed schedule, and every row decodes to the same tokens alone or in a batch."""
     model, ids, mask = _demo_prompts(24)
     seeds = lambda: [torch.Generator().manual_seed(i) for i in range(24)]  # noqa: E731
     exact = generate(model, ids, mask, gen_length=32, block_length=2, generator=seeds(), **rule)
-    cached = generate(model, ids, mask, gen_length=32, block_length=2, generator=seeds(), prefix_cache=True,
-                      **rule)
+    cached = generate(
+        model,
+        ids,
+        mask,
+        gen_length=32,
+        block_length=2,
+        generator=seeds(),
+        prefix_cache=True,
+        **rule,
+    )
     same = sum(torch.equal(a, b) for a, b in zip(exact.tokens, cached.tokens))
     assert same >= 18, f"only {same}/24 rows unchanged by the prefix cache"
     if "steps" in rule:
         assert torch.equal(exact.nfe, cached.nfe)
     for i in (0, 5, 23):  # alone == inside the batch (prefixes and suffixes padded)
-        alone = generate(model, ids[i:i + 1], mask[i:i + 1], gen_length=32, block_length=2,
-                         generator=[torch.Generator().manual_seed(i)], prefix_cache=True, **rule)
+        alone = generate(
+            model,
+            ids[i : i + 1],
+            mask[i : i + 1],
+            gen_length=32,
+            block_length=2,
+            generator=[torch.Generator().manual_seed(i)],
+            prefix_cache=True,
+            **rule,
+        )
         assert torch.equal(alone.tokens[0], cached.tokens[i])
 
 
@@ -465,7 +557,14 @@ def test_prefix_cache_is_used_within_a_block():
 def test_prefix_cache_needs_our_models():
     scripted = ScriptedModel(gen_choices(2, lambda q, g: (1,)), vocab=8)
     with pytest.raises(ValueError, match="prefix_cache"):
-        generate(scripted, torch.tensor([[1, 2]]), gen_length=2, block_length=2, steps=2, prefix_cache=True)
+        generate(
+            scripted,
+            torch.tensor([[1, 2]]),
+            gen_length=2,
+            block_length=2,
+            steps=2,
+            prefix_cache=True,
+        )
 
 
 def test_a_surely_completed_block_hands_on_without_another_head_call(llada):
@@ -482,12 +581,23 @@ def test_a_surely_completed_block_hands_on_without_another_head_call(llada):
     ids, mask = _left_pad(_rows(1))
     llada.logits_from_hidden = spy
     try:
-        result = generate(llada, ids, mask, gen_length=8, block_length=2, alpha=0.0, temperature=0.0)
+        result = generate(
+            llada, ids, mask, gen_length=8, block_length=2, alpha=0.0, temperature=0.0
+        )
     finally:
         del llada.logits_from_hidden
     assert int(result.nfe[0]) == 8  # one token per pass
     assert len(calls) == 8  # one head call per pass
-    assert calls == [2, 3, 2, 3, 2, 3, 2, 1]  # 2 masks; 1 mask + the next block's 2 ahead; ...; the last one
+    assert calls == [
+        2,
+        3,
+        2,
+        3,
+        2,
+        3,
+        2,
+        1,
+    ]  # 2 masks; 1 mask + the next block's 2 ahead; ...; the last one
     reference = reference_entropy_threshold(llada, ids[0][mask[0].bool()], 8, 2, 0.0)
     assert result.tokens[0].tolist() == reference[0].tolist()
 
@@ -496,7 +606,9 @@ def test_a_surely_completed_block_hands_on_without_another_head_call(llada):
 
 
 @torch.no_grad()
-def reference_sampled_fixed_schedule(model, prompt, gen_length, block_length, steps, temperature, seed):
+def reference_sampled_fixed_schedule(
+    model, prompt, gen_length, block_length, steps, temperature, seed
+):
     """LLaDA's fixed schedule at temperature > 0, one row, low-confidence remasking, as the
     decoder documents it: each step draws float64 noise of shape (block_length, vocab) over
     the whole block from the row's generator, takes the Gumbel-max candidate at the masked
@@ -505,17 +617,21 @@ def reference_sampled_fixed_schedule(model, prompt, gen_length, block_length, st
     mask_id, steps_per_block = model.mask_token_id, steps // (gen_length // block_length)
     x = torch.cat([prompt, torch.full((gen_length,), mask_id)])
     for lo in range(prompt.shape[0], len(x), block_length):
-        counts = _get_num_transfer_tokens((x[lo:lo + block_length] == mask_id)[None], steps_per_block)[0]
+        counts = _get_num_transfer_tokens(
+            (x[lo : lo + block_length] == mask_id)[None], steps_per_block
+        )[0]
         for count in counts.tolist():
-            masked = x[lo:lo + block_length] == mask_id
-            logits = _reference_logits(model, x)[lo:lo + block_length]
-            noise = torch.rand((block_length, logits.shape[-1]), dtype=torch.float64, generator=generator)
+            masked = x[lo : lo + block_length] == mask_id
+            logits = _reference_logits(model, x)[lo : lo + block_length]
+            noise = torch.rand(
+                (block_length, logits.shape[-1]), dtype=torch.float64, generator=generator
+            )
             chosen = gumbel_max(logits, noise, temperature)
             probability = logits.softmax(-1).gather(-1, chosen[:, None]).squeeze(-1)
             confidence = torch.where(masked, probability, torch.tensor(float("-inf")).double())
             picked = lo + confidence.topk(count).indices
             x[picked] = chosen[picked - lo]
-    return x[prompt.shape[0]:]
+    return x[prompt.shape[0] :]
 
 
 @pytest.mark.parametrize("rule", ["fixed", "entropy"])
@@ -525,15 +641,27 @@ def test_sampling_follows_each_rows_generator_as_documented(model, rule):
     prompts, seeds, temperature = _rows(2), [21, 22], 0.8
     ids, mask = _left_pad(prompts)
     settings = {"steps": 8} if rule == "fixed" else {"alpha": 0.3}
-    found = generate(model, ids, mask, gen_length=8, block_length=4, temperature=temperature,
-                     generator=_generators(seeds), **settings)
+    found = generate(
+        model,
+        ids,
+        mask,
+        gen_length=8,
+        block_length=4,
+        temperature=temperature,
+        generator=_generators(seeds),
+        **settings,
+    )
     for row, (prompt, seed) in enumerate(zip(prompts, seeds)):
         if rule == "fixed":
             expected = reference_sampled_fixed_schedule(model, prompt, 8, 4, 8, temperature, seed)
         else:
-            expected = reference_entropy_threshold(model, prompt, 8, 4, 0.3, temperature=temperature, seed=seed)[0]
+            expected = reference_entropy_threshold(
+                model, prompt, 8, 4, 0.3, temperature=temperature, seed=seed
+            )[0]
         assert found.tokens[row].tolist() == expected.tolist()
-    assert not torch.equal(found.tokens, generate(model, ids, mask, gen_length=8, block_length=4, **settings).tokens)
+    assert not torch.equal(
+        found.tokens, generate(model, ids, mask, gen_length=8, block_length=4, **settings).tokens
+    )
 
 
 # ------------------------------------------------------------ progress guard (issue 38)
@@ -563,12 +691,23 @@ def test_a_rule_that_commits_nothing_in_a_step_raises_at_once(rule, monkeypatch)
     decoder = RowDecoder(model)
     masks = torch.full((8,), model.mask_token_id)
     decoder.add(DecodeRow(prompt=torch.tensor([5, 6, 7]), tokens=masks, block_length=4, steps=8))
-    decoder.add(DecodeRow(prompt=torch.tensor([5, 6, 7]), tokens=masks, block_length=4,
-                          label="question 3, sample 2", **settings))
-    name = {"entropy": r"EntropyThreshold \(alpha=0.3\)",
-            "confidence": r"ConfidenceThreshold \(threshold=0.9\)"}[rule]
-    says = (rf"commit rule {name} committed nothing in step 1 of row 1 \(question 3, sample 2\): "
-            r"8 of its 8 generated positions are still masked, .*would decode it forever")
+    decoder.add(
+        DecodeRow(
+            prompt=torch.tensor([5, 6, 7]),
+            tokens=masks,
+            block_length=4,
+            label="question 3, sample 2",
+            **settings,
+        )
+    )
+    name = {
+        "entropy": r"EntropyThreshold \(alpha=0.3\)",
+        "confidence": r"ConfidenceThreshold \(threshold=0.9\)",
+    }[rule]
+    says = (
+        rf"commit rule {name} committed nothing in step 1 of row 1 \(question 3, sample 2\): "
+        r"8 of its 8 generated positions are still masked, .*would decode it forever"
+    )
     with pytest.raises(RuntimeError, match=says):
         decoder.step()
 
@@ -581,6 +720,7 @@ def test_steps_that_commit_nothing_by_schedule_are_progress():
     model = ScriptedModel(gen_choices(3, lambda q, g: (1 + g % 20,)))
     init = torch.full((1, 8), model.mask_token_id)
     init[0, :4] = 4  # the first block given: its four steps commit nothing
-    result = generate(model, torch.tensor([[5, 6, 7]]), gen_length=8, block_length=4, steps=8,
-                      init_tokens=init)
+    result = generate(
+        model, torch.tensor([[5, 6, 7]]), gen_length=8, block_length=4, steps=8, init_tokens=init
+    )
     assert result.nfe.tolist() == [8] and result.tokens[0].tolist() == [4, 4, 4, 4, 5, 6, 7, 8]

@@ -1,4 +1,5 @@
 """The offline demo: problem generator, tokenizer, shipped checkpoint, training script."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,9 @@ def test_generator_is_deterministic_and_right():
 
 def test_difficulty_knob():
     easy = arith.Difficulty(min_steps=1, max_steps=1, max_operand=3, max_value=5)
-    hard = arith.Difficulty(min_steps=5, max_steps=6, max_operand=20, max_value=99, operations=("+", "-", "*"))
+    hard = arith.Difficulty(
+        min_steps=5, max_steps=6, max_operand=20, max_value=99, operations=("+", "-", "*")
+    )
     for problem in [arith.make_problem(random.Random(i), easy) for i in range(200)]:
         assert problem.steps == 1
         first, operand = map(int, re.findall(r"\d+", problem.question))
@@ -57,7 +60,10 @@ def test_difficulty_knob():
     with pytest.raises(ValueError):
         arith.Difficulty(operations=("/",))
     two_digit = arith.Difficulty(max_operand=9, max_value=99, min_start=10)
-    assert all(int(re.match(r"\d+", p.question).group()) >= 10 for p in arith.make_problems(0, 100, two_digit))
+    assert all(
+        int(re.match(r"\d+", p.question).group()) >= 10
+        for p in arith.make_problems(0, 100, two_digit)
+    )
     with pytest.raises(ValueError):  # only 5 * 3 * 2 distinct one-step questions exist here
         arith.make_problems(0, 200, easy)
 
@@ -67,7 +73,10 @@ def test_prompt_is_the_papers_gsm8k_prompt():
         "Please answer the question step by step and put the answer in \\boxed{}. 1+2=?"
     )
     task_yaml = (TASK_DIR / "dvoting_arith.yaml").read_text()
-    assert 'doc_to_text: "Please answer the question step by step and put the answer in \\\\boxed{}. {{question}}"' in task_yaml
+    assert (
+        'doc_to_text: "Please answer the question step by step and put the answer in \\\\boxed{}. {{question}}"'
+        in task_yaml
+    )
 
 
 def test_shipped_test_set_is_seeded_and_held_out():
@@ -81,11 +90,17 @@ def test_shipped_test_set_is_seeded_and_held_out():
     args = train.parse_args(["--out", "unused", "--solution-order", "commuted"])
     held_out, _ = train.held_out_problems(args)
     assert forms <= held_out
-    sample = [p for step in range(0, 2000, 40) for p in train.training_problems(step, args, held_out)]
+    sample = [
+        p for step in range(0, 2000, 40) for p in train.training_problems(step, args, held_out)
+    ]
     assert len(sample) >= 3000 and not forms & {arith.canonical_form(p.question) for p in sample}
     # the trained texts too: no trained solution is a worked solution of a test problem
-    test_solutions = {commuted for r in rows for order in arith.solution_orders(arith.Problem(**r))
-                      for commuted in _all_commutations(order)}
+    test_solutions = {
+        commuted
+        for r in rows
+        for order in arith.solution_orders(arith.Problem(**r))
+        for commuted in _all_commutations(order)
+    }
     assert not test_solutions & {p.solution for p in sample}
 
 
@@ -94,7 +109,7 @@ def _all_commutations(solution: str) -> set[str]:
     texts = {solution}
     for match in re.finditer(r"\b(\d+)\+(\d+)=", solution):
         a, b = match.groups()
-        texts |= {t[: match.start()] + f"{b}+{a}=" + t[match.end():] for t in texts}
+        texts |= {t[: match.start()] + f"{b}+{a}=" + t[match.end() :] for t in texts}
     return texts
 
 
@@ -103,15 +118,26 @@ def test_canonical_form_makes_reorderings_one_problem():
     assert {arith.canonical_form(q) for q in same} == {("+3", "+4", "-2")}
     assert arith.canonical_form("4+3-2=?") != arith.canonical_form("4-3+2=?")  # other signs
     assert arith.canonical_form("4+3=?") != arith.canonical_form("4+3+0=?")
-    assert arith.canonical_form("(2+1)*3=?") != arith.canonical_form("(1+2)*3=?")  # no reordering with *
+    assert arith.canonical_form("(2+1)*3=?") != arith.canonical_form(
+        "(1+2)*3=?"
+    )  # no reordering with *
     # a test problem's form is never drawn for training, whatever order or steps it comes in
-    args = train.parse_args(["--out", "unused", "--solution-order", "commuted", "--batch-size", "256"])
+    args = train.parse_args(
+        ["--out", "unused", "--solution-order", "commuted", "--batch-size", "256"]
+    )
     held_out, _ = train.held_out_problems(args)
-    twins = [p for step in range(40) for p in
-             [arith.make_problem(random.Random(step * 7919 + i)) for i in range(200)]
-             if arith.canonical_form(p.question) in held_out]
+    twins = [
+        p
+        for step in range(40)
+        for p in [arith.make_problem(random.Random(step * 7919 + i)) for i in range(200)]
+        if arith.canonical_form(p.question) in held_out
+    ]
     assert len(twins) > 100  # the generator does produce held-out forms; the filter must drop them
-    trained = {arith.canonical_form(p.question) for step in range(40) for p in train.training_problems(step, args, held_out)}
+    trained = {
+        arith.canonical_form(p.question)
+        for step in range(40)
+        for p in train.training_problems(step, args, held_out)
+    }
     assert not trained & held_out
 
 
@@ -135,11 +161,19 @@ def test_validation_task_asks_the_validation_problems_never_the_test_ones():
     tasks = manager.load(["dvoting_arith", "dvoting_arith_valid"])["tasks"]
     test, valid = (list(tasks[name].eval_docs) for name in ("dvoting_arith", "dvoting_arith_valid"))
     _, expected = arith.held_out_sets()
-    assert [d["question"] for d in valid] == [p.question for p in expected] and len(valid) == arith.VALID_SIZE
+    assert [d["question"] for d in valid] == [p.question for p in expected] and len(
+        valid
+    ) == arith.VALID_SIZE
     assert [d["target"] for d in valid] == [str(p.answer) for p in expected]
-    assert not {arith.canonical_form(d["question"]) for d in valid} & {arith.canonical_form(d["question"]) for d in test}
+    assert not {arith.canonical_form(d["question"]) for d in valid} & {
+        arith.canonical_form(d["question"]) for d in test
+    }
     ask = {name: tasks[name].doc_to_text(valid[0]) for name in tasks}
-    assert ask["dvoting_arith"] == ask["dvoting_arith_valid"] == arith.format_prompt(valid[0]["question"])
+    assert (
+        ask["dvoting_arith"]
+        == ask["dvoting_arith_valid"]
+        == arith.format_prompt(valid[0]["question"])
+    )
     config = tasks["dvoting_arith_valid"].config
     assert config.generation_kwargs == tasks["dvoting_arith"].config.generation_kwargs
 
@@ -160,8 +194,9 @@ def test_tokenizer_round_trips_and_loads(tmp_path):
     loaded = AutoTokenizer.from_pretrained(str(tmp_path))
     assert loaded(text, add_special_tokens=False).input_ids == ids
     assert loaded.eos_token == EOS and loaded.mask_token == MASK and loaded.pad_token == EOS
-    rendered = loaded.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                          add_generation_prompt=True)
+    rendered = loaded.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
     assert rendered == text
 
 
@@ -178,14 +213,36 @@ def test_packaged_checkpoint_loads(name, family):
     assert model.family == family and model.logits_shift == (family == "dream")
     assert model.mask_token_id == tokenizer.mask_token_id
     assert tokenizer.eos_token_id in model.end_token_ids
-    ids = tokenizer(arith.format_prompt("1+2=?"), return_tensors="pt", add_special_tokens=False).input_ids
+    ids = tokenizer(
+        arith.format_prompt("1+2=?"), return_tensors="pt", add_special_tokens=False
+    ).input_ids
     with torch.no_grad():
         logits = model(ids)
     assert logits.shape[:2] == ids.shape and torch.isfinite(logits).all()
 
 
-MICRO = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--mlp", "32", "--batch-size", "8",
-         "--steps", "6", "--warmup", "2", "--eval-every", "1000", "--eval-size", "8", "--ckpt-every", "2"]
+MICRO = [
+    "--d-model",
+    "16",
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--mlp",
+    "32",
+    "--batch-size",
+    "8",
+    "--steps",
+    "6",
+    "--warmup",
+    "2",
+    "--eval-every",
+    "1000",
+    "--eval-size",
+    "8",
+    "--ckpt-every",
+    "2",
+]
 
 
 def test_training_resumes_to_the_same_result(tmp_path):
@@ -206,8 +263,23 @@ def test_training_resumes_to_the_same_result(tmp_path):
     log = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == 6 and "valid_acc_ema" in log[-1]
     # a curriculum stage starts from an earlier stage's exported weights
-    stage = train.main(["--out", str(tmp_path / "c"), *MICRO, "--steps", "1", "--eval-every", "1",
-                        "--init-from", str(tmp_path / "a" / "best"), "--max-value", "9", "--min-start", "1"])
+    stage = train.main(
+        [
+            "--out",
+            str(tmp_path / "c"),
+            *MICRO,
+            "--steps",
+            "1",
+            "--eval-every",
+            "1",
+            "--init-from",
+            str(tmp_path / "a" / "best"),
+            "--max-value",
+            "9",
+            "--min-start",
+            "1",
+        ]
+    )
     assert stage["step"] == 1 and (tmp_path / "c" / "best" / "training_state.json").exists()
 
 
@@ -234,7 +306,8 @@ def test_solution_orders_are_valid_worked_solutions():
     assert max(counts) > 1 and min(counts) == 1  # some problems have several paths, some one
     # equal terms give one order, and a multiplication keeps its own order
     assert arith.solution_orders(arith.Problem("5+2+2=?", "5+2=7. 7+2=9. \\boxed{9}", 9, 2)) == [
-        "5+2=7. 7+2=9. \\boxed{9}"]
+        "5+2=7. 7+2=9. \\boxed{9}"
+    ]
     product = arith.Problem("(2+1)*3=?", "2+1=3. 3*3=9. \\boxed{9}", 9, 2)
     assert arith.solution_orders(product) == [product.solution]
 
@@ -245,7 +318,9 @@ def test_training_can_mix_solution_orders():
     batch = train.training_problems(3, args, held_out)
     assert batch == train.training_problems(3, args, held_out)  # a function of (seed, step)
     assert all(p.solution in arith.solution_orders(p) for p in batch)
-    assert any(p.solution != arith.solution_orders(p)[0] for p in batch)  # not always the question's order
+    assert any(
+        p.solution != arith.solution_orders(p)[0] for p in batch
+    )  # not always the question's order
     plain = train.training_problems(3, train.parse_args(["--batch-size", "64"]), held_out)
     assert all(p.solution == arith.solution_orders(p)[0] for p in plain)
 
@@ -265,13 +340,17 @@ def test_commuted_additions_keep_the_layout_and_the_results():
                 assert op == op0 and result == result0 and _evaluate(f"{a}{op}{b}") == int(result)
                 assert (a, b) == (a0, b0) or (op == "+" and (a, b) == (b0, a0))
                 flipped += (a, b) != (a0, b0)
-            assert [i for i, c in enumerate(commuted) if c in "=."] == [i for i, c in enumerate(order) if c in "=."]
+            assert [i for i, c in enumerate(commuted) if c in "=."] == [
+                i for i, c in enumerate(order) if c in "=."
+            ]
     assert flipped > 100
     args = train.parse_args(["--solution-order", "commuted", "--batch-size", "64"])
     held_out, _ = train.held_out_problems(args)
     batch = train.training_problems(3, args, held_out)
     assert batch == train.training_problems(3, args, held_out)
-    assert any(p.solution not in arith.solution_orders(p) for p in batch)  # some addition turned round
+    assert any(
+        p.solution not in arith.solution_orders(p) for p in batch
+    )  # some addition turned round
 
 
 def test_aligned_training_keeps_the_questions_order_and_turns_additions_round():
@@ -292,7 +371,9 @@ def test_aligned_training_keeps_the_questions_order_and_turns_additions_round():
 def test_a_larger_validation_set_extends_the_same_stream():
     test, valid = arith.held_out_sets()
     test_big, valid_big = arith.held_out_sets(valid_size=arith.VALID_SIZE + 100)
-    assert test_big == test and valid_big[: len(valid)] == valid and len(valid_big) == len(valid) + 100
+    assert (
+        test_big == test and valid_big[: len(valid)] == valid and len(valid_big) == len(valid) + 100
+    )
     valid_forms = {arith.canonical_form(p.question) for p in valid_big}
     assert not valid_forms & {arith.canonical_form(p.question) for p in test}
     args = train.parse_args(["--valid-size", str(arith.VALID_SIZE + 100)])
@@ -313,14 +394,31 @@ def test_training_logs_voting_strategies_along_the_curve(tmp_path, monkeypatch):
     from lm_eval_dvoting.demo.sweep import score_strategies
 
     monkeypatch.setattr(train, "score_strategies", scorer)
-    argv = ["--out", str(tmp_path), *MICRO, "--steps", "1", "--eval-every", "1", "--eval-size", "3",
-            "--eval-strategies", "dvoting", "--ema", "0"]
+    argv = [
+        "--out",
+        str(tmp_path),
+        *MICRO,
+        "--steps",
+        "1",
+        "--eval-every",
+        "1",
+        "--eval-size",
+        "3",
+        "--eval-strategies",
+        "dvoting",
+        "--ema",
+        "0",
+    ]
     train.main(argv)
     record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
     # one evaluation (step 1, the model's weights), on the run's 3 validation problems, logged as scored
     _, valid = train.held_out_problems(train.parse_args(argv))
     [(strategies, questions, scores)] = calls
-    assert strategies == ["dvoting"] and questions == [p.question for p in valid] and len(questions) == 3
+    assert (
+        strategies == ["dvoting"]
+        and questions == [p.question for p in valid]
+        and len(questions) == 3
+    )
     assert record["valid_strategies_model"] == scores
     dvoting = scores["dvoting"]
     assert dvoting["acc"] in {round(k / 3, 4) for k in range(4)} and 2 <= dvoting["nfe"] <= 5 * 32
@@ -342,15 +440,29 @@ def test_sweep_scores_checkpoints_on_validation_problems(capsys):
 
     _, problems = arith.held_out_sets(valid_size=12)
     tokenizer = load_tokenizer("tiny-arith")
-    enc = tokenizer([arith.format_prompt(p.question) for p in problems], add_special_tokens=False,
-                    padding=True, return_tensors="pt")
-    out = generate(load_model("tiny-arith"), enc.input_ids, enc.attention_mask, gen_length=32,
-                   block_length=2, steps=32)
-    texts = [tokenizer.decode(t.tolist(), skip_special_tokens=False).split(EOS)[0] for t in out.tokens]
+    enc = tokenizer(
+        [arith.format_prompt(p.question) for p in problems],
+        add_special_tokens=False,
+        padding=True,
+        return_tensors="pt",
+    )
+    out = generate(
+        load_model("tiny-arith"),
+        enc.input_ids,
+        enc.attention_mask,
+        gen_length=32,
+        block_length=2,
+        steps=32,
+    )
+    texts = [
+        tokenizer.decode(t.tolist(), skip_special_tokens=False).split(EOS)[0] for t in out.tokens
+    ]
     right = [extract_answer(t, "number") == str(p.answer) for t, p in zip(texts, problems)]
     assert 0 < sum(right) < 12  # neither all right nor all wrong: the comparison says something
     assert line["single"]["acc"] == round(sum(right) / 12, 4)
-    assert line["points_over_single"]["dvoting"] == round(100 * (line["dvoting"]["acc"] - line["single"]["acc"]), 1)
+    assert line["points_over_single"]["dvoting"] == round(
+        100 * (line["dvoting"]["acc"] - line["single"]["acc"]), 1
+    )
 
 
 def test_sweep_scores_the_ablation_rows(capsys):
@@ -359,7 +471,17 @@ def test_sweep_scores_the_ablation_rows(capsys):
     from lm_eval_dvoting.demo import sweep
 
     torch.set_num_threads(1)
-    sweep.main(["tiny-arith", "--strategies", "single", "single-entropy", "majority-entropy", "--limit", "6"])
+    sweep.main(
+        [
+            "tiny-arith",
+            "--strategies",
+            "single",
+            "single-entropy",
+            "majority-entropy",
+            "--limit",
+            "6",
+        ]
+    )
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["single"]["nfe"] == 32.0 and line["single-entropy"]["nfe"] < 32.0
     assert 5 * line["single-entropy"]["nfe"] / 2 < line["majority-entropy"]["nfe"] < 5 * 32
@@ -372,19 +494,48 @@ def test_shipped_model_shows_what_the_readme_says(tmp_path):
     dVoting's decoder saves passes, dVoting costs at most 0.6x majority-entropy, and no
     sampled row beats one greedy sample on average."""
     from lm_eval_dvoting.commands import compare
+
     torch.set_num_threads(1)
     out = tmp_path / "cmp"
-    rows_run = ["single", "single-entropy", "single-confidence", "majority-entropy", "dvoting", "temporal"]
-    assert compare.main(["--model_args", "pretrained=tiny-arith", "--tasks", "dvoting_arith",
-                         "--strategies", ",".join(rows_run), "--limit", "100", "--seeds", "3",
-                         "--out", str(out), "--device", "cpu"]) == 0
+    rows_run = [
+        "single",
+        "single-entropy",
+        "single-confidence",
+        "majority-entropy",
+        "dvoting",
+        "temporal",
+    ]
+    assert (
+        compare.main(
+            [
+                "--model_args",
+                "pretrained=tiny-arith",
+                "--tasks",
+                "dvoting_arith",
+                "--strategies",
+                ",".join(rows_run),
+                "--limit",
+                "100",
+                "--seeds",
+                "3",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     printed = (out / "compare.md").read_text()
     readme = (TASK_DIR.parent / "README.md").read_text()
     first_command_output = readme[: readme.index("**Run the tests:**")]
     for name in rows_run:
-        ours = re.search(rf"^\| {name} \| ([^|]+) \| ([^|]+) \| ([^|]+) \|", printed, re.MULTILINE).groups()
-        theirs = re.search(rf"^\| {name} \| ([^|]+) \| ([^|]+) \| ([^|]+) \|", first_command_output,
-                           re.MULTILINE).groups()
+        ours = re.search(
+            rf"^\| {name} \| ([^|]+) \| ([^|]+) \| ([^|]+) \|", printed, re.MULTILINE
+        ).groups()
+        theirs = re.search(
+            rf"^\| {name} \| ([^|]+) \| ([^|]+) \| ([^|]+) \|", first_command_output, re.MULTILINE
+        ).groups()
         assert ours == theirs, (name, ours, theirs)  # accuracy (± std), runs, mean NFE
     rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
     single = rows["single"]
@@ -399,15 +550,36 @@ def test_readme_confidence_row_on_the_test_set_is_reproduced(tmp_path):
     length and threshold the validation rule chose (docs/ABLATIONS.md), is what
     `dvoting compare` gives on the test set, to the printed digit."""
     from lm_eval_dvoting.commands import compare
+
     torch.set_num_threads(1)
     readme = (TASK_DIR.parent / "README.md").read_text()
-    row = re.search(r"^\| single-confidence \(.*block (\d+), threshold ([\d.]+)\) \| ([\d.]+) \| 1 \(greedy\) "
-                    r"\| ([\d.]+) \|", readme, re.MULTILINE)
+    row = re.search(
+        r"^\| single-confidence \(.*block (\d+), threshold ([\d.]+)\) \| ([\d.]+) \| 1 \(greedy\) "
+        r"\| ([\d.]+) \|",
+        readme,
+        re.MULTILINE,
+    )
     block, threshold, accuracy, nfe = row.groups()
     out = tmp_path / "cmp"
-    assert compare.main(["--model_args", f"pretrained=tiny-arith,block_length={block},threshold={threshold}",
-                         "--tasks", "dvoting_arith", "--strategies", "single-confidence", "--batch_size", "64",
-                         "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        compare.main(
+            [
+                "--model_args",
+                f"pretrained=tiny-arith,block_length={block},threshold={threshold}",
+                "--tasks",
+                "dvoting_arith",
+                "--strategies",
+                "single-confidence",
+                "--batch_size",
+                "64",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     [measured] = json.loads((out / "compare.json").read_text())["rows"]
     assert measured["questions"] == 500
     assert (f"{measured['accuracy']:.2f}", f"{measured['mean_nfe']:.1f}") == (accuracy, nfe)
@@ -416,7 +588,9 @@ def test_readme_confidence_row_on_the_test_set_is_reproduced(tmp_path):
 class _Oracle(torch.nn.Module):
     """Logits that put all mass on the right token, `shift` positions to the left of it."""
 
-    def __init__(self, ids: torch.Tensor, vocab: int, shift: int, read_with: int | None = None) -> None:
+    def __init__(
+        self, ids: torch.Tensor, vocab: int, shift: int, read_with: int | None = None
+    ) -> None:
         super().__init__()
         self.ids, self.vocab, self.shift = ids, vocab, shift
         self.logits_shift = shift if read_with is None else read_with  # what the loss reads
@@ -435,9 +609,13 @@ def test_the_loss_reads_each_prediction_where_the_family_puts_it(shift):
     tokenizer = build_tokenizer()
     batch = train.training_batch(0, args, tokenizer, set())
     vocab = len(tokenizer)
-    right = train.diffusion_loss(_Oracle(batch["input_ids"], vocab, shift), batch, 0, args, 1, "cpu")
+    right = train.diffusion_loss(
+        _Oracle(batch["input_ids"], vocab, shift), batch, 0, args, 1, "cpu"
+    )
     assert right.item() < 1e-6
-    wrong = _Oracle(batch["input_ids"], vocab, 1 - shift, read_with=shift)  # the other family's logits
+    wrong = _Oracle(
+        batch["input_ids"], vocab, 1 - shift, read_with=shift
+    )  # the other family's logits
     assert train.diffusion_loss(wrong, batch, 0, args, 1, "cpu").item() > 1.0
 
 
@@ -445,7 +623,9 @@ def test_dream_format_training_exports_a_dream_checkpoint(tmp_path):
     from lm_eval_dvoting.models.loading import load_model
 
     torch.set_num_threads(1)
-    train.main(["--out", str(tmp_path), *MICRO, "--family", "dream", "--steps", "2", "--eval-every", "2"])
+    train.main(
+        ["--out", str(tmp_path), *MICRO, "--family", "dream", "--steps", "2", "--eval-every", "2"]
+    )
     config = json.loads((tmp_path / "best" / "config.json").read_text())
     assert config["model_type"] == "Dream" and config["mask_token_id"] == 1
     model = load_model(tmp_path / "best")
@@ -456,11 +636,30 @@ def test_dream_format_training_exports_a_dream_checkpoint(tmp_path):
 def test_packaged_dream_model_answers_through_dvoting_dream(tmp_path):
     """The Dream-format demo answers in the demo's band through `dvoting-dream`."""
     from lm_eval_dvoting.commands import compare
+
     torch.set_num_threads(1)
     out = tmp_path / "cmp"
-    assert compare.main(["--model", "dvoting-dream", "--model_args", "pretrained=tiny-arith-dream",
-                         "--tasks", "dvoting_arith", "--strategies", "single", "--limit", "50",
-                         "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        compare.main(
+            [
+                "--model",
+                "dvoting-dream",
+                "--model_args",
+                "pretrained=tiny-arith-dream",
+                "--tasks",
+                "dvoting_arith",
+                "--strategies",
+                "single",
+                "--limit",
+                "50",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     [row] = json.loads((out / "compare.json").read_text())["rows"]
     assert 30 <= row["accuracy"] <= 85 and row["mean_nfe"] == 32
 
@@ -485,14 +684,37 @@ def test_readme_rfg_rows_on_the_test_set_are_reproduced(tmp_path):
     """The README's RFG table: the policy (tiny-arith + the shipped adapter) and rfg at the
     default guidance, on the 500 test problems, to the printed digit (about a minute)."""
     from lm_eval_dvoting.commands import compare
+
     torch.set_num_threads(1)
     readme = (TASK_DIR.parent / "README.md").read_text()
-    policy = re.search(r"^\| single, `tiny-arith` \+ adapter \(the policy\) \| ([\d.]+) \| ([\d.]+) \|", readme,
-                       re.MULTILINE).groups()
-    rfg = re.search(r"^\| rfg, `guidance=1.0` \(the default\) \| ([\d.]+) \| ([\d.]+) \|", readme, re.MULTILINE).groups()
+    policy = re.search(
+        r"^\| single, `tiny-arith` \+ adapter \(the policy\) \| ([\d.]+) \| ([\d.]+) \|",
+        readme,
+        re.MULTILINE,
+    ).groups()
+    rfg = re.search(
+        r"^\| rfg, `guidance=1.0` \(the default\) \| ([\d.]+) \| ([\d.]+) \|", readme, re.MULTILINE
+    ).groups()
     out = tmp_path / "cmp"
-    assert compare.main(["--model_args", "pretrained=tiny-arith,peft=tiny-arith-lora", "--tasks", "dvoting_arith",
-                         "--strategies", "single,rfg", "--batch_size", "64", "--out", str(out), "--device", "cpu"]) == 0
+    assert (
+        compare.main(
+            [
+                "--model_args",
+                "pretrained=tiny-arith,peft=tiny-arith-lora",
+                "--tasks",
+                "dvoting_arith",
+                "--strategies",
+                "single,rfg",
+                "--batch_size",
+                "64",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     rows = {r["strategy"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
     assert all(r["questions"] == 500 for r in rows.values())
     for name, (accuracy, nfe) in (("single", policy), ("rfg", rfg)):
@@ -507,9 +729,17 @@ def test_the_shipped_adapter_is_what_its_training_command_writes(tmp_path):
 
     from lm_eval_dvoting.demo import train_adapter
 
-    note = train_adapter.main(["--threads", "2", "--out", str(tmp_path / "lora")])  # as it was trained
+    note = train_adapter.main(
+        ["--threads", "2", "--out", str(tmp_path / "lora")]
+    )  # as it was trained
     shipped = train_adapter.DEFAULT_OUT
-    fresh, packaged = (load_file(str(f / "adapter_model.safetensors")) for f in (tmp_path / "lora", shipped))
-    assert fresh.keys() == packaged.keys() and all(torch.equal(fresh[k], packaged[k]) for k in fresh)
-    assert f"| tiny-arith + this adapter | {note['validation']['adapter']['acc']:.3f} |" in (
-        shipped / "TRAINING.md").read_text()
+    fresh, packaged = (
+        load_file(str(f / "adapter_model.safetensors")) for f in (tmp_path / "lora", shipped)
+    )
+    assert fresh.keys() == packaged.keys() and all(
+        torch.equal(fresh[k], packaged[k]) for k in fresh
+    )
+    assert (
+        f"| tiny-arith + this adapter | {note['validation']['adapter']['acc']:.3f} |"
+        in (shipped / "TRAINING.md").read_text()
+    )

@@ -3,20 +3,24 @@ tests/fixtures/golden_decoding.json before the decoder was split into units (iss
 a refactor of the decoder, the strategies' scheduler or the prefix cache that changes
 one token of one sample fails here. See tests/golden.py for what is captured and how to
 capture anew after an intended change."""
+
 from __future__ import annotations
 
 import json
 
-import pytest
-
 import golden
+import pytest
 
 EXPECTED = json.loads(golden.GOLDEN.read_text(encoding="utf-8"))
 
 
 def _subset(model: str, seeds: tuple[int, ...], questions: int) -> dict:
-    return {model: {config: {str(s): by_seed[str(s)][:questions] for s in seeds}
-                    for config, by_seed in EXPECTED[model].items()}}
+    return {
+        model: {
+            config: {str(s): by_seed[str(s)][:questions] for s in seeds}
+            for config, by_seed in EXPECTED[model].items()
+        }
+    }
 
 
 @pytest.mark.parametrize("model", golden.MODELS)
@@ -41,11 +45,15 @@ def test_the_golden_file_covers_what_it_claims():
         runs = EXPECTED[model]
         assert set(runs) == set(golden.CONFIGS)
         for config in golden.CONFIGS:
-            assert [len(runs[config][str(s)]) for s in golden.SEEDS] == [golden.QUESTIONS] * len(golden.SEEDS)
+            assert [len(runs[config][str(s)]) for s in golden.SEEDS] == [golden.QUESTIONS] * len(
+                golden.SEEDS
+            )
         greedy = [q[0] for q in runs["single"]["0"]]
         assert greedy == [q[0] for q in runs["single"]["7"]]  # greedy ignores the seed
         assert greedy != [q[0] for q in runs["single-T0.9"]["0"]]
         assert [q[0] for q in runs["dvoting"]["0"]] != [q[0] for q in runs["dvoting"]["7"]]
         sample_counts = {len(q[1]) for q in runs["dvoting"]["0"] + runs["dvoting"]["7"]}
         assert 2 in sample_counts and max(sample_counts) > 3
-        assert [q[0] for q in runs["prefix-single-block8"]["0"]] != [q[0] for q in runs["single"]["0"]]
+        assert [q[0] for q in runs["prefix-single-block8"]["0"]] != [
+            q[0] for q in runs["single"]["0"]
+        ]

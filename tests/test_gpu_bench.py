@@ -1,5 +1,6 @@
 """bench/gpu_bench.py: its BENCHMARKS.md section is rewritten from the committed GPU run's JSON
 exactly, a part that failed on the GPU says so, and a run without CUDA is refused up front."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,10 @@ sys.path.insert(0, str(REPO))
 from bench import gpu_bench  # noqa: E402
 
 RUN = REPO / "bench" / "gpu_bench_h200.json"
-RUNS = [(RUN, gpu_bench.SECTION), (REPO / "bench" / "gpu_bench_h100.json", "gpu_bench_h100")]  # (JSON, section)
+RUNS = [
+    (RUN, gpu_bench.SECTION),
+    (REPO / "bench" / "gpu_bench_h100.json", "gpu_bench_h100"),
+]  # (JSON, section)
 
 
 def _section(text: str, name: str) -> str:
@@ -27,7 +31,10 @@ def test_the_section_in_benchmarks_md_is_what_the_committed_run_renders(tmp_path
     start, end = gpu_bench.markers(name)
     out = tmp_path / "BENCHMARKS.md"
     out.write_text(f"# Benchmarks\nabove\n{start}\nold\n{end}\nbelow\n")
-    assert gpu_bench.main(["--report-only", "--json", str(run), "--out", str(out), "--section", name]) == 0
+    assert (
+        gpu_bench.main(["--report-only", "--json", str(run), "--out", str(out), "--section", name])
+        == 0
+    )
     text = out.read_text()
     assert text.startswith("# Benchmarks\nabove\n") and text.endswith(f"{end}\nbelow\n")
     assert _section(text, name) == _section((REPO / "BENCHMARKS.md").read_text(), name)
@@ -48,16 +55,25 @@ def test_the_reading_is_computed_from_the_run(tmp_path):
 
 def test_a_part_that_failed_on_the_gpu_is_reported_as_failed():
     results = json.loads(RUN.read_text())
-    results["caches"] = {"error": "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory"}
+    results["caches"] = {
+        "error": "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory"
+    }
     del results["strategies"], results["facts"]["gpu"]  # a smoke run on the CPU records no GPU
     text = "\n".join(gpu_bench.section(results))
     assert "Failed on the GPU: `RuntimeError: CUDA out of memory`" in text
-    assert "### Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)\n\nNot run." in text
+    assert (
+        "### Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)\n\nNot run."
+        in text
+    )
     assert "**Caches at" not in text and "**Batch 16 against batch 1**" not in text
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for machines without CUDA")
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="the refusal is for machines without CUDA"
+)
 def test_asking_for_cuda_without_one_is_refused_before_any_model_work(tmp_path):
-    with pytest.raises(SystemExit, match="--device cuda: no CUDA device is visible here; use --device cpu"):
+    with pytest.raises(
+        SystemExit, match="--device cuda: no CUDA device is visible here; use --device cpu"
+    ):
         gpu_bench.main(["--json", str(tmp_path / "g.json")])
     assert not (tmp_path / "g.json").exists()

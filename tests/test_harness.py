@@ -1,4 +1,5 @@
 """The lm-eval LM classes end to end, on tiny random checkpoints (offline, CPU)."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import lm_eval  # a hard dependency: missing, it must fail loudly, not skip
 import pytest
+from conftest import DATA, REPO_ROOT, require_shared
 from lm_eval.tasks import TaskManager
 
-from conftest import DATA, REPO_ROOT, require_shared
 from lm_eval_dvoting.core.answers import extract_answer
 from lm_eval_dvoting.integration.costs import CostedText
 from lm_eval_dvoting.integration.harness import LLaDAEvalModel
@@ -26,8 +27,13 @@ def _tasks(include: Path = TASKS) -> TaskManager:
 
 
 def _evaluate(lm, tasks, limit, **kwargs):
-    return lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=kwargs.pop("tm", None) or _tasks(),
-                                   **kwargs)
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        limit=limit,
+        task_manager=kwargs.pop("tm", None) or _tasks(),
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize(
@@ -35,7 +41,9 @@ def _evaluate(lm, tasks, limit, **kwargs):
     [("single", 1, 32), ("majority", 5, 5 * 16), ("hex", 25, None), ("dvoting", None, None)],
 )
 def test_each_strategy_runs_through_the_harness(tiny_llada_dir, strategy, samples, nfe):
-    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=16, device="cpu")
+    lm = LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=16, device="cpu"
+    )
     results = _evaluate(lm, ["dvoting_arith"], 3, gen_kwargs="max_gen_toks=32")
     figures = results["results"]["dvoting_arith"]
     # the score is the returned texts' answers against the targets, as logged
@@ -78,11 +86,17 @@ class _Request:
 
 def test_results_do_not_depend_on_batch_size_or_order(tiny_llada_dir):
     gen_kwargs = {"until": [], "max_gen_toks": 32, "dvoting_answer": "number"}
-    requests = [_Request(f"Please answer. {a}+{b}=?", gen_kwargs, doc_id=i)
-                for i, (a, b) in enumerate([(1, 2), (3, 4), (25, 7), (8, 8), (9, 1)])]
+    requests = [
+        _Request(f"Please answer. {a}+{b}=?", gen_kwargs, doc_id=i)
+        for i, (a, b) in enumerate([(1, 2), (3, 4), (25, 7), (8, 8), (9, 1)])
+    ]
     for strategy in ("dvoting", "majority"):
-        one = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=1, device="cpu")
-        many = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=8, device="cpu")
+        one = LLaDAEvalModel(
+            pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=1, device="cpu"
+        )
+        many = LLaDAEvalModel(
+            pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=8, device="cpu"
+        )
         alone = _responses(one, requests)
         batched = _responses(many, requests)
         reversed_order = _responses(many, requests[::-1])[::-1]
@@ -116,22 +130,35 @@ def test_unknown_model_args_and_gen_kwargs_are_rejected(tiny_llada_dir):
 
 def test_generation_kwargs_until_and_length(tiny_llada_dir):
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", device="cpu")
-    text, = lm.generate_until([_Request("1+1=?", {"max_gen_toks": 16, "until": []})])
+    (text,) = lm.generate_until([_Request("1+1=?", {"max_gen_toks": 16, "until": []})])
     assert text.nfe == 16
     first = str(text)
     assert first, "a random model should produce some characters"
     stop = first[len(first) // 2]
-    cut, = lm.generate_until([_Request("1+1=?", {"max_gen_toks": 16, "until": [stop]})])
+    (cut,) = lm.generate_until([_Request("1+1=?", {"max_gen_toks": 16, "until": [stop]})])
     assert str(cut) == first.split(stop)[0]
 
 
 def test_lm_eval_cli_runs_the_plugin_model(tiny_llada_dir, tmp_path):
     """The stock `lm_eval` command finds dvoting-llada and our tasks (via the start-up hook)."""
     command = [
-        sys.executable, "-m", "lm_eval", "--model", "dvoting-llada",
-        "--model_args", f"pretrained={tiny_llada_dir},strategy=single",
-        "--tasks", "dvoting_arith", "--limit", "2", "--device", "cpu", "--gen_kwargs", "max_gen_toks=32",
-        "--output_path", str(tmp_path / "out"),
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "dvoting-llada",
+        "--model_args",
+        f"pretrained={tiny_llada_dir},strategy=single",
+        "--tasks",
+        "dvoting_arith",
+        "--limit",
+        "2",
+        "--device",
+        "cpu",
+        "--gen_kwargs",
+        "max_gen_toks=32",
+        "--output_path",
+        str(tmp_path / "out"),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
@@ -145,9 +172,17 @@ def test_lm_eval_cli_runs_the_plugin_model(tiny_llada_dir, tmp_path):
 def test_every_reasoning_task_runs_offline(tiny_llada_dir, monkeypatch):
     """An offline harness run of a tiny model over --limit 5 of each task in the group."""
     monkeypatch.setenv("DVOTING_DATA_DIR", str(require_shared(DATA)))
-    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", batch_size=16, device="cpu")
+    lm = LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir), strategy="single", batch_size=16, device="cpu"
+    )
     results = _evaluate(lm, ["dvoting_reasoning"], 5, gen_kwargs="max_gen_toks=16")
-    for task in ("dvoting_gsm8k", "dvoting_math500", "dvoting_arc_challenge", "dvoting_mmlu", "dvoting_gpqa_diamond"):
+    for task in (
+        "dvoting_gsm8k",
+        "dvoting_math500",
+        "dvoting_arc_challenge",
+        "dvoting_mmlu",
+        "dvoting_gpqa_diamond",
+    ):
         figures = results["results"][task]
         assert figures["n_samples,extract"] == 1
         assert figures["nfe,extract"] == 16
@@ -180,11 +215,15 @@ def test_stock_loglikelihood_task_runs_offline(tiny_llada_dir, tmp_path):
     results = _evaluate(lm, ["arc_challenge_local"], 4, tm=_tasks(tmp_path))
     right = []
     for record in results["samples"]["arc_challenge_local"]:
-        scores = [resp[0][0] for resp in record["resps"]]  # one (loglikelihood, is_greedy) per choice
+        scores = [
+            resp[0][0] for resp in record["resps"]
+        ]  # one (loglikelihood, is_greedy) per choice
         # a log-likelihood (bound) of a continuation: finite, at most 0, and it tells choices apart
         assert all(math.isfinite(x) and x <= 0 for x in scores) and len(set(scores)) > 1, scores
         right.append(scores.index(max(scores)) == int(record["target"]))
-    assert results["results"]["arc_challenge_local"]["acc,none"] == pytest.approx(sum(right) / len(right))
+    assert results["results"]["arc_challenge_local"]["acc,none"] == pytest.approx(
+        sum(right) / len(right)
+    )
 
 
 def test_prefix_cache_model_arg(tiny_llada_dir):
@@ -192,10 +231,16 @@ def test_prefix_cache_model_arg(tiny_llada_dir):
     config, and refuses anything else."""
     lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", device="cpu")
     assert lm.get_model_info()["dvoting"]["settings"]["prefix_cache"] is False
-    cached = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", device="cpu",
-                            prefix_cache="True", max_gen_toks=32, block_length=8)
+    cached = LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir),
+        strategy="single",
+        device="cpu",
+        prefix_cache="True",
+        max_gen_toks=32,
+        block_length=8,
+    )
     assert cached.get_model_info()["dvoting"]["settings"]["prefix_cache"] is True
-    text, = cached.generate_until([_Request("1+1=?", {"max_gen_toks": 32})])
+    (text,) = cached.generate_until([_Request("1+1=?", {"max_gen_toks": 32})])
     assert text.nfe == 32
     with pytest.raises(ValueError, match="prefix_cache must be true or false"):
         LLaDAEvalModel(pretrained=str(tiny_llada_dir), prefix_cache="sometimes")

@@ -14,6 +14,7 @@ trace and the results' config. One test per convention (README, "Harness convent
 * results depend neither on the batch size nor on the requests beside them;
 * samples are seeded per document and per repeat (`repeats: N`), the same in every run.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,9 @@ from typing import Any
 
 import lm_eval
 import pytest
+from conftest import REPO_ROOT
 from lm_eval.tasks import TaskManager
 
-from conftest import REPO_ROOT
 from lm_eval_dvoting.core.answers import extract_answer, vote
 from lm_eval_dvoting.models.loading import load_tokenizer
 
@@ -32,14 +33,21 @@ TASKS = REPO_ROOT / "task_configs"
 ARITH_YAML = TASKS / "dvoting_arith.yaml"
 
 
-def _evaluate(model_args: str, tasks: list[str], limit: int, task_dirs: tuple[Path, ...] = (),
-              **kwargs: Any) -> dict[str, Any]:
+def _evaluate(
+    model_args: str, tasks: list[str], limit: int, task_dirs: tuple[Path, ...] = (), **kwargs: Any
+) -> dict[str, Any]:
     """One harness run of tiny-arith, as `lm_eval --model dvoting-llada --log_samples` does it."""
     # include_defaults=False: indexing lm-eval's ~15,000 stock task files takes seconds
     manager = TaskManager(include_path=[str(TASKS), *map(str, task_dirs)], include_defaults=False)
     return lm_eval.simple_evaluate(
-        model="dvoting-llada", model_args=f"pretrained=tiny-arith,{model_args}", tasks=tasks,
-        limit=limit, device="cpu", log_samples=True, task_manager=manager, verbosity="ERROR",
+        model="dvoting-llada",
+        model_args=f"pretrained=tiny-arith,{model_args}",
+        tasks=tasks,
+        limit=limit,
+        device="cpu",
+        log_samples=True,
+        task_manager=manager,
+        verbosity="ERROR",
         **kwargs,
     )
 
@@ -51,14 +59,18 @@ def _records(results: dict[str, Any], task: str = "dvoting_arith") -> list[dict[
 
 def _texts(results: dict[str, Any], task: str = "dvoting_arith") -> list[list[str]]:
     """Per document, the returned text of each repeat (`resps` is [[text, ...]] per document)."""
-    return [[str(text) for texts in rec["resps"] for text in texts] for rec in _records(results, task)]
+    return [
+        [str(text) for texts in rec["resps"] for text in texts] for rec in _records(results, task)
+    ]
 
 
 def _traces(results: dict[str, Any], task: str = "dvoting_arith") -> list[dict[str, Any]]:
     return [rec["dvoting_trace"] for rec in _records(results, task)]
 
 
-def _write_task(folder: Path, name: str, generation_kwargs: dict[str, Any], extra: str = "") -> Path:
+def _write_task(
+    folder: Path, name: str, generation_kwargs: dict[str, Any], extra: str = ""
+) -> Path:
     """A task YAML in `folder`: dvoting_arith under another name, with these generation kwargs."""
     folder.mkdir(parents=True, exist_ok=True)
     # JSON is YAML: the kwargs (backslashes included) are written exactly
@@ -75,8 +87,12 @@ def _write_task(folder: Path, name: str, generation_kwargs: dict[str, Any], extr
 def test_single_follows_the_tasks_do_sample_and_temperature():
     """`strategy=single` samples at the task's temperature when the task asks for sampling,
     over the model arg's."""
-    task_samples = _evaluate("strategy=single,temperature=0.3", ["dvoting_arith"], 6,
-                             gen_kwargs="do_sample=true,temperature=1.0")
+    task_samples = _evaluate(
+        "strategy=single,temperature=0.3",
+        ["dvoting_arith"],
+        6,
+        gen_kwargs="do_sample=true,temperature=1.0",
+    )
     model_samples = _evaluate("strategy=single,temperature=1.0", ["dvoting_arith"], 6)
     greedy = _evaluate("strategy=single", ["dvoting_arith"], 6)
     assert _texts(task_samples) == _texts(model_samples)
@@ -90,8 +106,9 @@ def test_single_follows_the_tasks_do_sample_and_temperature():
 @pytest.mark.parametrize("strategy, default_temperature", [("majority", 0.9), ("dvoting", 0.6)])
 def test_voting_strategies_keep_their_own_temperature(strategy, default_temperature):
     """A task's do_sample/temperature do not change a voting strategy's samples."""
-    asked = _evaluate(f"strategy={strategy}", ["dvoting_arith"], 4,
-                      gen_kwargs="do_sample=true,temperature=0.1")
+    asked = _evaluate(
+        f"strategy={strategy}", ["dvoting_arith"], 4, gen_kwargs="do_sample=true,temperature=0.1"
+    )
     plain = _evaluate(f"strategy={strategy}", ["dvoting_arith"], 4)
     assert _texts(asked) == _texts(plain)
     assert _traces(asked) == _traces(plain)
@@ -132,8 +149,11 @@ def test_returned_text_is_the_first_sample_carrying_the_voted_answer():
 def test_answer_is_extracted_after_the_tasks_until_cut(tmp_path):
     """With `until: ["."]` the text ends after the first step (`4+3=7`); the voted and the
     scored answer are that text's (7), not the full generation's boxed answer."""
-    _write_task(tmp_path, "probe_until_arith",
-                {"until": ["."], "max_gen_toks": 32, "do_sample": False, "dvoting_answer": "number"})
+    _write_task(
+        tmp_path,
+        "probe_until_arith",
+        {"until": ["."], "max_gen_toks": 32, "do_sample": False, "dvoting_answer": "number"},
+    )
     results = _evaluate("strategy=dvoting", ["probe_until_arith"], 6, task_dirs=(tmp_path,))
     tokenizer = load_tokenizer("tiny-arith")
     differs_from_uncut = 0
@@ -166,7 +186,10 @@ def test_answer_kind_comes_from_dvoting_answer_else_from_the_task_name(tmp_path)
         "probe_mmlu_arith": ({**base, "until": []}, "choice"),  # name says choice
         "probe_plain_arith": ({**base, "until": ["\\boxed"]}, "number"),  # no hint: number
         # declared beats the name, both ways
-        "probe_mmlu_declared_number": ({**base, "until": ["\\boxed"], "dvoting_answer": "number"}, "number"),
+        "probe_mmlu_declared_number": (
+            {**base, "until": ["\\boxed"], "dvoting_answer": "number"},
+            "number",
+        ),
         "probe_plain_declared_math": ({**base, "until": [], "dvoting_answer": "math"}, "math"),
     }
     for name, (kwargs, _) in probes.items():
@@ -179,11 +202,17 @@ def test_answer_kind_comes_from_dvoting_answer_else_from_the_task_name(tmp_path)
             for candidate in trace["candidates"]:
                 text = candidate["text"]
                 assert candidate["answer"] == extract_answer(text, kind), (name, text)
-                distinguished |= {k for k in others if extract_answer(text, k) != candidate["answer"]}
+                distinguished |= {
+                    k for k in others if extract_answer(text, k) != candidate["answer"]
+                }
         # the texts tell this kind apart from the other kind the name or the default gives
-        wrong = {"probe_minerva_arith": "number", "probe_mmlu_arith": "number",
-                 "probe_plain_arith": "math", "probe_mmlu_declared_number": "choice",
-                 "probe_plain_declared_math": "choice"}[name]
+        wrong = {
+            "probe_minerva_arith": "number",
+            "probe_mmlu_arith": "number",
+            "probe_plain_arith": "math",
+            "probe_mmlu_declared_number": "choice",
+            "probe_plain_declared_math": "choice",
+        }[name]
         assert wrong in distinguished, (name, distinguished)
 
 
@@ -193,17 +222,26 @@ def test_answer_kind_comes_from_dvoting_answer_else_from_the_task_name(tmp_path)
 def test_results_do_not_depend_on_batch_size_or_the_requests_beside_them(tmp_path):
     """dVoting (early stops, waves of different sizes) alone at batch 1, and at batch 8
     mixed with another task's longer prompts, which reorders and regroups the requests."""
-    _write_task(tmp_path, "probe_long_prompts",
-                {"until": [], "max_gen_toks": 32, "do_sample": False, "dvoting_answer": "number"},
-                extra='doc_to_text: "Think carefully, then answer. Please answer the question step by '
-                      'step and put the answer in \\\\boxed{}. {{question}}"\n')
+    _write_task(
+        tmp_path,
+        "probe_long_prompts",
+        {"until": [], "max_gen_toks": 32, "do_sample": False, "dvoting_answer": "number"},
+        extra='doc_to_text: "Think carefully, then answer. Please answer the question step by '
+        'step and put the answer in \\\\boxed{}. {{question}}"\n',
+    )
     alone = _evaluate("strategy=dvoting", ["dvoting_arith"], 6, batch_size=1)
-    mixed = _evaluate("strategy=dvoting", ["probe_long_prompts", "dvoting_arith"], 6,
-                      task_dirs=(tmp_path,), batch_size=8)
+    mixed = _evaluate(
+        "strategy=dvoting",
+        ["probe_long_prompts", "dvoting_arith"],
+        6,
+        task_dirs=(tmp_path,),
+        batch_size=8,
+    )
     assert _texts(alone) == _texts(mixed)
     assert _traces(alone) == _traces(mixed)
-    assert ([r["filtered_resps"] for r in _records(alone)]
-            == [r["filtered_resps"] for r in _records(mixed)])
+    assert [r["filtered_resps"] for r in _records(alone)] == [
+        r["filtered_resps"] for r in _records(mixed)
+    ]
     # the questions were really sampled (several samples, differing texts)
     assert len({t[0] for t in _texts(alone)}) > 1
     assert any(len(trace["candidates"]) > 1 for trace in _traces(alone))
@@ -226,10 +264,18 @@ def test_samples_are_seeded_per_document_and_repeat(tmp_path):
     """`repeats: 3` gives each repeat its own samples, documents with the same context get
     different samples, and a second run (at another batch size) gives the same ones."""
     (tmp_path / "probe_data.py").write_text(PROBE_DATA)
-    _write_task(tmp_path, "probe_repeats",
-                {"until": [], "max_gen_toks": 32, "do_sample": True, "temperature": 1.0,
-                 "dvoting_answer": "number"},
-                extra="custom_dataset: !function probe_data.load\nrepeats: 3\n")
+    _write_task(
+        tmp_path,
+        "probe_repeats",
+        {
+            "until": [],
+            "max_gen_toks": 32,
+            "do_sample": True,
+            "temperature": 1.0,
+            "dvoting_answer": "number",
+        },
+        extra="custom_dataset: !function probe_data.load\nrepeats: 3\n",
+    )
     first = _evaluate("strategy=single", ["probe_repeats"], 4, task_dirs=(tmp_path,), batch_size=1)
     again = _evaluate("strategy=single", ["probe_repeats"], 4, task_dirs=(tmp_path,), batch_size=8)
     texts = _texts(first, "probe_repeats")

@@ -8,15 +8,16 @@ score never depends on the batch, on the order of the requests or on which other
 requests run: these tests pin that derivation, because a change to it changes every
 published Monte-Carlo score of a run repeated with a later version.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
 from lm_eval_dvoting.core.strategies import derive_seed
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
 PAIRS = [("Please answer: 3+4=", " 7"), ("Please answer: 2+2=", " 4"), ("Q: 9-5=", " 4. 4+1=5")]
 DOCUMENTS = ["3+4=7. 7-2=5.", "The answer is \\boxed{8}.", "1+1=2. 2+2=4. 4+4=8."]
@@ -33,19 +34,27 @@ class RecordingHook:
 
 
 def _model(**kwargs) -> LLaDAEvalModel:
-    return LLaDAEvalModel(pretrained="tiny-arith", device="cpu", **{"mc_num": 4, "seed": 5, **kwargs})
+    return LLaDAEvalModel(
+        pretrained="tiny-arith", device="cpu", **{"mc_num": 4, "seed": 5, **kwargs}
+    )
 
 
 def _requests(kind: str, arguments: list[tuple]) -> list[Instance]:
-    return [Instance(request_type=kind, doc={}, arguments=args, idx=i, metadata=("demo", i, 1))
-            for i, args in enumerate(arguments)]
+    return [
+        Instance(request_type=kind, doc={}, arguments=args, idx=i, metadata=("demo", i, 1))
+        for i, args in enumerate(arguments)
+    ]
 
 
 def _expected_pairs(lm: LLaDAEvalModel, mc_num: int, seed: int) -> list[tuple[float, bool]]:
     encoded = [lm._encode_pair(context, continuation) for context, continuation in PAIRS]
-    return score_requests(lm.model, [(torch.tensor(c), torch.tensor(x)) for c, x in encoded], mc_num=mc_num,
-                          batch_size=lm.batch_rows,
-                          seeds=[derive_seed(seed, "loglikelihood", c, x) for c, x in encoded])
+    return score_requests(
+        lm.model,
+        [(torch.tensor(c), torch.tensor(x)) for c, x in encoded],
+        mc_num=mc_num,
+        batch_size=lm.batch_rows,
+        seeds=[derive_seed(seed, "loglikelihood", c, x) for c, x in encoded],
+    )
 
 
 def test_loglikelihood_scores_each_request_with_its_own_seed():
@@ -54,8 +63,12 @@ def test_loglikelihood_scores_each_request_with_its_own_seed():
     assert found == _expected_pairs(lm, mc_num=4, seed=5)
     assert all(isinstance(score, float) and isinstance(greedy, bool) for score, greedy in found)
     # not vacuous: another seed or another mc_num gives other estimates
-    assert [s for s, _ in _model(seed=6).loglikelihood(_requests("loglikelihood", PAIRS))] != [s for s, _ in found]
-    assert _model(mc_num=8).loglikelihood(_requests("loglikelihood", PAIRS)) == _expected_pairs(lm, 8, 5)
+    assert [s for s, _ in _model(seed=6).loglikelihood(_requests("loglikelihood", PAIRS))] != [
+        s for s, _ in found
+    ]
+    assert _model(mc_num=8).loglikelihood(_requests("loglikelihood", PAIRS)) == _expected_pairs(
+        lm, 8, 5
+    )
 
 
 def test_loglikelihood_does_not_depend_on_order_or_batch_size():
@@ -73,9 +86,14 @@ def test_loglikelihood_results_reach_the_cache_hook():
 
 
 def _expected_rolling(lm: LLaDAEvalModel, document: str) -> float:
-    return rolling_loglikelihood(lm.model, torch.tensor(lm.tok_encode(document)), mc_num=lm.mc_num,
-                                 seed=derive_seed(lm.seed, "rolling", document),
-                                 prefix_ids=torch.tensor([lm.prefix_token_id]), batch_size=lm.batch_rows)
+    return rolling_loglikelihood(
+        lm.model,
+        torch.tensor(lm.tok_encode(document)),
+        mc_num=lm.mc_num,
+        seed=derive_seed(lm.seed, "rolling", document),
+        prefix_ids=torch.tensor([lm.prefix_token_id]),
+        batch_size=lm.batch_rows,
+    )
 
 
 def test_loglikelihood_rolling_scores_each_document_with_its_own_seed():
@@ -85,8 +103,12 @@ def test_loglikelihood_rolling_scores_each_document_with_its_own_seed():
     found = lm.loglikelihood_rolling(_requests("loglikelihood_rolling", [(d,) for d in DOCUMENTS]))
     assert found == [_expected_rolling(lm, d) for d in DOCUMENTS]
     assert all(isinstance(score, float) and score < 0 for score in found)
-    assert hook.stored == [("loglikelihood_rolling", (d,), score) for d, score in zip(DOCUMENTS, found)]
-    other = _model(seed=6).loglikelihood_rolling(_requests("loglikelihood_rolling", [(d,) for d in DOCUMENTS]))
+    assert hook.stored == [
+        ("loglikelihood_rolling", (d,), score) for d, score in zip(DOCUMENTS, found)
+    ]
+    other = _model(seed=6).loglikelihood_rolling(
+        _requests("loglikelihood_rolling", [(d,) for d in DOCUMENTS])
+    )
     assert other != found
     alone = _model().loglikelihood_rolling(_requests("loglikelihood_rolling", [(DOCUMENTS[2],)]))
     assert alone == found[2:]

@@ -3,6 +3,7 @@
 The references here are written independently of `lm_eval_dvoting.core.likelihood`: one
 unpadded sequence per forward pass, no batching, every mask set enumerated.
 """
+
 from __future__ import annotations
 
 import functools
@@ -83,7 +84,12 @@ def test_monte_carlo_converges_to_the_exact_expectation(model):
     errors, estimates = {}, {}
     for mc_num in (16, 64, 256):
         results = score_requests(
-            model, [(context, continuation)] * len(seeds), mc_num=mc_num, batch_size=512, seeds=seeds, greedy=False
+            model,
+            [(context, continuation)] * len(seeds),
+            mc_num=mc_num,
+            batch_size=512,
+            seeds=seeds,
+            greedy=False,
         )
         estimates[mc_num] = torch.tensor([value for value, _ in results], dtype=torch.float64)
         errors[mc_num] = float((estimates[mc_num] - exact).abs().mean())
@@ -97,11 +103,16 @@ def test_monte_carlo_converges_to_the_exact_expectation(model):
 
 
 def test_results_do_not_depend_on_batch_size_or_order(model):
-    requests = [(_tokens(c, 10 + i), _tokens(n, 20 + i)) for i, (c, n) in enumerate([(3, 2), (9, 5), (1, 1), (6, 4), (2, 7)])]
+    requests = [
+        (_tokens(c, 10 + i), _tokens(n, 20 + i))
+        for i, (c, n) in enumerate([(3, 2), (9, 5), (1, 1), (6, 4), (2, 7)])
+    ]
     seeds = [5, 6, 7, 8, 9]
     reference = score_requests(model, requests, mc_num=12, batch_size=1, seeds=seeds)
     batched = score_requests(model, requests, mc_num=12, batch_size=7, seeds=seeds)
-    backwards = score_requests(model, requests[::-1], mc_num=12, batch_size=7, seeds=seeds[::-1])[::-1]
+    backwards = score_requests(model, requests[::-1], mc_num=12, batch_size=7, seeds=seeds[::-1])[
+        ::-1
+    ]
     for other in (batched, backwards):
         for (value, greedy), (value2, greedy2) in zip(reference, other):
             assert value == pytest.approx(value2, abs=1e-5, rel=1e-6)
@@ -131,12 +142,16 @@ def test_context_is_never_masked_and_levels_are_uniform(model):
     mc_num = 40
     recorded = loglikelihood(recorder, context, continuation, mc_num=mc_num, seed=1, batch_size=16)
     # the whole-logits path (any module) agrees with the head-at-scored-positions path
-    assert recorded == pytest.approx(loglikelihood(model, context, continuation, mc_num=mc_num, seed=1), abs=1e-5)
+    assert recorded == pytest.approx(
+        loglikelihood(model, context, continuation, mc_num=mc_num, seed=1), abs=1e-5
+    )
     rows = torch.cat([ids for ids, _ in recorder.calls])
     assert len(rows) == mc_num and all(len(call[0]) <= 16 for call in recorder.calls)
     assert torch.equal(rows[:, : len(context)], context.expand(mc_num, -1))  # context intact
     masked = rows[:, len(context) :] == model.mask_token_id
-    assert torch.equal(torch.where(masked, continuation, rows[:, len(context) :]), continuation.expand(mc_num, -1))
+    assert torch.equal(
+        torch.where(masked, continuation, rows[:, len(context) :]), continuation.expand(mc_num, -1)
+    )
     # stratified levels: every l in 1..4 is used mc_num / 4 = 10 times
     assert torch.bincount(masked.sum(1), minlength=5).tolist() == [0, 10, 10, 10, 10]
 
@@ -162,9 +177,16 @@ def test_greedy_flag_accepts_the_greedy_continuation_only(model):
     for continuation, expected in ((greedy_continuation, True), (other, False)):
         [(_, flag)] = score_requests(model, [(context, continuation)], mc_num=1, seeds=[0])
         assert flag is expected
-    flags = [greedy for _, greedy in score_requests(
-        model, [(context, other), (context, greedy_continuation)], mc_num=2, seeds=[0, 0], batch_size=3
-    )]
+    flags = [
+        greedy
+        for _, greedy in score_requests(
+            model,
+            [(context, other), (context, greedy_continuation)],
+            mc_num=2,
+            seeds=[0, 0],
+            batch_size=3,
+        )
+    ]
     assert flags == [False, True]
 
 
@@ -199,16 +221,18 @@ def test_rolling_windows_tile_the_document():
     for context, continuation in windows:
         assert len(context) + len(continuation) <= 128 and context[0] == 7
         start = int(continuation[0])
-        assert torch.equal(context[1:], document[start - len(context) + 1 : start])  # nearest history
+        assert torch.equal(
+            context[1:], document[start - len(context) + 1 : start]
+        )  # nearest history
     assert len(rolling_windows(document[:127], max_length=128, prefix_ids=torch.tensor([7]))) == 1
 
 
 def test_rolling_loglikelihood(model):
     prefix = torch.tensor([240])  # the fixtures' BOS / end-of-text id
     short = _tokens(10, 15)
-    assert rolling_loglikelihood(model, short, mc_num=4, seed=2, prefix_ids=prefix) == pytest.approx(
-        loglikelihood(model, prefix, short, mc_num=4, seed=2), abs=1e-6
-    )
+    assert rolling_loglikelihood(
+        model, short, mc_num=4, seed=2, prefix_ids=prefix
+    ) == pytest.approx(loglikelihood(model, prefix, short, mc_num=4, seed=2), abs=1e-6)
     document = _tokens(model.max_length + 30, 16)
     windows = rolling_windows(document, max_length=model.max_length, prefix_ids=prefix)
     total = rolling_loglikelihood(model, document, mc_num=2, seed=2, prefix_ids=prefix)
@@ -219,5 +243,13 @@ def test_progress_counts_every_request(model):
     requests = [(_tokens(3, i), _tokens(i % 3, 30 + i)) for i in range(5)]
     for greedy in (True, False):
         done: list[int] = []
-        score_requests(model, requests, mc_num=3, batch_size=2, seeds=range(5), progress=done.append, greedy=greedy)
+        score_requests(
+            model,
+            requests,
+            mc_num=3,
+            batch_size=2,
+            seeds=range(5),
+            progress=done.append,
+            greedy=greedy,
+        )
         assert sum(done) == len(requests)

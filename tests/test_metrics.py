@@ -1,4 +1,5 @@
 """The paper's measures (ALGORITHM.md section 4) on hand-computed cases."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,16 +17,12 @@ from lm_eval_dvoting.core.metrics import (
 
 # Three samples of one question, four generation positions. Most frequent token's
 # count per position: 3 (all hold 1), 2 (two hold 2), 2 (two hold 5), 1 (all differ).
-THREE = [[1, 2, 3, 4],
-         [1, 2, 5, 6],
-         [1, 7, 5, 8]]
+THREE = [[1, 2, 3, 4], [1, 2, 5, 6], [1, 7, 5, 8]]
 
 
 def test_position_and_token_agreement():
     assert position_agreement(THREE) == [3, 2, 2, 1]
-    assert token_agreement(THREE) == [[3, 2, 1, 1],
-                                      [3, 2, 2, 1],
-                                      [3, 1, 2, 1]]
+    assert token_agreement(THREE) == [[3, 2, 1, 1], [3, 2, 2, 1], [3, 1, 2, 1]]
 
 
 def test_nupr_at_k_hand_computed():
@@ -110,7 +107,9 @@ def test_benefit_per_cost_paper_example():
 
 
 def test_benefit_per_cost_other_cases():
-    assert benefit_per_cost(80.0, 70.0, 256, 128) == pytest.approx(5.0)  # +10 points at twice the cost
+    assert benefit_per_cost(80.0, 70.0, 256, 128) == pytest.approx(
+        5.0
+    )  # +10 points at twice the cost
     assert benefit_per_cost(70.0, 70.0, 640, 128) == 0.0
     assert benefit_per_cost(65.0, 70.0, 640, 128) == pytest.approx(-1.0)
     assert benefit_per_cost(60.0, 70.0, 64, 128) == pytest.approx(-20.0)  # cheaper and worse

@@ -4,6 +4,7 @@ The reference numbers are `expected.safetensors` in the official-tiny fixtures, 
 by the upstream modeling code; everything else here is checked against our own
 float32 forward pass of the unpadded sequence.
 """
+
 from __future__ import annotations
 
 import functools
@@ -124,7 +125,10 @@ def test_official_ids_default_for_an_official_size_vocabulary(tiny_llada_dir: Pa
     from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
 
     model = LLaDAModel(LLaDAConfig.from_dict(config))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(folder / "model.safetensors"),
+    )
     loaded = load_model(folder, device="cpu")
     assert loaded.mask_token_id == 126336
     assert set(loaded.end_token_ids) == {126081, 126348}
@@ -137,8 +141,10 @@ def test_sharded_loading(llada_fixture: Path, tmp_path: Path):
     folder = _copy(llada_fixture, tmp_path, skip=("model.safetensors",))
     tensors = load_file(str(llada_fixture / "model.safetensors"))
     names = sorted(tensors)
-    halves = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    halves = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     weight_map = {}
     for shard, shard_names in halves.items():
         save_file({n: tensors[n] for n in shard_names}, str(folder / shard))
@@ -235,19 +241,29 @@ def _write_dream_style_tokenizer(folder: Path) -> dict[str, int]:
     vocab["<|endoftext|>"] = len(vocab)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.json").write_text(json.dumps(vocab))
-    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "DreamTokenizer",
-        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
-        "eos_token": "<|endoftext|>",
-        "pad_token": "<|endoftext|>",
-        "added_tokens_decoder": {
-            str(vocab["<|endoftext|>"]): {
-                "content": "<|endoftext|>", "special": True, "lstrip": False,
-                "rstrip": False, "normalized": False, "single_word": False,
+    (folder / "merges.txt").write_text(
+        "#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n"
+    )
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "DreamTokenizer",
+                "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "added_tokens_decoder": {
+                    str(vocab["<|endoftext|>"]): {
+                        "content": "<|endoftext|>",
+                        "special": True,
+                        "lstrip": False,
+                        "rstrip": False,
+                        "normalized": False,
+                        "single_word": False,
+                    }
+                },
             }
-        },
-    }))
+        )
+    )
     (folder / "config.json").write_text(json.dumps({"model_type": "Dream"}))
     return vocab
 
@@ -264,7 +280,13 @@ def test_load_tokenizer_falls_back_to_qwen2_for_dream(tmp_path: Path):
     tokenizer = load_tokenizer(folder)
     assert type(tokenizer).__name__ == "Qwen2Tokenizer"
     ids = tokenizer("cat the<|endoftext|>")["input_ids"]
-    assert ids == [vocab["c"], vocab["a"], vocab["t"], vocab["Ġthe"], vocab["<|endoftext|>"]]  # merges applied
+    assert ids == [
+        vocab["c"],
+        vocab["a"],
+        vocab["t"],
+        vocab["Ġthe"],
+        vocab["<|endoftext|>"],
+    ]  # merges applied
     assert tokenizer.eos_token_id == vocab["<|endoftext|>"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == "cat the"
 
@@ -279,7 +301,10 @@ def test_load_tokenizer_without_tokenizer_files_says_so(folder: Path):
 def test_load_tokenizer_plain(tiny_llada_dir: Path):
     tokenizer = load_tokenizer(tiny_llada_dir)
     text = "12+3=15"
-    assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True).replace(" ", "") == text
+    assert (
+        tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True).replace(" ", "")
+        == text
+    )
 
 
 def test_prefix_cache_reproduces_the_full_pass(folder: Path):
@@ -296,14 +321,27 @@ def test_prefix_cache_reproduces_the_full_pass(folder: Path):
     record = PrefixCache()
     with torch.no_grad():
         full = model.hidden_states(ids, attention, positions, cache=record)
-        assert torch.equal(full, model.hidden_states(ids, attention, positions))  # recording changes nothing
+        assert torch.equal(
+            full, model.hidden_states(ids, attention, positions)
+        )  # recording changes nothing
         cut = 10
-        prefix = PrefixCache(keys=[k[:, :, :cut] for k in record.new_keys],
-                             values=[v[:, :, :cut] for v in record.new_values], mask=attention[:, :cut])
-        suffix = model.hidden_states(ids[:, cut:], attention[:, cut:], positions[:, cut:], cache=prefix)
+        prefix = PrefixCache(
+            keys=[k[:, :, :cut] for k in record.new_keys],
+            values=[v[:, :, :cut] for v in record.new_values],
+            mask=attention[:, :cut],
+        )
+        suffix = model.hidden_states(
+            ids[:, cut:], attention[:, cut:], positions[:, cut:], cache=prefix
+        )
         torch.testing.assert_close(suffix, full[:, cut:], rtol=0, atol=1e-5)
         # a stale prefix (other tokens) really changes the suffix: the cache is used
-        other = PrefixCache(keys=[k.flip(2)[:, :, :cut] for k in record.new_keys],
-                            values=[v.flip(2)[:, :, :cut] for v in record.new_values], mask=attention[:, :cut])
-        assert not torch.allclose(model.hidden_states(ids[:, cut:], attention[:, cut:], positions[:, cut:],
-                                                      cache=other), full[:, cut:], atol=1e-4)
+        other = PrefixCache(
+            keys=[k.flip(2)[:, :, :cut] for k in record.new_keys],
+            values=[v.flip(2)[:, :, :cut] for v in record.new_values],
+            mask=attention[:, :cut],
+        )
+        assert not torch.allclose(
+            model.hidden_states(ids[:, cut:], attention[:, cut:], positions[:, cut:], cache=other),
+            full[:, cut:],
+            atol=1e-4,
+        )

@@ -1,5 +1,6 @@
 """The native LLaDA-MoE and LLaDA2 modules (issue 22) against the tensors the upstream code
 computed (tests/fixtures/official-tiny/README.md), and the loader telling the families apart."""
+
 from __future__ import annotations
 
 import functools
@@ -40,7 +41,9 @@ def test_llada_moe_reproduces_upstream_logits(llada_moe_fixture: Path):
     assert _gap(plain, expected["logits"]) < TOLERANCE
     # the padded batch: row 1's pad keys removed (not upstream's ignored mask)
     assert _gap(padded, expected["logits_masked_dllm"]) < TOLERANCE
-    assert _gap(expected["logits"][1, 3:], expected["logits_masked_dllm"][1, 3:]) > 1e-2  # not vacuous
+    assert (
+        _gap(expected["logits"][1, 3:], expected["logits_masked_dllm"][1, 3:]) > 1e-2
+    )  # not vacuous
 
 
 def test_llada2_reproduces_upstream_logits(llada2_fixture: Path):
@@ -49,7 +52,11 @@ def test_llada2_reproduces_upstream_logits(llada2_fixture: Path):
     with torch.no_grad():
         plain = model(ids)
         padded = model(ids, expected["attention_mask"])
-        block = model(ids, position_ids=expected["position_ids"].expand(2, -1), block_lengths=torch.tensor([4, 4]))
+        block = model(
+            ids,
+            position_ids=expected["position_ids"].expand(2, -1),
+            block_lengths=torch.tensor([4, 4]),
+        )
     assert model.family == "llada2"
     assert _gap(plain, expected["logits"]) < TOLERANCE
     assert _gap(padded, expected["logits_pad4d"]) < TOLERANCE
@@ -86,7 +93,9 @@ def test_experts_run_batched_equal_a_loop_over_tokens():
     chosen = torch.randint(0, 5, (11, 2))
     chosen[:, 1] = (chosen[:, 0] + 1) % 5  # two different experts per token
     weights = torch.rand(11, 2)
-    slow = torch.stack([sum(weights[t, j] * experts[int(chosen[t, j])](x[t]) for j in range(2)) for t in range(11)])
+    slow = torch.stack(
+        [sum(weights[t, j] * experts[int(chosen[t, j])](x[t]) for j in range(2)) for t in range(11)]
+    )
     assert _gap(experts(x, chosen, weights), slow) < 1e-5
 
 

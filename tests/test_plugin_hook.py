@@ -4,6 +4,7 @@ Hook behaviour is checked in subprocesses (the hook acts at import time, so each
 needs a fresh interpreter) that import `_lm_eval_dvoting_startup` from the checkout,
 as the installed `.pth` file would.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,20 +14,26 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT
 
 from lm_eval_dvoting.commands import cli
-
 from lm_eval_dvoting.integration import plugin
+
+
 def run_hooked(code: str, **env_extra: str) -> str:
     """Run `code` in a fresh interpreter with the start-up hook loaded first."""
     env = {k: v for k, v in os.environ.items() if k != "LM_EVAL_DVOTING_DISABLE_HOOK"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     env.update(env_extra)
     prelude = "import _lm_eval_dvoting_startup\n"
-    proc = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)],
-                          env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "start-up hook skipped" not in proc.stderr, proc.stderr
     return proc.stdout
@@ -35,10 +42,14 @@ def run_hooked(code: str, **env_extra: str) -> str:
 def test_models_match_pyproject_entry_points() -> None:
     # the one conditional import: tomllib is in the standard library from Python 3.11 only,
     # and requires-python is >=3.10 (no TOML reader is a dependency there)
-    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
+    tomllib = pytest.importorskip(
+        "tomllib", reason="tomllib is in the standard library from Python 3.11"
+    )
     meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert meta["entry-points"]["lm_eval.models"] == plugin.MODELS
-    assert meta["entry-points"]["lm_eval.tasks"] == {"dvoting": "lm_eval_dvoting.integration.plugin:TASK_DIR"}
+    assert meta["entry-points"]["lm_eval.tasks"] == {
+        "dvoting": "lm_eval_dvoting.integration.plugin:TASK_DIR"
+    }
     assert meta["scripts"] == {"dvoting": "lm_eval_dvoting.commands.cli:main"}
 
 
@@ -99,7 +110,8 @@ def test_hook_adds_task_folder_to_every_task_manager(tmp_path: Path) -> None:
 
 
 def test_hook_can_be_disabled() -> None:
-    out = run_hooked("""
+    out = run_hooked(
+        """
         import sys
         from lm_eval.api.registry import get_model, model_registry
         get_model('dummy')
@@ -107,7 +119,9 @@ def test_hook_can_be_disabled() -> None:
         print('dvoting-llada' in model_registry, hasattr(TaskManager.__init__, '__wrapped__'),
               len(sys.meta_path) == len([f for f in sys.meta_path
                                          if type(f).__name__ != '_LmEvalWatcher']))
-    """, LM_EVAL_DVOTING_DISABLE_HOOK="1")
+    """,
+        LM_EVAL_DVOTING_DISABLE_HOOK="1",
+    )
     assert out.split() == ["False", "False", "True"]
 
 
@@ -133,12 +147,19 @@ def test_startup_cost_is_small() -> None:
     # (os and sys are loaded already), in particular not the package or typing.
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import _lm_eval_dvoting_startup"],
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT,
-        capture_output=True, text=True, timeout=60)
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     # "import time: self | cumulative | <indent>name"; children precede their parent
-    rows = [line.split("|") for line in proc.stderr.splitlines()
-            if line.startswith("import time:") and line.count("|") == 2]
+    rows = [
+        line.split("|")
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    ]
     names = [row[2] for row in rows]
     at = next(i for i, n in enumerate(names) if n.strip() == "_lm_eval_dvoting_startup")
     depth = len(names[at]) - len(names[at].lstrip())
@@ -152,6 +173,7 @@ def test_startup_cost_is_small() -> None:
 
 
 # ---- the `dvoting` command ------------------------------------------------------------
+
 
 def test_cli_usage_and_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([]) == 2
@@ -175,8 +197,7 @@ def test_cli_missing_subcommand_module_is_a_clear_error(monkeypatch: pytest.Monk
 def test_cli_dispatches_with_argv(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
     monkeypatch.setitem(cli.COMMANDS, "echo", ("lm_eval_dvoting.commands.cli:_test_echo", "?"))
-    monkeypatch.setattr(cli, "_test_echo", lambda argv: seen.append(list(argv)) or 3,
-                        raising=False)
+    monkeypatch.setattr(cli, "_test_echo", lambda argv: seen.append(list(argv)) or 3, raising=False)
     assert cli.main(["echo", "--x", "1"]) == 3
     assert seen == [["--x", "1"]]
 
@@ -184,11 +205,19 @@ def test_cli_dispatches_with_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---- what the hook changes in lm-eval besides registration ------------------------------
 
 RESULTS = {
-    "results": {"dvoting_arith": {
-        "alias": "dvoting_arith", "exact_match,extract": 0.5, "exact_match_stderr,extract": 0.1,
-        "dvoting_trace,extract": 20, "dvoting_trace_stderr,extract": "N/A",
-        "nfe,extract": 14.0, "nfe_stderr,extract": "N/A"}},
-    "versions": {"dvoting_arith": 1.0}, "n-shot": {"dvoting_arith": 0},
+    "results": {
+        "dvoting_arith": {
+            "alias": "dvoting_arith",
+            "exact_match,extract": 0.5,
+            "exact_match_stderr,extract": 0.1,
+            "dvoting_trace,extract": 20,
+            "dvoting_trace_stderr,extract": "N/A",
+            "nfe,extract": 14.0,
+            "nfe_stderr,extract": "N/A",
+        }
+    },
+    "versions": {"dvoting_arith": 1.0},
+    "n-shot": {"dvoting_arith": 0},
     "higher_is_better": {"dvoting_arith": {"exact_match": True, "nfe": False}},
 }
 
@@ -213,17 +242,34 @@ def test_printed_table_leaves_out_the_trace() -> None:
 
 def test_table_filter_keeps_other_metrics_and_shapes() -> None:
     shown = plugin._shown_metrics(RESULTS["results"]["dvoting_arith"])
-    assert sorted(shown) == ["alias", "exact_match,extract", "exact_match_stderr,extract",
-                             "nfe,extract", "nfe_stderr,extract"]
+    assert sorted(shown) == [
+        "alias",
+        "exact_match,extract",
+        "exact_match_stderr,extract",
+        "nfe,extract",
+        "nfe_stderr,extract",
+    ]
     assert plugin._shown_metrics("not a dict") == "not a dict"
 
 
-@pytest.mark.parametrize("tasks, ours", [
-    ("dvoting_arith", True), (["dvoting_arith,dvoting_gsm8k"], True),
-    ("dvoting_reasoning", True), ([" dvoting_arith ", "dvoting_mmlu"], True),
-    ("dvoting_arith,gsm8k_cot_zeroshot", False), ("gsm8k", False), ("dvoting", False),
-    ("dvoting_*", False), ("task_configs/dvoting_arith.yaml", False), ("", False),
-    ([], False), (None, False), ([{"task": "dvoting_arith"}], False)])
+@pytest.mark.parametrize(
+    "tasks, ours",
+    [
+        ("dvoting_arith", True),
+        (["dvoting_arith,dvoting_gsm8k"], True),
+        ("dvoting_reasoning", True),
+        ([" dvoting_arith ", "dvoting_mmlu"], True),
+        ("dvoting_arith,gsm8k_cot_zeroshot", False),
+        ("gsm8k", False),
+        ("dvoting", False),
+        ("dvoting_*", False),
+        ("task_configs/dvoting_arith.yaml", False),
+        ("", False),
+        ([], False),
+        (None, False),
+        ([{"task": "dvoting_arith"}], False),
+    ],
+)
 def test_asks_only_ours(tasks: object, ours: bool) -> None:
     assert plugin.asks_only_ours(tasks) is ours
 

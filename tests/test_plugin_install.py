@@ -8,6 +8,7 @@ site-packages (lm-eval, torch, pip, hatchling come from there), then
 The copy gets a probe task YAML, so these tests never depend on (or touch) the real
 `task_configs/` contents.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import hatchling  # noqa: F401 - the [test] extra; building the package offline needs it
 import pytest
-
 from conftest import REPO_ROOT
 
 PROBE_TASK = "dvoting_plugin_probe"
@@ -38,25 +38,49 @@ PROBE_YAML = textwrap.dedent(
     """
 )
 _COPY_IGNORE = shutil.ignore_patterns(
-    ".venv", ".ci-venv", ".git", "__pycache__", "*.pyc", "*.egg-info", "build", "dist",
-    "runs", ".pytest_cache",
+    ".venv",
+    ".ci-venv",
+    ".git",
+    "__pycache__",
+    "*.pyc",
+    "*.egg-info",
+    "build",
+    "dist",
+    "runs",
+    ".pytest_cache",
 )
 
 
-def run(args: list[str | Path], *, env_extra: dict[str, str] | None = None,
-        cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(
+    args: list[str | Path],
+    *,
+    env_extra: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
     """Run a command offline and quietly; fail the test with its output if it fails.
 
     The default working directory is a neutral one: `python -c` puts the current
     directory first on sys.path, and from the checkout that would shadow the install.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1",
-               LM_EVAL_DVOTING_DISABLE_HOOK="")
+    env.update(
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PIP_NO_INDEX="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        LM_EVAL_DVOTING_DISABLE_HOOK="",
+    )
     env.update(env_extra or {})
-    proc = subprocess.run([str(a) for a in args], env=env, cwd=cwd or _NEUTRAL_CWD, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(a) for a in args],
+        env=env,
+        cwd=cwd or _NEUTRAL_CWD,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         pytest.fail(f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -97,22 +121,61 @@ def make_env(root: Path, mode: str, *, with_parent: bool = True) -> Env:
         parent = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
         # "zzz": read last, so the venv's own installs come first on sys.path
         (env.site_packages / "zzz_parent_site_packages.pth").write_text(
-            "\n".join(sorted(parent)) + "\n")
+            "\n".join(sorted(parent)) + "\n"
+        )
         editable = ["-e"] if mode == "editable" else []
-        run([env.python, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-             "--no-index", "-q", *editable, env.src])
+        run(
+            [
+                env.python,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "-q",
+                *editable,
+                env.src,
+            ]
+        )
     else:  # no pip, no hatchling in the venv: build here, install the wheel there
         assert mode == "wheel"
         dist = root / "dist"
-        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-             "--no-index", "-q", "-w", dist, env.src])
-        run([sys.executable, "-m", "pip", "--python", env.python, "install", "--no-deps",
-             "--no-index", "-q", *dist.glob("*.whl")])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--no-index",
+                "-q",
+                "-w",
+                dist,
+                env.src,
+            ]
+        )
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                env.python,
+                "install",
+                "--no-deps",
+                "--no-index",
+                "-q",
+                *dist.glob("*.whl"),
+            ]
+        )
     if with_parent:
         # The stock `lm_eval` console script, written as pip writes it for lm-eval.
         env.bin.joinpath("lm_eval").write_text(
             f"#!{env.python}\nimport sys\nfrom lm_eval.__main__ import cli_evaluate\n"
-            "sys.exit(cli_evaluate())\n")
+            "sys.exit(cli_evaluate())\n"
+        )
         env.bin.joinpath("lm_eval").chmod(0o755)
     return env
 
@@ -161,8 +224,11 @@ def test_task_manager_sees_our_tasks(installed: Env) -> None:
     """)
     folder, tasks = out.splitlines()
     assert PROBE_TASK in tasks.split()
-    expected = (installed.site_packages / "lm_eval_dvoting" / "task_configs"
-                if installed.mode == "wheel" else installed.src / "task_configs")
+    expected = (
+        installed.site_packages / "lm_eval_dvoting" / "task_configs"
+        if installed.mode == "wheel"
+        else installed.src / "task_configs"
+    )
     assert Path(folder).resolve() == expected.resolve()
 
 
@@ -188,8 +254,10 @@ def test_python_m_lm_eval_lists_our_tasks(installed: Env) -> None:
 @pytest.mark.slow
 def test_dvoting_eval_wrapper_lists_our_tasks(installed: Env) -> None:
     # the explicit fallback works with the start-up hook switched off
-    _lists_our_tasks([installed.bin / "dvoting", "eval", "ls", "tasks"],
-                     env_extra={"LM_EVAL_DVOTING_DISABLE_HOOK": "1"})
+    _lists_our_tasks(
+        [installed.bin / "dvoting", "eval", "ls", "tasks"],
+        env_extra={"LM_EVAL_DVOTING_DISABLE_HOOK": "1"},
+    )
 
 
 def test_dvoting_console_script(installed: Env) -> None:
@@ -198,7 +266,8 @@ def test_dvoting_console_script(installed: Env) -> None:
 
 
 def test_disable_env_turns_hook_off(installed: Env) -> None:
-    out = installed.py("""
+    out = installed.py(
+        """
         import sys
         from lm_eval.api.registry import get_model, model_registry
         get_model('dummy')
@@ -206,7 +275,9 @@ def test_disable_env_turns_hook_off(installed: Env) -> None:
         from lm_eval_dvoting.integration import plugin
         plugin.register()  # the explicit fallback `dvoting eval` uses
         print(get_model('dvoting-llada').__name__)
-    """, env_extra={"LM_EVAL_DVOTING_DISABLE_HOOK": "1"})
+    """,
+        env_extra={"LM_EVAL_DVOTING_DISABLE_HOOK": "1"},
+    )
     assert out.split() == ["False", "LLaDAEvalModel"]
 
 
@@ -214,13 +285,30 @@ def test_accelerate_launch_uses_same_interpreter(installed: Env, tmp_path: Path)
     if installed.mode != "wheel":
         pytest.skip("one install mode is enough: this checks accelerate, not the install")
     import accelerate  # noqa: F401 - a hard dependency: missing, it must fail loudly
+
     script = tmp_path / "probe.py"
-    script.write_text("import sys\nfrom lm_eval.api.registry import get_model\n"
-                      "print(sys.executable, get_model('dvoting-llada').__name__)\n")
-    out = run([installed.python, "-m", "accelerate.commands.launch", "--cpu",
-               "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
-               "--dynamo_backend", "no", script],
-              env_extra={"ACCELERATE_USE_CPU": "1", "HOME": str(tmp_path)}).stdout
+    script.write_text(
+        "import sys\nfrom lm_eval.api.registry import get_model\n"
+        "print(sys.executable, get_model('dvoting-llada').__name__)\n"
+    )
+    out = run(
+        [
+            installed.python,
+            "-m",
+            "accelerate.commands.launch",
+            "--cpu",
+            "--num_processes",
+            "1",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            script,
+        ],
+        env_extra={"ACCELERATE_USE_CPU": "1", "HOME": str(tmp_path)},
+    ).stdout
     executable, name = out.strip().splitlines()[-1].rsplit(" ", 1)
     assert name == "LLaDAEvalModel"
     assert Path(executable).parent == installed.bin
@@ -229,13 +317,19 @@ def test_accelerate_launch_uses_same_interpreter(installed: Env, tmp_path: Path)
 def test_startup_without_lm_eval(tmp_path: Path) -> None:
     """A venv with the plugin but without lm-eval (or torch): start-up is unharmed."""
     env = make_env(tmp_path, "wheel", with_parent=False)
-    proc = run([env.python, "-c", textwrap.dedent("""
+    proc = run(
+        [
+            env.python,
+            "-c",
+            textwrap.dedent("""
         import sys
         print('_lm_eval_dvoting_startup' in sys.modules)
         try:
             import lm_eval.api.registry
         except ModuleNotFoundError as exc:
             print(exc.name)
-    """)])
+    """),
+        ]
+    )
     assert proc.stdout.split() == ["True", "lm_eval"]
     assert proc.stderr == ""

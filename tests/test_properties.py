@@ -5,6 +5,7 @@ Every property runs under `derandomize=True` and without an example database, so
 run draws the same examples: the suite stays deterministic and leaves no files. The
 model-driven properties use few examples on the shipped demo model (tiny-arith).
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,28 +13,32 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lm_eval.api.instance import Instance
+from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 
 from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer, tally, vote
-from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.core.metrics import consistency_level
 from lm_eval_dvoting.core.strategies import run_strategy, should_stop_early
-from scripted import ScriptedAnswers, ScriptedModel, gen_choices
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
 # pure functions: many examples, still well under a second each
 PURE = settings(max_examples=150, deadline=None, derandomize=True, database=None)
 # math-verify (sympy) costs milliseconds per comparison
 SYMPY = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 # a model in the loop: few examples
-MODEL = settings(max_examples=6, deadline=None, derandomize=True, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+MODEL = settings(
+    max_examples=6,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-integers = st.integers(min_value=-10**12, max_value=10**12)
-fractions = st.builds(Fraction, st.integers(-10**6, 10**6), st.integers(1, 2000))
+integers = st.integers(min_value=-(10**12), max_value=10**12)
+fractions = st.builds(Fraction, st.integers(-(10**6), 10**6), st.integers(1, 2000))
 
 
 def _number(text: str) -> str | None:
@@ -74,8 +79,12 @@ def test_spellings_of_a_fraction_are_one_answer(value):
     canonical string, which reads back as the same value."""
     p, q = abs(value.numerator), value.denominator
     sign = "-" if value < 0 else ""
-    spellings = [f"{sign}\\frac{{{p}}}{{{q}}}", f"{sign}\\dfrac{{{p}}}{{{q}}}", f"{sign}{p}/{q}",
-                 f"{sign}{p * 3}/{q * 3}"]  # unreduced
+    spellings = [
+        f"{sign}\\frac{{{p}}}{{{q}}}",
+        f"{sign}\\dfrac{{{p}}}{{{q}}}",
+        f"{sign}{p}/{q}",
+        f"{sign}{p * 3}/{q * 3}",
+    ]  # unreduced
     canonical = {_number(f"\\boxed{{{s}}}") for s in spellings}
     assert len(canonical) == 1, canonical
     (answer,) = canonical
@@ -91,7 +100,10 @@ def test_spellings_of_a_fraction_are_one_answer(value):
 @given(fractions, fractions)
 def test_different_values_are_different_answers(a, b):
     """Normalisation never merges two values: canonical strings are equal iff values are."""
-    ca, cb = _number(f"\\boxed{{{a.numerator}/{a.denominator}}}"), _number(f"\\boxed{{{b.numerator}/{b.denominator}}}")
+    ca, cb = (
+        _number(f"\\boxed{{{a.numerator}/{a.denominator}}}"),
+        _number(f"\\boxed{{{b.numerator}/{b.denominator}}}"),
+    )
     assert (ca == cb) == (a == b)
     assert answers_equivalent(ca, cb, "number") == (a == b)
     assert answers_equivalent(ca, cb, "number") == answers_equivalent(cb, ca, "number")
@@ -127,7 +139,9 @@ def test_math_different_values_are_not_equivalent(p, q, r, s):
 answer_lists = st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c", "d"])), max_size=9)
 
 
-def _reference_vote(answers: list[Any], key=lambda a: a) -> tuple[Any, int | None, list[tuple[Any, int]]]:
+def _reference_vote(
+    answers: list[Any], key=lambda a: a
+) -> tuple[Any, int | None, list[tuple[Any, int]]]:
     """ALGORITHM.md: the most frequent answer wins, ties go to the answer seen first; None
     casts no vote. Groups are named by their first-seen spelling."""
     first: dict[Any, int] = {}
@@ -173,7 +187,9 @@ def test_vote_groups_by_same_answer_first_spelling_represents(answers):
 def test_early_stop_follows_the_algorithm(n, data):
     """Checked before samples 3..n (so on 2..n-1 answers): stop when the top answer has a
     strict majority of n, or when every valid answer agrees and has at least floor(n/2) votes."""
-    answers = data.draw(st.lists(st.one_of(st.none(), st.sampled_from("xyz")), min_size=2, max_size=n - 1))
+    answers = data.draw(
+        st.lists(st.one_of(st.none(), st.sampled_from("xyz")), min_size=2, max_size=n - 1)
+    )
     counts = Counter(a for a in answers if a is not None)
     top, valid = max(counts.values(), default=0), sum(counts.values())
     expected = bool(counts) and (top > n // 2 or (top == valid and top >= n // 2))
@@ -195,12 +211,22 @@ def _scripted() -> ScriptedModel:
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
-@given(st.sampled_from(["majority", "dvoting"]),
-       st.lists(st.one_of(st.none(), st.sampled_from(["7", "8", "9"])), min_size=5, max_size=5))
+@given(
+    st.sampled_from(["majority", "dvoting"]),
+    st.lists(st.one_of(st.none(), st.sampled_from(["7", "8", "9"])), min_size=5, max_size=5),
+)
 def test_strategy_draws_votes_and_returns_as_the_algorithm_says(strategy, script):
     answers = ScriptedAnswers({13: script})
-    (result,) = run_strategy(_scripted(), torch.tensor([[13, 5, 6]]), strategy=strategy, extract=answers,
-                             gen_length=16, block_length=4, n=5, seed=4)
+    (result,) = run_strategy(
+        _scripted(),
+        torch.tensor([[13, 5, 6]]),
+        strategy=strategy,
+        extract=answers,
+        gen_length=16,
+        block_length=4,
+        n=5,
+        seed=4,
+    )
     drawn = 5
     if strategy == "dvoting":
         # the early stop is checked before samples 3, 4, 5
@@ -219,13 +245,17 @@ TASKS = ["dvoting_arith", "probe_math_arith"]  # the second: answer kind from th
 
 @functools.lru_cache(maxsize=None)
 def _lm(strategy: str, batch_rows: int) -> LLaDAEvalModel:
-    return LLaDAEvalModel(pretrained="tiny-arith", strategy=strategy, batch_size=batch_rows, device="cpu")
+    return LLaDAEvalModel(
+        pretrained="tiny-arith", strategy=strategy, batch_size=batch_rows, device="cpu"
+    )
 
 
 def _instance(question: int, length: int, task: int, doc_id: int) -> Instance:
     gen_kwargs = {"until": [], "max_gen_toks": length}
     context = f"Please answer the question step by step and put the answer in \\boxed{{}}. {QUESTIONS[question]}"
-    return Instance("generate_until", {}, (context, gen_kwargs), idx=0, metadata=(TASKS[task], doc_id, 1))
+    return Instance(
+        "generate_until", {}, (context, gen_kwargs), idx=0, metadata=(TASKS[task], doc_id, 1)
+    )
 
 
 def _outcome(text: Any) -> tuple:
@@ -238,13 +268,21 @@ def _alone(strategy: str, key: tuple[int, int, int, int]) -> tuple:
     return _outcome(text)
 
 
-request_keys = st.tuples(st.integers(0, len(QUESTIONS) - 1), st.sampled_from([16, 32]),
-                         st.integers(0, len(TASKS) - 1), st.integers(0, 3))
+request_keys = st.tuples(
+    st.integers(0, len(QUESTIONS) - 1),
+    st.sampled_from([16, 32]),
+    st.integers(0, len(TASKS) - 1),
+    st.integers(0, 3),
+)
 
 
 @MODEL
-@given(st.sampled_from(["dvoting", "majority"]), st.lists(request_keys, min_size=2, max_size=5),
-       st.integers(1, 8), st.data())
+@given(
+    st.sampled_from(["dvoting", "majority"]),
+    st.lists(request_keys, min_size=2, max_size=5),
+    st.integers(1, 8),
+    st.data(),
+)
 def test_batch_and_order_invariance_over_random_request_mixes(strategy, keys, batch_rows, data):
     """Any mix of questions, lengths, tasks and documents, in any order, at any batch size:
     each request's text, cost and vote equal those it gets decoded alone."""

@@ -5,6 +5,7 @@ tokenizer, maximum length 256). Tests marked `slow` (skipped by default; `-m slo
 start the `lm_eval` command in subprocesses (`torchrun` with two CPU ranks, the same
 command twice) or push 2,000 requests through one model.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,29 +18,34 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-import torch
-
-from conftest import REPO_ROOT
-
 # hard dependencies are imported, not importorskip'ped: missing, they must fail loudly
 import lm_eval
+import pytest
+import torch
+from conftest import REPO_ROOT
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
 import lm_eval_dvoting.integration.harness as harness
+from lm_eval_dvoting.core.strategies import StrategySettings, derive_seed
 from lm_eval_dvoting.integration.costs import CostedText
 from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models.loading import CheckpointError, load_model, parse_dtype
-from lm_eval_dvoting.core.strategies import StrategySettings, derive_seed
 
 TASKS = REPO_ROOT / "task_configs"
 ARITH = {"until": [], "max_gen_toks": 32, "dvoting_answer": "number"}
 
 # Keys of a results JSON that differ between two runs of the same command: when and
 # how long it ran, and the machine/checkout it ran on. Everything else must match.
-RUN_SPECIFIC_KEYS = ("date", "start_time", "end_time", "total_evaluation_time_seconds",
-                     "pretty_env_info", "git_hash", "upper_git_hash")
+RUN_SPECIFIC_KEYS = (
+    "date",
+    "start_time",
+    "end_time",
+    "total_evaluation_time_seconds",
+    "pretty_env_info",
+    "git_hash",
+    "upper_git_hash",
+)
 # ... and what legitimately differs when only --batch_size changes
 BATCH_SPECIFIC_CONFIG_KEYS = ("batch_size", "batch_sizes")
 
@@ -47,7 +53,9 @@ BATCH_SPECIFIC_CONFIG_KEYS = ("batch_size", "batch_sizes")
 @pytest.fixture(scope="module")
 def single(tiny_llada_dir):
     """Greedy one-sample decoding: deterministic, so texts can be compared across inputs."""
-    return LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", batch_size=8, device="cpu")
+    return LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir), strategy="single", batch_size=8, device="cpu"
+    )
 
 
 class _Request:
@@ -59,7 +67,12 @@ class _Request:
 
 
 def _texts(lm, contexts, gen_kwargs=ARITH):
-    return [str(t) for t in lm.generate_until([_Request(c, gen_kwargs, doc_id=i) for i, c in enumerate(contexts)])]
+    return [
+        str(t)
+        for t in lm.generate_until(
+            [_Request(c, gen_kwargs, doc_id=i) for i, c in enumerate(contexts)]
+        )
+    ]
 
 
 def _tasks() -> TaskManager:
@@ -71,8 +84,15 @@ PINNED_LENGTH = "max_gen_toks=32"
 
 
 def _evaluate(lm, limit, **kwargs):
-    return lm_eval.simple_evaluate(model=lm, tasks=["dvoting_arith"], limit=limit, task_manager=_tasks(),
-                                   gen_kwargs=PINNED_LENGTH, verbosity="ERROR", **kwargs)
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=["dvoting_arith"],
+        limit=limit,
+        task_manager=_tasks(),
+        gen_kwargs=PINNED_LENGTH,
+        verbosity="ERROR",
+        **kwargs,
+    )
 
 
 # ------------------------------------------------------------------ bad input
@@ -94,20 +114,27 @@ def test_overlong_context_is_cut_from_the_left(single, caplog):
     assert overlong == tail  # only the last `room` tokens were seen
     assert single._prompt_ids(context, 32).numel() == room
     # a generation as long as the model leaves no room at all: a clear error before decoding
-    with pytest.raises(ValueError, match="leaves no room for a prompt in the model's maximum length of 256 "
-                                         "tokens .*--gen_kwargs max_gen_toks=128"):
+    with pytest.raises(
+        ValueError,
+        match="leaves no room for a prompt in the model's maximum length of 256 "
+        "tokens .*--gen_kwargs max_gen_toks=128",
+    ):
         single.generate_until([_Request("1+1=?", {"max_gen_toks": 256})])
 
 
 @pytest.mark.parametrize("until", ["missing", None, [], "", [""], ("",)])
 def test_empty_or_missing_until_stops_nowhere(single, until):
-    gen_kwargs = {"max_gen_toks": 32} if until == "missing" else {"max_gen_toks": 32, "until": until}
+    gen_kwargs = (
+        {"max_gen_toks": 32} if until == "missing" else {"max_gen_toks": 32, "until": until}
+    )
     (reference,) = _texts(single, ["1+2=?"], {"max_gen_toks": 32})
     assert _texts(single, ["1+2=?"], gen_kwargs) == [reference]
     assert len(reference) > 1
     # a single string is one stop string, not a list of characters
     stop = reference[len(reference) // 2]
-    assert _texts(single, ["1+2=?"], {"max_gen_toks": 32, "until": stop}) == [reference.split(stop)[0]]
+    assert _texts(single, ["1+2=?"], {"max_gen_toks": 32, "until": stop}) == [
+        reference.split(stop)[0]
+    ]
 
 
 def test_generation_length_must_fit_the_block_length(single, tiny_llada_dir):
@@ -120,11 +147,16 @@ def test_generation_length_must_fit_the_block_length(single, tiny_llada_dir):
         with pytest.raises(Exception, match="no/such/folder"):
             LLaDAEvalModel(pretrained="/no/such/folder", **args)
     # a task's max_gen_toks that the model arg block_length does not divide
-    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", block_length=8, device="cpu")
-    with pytest.raises(ValueError, match=r"max_gen_toks 30 \(task dvoting_arith's generation_kwargs: .*\) "
-                                         r"cannot be decoded: block_length 8 does not divide the generation "
-                                         r"length 30; give block_length a divisor of 30 \(1, 2, 3, 5, 6, 10, "
-                                         r"15, 30\), or a max_gen_toks that is a multiple of 8"):
+    lm = LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir), strategy="single", block_length=8, device="cpu"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"max_gen_toks 30 \(task dvoting_arith's generation_kwargs: .*\) "
+        r"cannot be decoded: block_length 8 does not divide the generation "
+        r"length 30; give block_length a divisor of 30 \(1, 2, 3, 5, 6, 10, "
+        r"15, 30\), or a max_gen_toks that is a multiple of 8",
+    ):
         lm.generate_until([_Request("1+1=?", {"max_gen_toks": 30})])
 
 
@@ -177,14 +209,19 @@ def test_unusual_unicode_is_encoded_not_fatal(single):
         json.dumps(text.trace, ensure_ascii=False).encode("utf-8")  # --log_samples can write it
     # a request with lone surrogates gets a seed of its own: derive_seed hashes them as they
     # are (never dropping them or replacing them with U+FFFD, which would merge contexts)
-    seeds = {derive_seed(1, text) for text in ("lone \ud800", "lone \udc00", "lone \ufffd", "lone ", "lone ?")}
+    seeds = {
+        derive_seed(1, text)
+        for text in ("lone \ud800", "lone \udc00", "lone \ufffd", "lone ", "lone ?")
+    }
     assert len(seeds) == 5
 
 
 @pytest.mark.parametrize("strategy", ["dvoting", "majority"])
 def test_model_that_never_answers_returns_the_first_sample(tiny_llada_dir, monkeypatch, strategy):
     monkeypatch.setattr(harness, "extract_answer", lambda text, kind, n_options=None: None)
-    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, n=3, batch_size=8, device="cpu")
+    lm = LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir), strategy=strategy, n=3, batch_size=8, device="cpu"
+    )
     texts = lm.generate_until([_Request(f"{a}+1=?", ARITH, doc_id=a) for a in range(3)])
     for text in texts:
         assert text.votes == {}
@@ -219,7 +256,12 @@ def test_corrupt_or_truncated_weights_name_the_file(tiny_llada_dir, tmp_path):
     # a shard named in the index but absent
     folder = _broken_copy(tiny_llada_dir, tmp_path / "sharded", weights)
     (folder / "model.safetensors").rename(folder / "model-00001-of-00002.safetensors")
-    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    index = {
+        "weight_map": {
+            "a": "model-00001-of-00002.safetensors",
+            "b": "model-00002-of-00002.safetensors",
+        }
+    }
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors is missing"):
         load_model(folder, device="cpu")
@@ -228,10 +270,14 @@ def test_corrupt_or_truncated_weights_name_the_file(tiny_llada_dir, tmp_path):
         LLaDAEvalModel(pretrained=str(tmp_path / "truncated"), device="cpu")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback on a machine without CUDA")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the fallback on a machine without CUDA"
+)
 def test_cuda_requested_without_cuda_falls_back_to_cpu(tiny_llada_dir):
     with pytest.warns(UserWarning, match="CUDA is not available; using the CPU"):
-        lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="single", device="cuda", dtype="bf16")
+        lm = LLaDAEvalModel(
+            pretrained=str(tiny_llada_dir), strategy="single", device="cuda", dtype="bf16"
+        )
     assert lm.device.type == "cpu"
     parameter = next(lm.model.parameters())
     assert parameter.device.type == "cpu" and parameter.dtype == torch.bfloat16
@@ -247,7 +293,9 @@ def test_dtype_names(tiny_llada_dir):
     cpu = torch.device("cpu")
     assert parse_dtype("torch.float16", cpu) == parse_dtype("fp16", cpu) == torch.float16
     assert parse_dtype(None, cpu) == parse_dtype("auto", cpu) == torch.float32
-    with pytest.raises(ValueError, match="unknown dtype 'float8'; use one of float32, bfloat16, float16"):
+    with pytest.raises(
+        ValueError, match="unknown dtype 'float8'; use one of float32, bfloat16, float16"
+    ):
         LLaDAEvalModel(pretrained=str(tiny_llada_dir), dtype="float8", device="cpu")
 
 
@@ -277,11 +325,18 @@ def _canonical(results, drop_batch=False) -> str:
         ("dvoting", {"n": 3}, (1, 6)),  # temperature 0.6
     ],
 )
-def test_results_are_identical_across_runs_and_batch_sizes(tiny_llada_dir, strategy, model_args, batches):
+def test_results_are_identical_across_runs_and_batch_sizes(
+    tiny_llada_dir, strategy, model_args, batches
+):
     runs = []
     for batch_size in batches:
-        lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy=strategy, batch_size=batch_size,
-                            device="cpu", **model_args)
+        lm = LLaDAEvalModel(
+            pretrained=str(tiny_llada_dir),
+            strategy=strategy,
+            batch_size=batch_size,
+            device="cpu",
+            **model_args,
+        )
         runs.append(_evaluate(lm, 2, log_samples=True))
     assert runs[0]["config"]["dvoting"]["settings"]["temperature"] > 0
     first, second = (_canonical(r, drop_batch=True) for r in runs)
@@ -303,7 +358,9 @@ def test_resume_from_cache_recomputes_nothing_that_finished(tiny_llada_dir, tmp_
     cache = str(tmp_path / "cache")
 
     def model():
-        return LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="dvoting", n=3, batch_size=1, device="cpu")
+        return LLaDAEvalModel(
+            pretrained=str(tiny_llada_dir), strategy="dvoting", n=3, batch_size=1, device="cpu"
+        )
 
     # 1. interrupted after two of four requests finished (each is cached as it finishes)
     interrupted = model()
@@ -326,7 +383,9 @@ def test_resume_from_cache_recomputes_nothing_that_finished(tiny_llada_dir, tmp_
     with SqliteDict(cache + "_rank0.db") as stored:
         cached = list(stored.values())
     assert len(cached) == 2
-    assert all(isinstance(t, CostedText) and t.nfe > 0 and t.n_samples >= 2 and t.trace for t in cached)
+    assert all(
+        isinstance(t, CostedText) and t.nfe > 0 and t.n_samples >= 2 and t.trace for t in cached
+    )
 
     # 2. started again: only the two missing requests reach the model
     resumed = model()
@@ -340,7 +399,9 @@ def test_resume_from_cache_recomputes_nothing_that_finished(tiny_llada_dir, tmp_
     # config differs only where it must: the cache path, and what this run computed itself;
     # the totals are those of all four responses, two of them read from the cache
     assert after_resume["config"]["use_cache"] == cache
-    assert after_resume["config"]["dvoting"]["totals"] == uninterrupted["config"]["dvoting"]["totals"]
+    assert (
+        after_resume["config"]["dvoting"]["totals"] == uninterrupted["config"]["dvoting"]["totals"]
+    )
     assert uninterrupted["config"]["dvoting"]["totals"]["requests"] == 4
     assert after_resume["config"]["dvoting"]["computed"]["requests"] == 2
 
@@ -355,11 +416,18 @@ def test_resume_from_cache_recomputes_nothing_that_finished(tiny_llada_dir, tmp_
 
 def test_padding_copies_are_decoded_and_counted_once(tiny_llada_dir):
     """lm-eval pads a rank by repeating its last instance `repeats` times more."""
-    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="dvoting", n=3, batch_size=8, device="cpu")
+    lm = LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir), strategy="dvoting", n=3, batch_size=8, device="cpu"
+    )
 
     def instance(doc_id, repeats):
-        return Instance("generate_until", {}, (f"{doc_id}+1=?", dict(ARITH)), idx=0,
-                        metadata=("dvoting_arith", doc_id, repeats))
+        return Instance(
+            "generate_until",
+            {},
+            (f"{doc_id}+1=?", dict(ARITH)),
+            idx=0,
+            metadata=("dvoting_arith", doc_id, repeats),
+        )
 
     single_repeat, two_repeats = instance(0, 1), instance(1, 2)
     requests = [single_repeat, two_repeats, two_repeats]
@@ -391,9 +459,25 @@ def _read_outputs(folder: Path):
 
 
 def _cli_args(model_dir, out, batch_size=1, limit=5, strategy="dvoting"):
-    return ["--model", "dvoting-llada", "--model_args", f"pretrained={model_dir},strategy={strategy},n=3",
-            "--tasks", "dvoting_arith", "--gen_kwargs", PINNED_LENGTH, "--limit", str(limit), "--device", "cpu",
-            "--batch_size", str(batch_size), "--output_path", str(out), "--log_samples"]
+    return [
+        "--model",
+        "dvoting-llada",
+        "--model_args",
+        f"pretrained={model_dir},strategy={strategy},n=3",
+        "--tasks",
+        "dvoting_arith",
+        "--gen_kwargs",
+        PINNED_LENGTH,
+        "--limit",
+        str(limit),
+        "--device",
+        "cpu",
+        "--batch_size",
+        str(batch_size),
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
 
 
 @pytest.mark.slow
@@ -401,7 +485,9 @@ def test_same_command_twice_gives_identical_files(tiny_llada_dir, tmp_path):
     """Byte-identical results JSON (run-specific keys aside) and samples, any --batch_size."""
     timings = {}
     for name, batch_size in (("first", 4), ("again", 4), ("batch1", 1)):
-        timings[name] = _run_cli(_cli_args(tiny_llada_dir, tmp_path / name, batch_size), timeout=300)
+        timings[name] = _run_cli(
+            _cli_args(tiny_llada_dir, tmp_path / name, batch_size), timeout=300
+        )
     outputs = {name: _read_outputs(tmp_path / name) for name in timings}
     first_results, first_samples = outputs["first"]
     again_results, again_samples = outputs["again"]
@@ -427,10 +513,21 @@ def test_two_cpu_processes_match_one(tiny_llada_dir, tmp_path):
     """`torchrun --nproc_per_node 2` (gloo, CPU): the same results, each request counted once."""
     limit = 5  # odd: rank 1 gets 2 documents, padded to 3 by repeating its last request
     one = _run_cli(_cli_args(tiny_llada_dir, tmp_path / "one", limit=limit), timeout=300)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(29500 + os.getpid() % 1000)]
-    two = _run_cli(_cli_args(tiny_llada_dir, tmp_path / "two", limit=limit), {"ACCELERATE_USE_CPU": "1"},
-                   launcher=torchrun, timeout=400)
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29500 + os.getpid() % 1000),
+    ]
+    two = _run_cli(
+        _cli_args(tiny_llada_dir, tmp_path / "two", limit=limit),
+        {"ACCELERATE_USE_CPU": "1"},
+        launcher=torchrun,
+        timeout=400,
+    )
     one_results, one_samples = _read_outputs(tmp_path / "one")
     two_results, two_samples = _read_outputs(tmp_path / "two")
     # equal, floats to the last bits: lm-eval gathers the ranks' per-sample values in
@@ -445,7 +542,7 @@ def test_two_cpu_processes_match_one(tiny_llada_dir, tmp_path):
         (responses,), (two_responses,) = a["resps"], b["resps"]  # one request per document
         # lm-eval appends the padding copy's response to the padded request: the same text
         assert two_responses[: len(responses)] == responses
-        assert all(r == responses[-1] for r in two_responses[len(responses):])
+        assert all(r == responses[-1] for r in two_responses[len(responses) :])
         padded += len(two_responses) - len(responses)
     assert padded == 1
     print(f"one process {one:.1f} s, two processes {two:.1f} s")
@@ -463,12 +560,16 @@ def _rss_mib() -> float:
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads /proc/self/statm (Linux)")
 def test_two_thousand_requests_do_not_grow_memory(tiny_llada_dir):
-    lm = LLaDAEvalModel(pretrained=str(tiny_llada_dir), strategy="dvoting", n=3, batch_size=16, device="cpu")
+    lm = LLaDAEvalModel(
+        pretrained=str(tiny_llada_dir), strategy="dvoting", n=3, batch_size=16, device="cpu"
+    )
     gen_kwargs = {"until": ["\n"], "max_gen_toks": 16, "dvoting_answer": "number"}
     rss, started = [], time.monotonic()
     for chunk in range(20):  # 20 calls of 100 requests, results dropped as lm-eval's filters would
-        requests = [_Request(f"Q{chunk}-{i}: {i % 9}+{chunk % 9}=?", gen_kwargs, doc_id=chunk * 100 + i)
-                    for i in range(100)]
+        requests = [
+            _Request(f"Q{chunk}-{i}: {i % 9}+{chunk % 9}=?", gen_kwargs, doc_id=chunk * 100 + i)
+            for i in range(100)
+        ]
         texts = lm.generate_until(requests, disable_tqdm=True)
         assert len(texts) == 100
         del texts, requests

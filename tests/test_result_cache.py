@@ -11,6 +11,7 @@ compares what a user reads: the per-task results and every logged sample.
 * an interrupted run resumes exactly, even when it stopped between two repeats;
 * a rerun with a larger `--limit` computes only the new documents.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,29 +25,29 @@ from typing import Any
 import lm_eval
 import pytest
 import torch
+from conftest import REPO_ROOT
 from lm_eval.tasks import TaskManager
 from safetensors.torch import load_file, save_file
 
 import lm_eval_dvoting.integration.harness as harness
 import lm_eval_dvoting.integration.result_cache as result_cache
-from conftest import REPO_ROOT
+from lm_eval_dvoting.core.strategies import StrategySettings
 from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS
-from lm_eval_dvoting.core.strategies import StrategySettings
 
 TASKS = REPO_ROOT / "task_configs"
 ARITH_YAML = TASKS / "dvoting_arith.yaml"
 
 # Three documents with the same question, then another: a cache keyed on the request alone
 # merges them, as it merges the repeats of one document.
-DUPLICATES_DATA = '''
+DUPLICATES_DATA = """
 import datasets
 
 
 def load(**kwargs):
     docs = [{"question": "9-6+4-2+1=?", "target": "6"}] * 3 + [{"question": "5+2-4+6=?", "target": "9"}]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
-'''
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -71,20 +72,35 @@ def computed(monkeypatch) -> list[int]:
     return counts
 
 
-def _evaluate(model_args: str, limit: int, cache: Path | None = None, tasks: tuple[str, ...] = ("dvoting_arith",),
-              task_dirs: tuple[Path, ...] = (), pretrained: str = "tiny-arith") -> dict[str, Any]:
+def _evaluate(
+    model_args: str,
+    limit: int,
+    cache: Path | None = None,
+    tasks: tuple[str, ...] = ("dvoting_arith",),
+    task_dirs: tuple[Path, ...] = (),
+    pretrained: str = "tiny-arith",
+) -> dict[str, Any]:
     """One harness run, as `lm_eval --model dvoting-llada --use_cache PATH --log_samples` makes it."""
     manager = TaskManager(include_path=[str(TASKS), *map(str, task_dirs)], include_defaults=False)
     return lm_eval.simple_evaluate(
-        model="dvoting-llada", model_args=f"pretrained={pretrained},{model_args}".rstrip(","), tasks=list(tasks),
-        limit=limit, device="cpu", log_samples=True, task_manager=manager, verbosity="ERROR",
+        model="dvoting-llada",
+        model_args=f"pretrained={pretrained},{model_args}".rstrip(","),
+        tasks=list(tasks),
+        limit=limit,
+        device="cpu",
+        log_samples=True,
+        task_manager=manager,
+        verbosity="ERROR",
         use_cache=None if cache is None else str(cache),
     )
 
 
 def _scored(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """What a user reads: per-task results and the logged samples, in document order."""
-    samples = {task: sorted(records, key=lambda r: r["doc_id"]) for task, records in results["samples"].items()}
+    samples = {
+        task: sorted(records, key=lambda r: r["doc_id"])
+        for task, records in results["samples"].items()
+    }
     return results["results"], samples
 
 
@@ -150,34 +166,59 @@ def test_a_new_configuration_is_reported_with_the_settings_that_differ(tmp_path,
     _evaluate("strategy=single", 2, cache)
     with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.result_cache"):
         _evaluate("strategy=dvoting,seed=7", 2, cache)
-    [message] = [r.getMessage() for r in caplog.records if r.name == "lm_eval_dvoting.integration.result_cache"]
+    [message] = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "lm_eval_dvoting.integration.result_cache"
+    ]
     assert "1 other configuration(s)" in message and "pretrained=tiny-arith" in message
     assert "strategy: 'single' -> 'dvoting'" in message and "seed: 1234 -> 7" in message
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.result_cache"):
-        _evaluate("strategy=single", 2, cache)  # a configuration already in the file: nothing to say
+        _evaluate(
+            "strategy=single", 2, cache
+        )  # a configuration already in the file: nothing to say
     assert not [r for r in caplog.records if r.name == "lm_eval_dvoting.integration.result_cache"]
 
 
 # every StrategySettings field, with another valid value: each must change the fingerprint
 OTHER_SETTINGS = {
-    "strategy": "majority", "gen_length": 64, "block_length": 4, "n": 7, "alpha": 0.5, "temperature": 0.9,
-    "tau": 0.5, "steps": 8, "remasking": "random", "hex_samples": 5, "prefix_cache": True,
+    "strategy": "majority",
+    "gen_length": 64,
+    "block_length": 4,
+    "n": 7,
+    "alpha": 0.5,
+    "temperature": 0.9,
+    "tau": 0.5,
+    "steps": 8,
+    "remasking": "random",
+    "hex_samples": 5,
+    "prefix_cache": True,
     "decoder": "entropy",  # tried on strategy=single (dvoting's own decoder is the entropy one)
-    "cache": "dual", "threshold": 0.7, "temporal_weight": "linear", "temporal_alpha": 11.0, "vote": "temporal",
+    "cache": "dual",
+    "threshold": 0.7,
+    "temporal_weight": "linear",
+    "temporal_alpha": 11.0,
+    "vote": "temporal",
     "guidance": 2.0,
     # block diffusion's (LLaDA2): tried on block_decoding="quality" (they are refused without it)
-    "block_decoding": "threshold", "editing_threshold": 0.3, "max_post_steps": 3,
+    "block_decoding": "threshold",
+    "editing_threshold": 0.3,
+    "max_post_steps": 3,
 }
 # where a setting is tried when the model's default (dvoting: the entropy rule, a plain
 # vote) does not read it: an unread setting changes no output and is not in the
 # fingerprint (issue 38, tests/test_unused_settings.py)
 READ_WITH = {
-    "steps": dict(strategy="single"), "remasking": dict(strategy="single"),
+    "steps": dict(strategy="single"),
+    "remasking": dict(strategy="single"),
     "decoder": dict(strategy="single"),
-    "hex_samples": dict(strategy="hex"), "threshold": dict(strategy="single", decoder="confidence"),
-    "temporal_weight": dict(strategy="temporal"), "temporal_alpha": dict(strategy="temporal"),
-    "guidance": dict(strategy="rfg"), "editing_threshold": dict(block_decoding="quality"),
+    "hex_samples": dict(strategy="hex"),
+    "threshold": dict(strategy="single", decoder="confidence"),
+    "temporal_weight": dict(strategy="temporal"),
+    "temporal_alpha": dict(strategy="temporal"),
+    "guidance": dict(strategy="rfg"),
+    "editing_threshold": dict(block_decoding="quality"),
     "max_post_steps": dict(block_decoding="quality"),
 }
 
@@ -209,7 +250,9 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
     lm.batch_rows += 1  # in bfloat16 the rows sharing a pass may change outputs ...
     changed["batch_rows in bfloat16"] = result_cache.fingerprint_id(result_cache.fingerprint(lm))
     lm.model.to(torch.float32)
-    assert result_cache.fingerprint_id(result_cache.fingerprint(lm)) == base  # ... in float32 they do not
+    assert (
+        result_cache.fingerprint_id(result_cache.fingerprint(lm)) == base
+    )  # ... in float32 they do not
     lm._device = torch.device("cuda", 0)  # ... except on an accelerator, whose kernels go by shape
     assert result_cache.fingerprint(lm)["batch_rows"] == lm.batch_rows
     lm._device = torch.device("cpu")
@@ -223,7 +266,9 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
     assert len(set(changed.values())) == len(changed)
     # the same checkpoint elsewhere (a copy) is the same checkpoint
     copy = LLaDAEvalModel(pretrained=str(folder), tokenizer="tiny-arith", device="cpu")
-    assert result_cache.fingerprint(copy)["checkpoint"] == result_cache.fingerprint(lm)["checkpoint"]
+    assert (
+        result_cache.fingerprint(copy)["checkpoint"] == result_cache.fingerprint(lm)["checkpoint"]
+    )
 
 
 def test_an_edit_to_the_plugins_code_changes_the_fingerprint(tmp_path, monkeypatch):
@@ -268,13 +313,22 @@ def test_a_cache_hook_not_from_lm_evals_caching_lm_is_refused(tmp_path):
         ("strategy=dvoting,n=3", ""),
         # the harness's self-consistency recipe: sampling asked by the task (lm-eval never
         # cached it; ours are seeded per document and repeat, so they are cached exactly)
-        ("strategy=single", 'generation_kwargs: {"until": [], "max_gen_toks": 32, "do_sample": true, '
-                            '"temperature": 1.0, "dvoting_answer": "number"}\n'),
+        (
+            "strategy=single",
+            'generation_kwargs: {"until": [], "max_gen_toks": 32, "do_sample": true, '
+            '"temperature": 1.0, "dvoting_answer": "number"}\n',
+        ),
     ],
 )
-def test_repeats_and_duplicated_documents_replay_exactly(tmp_path, computed, model_args, generation):
+def test_repeats_and_duplicated_documents_replay_exactly(
+    tmp_path, computed, model_args, generation
+):
     (tmp_path / "dup_data.py").write_text(DUPLICATES_DATA)
-    _write_task(tmp_path, "arith_repeats", f"custom_dataset: !function dup_data.load\nrepeats: 3\n{generation}")
+    _write_task(
+        tmp_path,
+        "arith_repeats",
+        f"custom_dataset: !function dup_data.load\nrepeats: 3\n{generation}",
+    )
     cache = tmp_path / "cache"
     run = dict(tasks=("arith_repeats",), task_dirs=(tmp_path,))
     written = _evaluate(model_args, 4, cache, **run)
@@ -338,7 +392,9 @@ def test_cached_values_are_the_costed_texts(tmp_path):
     with SqliteDict(str(cache) + "_rank0.db") as stored:
         values = list(stored.values())
     assert len(values) == 2
-    assert all(isinstance(v, CostedText) and v.nfe > 0 and v.n_samples >= 1 and v.trace for v in values)
+    assert all(
+        isinstance(v, CostedText) and v.nfe > 0 and v.n_samples >= 1 and v.trace for v in values
+    )
     with SqliteDict(str(cache) + "_rank0.db", tablename=result_cache.META_TABLE) as meta:
         [record] = [v for k, v in meta.items() if k.startswith("fingerprint:")]
     assert record["fingerprint"]["strategy"] == "dvoting" and record["pretrained"] == "tiny-arith"
@@ -355,7 +411,9 @@ def test_weight_digests_are_remembered_until_the_file_changes(tmp_path, monkeypa
     real = result_cache.file_digest(file, memo)
     assert real == hashlib.sha256(b"a" * 1000).hexdigest()
     [key] = memo
-    memo[key] = memo[key] | {"sha256": "remembered"}  # as a later process reads it from the cache file
+    memo[key] = memo[key] | {
+        "sha256": "remembered"
+    }  # as a later process reads it from the cache file
     monkeypatch.setattr(result_cache, "_DIGESTS", {})
     assert result_cache.file_digest(file, memo) == "remembered"
     file.write_bytes(b"b" * 1000)

@@ -15,6 +15,7 @@
 Runs use the shipped demo model `pretrained=tiny-arith` on a few documents of the demo
 task `dvoting_arith`.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ from typing import Any
 import lm_eval
 import pytest
 import torch
+from conftest import REPO_ROOT, _write_random_llada
 from lm_eval.tasks import TaskManager
 
-from conftest import REPO_ROOT, _write_random_llada
 from lm_eval_dvoting.integration import harness
 from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.models import loading
@@ -43,18 +44,30 @@ def _evaluate(model_args: str, limit: int = LIMIT, **kwargs: Any) -> dict[str, A
     """`lm_eval --model dvoting-llada --model_args pretrained=tiny-arith,... --log_samples`."""
     manager = TaskManager(include_path=str(TASKS), include_defaults=False)  # our tasks only: fast
     return lm_eval.simple_evaluate(
-        model="dvoting-llada", model_args=f"pretrained=tiny-arith,{model_args}".rstrip(","),
-        tasks=["dvoting_arith"], limit=limit, device="cpu", log_samples=True, task_manager=manager,
-        verbosity="ERROR", **kwargs,
+        model="dvoting-llada",
+        model_args=f"pretrained=tiny-arith,{model_args}".rstrip(","),
+        tasks=["dvoting_arith"],
+        limit=limit,
+        device="cpu",
+        log_samples=True,
+        task_manager=manager,
+        verbosity="ERROR",
+        **kwargs,
     )
 
 
 def _responses(results: dict[str, Any]) -> list[Any]:
-    return [rec["resps"] for rec in sorted(results["samples"]["dvoting_arith"], key=lambda r: r["doc_id"])]
+    return [
+        rec["resps"]
+        for rec in sorted(results["samples"]["dvoting_arith"], key=lambda r: r["doc_id"])
+    ]
 
 
 def _traces(results: dict[str, Any]) -> list[Any]:
-    return [rec["dvoting_trace"] for rec in sorted(results["samples"]["dvoting_arith"], key=lambda r: r["doc_id"])]
+    return [
+        rec["dvoting_trace"]
+        for rec in sorted(results["samples"]["dvoting_arith"], key=lambda r: r["doc_id"])
+    ]
 
 
 # ------------------------------------------------------------------- --seed
@@ -70,7 +83,9 @@ def test_harness_seed_changes_the_samples_of_voting_strategies(strategy):
     again = _evaluate(args, limit=limit, torch_random_seed=1)
     two = _evaluate(args, limit=limit, torch_random_seed=2)
     assert _traces(one) == _traces(again) and one["results"] == again["results"]
-    assert _traces(one) != _traces(two)  # every sample of every question: sampled at temperature > 0
+    assert _traces(one) != _traces(
+        two
+    )  # every sample of every question: sampled at temperature > 0
     info = one["config"]["dvoting"]
     assert (info["seed"], info["seed_source"]) == (1, "lm-eval --seed")
     assert two["config"]["dvoting"]["seed"] == 2
@@ -109,7 +124,10 @@ def test_no_harness_seed_is_deterministic():
     second = _evaluate("strategy=dvoting", torch_random_seed=None)
     default = _evaluate("strategy=dvoting")  # lm-eval's default torch seed is 1234 too
     assert _traces(first) == _traces(second) == _traces(default)
-    assert (first["config"]["dvoting"]["seed"], first["config"]["dvoting"]["seed_source"]) == (1234, "default")
+    assert (first["config"]["dvoting"]["seed"], first["config"]["dvoting"]["seed_source"]) == (
+        1234,
+        "default",
+    )
     # a model built directly in Python: the same default, whatever torch's seed
     torch.manual_seed(42)
     assert LLaDAEvalModel(pretrained="tiny-arith", device="cpu").seed == 1234
@@ -119,8 +137,13 @@ def test_no_harness_seed_is_deterministic():
 
 
 def _unused_sampling_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "lm_eval_dvoting.integration.harness" and r.levelno == logging.WARNING and "are not used" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "lm_eval_dvoting.integration.harness"
+        and r.levelno == logging.WARNING
+        and "are not used" in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize("strategy", ["dvoting", "single"])
@@ -142,17 +165,26 @@ def test_a_used_or_greedy_request_is_not_warned_about(caplog):
 # ------------------------------------------------------------ HFLM's model args
 
 
-@pytest.mark.parametrize("arg, says", [
-    ("max_memory_per_gpu=10GiB", "applies with parallelize=True only"),  # parallelize: tests/test_parallelize.py
-    ("offload_folder=./offload", "offloading to disk is not supported"),
-    ("peft=/no/such/adapter", "peft='/no/such/adapter': no such folder; give a folder holding adapter_config.json"),
-    ("delta=some/delta", "delta weights are not supported"),
-    ("use_fast_tokenizer=False", "only fast"),
-    ("add_bos_token=True", "has no BOS token"),  # tiny-arith's tokenizer has none
-    ("revision=v2", "applies to hub ids only"),
-    ("subfolder=llada", "applies to hub ids only"),
-    ("stpes=8", "did you mean 'steps'"),
-])
+@pytest.mark.parametrize(
+    "arg, says",
+    [
+        (
+            "max_memory_per_gpu=10GiB",
+            "applies with parallelize=True only",
+        ),  # parallelize: tests/test_parallelize.py
+        ("offload_folder=./offload", "offloading to disk is not supported"),
+        (
+            "peft=/no/such/adapter",
+            "peft='/no/such/adapter': no such folder; give a folder holding adapter_config.json",
+        ),
+        ("delta=some/delta", "delta weights are not supported"),
+        ("use_fast_tokenizer=False", "only fast"),
+        ("add_bos_token=True", "has no BOS token"),  # tiny-arith's tokenizer has none
+        ("revision=v2", "applies to hub ids only"),
+        ("subfolder=llada", "applies to hub ids only"),
+        ("stpes=8", "did you mean 'steps'"),
+    ],
+)
 def test_hflm_args_are_refused_by_name_before_the_model_loads(arg, says, monkeypatch):
     def no_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the model was loaded before the bad argument was refused")
@@ -168,8 +200,11 @@ def test_hflm_args_are_refused_by_name_before_the_model_loads(arg, says, monkeyp
 def test_hflm_defaults_are_accepted():
     lm = LLaDAEvalModel.create_from_arg_string(
         "pretrained=tiny-arith,parallelize=False,trust_remote_code=False,use_fast_tokenizer=True,add_bos_token=False",
-        {"device": "cpu"})
-    assert lm.revision is None and lm.tok_encode("1+2") == lm.tokenizer.encode("1+2", add_special_tokens=False)
+        {"device": "cpu"},
+    )
+    assert lm.revision is None and lm.tok_encode("1+2") == lm.tokenizer.encode(
+        "1+2", add_special_tokens=False
+    )
 
 
 def test_add_bos_token_prepends_the_tokenizers_bos(tmp_path):
@@ -196,7 +231,11 @@ def _hub_cache(root: Path) -> dict[str, Path]:
     subfolder."""
     repo = root / "models--org--tiny"
     snapshots = {}
-    for ref, commit, seed, sub in (("main", "a" * 40, 0, ""), ("v2", "b" * 40, 1, ""), ("nested", "c" * 40, 2, "llada")):
+    for ref, commit, seed, sub in (
+        ("main", "a" * 40, 0, ""),
+        ("v2", "b" * 40, 1, ""),
+        ("nested", "c" * 40, 2, "llada"),
+    ):
         folder = repo / "snapshots" / commit
         _write_random_llada(folder / sub if sub else folder, seed=seed)
         (repo / "refs").mkdir(parents=True, exist_ok=True)
@@ -248,16 +287,36 @@ def test_an_unknown_revision_is_a_clear_error(offline_hub):
 def test_hub_loads_fetch_data_files_only():
     from huggingface_hub.utils import filter_repo_objects
 
-    repo = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
-            "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-            "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja",
-            # code and other files a model repo holds
-            "tokenization_dream.py", "tokenizer_dream.py", "tokenizer.py", "modeling_llada.py",
-            "configuration_llada.py", "generation_utils.py", "pytorch_model.bin", "README.md"]
+    repo = [
+        "config.json",
+        "generation_config.json",
+        "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "added_tokens.json",
+        "chat_template.jinja",
+        # code and other files a model repo holds
+        "tokenization_dream.py",
+        "tokenizer_dream.py",
+        "tokenizer.py",
+        "modeling_llada.py",
+        "configuration_llada.py",
+        "generation_utils.py",
+        "pytorch_model.bin",
+        "README.md",
+    ]
     fetched = set(filter_repo_objects(repo, allow_patterns=loading.hub_patterns()))
     assert fetched == set(repo[:12])
-    assert set(filter_repo_objects([f"llada/{f}" for f in repo], allow_patterns=loading.hub_patterns("llada"))) == {
-        f"llada/{f}" for f in repo[:12]}
+    assert set(
+        filter_repo_objects(
+            [f"llada/{f}" for f in repo], allow_patterns=loading.hub_patterns("llada")
+        )
+    ) == {f"llada/{f}" for f in repo[:12]}
 
 
 # --------------------------------------------------------------- demo training
@@ -273,8 +332,28 @@ class _Trap:
         return (Path.write_text, (self.marker, "code ran"))
 
 
-MICRO = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--mlp", "32", "--batch-size", "8",
-         "--steps", "4", "--warmup", "2", "--eval-every", "1000", "--eval-size", "8", "--ckpt-every", "2"]
+MICRO = [
+    "--d-model",
+    "16",
+    "--n-layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--mlp",
+    "32",
+    "--batch-size",
+    "8",
+    "--steps",
+    "4",
+    "--warmup",
+    "2",
+    "--eval-every",
+    "1000",
+    "--eval-size",
+    "8",
+    "--ckpt-every",
+    "2",
+]
 
 
 def test_training_resume_reads_the_state_weights_only(tmp_path):
@@ -296,15 +375,34 @@ def test_training_resume_reads_the_state_weights_only(tmp_path):
 # ----------------------------------------------------------------------- device
 
 
-def _cli(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_args: str, *flags: str) -> dict[str, Any]:
+def _cli(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_args: str, *flags: str
+) -> dict[str, Any]:
     """`lm_eval --model dvoting-llada --model_args ... --tasks dvoting_arith --limit 2 FLAGS`,
     in this process (lm-eval's own entry point); the results json it wrote."""
     from lm_eval.__main__ import cli_evaluate
 
     out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", [
-        "lm_eval", "--model", "dvoting-llada", "--model_args", model_args, "--tasks", "dvoting_arith",
-        "--include_path", str(TASKS), "--limit", "2", "--output_path", str(out), *flags])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "lm_eval",
+            "--model",
+            "dvoting-llada",
+            "--model_args",
+            model_args,
+            "--tasks",
+            "dvoting_arith",
+            "--include_path",
+            str(TASKS),
+            "--limit",
+            "2",
+            "--output_path",
+            str(out),
+            *flags,
+        ],
+    )
     cli_evaluate()
     [written] = out.rglob("results_*.json")
     return json.loads(written.read_text())
@@ -323,12 +421,21 @@ def test_the_real_cli_takes_model_arg_device_and_trust_remote_code(tmp_path, mon
     import datasets
 
     # lm-eval's --trust_remote_code also sets this global of `datasets`; undo it afterwards
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_TRUST_REMOTE_CODE",
-                        getattr(datasets.config, "HF_DATASETS_TRUST_REMOTE_CODE", False), raising=False)
+    monkeypatch.setattr(
+        datasets.config,
+        "HF_DATASETS_TRUST_REMOTE_CODE",
+        getattr(datasets.config, "HF_DATASETS_TRUST_REMOTE_CODE", False),
+        raising=False,
+    )
     caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        results = _cli(monkeypatch, tmp_path, "pretrained=tiny-arith,strategy=single,device=cpu", "--trust_remote_code")
+        results = _cli(
+            monkeypatch,
+            tmp_path,
+            "pretrained=tiny-arith,strategy=single,device=cpu",
+            "--trust_remote_code",
+        )
     assert results["n-samples"]["dvoting_arith"]["effective"] == 2  # both documents were scored
     assert results["results"]["dvoting_arith"]["nfe,extract"] > 0
     assert results["config"]["dvoting"]["device"] == "cpu" and _no_cuda_warnings(record)
@@ -336,26 +443,54 @@ def test_the_real_cli_takes_model_arg_device_and_trust_remote_code(tmp_path, mon
     assert len(notes) == 1 and "no downloaded code" in notes[0]
 
 
-@pytest.mark.parametrize("argv, run_device, model_device, used", [
-    ([], "cuda:0", "cpu", "cpu"),  # lm-eval's default beside a model arg: the model arg
-    (["--device", "cpu"], "cpu", "cpu", "cpu"),  # the same in both places
-    ([], "cuda:0", None, "cuda" if torch.cuda.is_available() else "cpu"),  # lm-eval's default alone
-])
+@pytest.mark.parametrize(
+    "argv, run_device, model_device, used",
+    [
+        ([], "cuda:0", "cpu", "cpu"),  # lm-eval's default beside a model arg: the model arg
+        (["--device", "cpu"], "cpu", "cpu", "cpu"),  # the same in both places
+        (
+            [],
+            "cuda:0",
+            None,
+            "cuda" if torch.cuda.is_available() else "cpu",
+        ),  # lm-eval's default alone
+    ],
+)
 def test_lm_evals_device_beside_the_model_arg(argv, run_device, model_device, used, monkeypatch):
     """What lm-eval's CLI calls (`create_from_arg_obj(model_args, {"device": ..., ...})`)."""
     monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "dvoting-llada", *argv])
     args = {"pretrained": "tiny-arith"} | ({"device": model_device} if model_device else {})
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        lm = LLaDAEvalModel.create_from_arg_obj(args, {"device": run_device, "batch_size": 1, "max_batch_size": None})
+        lm = LLaDAEvalModel.create_from_arg_obj(
+            args, {"device": run_device, "batch_size": 1, "max_batch_size": None}
+        )
     assert lm.get_model_info()["dvoting"]["device"] == used and _no_cuda_warnings(record)
 
 
-@pytest.mark.parametrize("argv, run_args, model_args, says", [
-    (["--device", "cuda:0"], {"device": "cuda:0"}, {"device": "cpu"}, "device='cpu' in --model_args conflicts with --device cuda:0"),
-    ([], {"device": "cuda:1"}, {"device": "cpu"}, "conflicts with --device cuda:1"),  # Python API: always explicit
-    (["-b", "4"], {"batch_size": "4"}, {"batch_size": 8}, "batch_size=8 in --model_args conflicts with --batch_size 4"),
-])
+@pytest.mark.parametrize(
+    "argv, run_args, model_args, says",
+    [
+        (
+            ["--device", "cuda:0"],
+            {"device": "cuda:0"},
+            {"device": "cpu"},
+            "device='cpu' in --model_args conflicts with --device cuda:0",
+        ),
+        (
+            [],
+            {"device": "cuda:1"},
+            {"device": "cpu"},
+            "conflicts with --device cuda:1",
+        ),  # Python API: always explicit
+        (
+            ["-b", "4"],
+            {"batch_size": "4"},
+            {"batch_size": 8},
+            "batch_size=8 in --model_args conflicts with --batch_size 4",
+        ),
+    ],
+)
 def test_two_different_explicit_values_are_refused(argv, run_args, model_args, says, monkeypatch):
     def no_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the model was loaded before the clash was refused")
@@ -368,18 +503,37 @@ def test_two_different_explicit_values_are_refused(argv, run_args, model_args, s
 
 def test_model_arg_batch_size_beside_lm_evals_default(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["lm_eval"])
-    lm = LLaDAEvalModel.create_from_arg_obj({"pretrained": "tiny-arith", "batch_size": 8}, {"batch_size": 1, "device": "cpu"})
+    lm = LLaDAEvalModel.create_from_arg_obj(
+        {"pretrained": "tiny-arith", "batch_size": 8}, {"batch_size": 1, "device": "cpu"}
+    )
     assert lm.batch_rows == 8
 
 
 def test_model_arg_device_works_with_compare(tmp_path):
     from lm_eval_dvoting.commands import compare
-    common = ["--tasks", "dvoting_arith", "--strategies", "single", "--limit", "2", "--out", str(tmp_path)]
-    assert compare.main(["--model_args", "pretrained=tiny-arith,device=cpu,batch_size=4", *common]) == 0
+
+    common = [
+        "--tasks",
+        "dvoting_arith",
+        "--strategies",
+        "single",
+        "--limit",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    assert (
+        compare.main(["--model_args", "pretrained=tiny-arith,device=cpu,batch_size=4", *common])
+        == 0
+    )
     rows = json.loads((tmp_path / "compare.json").read_text())["rows"]
     assert rows[0]["questions"] == 2
-    with pytest.raises(SystemExit, match="device='cpu' in --model_args conflicts with --device cuda"):
-        compare.main(["--model_args", "pretrained=tiny-arith,device=cpu", "--device", "cuda", *common])
+    with pytest.raises(
+        SystemExit, match="device='cpu' in --model_args conflicts with --device cuda"
+    ):
+        compare.main(
+            ["--model_args", "pretrained=tiny-arith,device=cpu", "--device", "cuda", *common]
+        )
 
 
 def test_a_device_that_data_parallel_would_not_honour_is_refused(monkeypatch):
@@ -392,7 +546,9 @@ def test_a_device_that_data_parallel_would_not_honour_is_refused(monkeypatch):
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(accelerate, "Accelerator", OneOfTwoCpuRanks)
-    with pytest.raises(ValueError, match=r"device 'cuda:1' was asked for, but under torchrun/accelerate .* \(cpu\)"):
+    with pytest.raises(
+        ValueError, match=r"device 'cuda:1' was asked for, but under torchrun/accelerate .* \(cpu\)"
+    ):
         LLaDAEvalModel(pretrained="tiny-arith", device="cuda:1")
     lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")  # the same device: fine
     assert (lm.device.type, lm.world_size) == ("cpu", 2)

@@ -6,6 +6,7 @@ its documents, prompts, targets and few-shot examples. The mapping tests write t
 in the original formats into tmp_path (no ../shared needed); the tests on the real files
 and the end-to-end run skip without ../shared.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,11 @@ import datasets
 import lm_eval
 import lm_eval.tasks
 import pytest
+from conftest import DATA, require_shared
 from lm_eval.tasks import TaskManager
 
-from conftest import DATA, require_shared
 from lm_eval_dvoting.integration import local_data, plugin
+
 STOCK = Path(lm_eval.tasks.__file__).parent  # lm-eval's own task folder
 
 
@@ -50,16 +52,47 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-GSM8K = [{"question": "Ann has 3 apples and buys 2. How many?", "answer": "3+2=<<3+2=5>>5\n#### 5"},
-         {"question": "Bo has 9 pens, gives 4 away. How many?", "answer": "9-4=5\n#### 5"}]
-MATH500 = [{"problem": "What is $1+1$?", "solution": "Clearly $1+1=\\boxed{2}$.", "answer": "2",
-            "subject": "Prealgebra", "level": 1, "unique_id": "test/prealgebra/1.json"}]
-ARC = [{"id": "Q1", "question": {"stem": "Which is a gas?", "choices": [
-            {"text": "ice", "label": "1"}, {"text": "steam", "label": "2"},
-            {"text": "rock", "label": "3"}, {"text": "wood", "label": "4"}]}, "answerKey": "2"},
-       {"id": "Q2", "question": {"stem": "Pick C.", "choices": [
-            {"text": "a", "label": "A"}, {"text": "b", "label": "B"},
-            {"text": "c", "label": "C"}]}, "answerKey": "C"}]
+GSM8K = [
+    {"question": "Ann has 3 apples and buys 2. How many?", "answer": "3+2=<<3+2=5>>5\n#### 5"},
+    {"question": "Bo has 9 pens, gives 4 away. How many?", "answer": "9-4=5\n#### 5"},
+]
+MATH500 = [
+    {
+        "problem": "What is $1+1$?",
+        "solution": "Clearly $1+1=\\boxed{2}$.",
+        "answer": "2",
+        "subject": "Prealgebra",
+        "level": 1,
+        "unique_id": "test/prealgebra/1.json",
+    }
+]
+ARC = [
+    {
+        "id": "Q1",
+        "question": {
+            "stem": "Which is a gas?",
+            "choices": [
+                {"text": "ice", "label": "1"},
+                {"text": "steam", "label": "2"},
+                {"text": "rock", "label": "3"},
+                {"text": "wood", "label": "4"},
+            ],
+        },
+        "answerKey": "2",
+    },
+    {
+        "id": "Q2",
+        "question": {
+            "stem": "Pick C.",
+            "choices": [
+                {"text": "a", "label": "A"},
+                {"text": "b", "label": "B"},
+                {"text": "c", "label": "C"},
+            ],
+        },
+        "answerKey": "C",
+    },
+]
 # MMLU rows as the original CSVs hold them: no header, quoted commas and newlines, CRLF
 MMLU_TEST = '"Is 2, a prime?\nAnswer it.",yes,no,maybe,never,A\r\n"Find 1+1.",0,1,2,3,C\r\n'
 MMLU_DEV = '"Dev question?",w,x,y,z,D\r\n'
@@ -110,8 +143,10 @@ def test_arc_challenge_maps_to_the_hub_columns(data: Path, no_hub: list) -> None
     task = stock_task("arc_challenge", "arc")
     first, second = task.test_docs()
     assert first["question"] == "Which is a gas?" and first["id"] == "Q1"
-    assert first["choices"] == {"text": ["ice", "steam", "rock", "wood"],
-                                "label": ["1", "2", "3", "4"]}
+    assert first["choices"] == {
+        "text": ["ice", "steam", "rock", "wood"],
+        "label": ["1", "2", "3", "4"],
+    }
     assert task.doc_to_text(first) == "Question: Which is a gas?\nAnswer:"
     assert task.doc_to_choice(first) == ["ice", "steam", "rock", "wood"]
     assert task.doc_to_target(first) == 1  # the position of label "2"
@@ -122,8 +157,12 @@ def test_arc_challenge_maps_to_the_hub_columns(data: Path, no_hub: list) -> None
 def test_mmlu_subject_maps_to_the_hub_columns(data: Path, no_hub: list) -> None:
     task = stock_task("mmlu_abstract_algebra", "mmlu/default")
     first, second = task.test_docs()
-    assert first == {"question": "Is 2, a prime?\nAnswer it.", "subject": "abstract_algebra",
-                     "choices": ["yes", "no", "maybe", "never"], "answer": 0}
+    assert first == {
+        "question": "Is 2, a prime?\nAnswer it.",
+        "subject": "abstract_algebra",
+        "choices": ["yes", "no", "maybe", "never"],
+        "answer": 0,
+    }
     assert task.doc_to_target(second) == 2  # "C" is the index, as the hub's ClassLabel
     assert task.doc_to_text(second).startswith("Find 1+1.\nA. 0\nB. 1\nC. 2\nD. 3\nAnswer:")
     assert [d["question"] for d in task.fewshot_docs()] == ["Dev question?"]  # from dev
@@ -151,9 +190,13 @@ def test_math500_maps_to_the_hub_columns(data: Path, no_hub: list, name: str) ->
 
 def test_missing_test_file_is_an_error_naming_it(data: Path, no_hub: list) -> None:
     (data / "gsm8k" / "test.jsonl").unlink()
-    with pytest.raises(FileNotFoundError, match=(
+    with pytest.raises(
+        FileNotFoundError,
+        match=(
             rf"task gsm8k_cot_zeroshot evaluates on the 'test' split, and DVOTING_DATA_DIR="
-            rf"{data} has no gsm8k/test.jsonl; add the file, or unset DVOTING_DATA_DIR")):
+            rf"{data} has no gsm8k/test.jsonl; add the file, or unset DVOTING_DATA_DIR"
+        ),
+    ):
         stock_task("gsm8k_cot_zeroshot", "gsm8k")
     assert no_hub == []
 
@@ -161,9 +204,13 @@ def test_missing_test_file_is_an_error_naming_it(data: Path, no_hub: list) -> No
 def test_fewshot_split_must_be_there(data: Path, no_hub: list) -> None:
     # stock gsm8k takes 5 examples from train: an empty train split would fail later
     # in lm-eval's sampler with "no documents available for sampling"
-    with pytest.raises(FileNotFoundError, match=(
+    with pytest.raises(
+        FileNotFoundError,
+        match=(
             r"task gsm8k takes its few-shot examples from the 'train' split, and "
-            r".* has no gsm8k/train.jsonl")):
+            r".* has no gsm8k/train.jsonl"
+        ),
+    ):
         stock_task("gsm8k", "gsm8k")
 
 
@@ -193,8 +240,10 @@ def test_datasets_without_local_files_still_use_the_hub(data: Path, no_hub: list
 def test_stock_sources() -> None:
     assert local_data.stock_source("openai/gsm8k", "socratic") is None  # other answers
     assert local_data.stock_source("HuggingFaceH4/MATH-500", None) is not None
-    assert local_data.stock_source("cais/mmlu", "anatomy") is local_data.STOCK_SOURCES[
-        ("cais/mmlu", None)]
+    assert (
+        local_data.stock_source("cais/mmlu", "anatomy")
+        is local_data.STOCK_SOURCES[("cais/mmlu", None)]
+    )
     assert local_data.stock_source(None, None) is None
 
 
@@ -207,11 +256,18 @@ def real_data(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield DATA
 
 
-@pytest.mark.parametrize("name, folder, size", [
-    ("gsm8k_cot_zeroshot", "gsm8k", 1319), ("minerva_math500", "minerva_math", 500),
-    ("arc_challenge", "arc", 1172), ("mmlu_professional_law", "mmlu/default", 1534)])
-def test_real_files_give_the_full_test_sets(real_data: Path, no_hub: list, name: str,
-                                            folder: str, size: int) -> None:
+@pytest.mark.parametrize(
+    "name, folder, size",
+    [
+        ("gsm8k_cot_zeroshot", "gsm8k", 1319),
+        ("minerva_math500", "minerva_math", 500),
+        ("arc_challenge", "arc", 1172),
+        ("mmlu_professional_law", "mmlu/default", 1534),
+    ],
+)
+def test_real_files_give_the_full_test_sets(
+    real_data: Path, no_hub: list, name: str, folder: str, size: int
+) -> None:
     assert len(stock_task(name, folder).dataset["test"]) == size
 
 
@@ -230,9 +286,16 @@ def test_stock_gsm8k_end_to_end_offline(real_data: Path, no_hub: list, caplog) -
     manager = TaskManager(include_path=str(STOCK / "gsm8k"), include_defaults=False)
     with caplog.at_level(logging.WARNING, logger="lm_eval_dvoting.integration.plugin"):
         results = lm_eval.simple_evaluate(
-            model="dvoting-llada", model_args="pretrained=tiny-arith,strategy=single",
-            tasks=["gsm8k_cot_zeroshot"], limit=2, gen_kwargs="max_gen_toks=32", device="cpu",
-            log_samples=True, task_manager=manager, verbosity="ERROR")
+            model="dvoting-llada",
+            model_args="pretrained=tiny-arith,strategy=single",
+            tasks=["gsm8k_cot_zeroshot"],
+            limit=2,
+            gen_kwargs="max_gen_toks=32",
+            device="cpu",
+            log_samples=True,
+            task_manager=manager,
+            verbosity="ERROR",
+        )
     expected = local_data.read_jsonl(real_data / "gsm8k" / "test.jsonl")[:2]
     records = results["samples"]["gsm8k_cot_zeroshot"]
     for record in records:

@@ -6,6 +6,7 @@ two-way ties on which samples at temperature > 0 disagree. Answers are scripted 
 question with `ScriptedAnswers` (the model writes the question id at generation
 index 0), so a test decides what each sample "answered".
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,13 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from scripted import ScriptedAnswers, ScriptedModel, gen_choices
 from torch import nn
 
 import lm_eval_dvoting.core.strategies as strategies
-from lm_eval_dvoting.core.decoding import RowDecoder
 from lm_eval_dvoting.core.answers import extract_answer
-from lm_eval_dvoting.demo import arith
-from lm_eval_dvoting.models.loading import load_model, load_tokenizer
+from lm_eval_dvoting.core.decoding import RowDecoder
 from lm_eval_dvoting.core.strategies import (
     StrategySettings,
     derive_seed,
@@ -29,8 +29,8 @@ from lm_eval_dvoting.core.strategies import (
     run_strategy,
     should_stop_early,
 )
-from scripted import ScriptedAnswers, ScriptedModel, gen_choices
-
+from lm_eval_dvoting.demo import arith
+from lm_eval_dvoting.models.loading import load_model, load_tokenizer
 
 PROMPT_LENGTH = 3
 TWO_WAY = {2, 5, 7, 9, 13}  # generation indices where two tokens tie
@@ -65,11 +65,17 @@ class Recorder:
 
         class RecordingDecoder(RowDecoder):
             def add(self, row):
-                recorder.rows.append(dict(
-                    init=row.tokens.clone(), block_length=row.block_length, steps=row.steps,
-                    alpha=row.alpha, temperature=row.temperature, remasking=row.remasking,
-                    prompt=row.prompt.clone(),
-                ))
+                recorder.rows.append(
+                    dict(
+                        init=row.tokens.clone(),
+                        block_length=row.block_length,
+                        steps=row.steps,
+                        alpha=row.alpha,
+                        temperature=row.temperature,
+                        remasking=row.remasking,
+                        prompt=row.prompt.clone(),
+                    )
+                )
                 super().add(row)
 
         monkeypatch.setattr(strategies, "RowDecoder", RecordingDecoder)
@@ -106,11 +112,17 @@ M = 99  # mask id for the direct tests
     "samples, tau, expected",
     [
         # unanimous positions kept, the others masked; last quarter (2 of 8) always masked
-        ([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 0, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8]], 1.0,
-         [1, 2, M, 4, 5, M, M, M]),
+        (
+            [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 0, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8]],
+            1.0,
+            [1, 2, M, 4, 5, M, M, M],
+        ),
         # share threshold 0.6: 2 of 3 is enough
-        ([[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 0, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8]], 0.6,
-         [1, 2, 3, 4, 5, 6, M, M]),
+        (
+            [[1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 0, 4, 5, 0, 7, 8], [1, 2, 3, 4, 5, 6, 7, 8]],
+            0.6,
+            [1, 2, 3, 4, 5, 6, M, M],
+        ),
         # a three-way split (1/3 each) is kept only with tau <= 1/3, as the earliest's token
         ([[1, 1, 1, 1], [2, 1, 1, 1], [3, 1, 1, 1]], 1 / 3, [1, 1, 1, M]),
         ([[1, 1, 1, 1], [2, 1, 1, 1], [3, 1, 1, 1]], 0.34, [M, 1, 1, M]),
@@ -139,15 +151,19 @@ def test_remask_tokens_matches_reference_on_random_samples():
         length = 1 + (trial * 7) % 23
         samples = torch.randint(0, 3, (k, length), generator=generator)
         tau = [1.0, 0.75, 0.6, 0.5, 1 / 3, 0.2][trial % 6]
-        assert remask_tokens(samples, tau, M).tolist() == reference_remask(samples, tau, M), (samples, tau)
+        assert remask_tokens(samples, tau, M).tolist() == reference_remask(samples, tau, M), (
+            samples,
+            tau,
+        )
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.6, 1 / 3])
 def test_remask_samples_through_run_strategy(recorder, tau):
     model = _scripted()
     answers = ScriptedAnswers({10: ["a", "b", "c", "d", "e"]})  # never agree: all 5 samples
-    (result,) = run_strategy(model, _prompts([10]), extract=answers, gen_length=16, block_length=4,
-                             n=5, tau=tau, seed=2)
+    (result,) = run_strategy(
+        model, _prompts([10]), extract=answers, gen_length=16, block_length=4, n=5, tau=tau, seed=2
+    )
     mask = model.mask_token_id
     assert len(result.samples) == 5 and result.answers == ["a", "b", "c", "d", "e"]
     assert result.kept[:3] == [None, None, None]  # samples 1..3 fresh
@@ -188,7 +204,10 @@ def test_should_stop_early_rule_exhaustive():
     for n in range(1, 8):
         for length in range(0, 6):
             for answers in itertools.product(["A", "B", "C", None], repeat=length):
-                assert should_stop_early(list(answers), n) == reference_should_stop(answers, n), (answers, n)
+                assert should_stop_early(list(answers), n) == reference_should_stop(answers, n), (
+                    answers,
+                    n,
+                )
     # the rule's corners, spelled out for n = 5 (floor(n/2) = 2)
     assert should_stop_early(["A", "A"], 5)
     assert not should_stop_early(["A", None], 5)
@@ -220,7 +239,9 @@ def test_should_stop_early_groups_with_same_answer():
 def test_early_stop_through_run_strategy(recorder, script, drawn, fresh):
     model = _scripted()
     answers = ScriptedAnswers({11: script})
-    (result,) = run_strategy(model, _prompts([11]), extract=answers, gen_length=16, block_length=4, n=5, seed=2)
+    (result,) = run_strategy(
+        model, _prompts([11]), extract=answers, gen_length=16, block_length=4, n=5, seed=2
+    )
     assert len(result.samples) == len(result.answers) == len(result.sample_nfe) == drawn
     assert result.answers == script[:drawn]
     assert len(recorder.rows) == drawn  # no sample was decoded and thrown away
@@ -234,12 +255,16 @@ def test_early_stop_through_run_strategy(recorder, script, drawn, fresh):
 def test_fresh_then_remask_samples_for_any_n(recorder, n):
     model = _scripted()
     answers = ScriptedAnswers({12: [str(i) for i in range(n)]})  # all different: no early stop
-    (result,) = run_strategy(model, _prompts([12]), extract=answers, gen_length=16, block_length=4, n=n, seed=3)
+    (result,) = run_strategy(
+        model, _prompts([12]), extract=answers, gen_length=16, block_length=4, n=n, seed=3
+    )
     assert len(result.samples) == n
     fresh = min(n, n // 2 + 1)
     assert [k is None for k in result.kept] == [True] * fresh + [False] * (n - fresh)
-    assert all(row["alpha"] == 0.3 and row["steps"] is None and row["temperature"] == 0.6
-               for row in recorder.rows)
+    assert all(
+        row["alpha"] == 0.3 and row["steps"] is None and row["temperature"] == 0.6
+        for row in recorder.rows
+    )
 
 
 # --------------------------------------------------------------------- the vote
@@ -258,7 +283,9 @@ def test_fresh_then_remask_samples_for_any_n(recorder, n):
 def test_vote_and_chosen_sample(script, winner, chosen):
     model = _scripted()
     answers = ScriptedAnswers({13: script})
-    (result,) = run_strategy(model, _prompts([13]), extract=answers, gen_length=16, block_length=4, n=5, seed=4)
+    (result,) = run_strategy(
+        model, _prompts([13]), extract=answers, gen_length=16, block_length=4, n=5, seed=4
+    )
     assert len(result.samples) == 5
     assert result.chosen == chosen
     if winner is None:
@@ -266,21 +293,41 @@ def test_vote_and_chosen_sample(script, winner, chosen):
     else:
         assert result.votes[0][0] == winner
         assert result.answers[result.chosen] == winner
-        assert result.votes == sorted(Counter(a for a in script if a is not None).items(),
-                                      key=lambda kv: (-kv[1], script.index(kv[0])))
+        assert result.votes == sorted(
+            Counter(a for a in script if a is not None).items(),
+            key=lambda kv: (-kv[1], script.index(kv[0])),
+        )
 
 
 def test_majority_vote_and_same_answer(recorder):
     model = _scripted()
     answers = ScriptedAnswers({14: ["18.0", "7", "18", "7", "7"]})
     same = lambda a, b: float(a) == float(b)  # noqa: E731
-    (result,) = run_strategy(model, _prompts([14]), strategy="majority", extract=answers,
-                             gen_length=16, block_length=4, n=5, seed=5, same_answer=same)
+    (result,) = run_strategy(
+        model,
+        _prompts([14]),
+        strategy="majority",
+        extract=answers,
+        gen_length=16,
+        block_length=4,
+        n=5,
+        seed=5,
+        same_answer=same,
+    )
     assert result.votes == [("7", 3), ("18.0", 2)]
     assert result.chosen == 1
     answers = ScriptedAnswers({14: ["18.0", "7", "18", "7", "18"]})
-    (result,) = run_strategy(model, _prompts([14]), strategy="majority", extract=answers,
-                             gen_length=16, block_length=4, n=5, seed=5, same_answer=same)
+    (result,) = run_strategy(
+        model,
+        _prompts([14]),
+        strategy="majority",
+        extract=answers,
+        gen_length=16,
+        block_length=4,
+        n=5,
+        seed=5,
+        same_answer=same,
+    )
     assert result.votes == [("18.0", 3), ("7", 2)] and result.chosen == 0
 
 
@@ -290,7 +337,9 @@ def test_majority_vote_and_same_answer(recorder):
 def test_dvoting_nfe_is_the_sum_of_sample_nfe():
     model = _scripted()
     answers = ScriptedAnswers({15: ["1", "2", "3", "1", "2"]})
-    (result,) = run_strategy(model, _prompts([15]), extract=answers, gen_length=16, block_length=4, seed=6)
+    (result,) = run_strategy(
+        model, _prompts([15]), extract=answers, gen_length=16, block_length=4, seed=6
+    )
     assert len(result.samples) == 5
     assert result.nfe == sum(result.sample_nfe)
     assert result.nfe == model.row_steps  # each row counted once per forward pass it was in
@@ -305,22 +354,38 @@ L = 64
 
 def test_single_baseline(recorder):
     model = _scripted()
-    (result,) = run_strategy(model, _prompts([10]), strategy="single", extract=lambda t: "x", gen_length=L)
+    (result,) = run_strategy(
+        model, _prompts([10]), strategy="single", extract=lambda t: "x", gen_length=L
+    )
     assert len(result.samples) == 1 and result.nfe == L == model.row_steps
     (row,) = recorder.rows
-    assert (row["steps"], row["alpha"], row["temperature"], row["block_length"]) == (L, None, 0.0, L // 16)
+    assert (row["steps"], row["alpha"], row["temperature"], row["block_length"]) == (
+        L,
+        None,
+        0.0,
+        L // 16,
+    )
     # temperature 0: the smaller id of every tie
     assert all(int(result.samples[0][g]) == 20 for g in TWO_WAY)
 
 
 def test_majority_baseline(recorder):
     model = _scripted()
-    (result,) = run_strategy(model, _prompts([10]), strategy="majority", extract=lambda t: int(t[2]),
-                             gen_length=L, seed=1)
+    (result,) = run_strategy(
+        model,
+        _prompts([10]),
+        strategy="majority",
+        extract=lambda t: int(t[2]),
+        gen_length=L,
+        seed=1,
+    )
     assert len(result.samples) == 5
     assert result.sample_nfe == [L // 2] * 5 and result.nfe == 5 * L // 2 == model.row_steps
-    assert all((r["steps"], r["alpha"], r["temperature"], r["block_length"]) == (L // 2, None, 0.9, L // 16)
-               for r in recorder.rows)
+    assert all(
+        (r["steps"], r["alpha"], r["temperature"], r["block_length"])
+        == (L // 2, None, 0.9, L // 16)
+        for r in recorder.rows
+    )
     assert all(bool((r["init"] == model.mask_token_id).all()) for r in recorder.rows)
     # temperature 0.9: the samples differ at the ties
     assert len({tuple(s.tolist()) for s in result.samples}) > 1
@@ -328,8 +393,15 @@ def test_majority_baseline(recorder):
 
 def test_hex_baseline(recorder):
     model = _scripted()
-    (result,) = run_strategy(model, _prompts([10]), strategy="hex", extract=lambda t: int(t[5]),
-                             gen_length=L, seed=1, max_rows=32)
+    (result,) = run_strategy(
+        model,
+        _prompts([10]),
+        strategy="hex",
+        extract=lambda t: int(t[5]),
+        gen_length=L,
+        seed=1,
+        max_rows=32,
+    )
     assert len(result.samples) == 25
     assert result.sample_nfe == [L // 2] * 25 and result.nfe == 25 * L // 2 == model.row_steps
     blocks = Counter(r["block_length"] for r in recorder.rows)
@@ -340,8 +412,14 @@ def test_hex_baseline(recorder):
 
 def test_hex_five_samples_at_temperature_zero(recorder):
     model = _scripted()
-    (result,) = run_strategy(model, _prompts([10]), strategy="hex", hex_samples=5,
-                             extract=lambda t: int(t[5]), gen_length=L)
+    (result,) = run_strategy(
+        model,
+        _prompts([10]),
+        strategy="hex",
+        hex_samples=5,
+        extract=lambda t: int(t[5]),
+        gen_length=L,
+    )
     assert len(result.samples) == 5 and result.nfe == 5 * L // 2
     assert sorted(r["block_length"] for r in recorder.rows) == [2, 4, 8, 16, 32]
     assert all(r["temperature"] == 0.0 for r in recorder.rows)
@@ -350,8 +428,16 @@ def test_hex_five_samples_at_temperature_zero(recorder):
 
 def test_strategy_temperature_can_be_overridden(recorder):
     model = _scripted()
-    run_strategy(model, _prompts([10]), strategy="majority", temperature=0.0, extract=lambda t: 1,
-                 gen_length=16, block_length=4, n=2)
+    run_strategy(
+        model,
+        _prompts([10]),
+        strategy="majority",
+        temperature=0.0,
+        extract=lambda t: 1,
+        gen_length=16,
+        block_length=4,
+        n=2,
+    )
     assert [r["temperature"] for r in recorder.rows] == [0.0, 0.0]
 
 
@@ -368,14 +454,23 @@ def _left_pad(prompts):
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = p
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
     return ids, mask
 
 
 def _summary(result):
-    return (result.samples.tolist(), result.answers, result.nfe, result.sample_nfe, result.chosen,
-            result.kept, result.votes, result.returned_tokens.tolist(), result.step_answers)
+    return (
+        result.samples.tolist(),
+        result.answers,
+        result.nfe,
+        result.sample_nfe,
+        result.chosen,
+        result.kept,
+        result.votes,
+        result.returned_tokens.tolist(),
+        result.step_answers,
+    )
 
 
 @pytest.mark.parametrize("strategy", ["single", "majority", "hex", "dvoting", "temporal"])
@@ -392,7 +487,9 @@ def test_batch_size_and_order_invariance(llada_fixture: Path, strategy):
     batched = run_strategy(model, ids, mask, row_seeds=row_seeds, max_rows=8, **kwargs)
     one_by_one = run_strategy(model, ids, mask, row_seeds=row_seeds, max_rows=1, **kwargs)
     ids_r, mask_r = _left_pad(prompts[::-1])
-    reversed_ = run_strategy(model, ids_r, mask_r, row_seeds=row_seeds[::-1], max_rows=5, **kwargs)[::-1]
+    reversed_ = run_strategy(model, ids_r, mask_r, row_seeds=row_seeds[::-1], max_rows=5, **kwargs)[
+        ::-1
+    ]
     for a, b, c in zip(batched, one_by_one, reversed_):
         assert _summary(a) == _summary(b) == _summary(c)
     if strategy == "dvoting":
@@ -419,8 +516,15 @@ def test_results_come_back_in_question_order_and_on_done():
     script = {10: ["a", "a"], 11: ["b", "c", "b", "b"], 12: ["z", "y", "x", "w", "v"]}
     answers = ScriptedAnswers(script)
     done = []
-    results = run_strategy(model, _prompts([12, 10, 11]), extract=answers, gen_length=16, block_length=4,
-                           max_rows=2, on_done=lambda i, r: done.append(i))
+    results = run_strategy(
+        model,
+        _prompts([12, 10, 11]),
+        extract=answers,
+        gen_length=16,
+        block_length=4,
+        max_rows=2,
+        on_done=lambda i, r: done.append(i),
+    )
     assert [r.answers for r in results] == [script[12], script[10], script[11]]
     assert sorted(done) == [0, 1, 2]
     assert all(int(s[0]) == q for r, q in zip(results, [12, 10, 11]) for s in r.samples)
@@ -435,8 +539,16 @@ def test_derive_seed_is_stable():
     import sys
 
     code = "from lm_eval_dvoting.core.strategies import derive_seed; print(derive_seed(0, 1), derive_seed('x', 3, None))"
-    runs = [subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONHASHSEED=salt),
-                           capture_output=True, text=True, check=True).stdout.split() for salt in ("1", "2")]
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env=dict(os.environ, PYTHONHASHSEED=salt),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        for salt in ("1", "2")
+    ]
     assert runs[0] == runs[1] == [str(derive_seed(0, 1)), str(derive_seed("x", 3, None))]
     assert derive_seed(0, 1) != derive_seed(1, 0)
     seeds = {derive_seed("task", doc, repeat) for doc in range(200) for repeat in range(5)}
@@ -466,8 +578,12 @@ def test_settings_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         StrategySettings(**kwargs)
     with pytest.raises(ValueError, match=message):
-        run_strategy(_scripted(), _prompts([10]), extract=lambda t: None,
-                     **{"gen_length": 16, "block_length": 4, **kwargs})
+        run_strategy(
+            _scripted(),
+            _prompts([10]),
+            extract=lambda t: None,
+            **{"gen_length": 16, "block_length": 4, **kwargs},
+        )
 
 
 def test_default_settings():
@@ -477,7 +593,9 @@ def test_default_settings():
     assert StrategySettings(strategy="single", gen_length=128).resolved_steps == 128
     assert StrategySettings(strategy="majority", gen_length=128).resolved_temperature == 0.9
     assert StrategySettings(strategy="majority", gen_length=128).resolved_steps == 64
-    assert StrategySettings(strategy="hex", gen_length=128, hex_samples=5).resolved_temperature == 0.0
+    assert (
+        StrategySettings(strategy="hex", gen_length=128, hex_samples=5).resolved_temperature == 0.0
+    )
     assert StrategySettings(strategy="hex", gen_length=128).resolved_temperature == 0.9
 
 
@@ -495,8 +613,12 @@ def demo():
     model = load_model("tiny-arith", device="cpu")
     tokenizer = load_tokenizer("tiny-arith")
     problems = arith.read_test_set()[:12]
-    enc = tokenizer([arith.format_prompt(p["question"]) for p in problems], add_special_tokens=False,
-                    padding=True, return_tensors="pt")
+    enc = tokenizer(
+        [arith.format_prompt(p["question"]) for p in problems],
+        add_special_tokens=False,
+        padding=True,
+        return_tensors="pt",
+    )
 
     def extract(ids: torch.Tensor) -> str | None:
         return extract_answer(tokenizer.decode(ids.tolist()).split("<|endoftext|>")[0], "number")
@@ -506,8 +628,16 @@ def demo():
 
 def _run(demo, **kwargs):
     model, enc, extract = demo
-    return run_strategy(model, enc.input_ids, enc.attention_mask, extract=extract, gen_length=GEN_LENGTH,
-                        seed=7, max_rows=8, **kwargs)
+    return run_strategy(
+        model,
+        enc.input_ids,
+        enc.attention_mask,
+        extract=extract,
+        gen_length=GEN_LENGTH,
+        seed=7,
+        max_rows=8,
+        **kwargs,
+    )
 
 
 def test_single_with_the_entropy_decoder_is_dvotings_first_sample(demo):
@@ -548,25 +678,58 @@ def test_settings_report_the_decoder_and_no_schedule():
     assert StrategySettings(strategy="dvoting", gen_length=32).resolved_decoder == "entropy"
     assert StrategySettings(strategy="majority", gen_length=32, decoder="fixed").steps_run == 16
     # each strategy's own decoder may be named, and single/majority may take either
-    for strategy, decoder in [("hex", "fixed"), ("dvoting", "entropy"), ("single", "fixed"),
-                              ("single", "entropy"), ("majority", "entropy"), ("single", "confidence"),
-                              ("majority", "confidence"), ("dvoting", "confidence")]:
-        assert StrategySettings(strategy=strategy, gen_length=64, decoder=decoder).resolved_decoder == decoder
+    for strategy, decoder in [
+        ("hex", "fixed"),
+        ("dvoting", "entropy"),
+        ("single", "fixed"),
+        ("single", "entropy"),
+        ("majority", "entropy"),
+        ("single", "confidence"),
+        ("majority", "confidence"),
+        ("dvoting", "confidence"),
+    ]:
+        assert (
+            StrategySettings(strategy=strategy, gen_length=64, decoder=decoder).resolved_decoder
+            == decoder
+        )
 
 
-@pytest.mark.parametrize("strategy, decoder, says", [
-    ("hex", "entropy", "decoder=entropy does not apply to strategy=hex: HEX is defined by its fixed "
-                       "schedules over block sizes L/32..L/2; leave decoder out for hex"),
-    ("hex", "confidence", "decoder=confidence does not apply to strategy=hex: HEX is defined by its fixed "
-                          "schedules over block sizes L/32..L/2; leave decoder out for hex"),
-    ("dvoting", "fixed", "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
-                         "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
-                         "decoder out for dvoting, or compare with strategy=majority,decoder=entropy"),
-    ("single", "greedy", "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
-                         "strategy's own), got 'greedy'"),
-    ("majority", "", "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the strategy's "
-                     "own), got ''"),
-])
+@pytest.mark.parametrize(
+    "strategy, decoder, says",
+    [
+        (
+            "hex",
+            "entropy",
+            "decoder=entropy does not apply to strategy=hex: HEX is defined by its fixed "
+            "schedules over block sizes L/32..L/2; leave decoder out for hex",
+        ),
+        (
+            "hex",
+            "confidence",
+            "decoder=confidence does not apply to strategy=hex: HEX is defined by its fixed "
+            "schedules over block sizes L/32..L/2; leave decoder out for hex",
+        ),
+        (
+            "dvoting",
+            "fixed",
+            "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
+            "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
+            "decoder out for dvoting, or compare with strategy=majority,decoder=entropy",
+        ),
+        (
+            "single",
+            "greedy",
+            "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
+            "strategy's own), got 'greedy'",
+        ),
+        (
+            "majority",
+            "",
+            "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the strategy's "
+            "own), got ''",
+        ),
+    ],
+)
 def test_decoder_refusals_name_the_setting(strategy, decoder, says):
     """The whole message: the setting, its value, what is allowed and what to do."""
     with pytest.raises(ValueError) as refused:
@@ -582,6 +745,7 @@ def test_decoder_refusals_name_the_setting(strategy, decoder, says):
 def test_a_plan_that_asks_for_no_samples_raises_instead_of_waiting_forever(monkeypatch):
     """A question whose plan yields a draw of no samples has nothing to decode and never
     finishes: the scheduler raises, naming the strategy and the question, instead of spinning."""
+
     def empty_plan(settings, mask_id, same_answer):
         yield []
 
@@ -597,8 +761,15 @@ def test_a_plan_that_asks_for_no_samples_raises_instead_of_waiting_forever(monke
     monkeypatch.setattr(strategies._Scheduler, "_fill_free_rows", counted_fill)
     says = r"strategy=majority's plan asked for a draw of no samples for question 0 after 0 sample"
     with pytest.raises(RuntimeError, match=says):
-        run_strategy(_scripted(), _prompts([4, 5]), strategy="majority",
-                     extract=ScriptedAnswers({}), gen_length=16, block_length=4, max_rows=1)
+        run_strategy(
+            _scripted(),
+            _prompts([4, 5]),
+            strategy="majority",
+            extract=ScriptedAnswers({}),
+            gen_length=16,
+            block_length=4,
+            max_rows=1,
+        )
 
 
 def test_a_rule_that_commits_nothing_names_the_question_and_sample(monkeypatch):
@@ -609,5 +780,12 @@ def test_a_rule_that_commits_nothing_names_the_question_and_sample(monkeypatch):
     monkeypatch.setattr(rules.EntropyThreshold, "_decide", staticmethod(lambda work, entropy: []))
     says = r"committed nothing in step 1 of row 0 \(question 0, sample 1\)"
     with pytest.raises(RuntimeError, match=says):
-        run_strategy(_scripted(), _prompts([4]), strategy="dvoting", gen_length=16,
-                     extract=ScriptedAnswers({4: [1] * 5}), block_length=4, max_rows=1)
+        run_strategy(
+            _scripted(),
+            _prompts([4]),
+            strategy="dvoting",
+            gen_length=16,
+            extract=ScriptedAnswers({4: [1] * 5}),
+            block_length=4,
+            max_rows=1,
+        )

@@ -7,6 +7,7 @@ saved as `lm_eval --output_path --log_samples` saves it, so the same files also 
 `dvoting report` counting documents, not logged lines, per filter (issue 42, item 4).
 compare.json is tested in tests/test_compare.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_task_costs import LOCAL, TASKS, _stock_task
 
 from lm_eval_dvoting.commands import report
-
+from lm_eval_dvoting.core.strategies import StrategySettings
 from lm_eval_dvoting.integration import strict_json
 from lm_eval_dvoting.integration.bookkeeping import CostBook
-from lm_eval_dvoting.core.strategies import StrategySettings
 from lm_eval_dvoting.integration.strict_json import dumps, json_safe, loads_strict
-from test_task_costs import LOCAL, TASKS, _stock_task
 
 FILTERS = ("strict-match", "flexible-extract")
 
@@ -35,7 +35,7 @@ def test_non_finite_floats_are_encoded_as_documented():
     assert float(json_safe(math.inf)) == math.inf  # "inf" reads back as the model arg does
 
 
-@pytest.mark.parametrize("text", ['{"a": NaN}', '[Infinity]', '{"a": [-Infinity]}'])
+@pytest.mark.parametrize("text", ['{"a": NaN}', "[Infinity]", '{"a": [-Infinity]}'])
 def test_the_strict_parser_refuses_what_strict_parsers_refuse(text):
     json.loads(text)  # Python's own parser takes it
     with pytest.raises(ValueError, match="non-standard JSON constant"):
@@ -66,15 +66,28 @@ def stock_run(tmp_path_factory) -> Path:
     folder = _stock_task(root / "tasks", rows=3)
     out = root / "out"
     tracker = EvaluationTracker(output_path=str(out))
-    model_args = {"pretrained": "tiny-arith", "strategy": "single", "decoder": "entropy",
-                  "alpha": math.inf}
+    model_args = {
+        "pretrained": "tiny-arith",
+        "strategy": "single",
+        "decoder": "entropy",
+        "alpha": math.inf,
+    }
     # lm-eval's CLI: the model args are also every task's metadata (EvaluationConfig)
-    manager = TaskManager(include_path=[str(folder), str(TASKS)], include_defaults=False,
-                          metadata=dict(model_args))
+    manager = TaskManager(
+        include_path=[str(folder), str(TASKS)], include_defaults=False, metadata=dict(model_args)
+    )
     results = lm_eval.simple_evaluate(
-        model="dvoting-llada", model_args=model_args, tasks=[LOCAL], device="cpu", log_samples=True,
-        task_manager=manager, evaluation_tracker=tracker, gen_kwargs="max_gen_toks=32",
-        verbosity="ERROR", metadata=dict(model_args))
+        model="dvoting-llada",
+        model_args=model_args,
+        tasks=[LOCAL],
+        device="cpu",
+        log_samples=True,
+        task_manager=manager,
+        evaluation_tracker=tracker,
+        gen_kwargs="max_gen_toks=32",
+        verbosity="ERROR",
+        metadata=dict(model_args),
+    )
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
     tracker.save_results_samples(task_name=LOCAL, samples=samples[LOCAL])
@@ -131,7 +144,7 @@ def _strictly_parsed_files(folder: Path) -> list[Path]:
     files = sorted(folder.rglob("results_*.json")) + sorted(folder.rglob("samples_*.jsonl"))
     for file in files:
         text = file.read_text()
-        for part in ([text] if file.suffix == ".json" else text.splitlines()):
+        for part in [text] if file.suffix == ".json" else text.splitlines():
             loads_strict(part)
     return files
 
@@ -146,16 +159,24 @@ def test_a_log_likelihood_runs_files_parse_strictly_with_alpha_inf(tmp_path: Pat
     torch.set_num_threads(1)
     tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
     model_args = {"pretrained": "tiny-arith", "mc_num": 4, "alpha": math.inf}
-    manager = TaskManager(include_path=str(TASKS), include_defaults=False,
-                          metadata=dict(model_args))
+    manager = TaskManager(
+        include_path=str(TASKS), include_defaults=False, metadata=dict(model_args)
+    )
     results = lm_eval.simple_evaluate(
-        model="dvoting-llada", model_args=model_args, tasks=["dvoting_arith_mc"], limit=2,
-        device="cpu", log_samples=True, task_manager=manager, evaluation_tracker=tracker,
-        verbosity="ERROR", metadata=dict(model_args))
+        model="dvoting-llada",
+        model_args=model_args,
+        tasks=["dvoting_arith_mc"],
+        limit=2,
+        device="cpu",
+        log_samples=True,
+        task_manager=manager,
+        evaluation_tracker=tracker,
+        verbosity="ERROR",
+        metadata=dict(model_args),
+    )
     samples = results.pop("samples")
     tracker.save_results_aggregated(results=results, samples=samples)
-    tracker.save_results_samples(task_name="dvoting_arith_mc",
-                                 samples=samples["dvoting_arith_mc"])
+    tracker.save_results_samples(task_name="dvoting_arith_mc", samples=samples["dvoting_arith_mc"])
     assert len(_strictly_parsed_files(tmp_path / "out")) == 2
 
 
@@ -172,10 +193,15 @@ def test_the_callers_results_keep_their_values_and_the_table_still_prints(tmp_pa
     tracker.general_config_tracker.model_source = "dvoting-llada"
     tracker.general_config_tracker.model_name = "m"
     tracker.general_config_tracker.model_name_sanitized = "m"
-    results = {"config": {"model_args": {"alpha": math.inf}},
-               "results": {"t": {"alias": "t", "exact_match,none": 0.5,
-                                 "exact_match_stderr,none": math.nan}},
-               "versions": {"t": 1}, "n-shot": {"t": 0}, "higher_is_better": {"t": {}}}
+    results = {
+        "config": {"model_args": {"alpha": math.inf}},
+        "results": {
+            "t": {"alias": "t", "exact_match,none": 0.5, "exact_match_stderr,none": math.nan}
+        },
+        "versions": {"t": 1},
+        "n-shot": {"t": 0},
+        "higher_is_better": {"t": {}},
+    }
     tracker.save_results_aggregated(results=results, samples=None)
     (written,) = tmp_path.rglob("results_*.json")
     loads_strict(written.read_text())

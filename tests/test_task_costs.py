@@ -13,6 +13,7 @@ lm-eval), renamed and pointed at a small local jsonl, as a user offline would ru
 `--include_path`. The model is the shipped demo `pretrained=tiny-arith` at 32 (or 16)
 generated tokens; its answers to these questions are wrong, which does not matter here.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,9 @@ import lm_eval
 import lm_eval.tasks
 import pytest
 import yaml
+from conftest import REPO_ROOT
 from lm_eval.tasks import TaskManager
 
-from conftest import REPO_ROOT
 from lm_eval_dvoting.integration.costs import CostedText
 
 TASKS = REPO_ROOT / "task_configs"
@@ -43,24 +44,41 @@ def _stock_task(folder: Path, name: str = LOCAL, rows: int = 4, **overrides: Any
     """lm-eval's gsm8k-cot-zeroshot.yaml as `name`, reading `rows` local GSM8K-style rows."""
     folder.mkdir(parents=True, exist_ok=True)
     data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps({"question": f"{q}=?", "answer": f"{q}={a}.\n#### {a}"}) + "\n"
-                            for q, a in ROWS[:rows]))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"{q}=?", "answer": f"{q}={a}.\n#### {a}"}) + "\n"
+            for q, a in ROWS[:rows]
+        )
+    )
     config = yaml.safe_load(STOCK_YAML.read_text())
     assert config["task"] == "gsm8k_cot_zeroshot" and config["dataset_path"] == "openai/gsm8k"
     for key in ("dataset_name", "training_split", "fewshot_split", "tag"):
         config.pop(key, None)
-    config.update(task=name, dataset_path="json", dataset_kwargs={"data_files": {"test": str(data)}}, **overrides)
+    config.update(
+        task=name,
+        dataset_path="json",
+        dataset_kwargs={"data_files": {"test": str(data)}},
+        **overrides,
+    )
     (folder / f"{name}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return folder
 
 
-def _evaluate(model_args: str, tasks: list[str], folder: Path, limit: int | None = None,
-              **kwargs: Any) -> dict[str, Any]:
+def _evaluate(
+    model_args: str, tasks: list[str], folder: Path, limit: int | None = None, **kwargs: Any
+) -> dict[str, Any]:
     # include_defaults=False: indexing lm-eval's ~15,000 stock task files takes seconds
     manager = TaskManager(include_path=[str(folder), str(TASKS)], include_defaults=False)
     return lm_eval.simple_evaluate(
-        model="dvoting-llada", model_args=f"pretrained=tiny-arith,{model_args}", tasks=tasks, limit=limit,
-        device="cpu", log_samples=True, task_manager=manager, verbosity="ERROR", **kwargs,
+        model="dvoting-llada",
+        model_args=f"pretrained=tiny-arith,{model_args}",
+        tasks=tasks,
+        limit=limit,
+        device="cpu",
+        log_samples=True,
+        task_manager=manager,
+        verbosity="ERROR",
+        **kwargs,
     )
 
 
@@ -77,18 +95,37 @@ def test_stock_gsm8k_cot_zeroshot_reports_cost_per_task_through_the_cli(tmp_path
     n_samples per question in the printed table, the results JSON and every sample."""
     folder = _stock_task(tmp_path / "tasks", rows=4)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "lm_eval", "--model", "dvoting-llada",
-               "--model_args", "pretrained=tiny-arith,strategy=single", "--tasks", LOCAL,
-               "--include_path", str(folder), "--gen_kwargs", "max_gen_toks=32", "--device", "cpu",
-               "--output_path", str(out), "--log_samples"]
+    command = [
+        sys.executable,
+        "-m",
+        "lm_eval",
+        "--model",
+        "dvoting-llada",
+        "--model_args",
+        "pretrained=tiny-arith,strategy=single",
+        "--tasks",
+        LOCAL,
+        "--include_path",
+        str(folder),
+        "--gen_kwargs",
+        "max_gen_toks=32",
+        "--device",
+        "cpu",
+        "--output_path",
+        str(out),
+        "--log_samples",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
 
     # single: one sample of `steps = L = 32` forward passes per question
     filters = ("strict-match", "flexible-extract")
-    table = [[cell.strip() for cell in line.split("|")[1:-1]] for line in run.stdout.splitlines()
-             if line.startswith("|")]
+    table = [
+        [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in run.stdout.splitlines()
+        if line.startswith("|")
+    ]
     rows = {(row[2], row[4]): row[6] for row in table if len(row) > 6}
     for name in filters:
         # (the printed precision is pytablewriter's per-column choice: "32", or "32.00"
@@ -120,15 +157,31 @@ def test_cost_per_question_sums_every_repeat(tmp_path):
     requests, whatever the filters make of them (first, majority vote, or all)."""
     folder = tmp_path / "tasks"
     filters = [
-        {"name": "score-first", "filter": [{"function": "regex", "regex_pattern": r"(-?[0-9]+)"},
-                                           {"function": "take_first"}]},
-        {"name": "maj@3", "filter": [{"function": "regex", "regex_pattern": r"(-?[0-9]+)"},
-                                     {"function": "majority_vote"}, {"function": "take_first"}]},
+        {
+            "name": "score-first",
+            "filter": [
+                {"function": "regex", "regex_pattern": r"(-?[0-9]+)"},
+                {"function": "take_first"},
+            ],
+        },
+        {
+            "name": "maj@3",
+            "filter": [
+                {"function": "regex", "regex_pattern": r"(-?[0-9]+)"},
+                {"function": "majority_vote"},
+                {"function": "take_first"},
+            ],
+        },
         # no take_first: the task's process_results receives the list of all three answers
         {"name": "all", "filter": [{"function": "regex", "regex_pattern": r"(-?[0-9]+)"}]},
     ]
-    _stock_task(folder, rows=5, repeats=3, filter_list=filters,
-                process_results="!function probe_utils.process_results")
+    _stock_task(
+        folder,
+        rows=5,
+        repeats=3,
+        filter_list=filters,
+        process_results="!function probe_utils.process_results",
+    )
     (folder / "probe_utils.py").write_text(
         "def process_results(doc, results):\n"
         "    answers = results[0] if isinstance(results[0], list) else [results[0]]\n"
@@ -137,8 +190,11 @@ def test_cost_per_question_sums_every_repeat(tmp_path):
     )
     # safe_dump quoted the tag; lm-eval reads `!function` only as a YAML tag
     path = folder / f"{LOCAL}.yaml"
-    path.write_text(path.read_text().replace("'!function probe_utils.process_results'",
-                                             "!function probe_utils.process_results"))
+    path.write_text(
+        path.read_text().replace(
+            "'!function probe_utils.process_results'", "!function probe_utils.process_results"
+        )
+    )
 
     results = _evaluate("strategy=dvoting,n=3", [LOCAL], folder, gen_kwargs="max_gen_toks=32")
     figures = results["results"][LOCAL]
@@ -153,7 +209,9 @@ def test_cost_per_question_sums_every_repeat(tmp_path):
             assert record["n_samples"] == sum(r.n_samples for r in responses)
             per_request_nfe += [r.nfe for r in responses]
         assert figures[f"nfe,{name}"] == pytest.approx(sum(r["nfe"] for r in records) / 5)
-        assert figures[f"n_samples,{name}"] == pytest.approx(sum(r["n_samples"] for r in records) / 5)
+        assert figures[f"n_samples,{name}"] == pytest.approx(
+            sum(r["n_samples"] for r in records) / 5
+        )
     assert len(set(per_request_nfe)) > 1  # repeats really differ in cost (the sums are not 3x one)
     info = results["config"]["dvoting"]
     assert info["tasks"][LOCAL]["questions"] == 5 and info["tasks"][LOCAL]["requests"] == 15
@@ -168,7 +226,9 @@ def test_each_task_of_a_group_reports_its_own_cost(tmp_path):
     a group: each reports its own cost, the group the mean over all its questions."""
     folder = tmp_path / "tasks"
     _stock_task(folder, "gsm_long", rows=4, generation_kwargs={"until": ["Q:"], "max_gen_toks": 32})
-    _stock_task(folder, "gsm_short", rows=2, generation_kwargs={"until": ["Q:"], "max_gen_toks": 16})
+    _stock_task(
+        folder, "gsm_short", rows=2, generation_kwargs={"until": ["Q:"], "max_gen_toks": 16}
+    )
     (folder / "probe_group.yaml").write_text(
         "group: probe_group\ntask: [gsm_long, gsm_short, dvoting_arith]\n"
         "aggregate_metric_list:\n  - metric: exact_match\n    weight_by_size: true\n"
@@ -179,8 +239,14 @@ def test_each_task_of_a_group_reports_its_own_cost(tmp_path):
     assert figures["gsm_long"]["nfe,flexible-extract"] == 32.0
     assert figures["gsm_short"]["nfe,strict-match"] == 16.0
     assert figures["dvoting_arith"]["nfe,extract"] == 32.0
-    assert all(figures[t][f"n_samples,{f}"] == 1.0 for t, f in
-               (("gsm_long", "strict-match"), ("gsm_short", "flexible-extract"), ("dvoting_arith", "extract")))
+    assert all(
+        figures[t][f"n_samples,{f}"] == 1.0
+        for t, f in (
+            ("gsm_long", "strict-match"),
+            ("gsm_short", "flexible-extract"),
+            ("dvoting_arith", "extract"),
+        )
+    )
     # the group: 4 + 2 + 4 questions, under each filter name its tasks use
     group = figures["probe_group"]
     for name in ("strict-match", "flexible-extract", "extract"):
@@ -216,7 +282,9 @@ def score(doc, results):
 """
 
 
-def test_a_filter_whose_values_cannot_carry_the_cost_reports_none_rather_than_a_partial_mean(tmp_path, caplog):
+def test_a_filter_whose_values_cannot_carry_the_cost_reports_none_rather_than_a_partial_mean(
+    tmp_path, caplog
+):
     """A custom filter that outputs ints for some questions: a mean over only the questions
     whose value could carry the cost would be silently wrong, so the task reports no cost
     metric (with a warning) and the run's ledger keeps its whole sums."""
@@ -235,10 +303,16 @@ def test_a_filter_whose_values_cannot_carry_the_cost_reports_none_rather_than_a_
     flat = [v[0] if isinstance(v, list) else v for v in values]
     assert any(isinstance(v, int) for v in flat) and any(isinstance(v, str) for v in flat)  # mixed
     figures = results["results"]["arith_int"]
-    assert "exact_match,int" in figures and "nfe,int" not in figures and "n_samples,int" not in figures
+    assert (
+        "exact_match,int" in figures and "nfe,int" not in figures and "n_samples,int" not in figures
+    )
     assert any("cannot carry the cost" in r.getMessage() for r in caplog.records)
     assert results["config"]["dvoting"]["tasks"]["arith_int"] == {
-        "questions": 6, "requests": 6, "nfe": 6 * 32, "samples": 6}
+        "questions": 6,
+        "requests": 6,
+        "nfe": 6 * 32,
+        "samples": 6,
+    }
 
 
 # ------------------------------------------------------------------ --use_cache
@@ -264,7 +338,9 @@ def test_cached_reruns_report_the_whole_cost_and_settings(tmp_path):
     with SqliteDict(cache + "_rank0.db") as stored:
         entries = [value for value in stored.values() if isinstance(value, CostedText)]
     assert len(entries) == 4
-    assert all(e.nfe > 0 and e.n_samples >= 2 and e.settings["strategy"] == "dvoting" for e in entries)
+    assert all(
+        e.nfe > 0 and e.n_samples >= 2 and e.settings["strategy"] == "dvoting" for e in entries
+    )
 
     partly = _evaluate(*args, limit=4, gen_kwargs="max_gen_toks=32", use_cache=cache)
     fully = _evaluate(*args, limit=4, gen_kwargs="max_gen_toks=32", use_cache=cache)
@@ -292,25 +368,55 @@ def test_two_processes_report_the_same_cost_per_task(tmp_path):
     folder = _stock_task(tmp_path / "tasks", rows=5, repeats=2)  # odd: rank 1 is padded
 
     def run(name: str, launcher: list[str], extra: list[str] = ()) -> dict[str, Any]:
-        command = launcher + ["-m", "lm_eval", "--model", "dvoting-llada", "--model_args",
-                              "pretrained=tiny-arith,strategy=dvoting,n=3", "--tasks", f"{LOCAL},dvoting_arith",
-                              "--include_path", str(folder), "--gen_kwargs", "max_gen_toks=32", "--limit", "5",
-                              "--device", "cpu", "--output_path", str(tmp_path / name), *extra]
-        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="1")
+        command = launcher + [
+            "-m",
+            "lm_eval",
+            "--model",
+            "dvoting-llada",
+            "--model_args",
+            "pretrained=tiny-arith,strategy=dvoting,n=3",
+            "--tasks",
+            f"{LOCAL},dvoting_arith",
+            "--include_path",
+            str(folder),
+            "--gen_kwargs",
+            "max_gen_toks=32",
+            "--limit",
+            "5",
+            "--device",
+            "cpu",
+            "--output_path",
+            str(tmp_path / name),
+            *extra,
+        ]
+        env = dict(
+            os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="1"
+        )
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
         assert done.returncode == 0, done.stderr[-4000:]
         (results_file,) = (tmp_path / name).rglob("results_*.json")
         return json.loads(results_file.read_text())
 
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(29500 + os.getpid() % 1000)]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(29500 + os.getpid() % 1000),
+    ]
     cache = ["--use_cache", str(tmp_path / "cache" / "run")]
     one = run("one", [sys.executable])
     two = run("two", torchrun, cache)
     two_cached = run("two_cached", torchrun, cache)
     expected = one["config"]["dvoting"]
-    assert expected["tasks"][LOCAL] == {"questions": 5, "requests": 10, "nfe": expected["tasks"][LOCAL]["nfe"],
-                                        "samples": expected["tasks"][LOCAL]["samples"]}
+    assert expected["tasks"][LOCAL] == {
+        "questions": 5,
+        "requests": 10,
+        "nfe": expected["tasks"][LOCAL]["nfe"],
+        "samples": expected["tasks"][LOCAL]["samples"],
+    }
     for results, computed in ((two, 15), (two_cached, 0)):
         info = results["config"]["dvoting"]
         for key in ("totals", "tasks", "settings_used"):

@@ -7,6 +7,7 @@ generation_kwargs, filter_list, process_results), not just the helpers.
 GPQA's authors ask that its questions are never published in plain text: these
 tests never print or store question text (assertion messages name ids only).
 """
+
 from __future__ import annotations
 
 import collections
@@ -16,10 +17,9 @@ from typing import Any, Iterator
 
 import datasets
 import pytest
+from conftest import DATA, REPO_ROOT, require_shared
 
 from lm_eval_dvoting.integration.costs import CostedText
-
-from conftest import DATA, REPO_ROOT, require_shared
 
 TASK_CONFIGS = REPO_ROOT / "task_configs"
 FILTER = "extract"  # the filter_list name of every dvoting_* task
@@ -31,8 +31,13 @@ SIZES = {
     "dvoting_gpqa_diamond": 198,
     "dvoting_gpqa_main": 448,
 }
-REASONING = ["dvoting_gsm8k", "dvoting_math500", "dvoting_arc_challenge", "dvoting_mmlu",
-             "dvoting_gpqa_diamond"]
+REASONING = [
+    "dvoting_gsm8k",
+    "dvoting_math500",
+    "dvoting_arc_challenge",
+    "dvoting_mmlu",
+    "dvoting_gpqa_diamond",
+]
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +82,7 @@ def score(task: Any, responses: list[Any]) -> list[dict[str, float]]:
         inst.filtered_resps = {}
     task.apply_filters()
     return [
-        task.process_results(inst.doc, [inst.filtered_resps[FILTER]])
-        for inst in task._instances
+        task.process_results(inst.doc, [inst.filtered_resps[FILTER]]) for inst in task._instances
     ]
 
 
@@ -97,16 +101,26 @@ def test_tasks_and_group_build_offline_with_full_test_sets(offline_tasks: dict[s
 
 @pytest.mark.parametrize(
     "name, kind, length",
-    [("dvoting_gsm8k", "number", 256), ("dvoting_math500", "math", 256),
-     ("dvoting_arc_challenge", "choice", 128), ("dvoting_mmlu", "choice", 128),
-     ("dvoting_gpqa_diamond", "choice", 128), ("dvoting_gpqa_main", "choice", 128)],
+    [
+        ("dvoting_gsm8k", "number", 256),
+        ("dvoting_math500", "math", 256),
+        ("dvoting_arc_challenge", "choice", 128),
+        ("dvoting_mmlu", "choice", 128),
+        ("dvoting_gpqa_diamond", "choice", 128),
+        ("dvoting_gpqa_main", "choice", 128),
+    ],
 )
-def test_generation_kwargs(offline_tasks: dict[str, Any], name: str, kind: str, length: int) -> None:
+def test_generation_kwargs(
+    offline_tasks: dict[str, Any], name: str, kind: str, length: int
+) -> None:
     task = offline_tasks["tasks"][name]
     assert task.OUTPUT_TYPE == "generate_until"
     assert task.config.num_fewshot == 0
     assert task.config.generation_kwargs == {
-        "until": [], "max_gen_toks": length, "do_sample": False, "dvoting_answer": kind,
+        "until": [],
+        "max_gen_toks": length,
+        "do_sample": False,
+        "dvoting_answer": kind,
     }
     # what a model receives with each request
     (inst,) = [task.construct_requests(doc=_docs(task)[0], ctx="ctx", metadata=(name, 0, 1))]
@@ -118,7 +132,8 @@ def test_prompts(offline_tasks: dict[str, Any]) -> None:
     gsm8k = tasks["dvoting_gsm8k"]
     doc = _docs(gsm8k)[0]
     assert gsm8k.doc_to_text(doc) == (
-        "Please answer the question step by step and put the answer in \\boxed{}. " + doc["question"]
+        "Please answer the question step by step and put the answer in \\boxed{}. "
+        + doc["question"]
     )
     assert gsm8k.doc_to_target(doc) == "18"
     math500 = tasks["dvoting_math500"]
@@ -156,8 +171,12 @@ def test_arc_options_and_labels(offline_tasks: dict[str, Any]) -> None:
 def test_arc_numeric_labels_map_to_letters(data_dir: Path, offline_tasks: dict[str, Any]) -> None:
     import json
 
-    raw = [json.loads(line) for line in (data_dir / "arc_challenge" / "ARC-Challenge-Test.jsonl")
-           .read_text(encoding="utf-8").splitlines()]
+    raw = [
+        json.loads(line)
+        for line in (data_dir / "arc_challenge" / "ARC-Challenge-Test.jsonl")
+        .read_text(encoding="utf-8")
+        .splitlines()
+    ]
     docs = {d["id"]: d for d in _docs(offline_tasks["tasks"]["dvoting_arc_challenge"])}
     numeric = [r for r in raw if r["answerKey"] in "1234"]
     assert len(numeric) == 22
@@ -171,13 +190,20 @@ def test_gpqa_option_order_is_the_same_in_every_process(utils: Any) -> None:
     import subprocess
     import sys
 
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('u', sys.argv[1]); "
-            "u = importlib.util.module_from_spec(spec); spec.loader.exec_module(u); "
-            "print([u.gpqa_option_order(f'rec{i}') for i in range(8)])")
+    code = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('u', sys.argv[1]); "
+        "u = importlib.util.module_from_spec(spec); spec.loader.exec_module(u); "
+        "print([u.gpqa_option_order(f'rec{i}') for i in range(8)])"
+    )
     here = str([utils.gpqa_option_order(f"rec{i}") for i in range(8)])
     for salt in ("1", "2"):
-        run = subprocess.run([sys.executable, "-c", code, str(TASK_CONFIGS / "utils.py")], capture_output=True,
-                             text=True, check=True, env=dict(os.environ, PYTHONHASHSEED=salt))
+        run = subprocess.run(
+            [sys.executable, "-c", code, str(TASK_CONFIGS / "utils.py")],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=dict(os.environ, PYTHONHASHSEED=salt),
+        )
         assert run.stdout.strip() == here
     assert len(set(here.split("], ["))) > 1  # the orders differ between records
 
@@ -199,13 +225,18 @@ def test_gpqa_order_is_pinned(utils: Any) -> None:
     # change here silently reshuffles GPQA and breaks comparability of results.
     order = utils.gpqa_option_order
     assert [order(x) for x in ("recABC", "recXYZ123", "rec0")] == [
-        [0, 2, 1, 3], [1, 0, 3, 2], [0, 2, 1, 3]]
+        [0, 2, 1, 3],
+        [1, 0, 3, 2],
+        [0, 2, 1, 3],
+    ]
 
 
 @pytest.fixture(scope="module")
 def utils() -> Any:
     """task_configs/utils.py, loaded by path as lm-eval loads it (no shared data needed)."""
-    spec = importlib.util.spec_from_file_location("dvoting_task_utils_under_test", TASK_CONFIGS / "utils.py")
+    spec = importlib.util.spec_from_file_location(
+        "dvoting_task_utils_under_test", TASK_CONFIGS / "utils.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -247,17 +278,22 @@ def test_math500_other_items_answers_score_zero(offline_tasks: dict[str, Any]) -
     assert len(hits) <= 5, hits
 
 
-@pytest.mark.parametrize("name", ["dvoting_arc_challenge", "dvoting_mmlu", "dvoting_gpqa_diamond",
-                                  "dvoting_gpqa_main"])
+@pytest.mark.parametrize(
+    "name", ["dvoting_arc_challenge", "dvoting_mmlu", "dvoting_gpqa_diamond", "dvoting_gpqa_main"]
+)
 def test_choice_scoring_all_items(offline_tasks: dict[str, Any], name: str) -> None:
     task = offline_tasks["tasks"][name]
     docs = _docs(task)
     # each task's own requested answer form
-    form = "Reasoning...\nAnswer: {}" if name == "dvoting_mmlu" else "Reasoning... so \\boxed{{{}}}."
+    form = (
+        "Reasoning...\nAnswer: {}" if name == "dvoting_mmlu" else "Reasoning... so \\boxed{{{}}}."
+    )
     assert exact(score(task, [form.format(d["answer"]) for d in docs])) == [1.0] * len(docs)
     for shift in (1, 2, 3):
-        others = ["ABCD"[("ABCD".index(d["answer"]) + shift) % 4] if d["answer"] in "ABCD" else "A"
-                  for d in docs]
+        others = [
+            "ABCD"[("ABCD".index(d["answer"]) + shift) % 4] if d["answer"] in "ABCD" else "A"
+            for d in docs
+        ]
         assert exact(score(task, [form.format(x) for x in others])) == [0.0] * len(docs)
 
 
@@ -274,8 +310,10 @@ def test_no_answer_scores_zero(offline_tasks: dict[str, Any]) -> None:
 def test_costed_text_figures_reach_the_metrics(offline_tasks: dict[str, Any]) -> None:
     task = offline_tasks["tasks"]["dvoting_gpqa_diamond"]
     docs = _docs(task)
-    responses = [CostedText(f"\\boxed{{{d['answer']}}}", nfe=100 + i, n_samples=3, votes={}, trace={})
-                 for i, d in enumerate(docs)]
+    responses = [
+        CostedText(f"\\boxed{{{d['answer']}}}", nfe=100 + i, n_samples=3, votes={}, trace={})
+        for i, d in enumerate(docs)
+    ]
     results = score(task, responses)
     assert [r["nfe"] for r in results] == [float(100 + i) for i in range(len(docs))]
     assert {r["n_samples"] for r in results} == {3.0}
@@ -293,7 +331,9 @@ def test_plain_str_reports_no_figures(offline_tasks: dict[str, Any]) -> None:
 
 def test_group_aggregates(offline_tasks: dict[str, Any]) -> None:
     group = offline_tasks["groups"]["dvoting_reasoning"]
-    configured = {(a.metric, a.weight_by_size, tuple(a.filter_list)) for a in group.aggregate_metric_list}
+    configured = {
+        (a.metric, a.weight_by_size, tuple(a.filter_list)) for a in group.aggregate_metric_list
+    }
     assert configured == {(m, False, (FILTER,)) for m in ("exact_match", "nfe", "n_samples")}
 
 
@@ -306,17 +346,38 @@ def test_hub_rows_map_to_the_same_schema(utils: Any, monkeypatch: pytest.MonkeyP
     hub_rows = {
         ("openai/gsm8k", "main", "test"): [{"question": "q", "answer": "so\n#### 1,600"}],
         ("HuggingFaceH4/MATH-500", None, "test"): [
-            {"problem": "p", "solution": "\\boxed{5}", "answer": "5", "subject": "Algebra", "level": 1,
-             "unique_id": "test/algebra/1.json"}],
+            {
+                "problem": "p",
+                "solution": "\\boxed{5}",
+                "answer": "5",
+                "subject": "Algebra",
+                "level": 1,
+                "unique_id": "test/algebra/1.json",
+            }
+        ],
         ("allenai/ai2_arc", "ARC-Challenge", "test"): [
-            {"id": "x1", "question": "q", "choices": {"text": ["a", "b", "c", "d"], "label": ["1", "2", "3", "4"]},
-             "answerKey": "3"}],
+            {
+                "id": "x1",
+                "question": "q",
+                "choices": {"text": ["a", "b", "c", "d"], "label": ["1", "2", "3", "4"]},
+                "answerKey": "3",
+            }
+        ],
         ("cais/mmlu", "all", "test"): [
-            {"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": 2}],
+            {"question": "q", "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": 2}
+        ],
         ("Idavidrein/gpqa", "gpqa_diamond", "train"): [
-            {"Question": " q ", "Correct Answer": "right", "Incorrect Answer 1": "w1",
-             "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3", "Record ID": "recABC",
-             "High-level domain": "Physics", "Subdomain": "Optics"}],
+            {
+                "Question": " q ",
+                "Correct Answer": "right",
+                "Incorrect Answer 1": "w1",
+                "Incorrect Answer 2": "w2",
+                "Incorrect Answer 3": "w3",
+                "Record ID": "recABC",
+                "High-level domain": "Physics",
+                "Subdomain": "Optics",
+            }
+        ],
     }
     calls = []
 
@@ -340,7 +401,9 @@ def test_hub_rows_map_to_the_same_schema(utils: Any, monkeypatch: pytest.MonkeyP
     assert len(calls) == 5
 
 
-def test_missing_local_file_is_an_error(utils: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_local_file_is_an_error(
+    utils: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("DVOTING_DATA_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="gsm8k/test.jsonl"):
         utils.load_gsm8k()

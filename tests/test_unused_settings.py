@@ -8,6 +8,7 @@ model's own settings, keeps every model arg as given.)
 they had been used, and given each value its own cache entries (a sweep over a setting that
 does nothing recomputed everything and reported differences that were noise).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,8 @@ import pytest
 
 import lm_eval_dvoting.integration.result_cache as result_cache
 from lm_eval_dvoting.core import strategies
-from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 from lm_eval_dvoting.core.strategies import StrategySettings
+from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
 GEN_LENGTH = 32  # hex needs a multiple of 32
 
@@ -54,13 +55,17 @@ UNUSED = [
 
 
 def _unused_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and "is not used by" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "is not used by" in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize("strategy, name, value", UNUSED)
 def test_an_unused_setting_is_reported_and_kept_out_of_settings_used_and_the_fingerprint(
-        lm, strategy, name, value, caplog):
+    lm, strategy, name, value, caplog
+):
     lm.use_strategy(strategy)
     without = result_cache.fingerprint(lm)
     lm.generate_until([_Request()])
@@ -83,8 +88,9 @@ def test_an_unused_setting_is_reported_and_kept_out_of_settings_used_and_the_fin
 
 def test_a_given_unused_setting_is_reported_once_per_run_and_a_used_or_default_one_never(caplog):
     with caplog.at_level(logging.WARNING):
-        lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single", guidance=2.0,
-                            n=7)
+        lm = LLaDAEvalModel(
+            pretrained="tiny-arith", device="cpu", strategy="single", guidance=2.0, n=7
+        )
     warned = _unused_warnings(caplog)
     assert len(warned) == 2
     guidance = next(m for m in warned if "guidance=2.0" in m)
@@ -108,8 +114,10 @@ def _old_fingerprint_settings(settings: StrategySettings) -> dict:
     """The strategy part of the fingerprint as it was before issue 38 (every field)."""
     resolved = dataclasses.asdict(settings) | {
         "block_length": settings.resolved_block_length,
-        "temperature": settings.resolved_temperature, "steps": settings.resolved_steps,
-        "vote": settings.resolved_vote, "threshold": settings.resolved_threshold,
+        "temperature": settings.resolved_temperature,
+        "steps": settings.resolved_steps,
+        "vote": settings.resolved_vote,
+        "threshold": settings.resolved_threshold,
     }
     resolved["max_gen_toks"] = resolved.pop("gen_length")
     return resolved
@@ -148,20 +156,29 @@ def test_the_settings_a_decode_reads_keep_their_fingerprint_entries_exactly(lm, 
     assert now == {key: value for key, value in old.items() if key not in left_out}
 
 
-@pytest.mark.parametrize("decoder, reads, not_read", [
-    ("entropy", "alpha", {"steps", "remasking", "threshold"}),
-    ("confidence", "threshold", {"steps", "remasking", "alpha"}),
-])
+@pytest.mark.parametrize(
+    "decoder, reads, not_read",
+    [
+        ("entropy", "alpha", {"steps", "remasking", "threshold"}),
+        ("confidence", "threshold", {"steps", "remasking", "alpha"}),
+    ],
+)
 def test_the_decoder_decides_which_rule_settings_are_kept(lm, decoder, reads, not_read):
     now, old = _strategy_part(lm, strategy="single", decoder=decoder)
     left_out = (NOT_READ["single"] - {reads}) | not_read | NEVER_READ_BY_LLADA
     assert now == {key: value for key, value in old.items() if key not in left_out}
 
 
-@pytest.mark.parametrize("block_decoding, left_out", [
-    ("threshold", {"editing_threshold", "max_post_steps"}),  # LLaDA2.0: threshold, steps per block
-    ("quality", {"steps"}),  # LLaDA2.1: threshold, editing threshold and post-fill steps
-])
+@pytest.mark.parametrize(
+    "block_decoding, left_out",
+    [
+        (
+            "threshold",
+            {"editing_threshold", "max_post_steps"},
+        ),  # LLaDA2.0: threshold, steps per block
+        ("quality", {"steps"}),  # LLaDA2.1: threshold, editing threshold and post-fill steps
+    ],
+)
 def test_block_diffusion_keeps_its_rules_settings(lm, block_decoding, left_out):
     now, old = _strategy_part(lm, strategy="single", block_decoding=block_decoding)
     # the block rules read the threshold, not remasking
@@ -175,7 +192,8 @@ def test_every_setting_is_read_by_some_part_and_each_table_names_real_settings()
     names = {f.name for f in dataclasses.fields(StrategySettings)}
     tables = [strategies.READ_BY_STRATEGY, strategies.READ_BY_RULE, strategies.READ_BY_VOTE]
     declared = set(strategies.READ_BY_EVERY_DECODE).union(
-        *(names_read for table in tables for names_read in table.values()))
+        *(names_read for table in tables for names_read in table.values())
+    )
     assert declared == names
     assert set(strategies.READ_BY_STRATEGY) == set(strategies.STRATEGIES)
     rules = set(strategies.DECODERS) | set(strategies.BLOCK_DECODINGS)
@@ -185,10 +203,11 @@ def test_every_setting_is_read_by_some_part_and_each_table_names_real_settings()
 
 def test_combinations_that_cannot_run_are_still_refused(lm):
     for settings, says in [
-            (dict(strategy="single", vote="temporal"), "vote=temporal does not apply"),
-            (dict(strategy="hex", decoder="entropy"), "decoder=entropy does not apply"),
-            (dict(strategy="dvoting", decoder="fixed"), "decoder=fixed does not apply"),
-            (dict(strategy="single", guidance=-1.0), "guidance .* must be >= 0")]:
+        (dict(strategy="single", vote="temporal"), "vote=temporal does not apply"),
+        (dict(strategy="hex", decoder="entropy"), "decoder=entropy does not apply"),
+        (dict(strategy="dvoting", decoder="fixed"), "decoder=fixed does not apply"),
+        (dict(strategy="single", guidance=-1.0), "guidance .* must be >= 0"),
+    ]:
         with pytest.raises(ValueError, match=says):
             lm.use_strategy(**settings)
     lm.use_strategy("dvoting")
@@ -201,15 +220,19 @@ def test_hex_takes_a_block_length_that_divides_no_length_and_warns_it_unused(cap
     from lm_eval_dvoting.integration.request_planning import task_length
 
     with caplog.at_level(logging.WARNING):
-        lm = LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="hex",
-                            block_length=5, max_gen_toks=64)
+        lm = LLaDAEvalModel(
+            pretrained="tiny-arith", device="cpu", strategy="hex", block_length=5, max_gen_toks=64
+        )
     [warned] = _unused_warnings(caplog)
     assert "block_length=5" in warned and "strategy=hex" in warned
     assert lm.settings.length_problem() is None
     # a task's own length, as each request carries it
     assert task_length(lm.settings, {"max_gen_toks": 64}, "t", 2048).gen_length == 64
-    with pytest.raises(ValueError, match="hex needs a generation length divisible by 32.*got 48"
-                       ".*give a max_gen_toks divisible by 32"):
+    with pytest.raises(
+        ValueError,
+        match="hex needs a generation length divisible by 32.*got 48"
+        ".*give a max_gen_toks divisible by 32",
+    ):
         task_length(lm.settings, {"max_gen_toks": 48}, "t", 2048)
     with pytest.raises(ValueError, match="hex needs a generation length divisible by 32"):
         StrategySettings(strategy="hex", gen_length=40, block_length=5)

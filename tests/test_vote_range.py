@@ -3,6 +3,7 @@
 The task configs' filter reads a letter beyond the question's options as no answer; a vote
 that counted it (review of issue 38) could pick a letter the score then rejects, and
 dVoting's early stop could stop on agreement about it."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,14 +11,17 @@ import pytest
 from lm_eval_dvoting.core.answers import extract_answer, option_count
 
 
-@pytest.mark.parametrize("doc, kind, expected", [
-    ({"choices": ["a", "b", "c", "d"]}, "choice", 4),  # this project's tasks
-    ({"choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]}}, "choice", 3),  # hub ARC
-    ({"choices": ["a", "b", "c", "d"]}, "number", None),  # ranges are for letters only
-    ({}, "choice", None),  # no choices: letters A to J
-    ({"choices": [str(i) for i in range(11)]}, "choice", None),  # more options than letters
-    (None, "choice", None),
-])
+@pytest.mark.parametrize(
+    "doc, kind, expected",
+    [
+        ({"choices": ["a", "b", "c", "d"]}, "choice", 4),  # this project's tasks
+        ({"choices": {"text": ["a", "b", "c"], "label": ["A", "B", "C"]}}, "choice", 3),  # hub ARC
+        ({"choices": ["a", "b", "c", "d"]}, "number", None),  # ranges are for letters only
+        ({}, "choice", None),  # no choices: letters A to J
+        ({"choices": [str(i) for i in range(11)]}, "choice", None),  # more options than letters
+        (None, "choice", None),
+    ],
+)
 def test_option_count(doc, kind, expected):
     assert option_count(doc, kind) == expected
 
@@ -28,6 +32,7 @@ def test_the_vote_reads_a_choice_letter_within_the_questions_options(monkeypatch
     from lm_eval.api.instance import Instance
 
     from lm_eval_dvoting.integration import harness
+
     handed: list = []
     real = harness.decode_questions
 
@@ -39,9 +44,17 @@ def test_the_vote_reads_a_choice_letter_within_the_questions_options(monkeypatch
     lm = harness.LLaDAEvalModel(pretrained="tiny-arith", device="cpu", strategy="single")
     four_options, no_options = {"choices": ["w", "x", "y", "z"]}, {}
     for doc in (four_options, no_options):
-        lm.generate_until([Instance(
-            request_type="generate_until", doc=doc, idx=0, metadata=("dvoting_arc_challenge", 0, 1),
-            arguments=("1+2=", {"until": ["\n"], "max_gen_toks": 8}))])
+        lm.generate_until(
+            [
+                Instance(
+                    request_type="generate_until",
+                    doc=doc,
+                    idx=0,
+                    metadata=("dvoting_arc_challenge", 0, 1),
+                    arguments=("1+2=", {"until": ["\n"], "max_gen_toks": 8}),
+                )
+            ]
+        )
     ranged, unranged = handed
     for text, letter in [("The answer is E.", "E"), ("The answer is B.", "B")]:
         monkeypatch.setattr(lm, "generated_text", lambda tokens, until, text=text: text)

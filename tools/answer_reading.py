@@ -15,6 +15,7 @@ written as a GSM8K reference (``#### 18``), and counts where each reading agrees
 the grader. A row whose grader reads no answer agrees when the filter reads none
 (``[invalid]``). Our reading is `extract_answer` (rows agree by the conformance test).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,12 +70,17 @@ def lm_eval_reader(yaml_name: str, filter_name: str) -> Reader:
 
     config = task_config(yaml_name)
     spec = next(f for f in config["filter_list"] if f["name"] == filter_name)
-    components = [(step["function"], {k: v for k, v in step.items() if k != "function"})
-                  for step in spec["filter"]]
+    components = [
+        (step["function"], {k: v for k, v in step.items() if k != "function"})
+        for step in spec["filter"]
+    ]
     ensemble = build_filter_ensemble(filter_name, components)
     metric = next(m for m in config["metric_list"] if m["metric"] == "exact_match")
-    options = {k: v for k, v in metric.items()
-               if k in ("ignore_case", "ignore_punctuation", "regexes_to_ignore")}
+    options = {
+        k: v
+        for k, v in metric.items()
+        if k in ("ignore_case", "ignore_punctuation", "regexes_to_ignore")
+    }
     exact_match = get_metric("exact_match")
 
     def read(text: str, grader: Optional[str]) -> tuple[str, bool]:
@@ -99,8 +105,13 @@ def compare() -> list[dict[str, Any]]:
         if case.kind != "number":
             continue
         ours = extract_answer(case.text, "number")
-        record = {"group": case.group, "text": case.text, "grader": case.grader,
-                  "ours": ours, "ours_agrees": ours == case.grader}
+        record = {
+            "group": case.group,
+            "text": case.text,
+            "grader": case.grader,
+            "ours": ours,
+            "ours_agrees": ours == case.grader,
+        }
         for label, read in readers.items():
             record[label] = read(case.text, case.grader)
         records.append(record)
@@ -114,35 +125,53 @@ def _cell(text: Optional[str]) -> str:
 
 def _row(r: dict[str, Any], labels: list[str]) -> str:
     cells = [_cell(r[label][0]) for label in labels]
-    return (f"| {r['group']} | {_cell(r['text'])} | {_cell(r['grader'])} | {_cell(r['ours'])} | "
-            + " | ".join(cells) + " |")
+    return (
+        f"| {r['group']} | {_cell(r['text'])} | {_cell(r['grader'])} | {_cell(r['ours'])} | "
+        + " | ".join(cells)
+        + " |"
+    )
 
 
 def render(records: list[dict[str, Any]]) -> str:
     """The doc's generated section: summary counts, counts per group, differing rows."""
     labels = [label for label, _, _ in FILTERS]
     total = len(records)
-    lines = [f"Number rows: {total}. Rows whose reading agrees with the grader's:", "",
-             "| reader | agrees | differs |", "|---|---|---|"]
+    lines = [
+        f"Number rows: {total}. Rows whose reading agrees with the grader's:",
+        "",
+        "| reader | agrees | differs |",
+        "|---|---|---|",
+    ]
     ours = sum(r["ours_agrees"] for r in records)
     lines.append(f"| this project (`extract_answer`) | {ours} | {total - ours} |")
     for label in labels:
         agree = sum(r[label][1] for r in records)
         lines.append(f"| lm-eval {label} | {agree} | {total - agree} |")
-    lines += ["", "Agreement per group of the table (rows agreeing / rows):", "",
-              "| group | rows | ours | " + " | ".join(labels) + " |",
-              "|---|---|---|" + "---|" * len(labels)]
+    lines += [
+        "",
+        "Agreement per group of the table (rows agreeing / rows):",
+        "",
+        "| group | rows | ours | " + " | ".join(labels) + " |",
+        "|---|---|---|" + "---|" * len(labels),
+    ]
     groups: dict[str, list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault(record["group"], []).append(record)
     for group, rows in groups.items():
         cells = [str(sum(r[label][1] for r in rows)) for label in labels]
-        lines.append(f"| {group} | {len(rows)} | {sum(r['ours_agrees'] for r in rows)} | "
-                     + " | ".join(cells) + " |")
-    lines += ["", f"Rows where flexible-extract differs from the grader, at most {SHOWN} per group "
-              "(strict-match readings beside them):", "",
-              "| group | text | grader | ours | " + " | ".join(labels) + " |",
-              "|---|---|---|---|" + "---|" * len(labels)]
+        lines.append(
+            f"| {group} | {len(rows)} | {sum(r['ours_agrees'] for r in rows)} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Rows where flexible-extract differs from the grader, at most {SHOWN} per group "
+        "(strict-match readings beside them):",
+        "",
+        "| group | text | grader | ours | " + " | ".join(labels) + " |",
+        "|---|---|---|---|" + "---|" * len(labels),
+    ]
     for group, rows in groups.items():
         differing = [r for r in rows if not r["flexible-extract"][1]]
         for r in differing[:SHOWN]:
@@ -150,10 +179,14 @@ def render(records: list[dict[str, Any]]) -> str:
         if len(differing) > SHOWN:
             more = len(differing) - SHOWN
             lines.append(f"| {group} | ({more} more) |" + " |" * (2 + len(labels)))
-    lines += ["", "Rows where a strict-match reads a number and lm-eval's exact_match does not "
-              "credit it (a different number, or the same value spelled otherwise):", "",
-              "| group | text | grader | ours | " + " | ".join(labels) + " |",
-              "|---|---|---|---|" + "---|" * len(labels)]
+    lines += [
+        "",
+        "Rows where a strict-match reads a number and lm-eval's exact_match does not "
+        "credit it (a different number, or the same value spelled otherwise):",
+        "",
+        "| group | text | grader | ours | " + " | ".join(labels) + " |",
+        "|---|---|---|---|" + "---|" * len(labels),
+    ]
     for r in records:
         if any(not r[label][1] and r[label][0] != "[invalid]" for label in labels[:2]):
             lines.append(_row(r, labels))
@@ -172,8 +205,9 @@ def check(doc_path: Path = DOC) -> list[str]:
     """The differences between the doc's generated section and a fresh run (empty: none)."""
     _, body, _ = _split_doc(doc_path.read_text(encoding="utf-8"))
     fresh = "\n" + render(compare())
-    return list(difflib.unified_diff(body.splitlines(), fresh.splitlines(), "doc", "fresh",
-                                     lineterm=""))
+    return list(
+        difflib.unified_diff(body.splitlines(), fresh.splitlines(), "doc", "fresh", lineterm="")
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -21,6 +21,7 @@ Not part of CI: it is slow (minutes per module on 2 cores; see docs/MUTATION.md)
 This script must not import lm_eval_dvoting: mutmut puts the mutated copy first on
 sys.path, and a module imported before that would be the un-mutated one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,6 +57,8 @@ def survived(status: str) -> bool:
     """Whether a mutant with this mutmut status is a survivor: tested, and neither killed,
     hung nor crashed (DETECTED; "not checked": an interrupted run never reached it)."""
     return status not in (*DETECTED, "not checked")
+
+
 EQUIVALENT_FILE = REPO / "docs" / "mutation_equivalent.md"
 KILLS = "tests/test_mutation_kills.py"
 
@@ -63,37 +66,76 @@ KILLS = "tests/test_mutation_kills.py"
 # they belong to harness.py's run, not to the pure modules', where every answers.py mutant
 # would pay for them
 HARNESS_PROPERTIES = [
-    "--deselect", "tests/test_properties.py::test_batch_and_order_invariance_over_random_request_mixes",
-    "--deselect", "tests/test_properties.py::test_request_mixes_are_not_vacuous",
+    "--deselect",
+    "tests/test_properties.py::test_batch_and_order_invariance_over_random_request_mixes",
+    "--deselect",
+    "tests/test_properties.py::test_request_mixes_are_not_vacuous",
 ]
-HARNESS_TESTS = ["tests/test_harness.py", "tests/test_harness_conventions.py", "tests/test_properties.py",
-                "tests/test_input_faults.py", "tests/test_run_controls.py", "tests/test_likelihood.py",
-                "tests/test_result_cache.py", "tests/test_reliability.py", "tests/test_decoder_ablation.py",
-                "tests/test_harness_likelihood.py", "tests/test_llada2_harness.py", "tests/test_rfg.py",
-                "tests/test_length_checks.py", KILLS]
+HARNESS_TESTS = [
+    "tests/test_harness.py",
+    "tests/test_harness_conventions.py",
+    "tests/test_properties.py",
+    "tests/test_input_faults.py",
+    "tests/test_run_controls.py",
+    "tests/test_likelihood.py",
+    "tests/test_result_cache.py",
+    "tests/test_reliability.py",
+    "tests/test_decoder_ablation.py",
+    "tests/test_harness_likelihood.py",
+    "tests/test_llada2_harness.py",
+    "tests/test_rfg.py",
+    "tests/test_length_checks.py",
+    KILLS,
+]
 # module -> the pytest arguments selecting the fast tests that exercise it (mutmut then
 # runs, per mutant, only those of them that call the mutated function)
 MODULES: dict[str, list[str]] = {
-    "answers": ["tests/test_answers.py", "tests/test_answer_conformance.py",
-                "tests/test_properties.py", KILLS, *HARNESS_PROPERTIES],
+    "answers": [
+        "tests/test_answers.py",
+        "tests/test_answer_conformance.py",
+        "tests/test_properties.py",
+        KILLS,
+        *HARNESS_PROPERTIES,
+    ],
     # the value a box states (issue 38), read through answers.py
     "latex_value": ["tests/test_answer_conformance.py", "tests/test_answers.py"],
     "metrics": ["tests/test_metrics.py", KILLS],
-    "strategies": ["tests/test_strategies.py", "tests/test_properties.py", "tests/test_confidence_strategies.py",
-                   "tests/test_temporal.py", "tests/test_block_diffusion.py", "tests/test_rfg.py",
-                   "tests/test_length_checks.py", KILLS, *HARNESS_PROPERTIES],
+    "strategies": [
+        "tests/test_strategies.py",
+        "tests/test_properties.py",
+        "tests/test_confidence_strategies.py",
+        "tests/test_temporal.py",
+        "tests/test_block_diffusion.py",
+        "tests/test_rfg.py",
+        "tests/test_length_checks.py",
+        KILLS,
+        *HARNESS_PROPERTIES,
+    ],
     # the temporal vote and its per-step logs (the report's figures are read from them)
     "temporal": ["tests/test_temporal.py", "tests/test_report.py", KILLS],
     # RFG's guided model and the LoRA adapters it may guide (issue 21)
     "guidance": ["tests/test_rfg.py", KILLS],
     "models.adapters": ["tests/test_adapters.py", "tests/test_rfg.py", KILLS],
     # the decoder's units (lm_eval_dvoting/core/decoding/), one run each
-    **{f"decoding.{unit}": ["tests/test_decoding.py", "tests/test_caches.py", "tests/test_confidence_decoder.py",
-                            "tests/test_block_diffusion.py", KILLS]
-       for unit in ("state", "rules", "caches", "rows", "blocks")},
+    **{
+        f"decoding.{unit}": [
+            "tests/test_decoding.py",
+            "tests/test_caches.py",
+            "tests/test_confidence_decoder.py",
+            "tests/test_block_diffusion.py",
+            KILLS,
+        ]
+        for unit in ("state", "rules", "caches", "rows", "blocks")
+    },
     # the MoE families' modules (issue 22): the upstream-logits fixtures and block diffusion
-    **{f"models.{unit}": ["tests/test_models_moe.py", "tests/test_block_diffusion.py", "tests/test_parallelize.py"]
-       for unit in ("llada2", "llada_moe", "moe")},
+    **{
+        f"models.{unit}": [
+            "tests/test_models_moe.py",
+            "tests/test_block_diffusion.py",
+            "tests/test_parallelize.py",
+        ]
+        for unit in ("llada2", "llada_moe", "moe")
+    },
     "likelihood": ["tests/test_likelihood.py", KILLS],
     # harness.py is exercised through lm-eval end to end: its run is by far the slowest
     # (about 1,260 mutants; see docs/MUTATION.md for the time it takes)
@@ -108,8 +150,11 @@ MODULES: dict[str, list[str]] = {
 def diff_pin(diff: str) -> str:
     """A short fingerprint of what a mutant changes: its removed and added lines, without the
     hunk headers (whose line numbers move when code elsewhere in the file changes)."""
-    changed = [line.rstrip() for line in diff.splitlines()
-               if line[:1] in "+-" and not line.startswith(("---", "+++"))]
+    changed = [
+        line.rstrip()
+        for line in diff.splitlines()
+        if line[:1] in "+-" and not line.startswith(("---", "+++"))
+    ]
     return hashlib.sha1("\n".join(changed).encode("utf-8")).hexdigest()[:8]
 
 
@@ -117,6 +162,7 @@ class Equivalent(NamedTuple):
     """One entry of the equivalents file: why the mutant cannot be told from the original, and
     the `diff_pin` of the mutation that reason was written for (None: an entry from before
     pins; it still excuses its survivor, and the report counts it as unpinned)."""
+
     reason: str
     pin: str | None
 
@@ -236,15 +282,26 @@ def _survivors(folder: Path, module: str) -> list[str]:
     if not meta_file.exists():
         return []
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    return [name for name, code in meta["exit_code_by_key"].items() if survived(status_by_exit_code[code])]
+    return [
+        name
+        for name, code in meta["exit_code_by_key"].items()
+        if survived(status_by_exit_code[code])
+    ]
 
 
-def unjudged(survivors: list[str], equivalents: dict[str, Equivalent], diff_of: Callable[[str], str]) -> list[str]:
+def unjudged(
+    survivors: list[str], equivalents: dict[str, Equivalent], diff_of: Callable[[str], str]
+) -> list[str]:
     """The survivors worth testing again: all but those a *pinned* entry excuses at their
     current diff (judged equivalent already; retesting one costs its whole test selection,
     minutes for harness.py). Unpinned entries were never checked against a diff: retested."""
-    judged = {name for name in survivors if name in equivalents and equivalents[name].pin is not None
-              and excuses(equivalents[name], diff_of(name))}
+    judged = {
+        name
+        for name in survivors
+        if name in equivalents
+        and equivalents[name].pin is not None
+        and excuses(equivalents[name], diff_of(name))
+    }
     return [name for name in survivors if name not in judged]
 
 
@@ -263,20 +320,26 @@ def _mutant_diff(module: str) -> Callable[[str], str]:
     return diff_of
 
 
-def run_module(module: str, max_children: int, fresh_stats: bool = False, survivors_only: bool = False) -> dict:
+def run_module(
+    module: str, max_children: int, fresh_stats: bool = False, survivors_only: bool = False
+) -> dict:
     """Run mutmut on `module` in its own results folder and return its summary.
 
     `survivors_only`: test only the survivors recorded so far, against the tests as they
     are now (to confirm new kill tests without waiting for the untested mutants)."""
     mutants, kept = REPO / "mutants", RESULTS / module
     if mutants.exists():
-        raise SystemExit(f"{mutants} exists (a bare `mutmut run`, or an interrupted run of this "
-                         "script): delete it or move it to .mutation/<module>/ first")
+        raise SystemExit(
+            f"{mutants} exists (a bare `mutmut run`, or an interrupted run of this "
+            "script): delete it or move it to .mutation/<module>/ first"
+        )
     RESULTS.mkdir(exist_ok=True)
     if not kept.exists():
         _seed_from_state(module, kept)
     summary_file = kept / "summary.json"
-    earlier = json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.exists() else None
+    earlier = (
+        json.loads(summary_file.read_text(encoding="utf-8")) if summary_file.exists() else None
+    )
     if kept.exists():
         kept.rename(mutants)
         if fresh_stats:
@@ -291,18 +354,27 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False, surviv
         command = [sys.executable, __file__, "--one", module, "--max-children", str(max_children)]
         # the tests run from mutants/, whose parent is the checkout: point them at the
         # benchmark data beside the checkout, or every test that needs them would skip
-        env = {**os.environ, "DVOTING_SHARED_DIR": str(REPO.parent / "shared"),
-               # in one process: mutmut records which tests call each function in its own
-               # process, which pytest-xdist's workers (the suite's `-n 2`) would hide from
-               # it. Set here rather than in [tool.mutmut]'s pytest args, whose change would
-               # make mutmut discard every result it kept.
-               "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip()}
+        env = {
+            **os.environ,
+            "DVOTING_SHARED_DIR": str(REPO.parent / "shared"),
+            # in one process: mutmut records which tests call each function in its own
+            # process, which pytest-xdist's workers (the suite's `-n 2`) would hide from
+            # it. Set here rather than in [tool.mutmut]'s pytest args, whose change would
+            # make mutmut discard every result it kept.
+            "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip(),
+        }
         if survivors_only:
             survivors = _survivors(mutants, module)
             retest = unjudged(survivors, equivalent_mutants(), _mutant_diff(module))
-            print(f"Testing the {len(retest)} survivors of {module} again ({len(survivors) - len(retest)} more are "
-                  "pinned equivalents at their current diff: not retested)")
-            done = subprocess.run(command + retest, cwd=REPO, env=env) if retest else subprocess.CompletedProcess([], 0)
+            print(
+                f"Testing the {len(retest)} survivors of {module} again ({len(survivors) - len(retest)} more are "
+                "pinned equivalents at their current diff: not retested)"
+            )
+            done = (
+                subprocess.run(command + retest, cwd=REPO, env=env)
+                if retest
+                else subprocess.CompletedProcess([], 0)
+            )
         else:
             # new mutants (functions changed since) and the ones not reached last time
             done = subprocess.run(command, cwd=REPO, env=env)
@@ -319,8 +391,10 @@ def run_module(module: str, max_children: int, fresh_stats: bool = False, surviv
             mutants.rename(kept)
         save_state(module, kept)
     if done.returncode != 0 or not summary_file.exists():
-        raise SystemExit(f"mutmut failed on {module} (exit status {done.returncode}); "
-                         f"its output is above, its files in {kept}")
+        raise SystemExit(
+            f"mutmut failed on {module} (exit status {done.returncode}); "
+            f"its output is above, its files in {kept}"
+        )
     return json.loads(summary_file.read_text(encoding="utf-8"))
 
 
@@ -328,8 +402,10 @@ def report(summaries: list[dict]) -> int:
     """Print scores and survivors; return the number of survivors no equivalents entry excuses."""
     equivalent = equivalent_mutants()
     unexplained = 0
-    print("\nMutation score per module: killed (a test failed, or the mutant hung or crashed) / total; "
-          f"equivalent = survivors listed in {EQUIVALENT_FILE}")
+    print(
+        "\nMutation score per module: killed (a test failed, or the mutant hung or crashed) / total; "
+        f"equivalent = survivors listed in {EQUIVALENT_FILE}"
+    )
     for summary in summaries:
         statuses, diffs = summary["status"], summary["diffs"]
         # "not checked": the run was interrupted before testing it (a rerun continues)
@@ -340,24 +416,35 @@ def report(summaries: list[dict]) -> int:
         total = len(statuses) - unchecked
         killed = sum(status in DETECTED for status in statuses.values())
         score = 100.0 * killed / total if total else 100.0
-        print(f"  {summary['module']:<11} {killed:>4} / {total:<4} = {score:5.1f} %"
-              f"   survivors: {len(survivors)} ({len(listed)} equivalent"
-              + (f", {unpinned} of them unpinned" if unpinned else "") + ")"
-              + (f"   NOT CHECKED: {unchecked} (interrupted; run again)" if unchecked else ""))
+        print(
+            f"  {summary['module']:<11} {killed:>4} / {total:<4} = {score:5.1f} %"
+            f"   survivors: {len(survivors)} ({len(listed)} equivalent"
+            + (f", {unpinned} of them unpinned" if unpinned else "")
+            + ")"
+            + (f"   NOT CHECKED: {unchecked} (interrupted; run again)" if unchecked else "")
+        )
         crashed = sorted(name for name, status in statuses.items() if status == "segfault")
         if crashed:
-            print(f"    counted as caught, but their tests died by a signal (retest each alone to rule out "
-                  f"the OOM killer hitting a neighbour): {', '.join(crashed)}")
+            print(
+                f"    counted as caught, but their tests died by a signal (retest each alone to rule out "
+                f"the OOM killer hitting a neighbour): {', '.join(crashed)}"
+            )
     for summary in summaries:
         for name in sorted(summary["status"]):
-            status, diff, entry = summary["status"][name], summary["diffs"].get(name), equivalent.get(name)
+            status, diff, entry = (
+                summary["status"][name],
+                summary["diffs"].get(name),
+                equivalent.get(name),
+            )
             if not survived(status) or excuses(entry, diff):
                 continue
             unexplained += 1
             print(f"\n--- {name}: {status}")
             if entry is not None:
-                print(f"(listed as equivalent for the mutation pinned [{entry.pin}], but this mutant's "
-                      f"diff is pinned [{diff_pin(diff)}]: the function changed; re-check the entry)")
+                print(
+                    f"(listed as equivalent for the mutation pinned [{entry.pin}], but this mutant's "
+                    f"diff is pinned [{diff_pin(diff)}]: the function changed; re-check the entry)"
+                )
             print(diff or "(no diff)")
     print(f"\nSurvivors judged equivalent, one reason each: {EQUIVALENT_FILE}")
     print(f"Survivors not excused there: {unexplained}")
@@ -368,43 +455,70 @@ def pin_equivalents(summaries: list[dict], path: Path | None = None) -> int:
     """Write the `diff_pin` of each listed survivor's current diff into its unpinned entry;
     return how many were pinned. Run it only after checking those entries' reasons against
     the diffs (`--report-only` prints them): a pin records that check."""
-    diffs = {name: diff for summary in summaries for name, diff in summary["diffs"].items()
-             if survived(summary["status"].get(name, "not checked"))}
+    diffs = {
+        name: diff
+        for summary in summaries
+        for name, diff in summary["diffs"].items()
+        if survived(summary["status"].get(name, "not checked"))
+    }
     path = path or EQUIVALENT_FILE
     lines, pinned = path.read_text(encoding="utf-8").splitlines(keepends=True), 0
     for i, line in enumerate(lines):
         match = re.match(r"^(\s*[-*]\s+`([^`]+)`)(\s*[:—-])", line)
         if match and match.group(2) in diffs:
-            lines[i] = f"{match.group(1)} [{diff_pin(diffs[match.group(2)])}]{line[match.end(1):]}"
+            lines[i] = f"{match.group(1)} [{diff_pin(diffs[match.group(2)])}]{line[match.end(1) :]}"
             pinned += 1
     path.write_text("".join(lines), encoding="utf-8")
     return pinned
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("modules", nargs="*", metavar="MODULE",
-                        help=f"modules of {PACKAGE} to mutate (default: all of "
-                             f"{', '.join(MODULES)})")
-    parser.add_argument("--max-children", type=int, default=1,
-                        help="mutants tested at once (default 1: the machine is shared)")
-    parser.add_argument("--fresh-stats", action="store_true",
-                        help="collect mutmut's function-to-tests map afresh (after code moved between "
-                             "functions or modules: a stale map reports false survivors)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="print the scores of the last runs without running mutmut")
-    parser.add_argument("--survivors-only", action="store_true",
-                        help="test only the survivors recorded so far, against the current tests (confirms "
-                             "new kill tests; the untested mutants stay untested); survivors that a pinned "
-                             "equivalents entry excuses at their current diff are not retested")
-    parser.add_argument("--save-state", action="store_true",
-                        help=f"copy the results tested so far (of a run in progress too) into "
-                             f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut")
-    parser.add_argument("--pin-equivalents", action="store_true",
-                        help=f"after checking the listed survivors' reasons against their diffs, pin each "
-                             f"unpinned entry of {EQUIVALENT_FILE.relative_to(REPO)} to its mutant's current "
-                             "diff (a pinned entry stops excusing its mutant once the mutation changes)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "modules",
+        nargs="*",
+        metavar="MODULE",
+        help=f"modules of {PACKAGE} to mutate (default: all of {', '.join(MODULES)})",
+    )
+    parser.add_argument(
+        "--max-children",
+        type=int,
+        default=1,
+        help="mutants tested at once (default 1: the machine is shared)",
+    )
+    parser.add_argument(
+        "--fresh-stats",
+        action="store_true",
+        help="collect mutmut's function-to-tests map afresh (after code moved between "
+        "functions or modules: a stale map reports false survivors)",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="print the scores of the last runs without running mutmut",
+    )
+    parser.add_argument(
+        "--survivors-only",
+        action="store_true",
+        help="test only the survivors recorded so far, against the current tests (confirms "
+        "new kill tests; the untested mutants stay untested); survivors that a pinned "
+        "equivalents entry excuses at their current diff are not retested",
+    )
+    parser.add_argument(
+        "--save-state",
+        action="store_true",
+        help=f"copy the results tested so far (of a run in progress too) into "
+        f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut",
+    )
+    parser.add_argument(
+        "--pin-equivalents",
+        action="store_true",
+        help=f"after checking the listed survivors' reasons against their diffs, pin each "
+        f"unpinned entry of {EQUIVALENT_FILE.relative_to(REPO)} to its mutant's current "
+        "diff (a pinned entry stops excusing its mutant once the mutation changes)",
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -436,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
                     summaries.append(json.loads(summary_file.read_text(encoding="utf-8")))
                     break
             continue
-        summaries.append(run_module(module, args.max_children, args.fresh_stats, args.survivors_only))
+        summaries.append(
+            run_module(module, args.max_children, args.fresh_stats, args.survivors_only)
+        )
     if args.save_state:
         return 0
     if args.pin_equivalents:

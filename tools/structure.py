@@ -9,6 +9,7 @@ Every import counts, a function-local one too: a local import only delays a circ
 Layers, lowest first: `core` and `models` (the algorithm and the networks) import no
 `integration` (lm-eval) or `commands` module; `integration` imports no `commands` module.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -9,6 +9,7 @@
 Subcommands live in their own modules and are imported only when used, so
 `dvoting tasks-dir` never imports torch or lm_eval.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -17,7 +18,10 @@ from collections.abc import Callable, Sequence
 
 # name -> ("module:function" taking argv and returning an exit code or None, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "eval": ("lm_eval_dvoting.commands.cli:run_eval", "run lm-eval with the dvoting models and tasks"),
+    "eval": (
+        "lm_eval_dvoting.commands.cli:run_eval",
+        "run lm-eval with the dvoting models and tasks",
+    ),
     "tasks-dir": ("lm_eval_dvoting.commands.cli:print_tasks_dir", "print the dvoting task folder"),
     "compare": ("lm_eval_dvoting.commands.compare:main", "compare strategies side by side"),
     "report": ("lm_eval_dvoting.commands.report:main", "summarise results into tables and plots"),
@@ -27,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def run_eval(argv: Sequence[str]) -> int | None:
     """Run lm-eval's own CLI on `argv` after registering the plugin explicitly."""
     from lm_eval_dvoting.integration import plugin
+
     plugin.register()  # idempotent; needed when the start-up hook is disabled or absent
     from lm_eval.__main__ import cli_evaluate
 

@@ -32,6 +32,7 @@ accuracy, runs, mean NFE, samples, seconds); compare.json then holds a `sweep` o
 and sweep.png plots accuracy against mean NFE, one line per row (see `check_sweep` for
 what is refused before the model is loaded).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,17 +46,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from lm_eval_dvoting.core.strategies import StrategySettings
 from lm_eval_dvoting.integration.length_checks import index_leaves, indexed_generation_kwargs
 from lm_eval_dvoting.integration.request_planning import task_length
-from lm_eval_dvoting.core.strategies import StrategySettings
 from lm_eval_dvoting.integration.strict_json import dumps as strict_dumps
 
 log = logging.getLogger(__name__)
 
 # The rows `--strategies` may name, in the default order. A row is a strategy plus
 # overrides of its settings (`row_overrides`); the `-entropy` rows are the ablations.
-ROWS = ("single", "single-entropy", "single-confidence", "majority", "majority-entropy", "hex", "dvoting",
-        "temporal", "rfg")
+ROWS = (
+    "single",
+    "single-entropy",
+    "single-confidence",
+    "majority",
+    "majority-entropy",
+    "hex",
+    "dvoting",
+    "temporal",
+    "rfg",
+)
 # `rfg` needs a reference (model arg `reference` or `peft`), so it runs only when asked for
 DEFAULT_ROWS = tuple(row for row in ROWS if row != "rfg")
 # The paired comparison: dVoting against the row that has its decoder, temperature and
@@ -67,29 +77,58 @@ BOOTSTRAP_SEED = 0  # fixed, so the interval of a given compare.json repeats exa
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dvoting compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="dvoting-llada", choices=["dvoting-llada", "dvoting-dream"])
-    parser.add_argument("--model_args", default="pretrained=tiny-arith",
-                        help="comma-separated key=value model args shared by every strategy")
+    parser.add_argument(
+        "--model", default="dvoting-llada", choices=["dvoting-llada", "dvoting-dream"]
+    )
+    parser.add_argument(
+        "--model_args",
+        default="pretrained=tiny-arith",
+        help="comma-separated key=value model args shared by every strategy",
+    )
     parser.add_argument("--tasks", default="dvoting_arith", help="one task name")
-    parser.add_argument("--strategies", default=",".join(DEFAULT_ROWS),
-                        help=f"comma-separated rows, from {', '.join(ROWS)}")
-    parser.add_argument("--seeds", type=int, default=1,
-                        help="sampling seeds per sampled row (seed, seed+1, ...; the model's seed first); "
-                             "greedy rows run once")
-    parser.add_argument("--row_seeds", default=None, metavar="ROW=K,...",
-                        help="seeds for the named rows instead of --seeds, e.g. hex=1 "
-                             "(HEX, 480 passes per question, is the slow row)")
-    parser.add_argument("--limit", type=float, default=None, help="documents per task (as lm_eval --limit)")
-    parser.add_argument("--batch_size", default=None,
-                        help=f"rows decoded per forward pass, or 'auto' (default {DEFAULT_BATCH_SIZE})")
-    parser.add_argument("--device", default=None,
-                        help="cpu, cuda, cuda:1, ... (default: CUDA when there is one, else the CPU)")
+    parser.add_argument(
+        "--strategies",
+        default=",".join(DEFAULT_ROWS),
+        help=f"comma-separated rows, from {', '.join(ROWS)}",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="sampling seeds per sampled row (seed, seed+1, ...; the model's seed first); "
+        "greedy rows run once",
+    )
+    parser.add_argument(
+        "--row_seeds",
+        default=None,
+        metavar="ROW=K,...",
+        help="seeds for the named rows instead of --seeds, e.g. hex=1 "
+        "(HEX, 480 passes per question, is the slow row)",
+    )
+    parser.add_argument(
+        "--limit", type=float, default=None, help="documents per task (as lm_eval --limit)"
+    )
+    parser.add_argument(
+        "--batch_size",
+        default=None,
+        help=f"rows decoded per forward pass, or 'auto' (default {DEFAULT_BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:1, ... (default: CUDA when there is one, else the CPU)",
+    )
     parser.add_argument("--gen_kwargs", default=None, help="as lm_eval --gen_kwargs")
     parser.add_argument("--apply_chat_template", action="store_true")
     parser.add_argument("--out", default="dvoting_compare", help="folder for table, JSON and plot")
-    parser.add_argument("--sweep", action="append", default=None, metavar="NAME=V1,V2,...",
-                        help="run every row at every value of one setting, e.g. threshold=0.7,0.8,0.9 "
-                             f"(settings: {', '.join(SWEEP_TYPES)}); a value here wins over --model_args")
+    parser.add_argument(
+        "--sweep",
+        action="append",
+        default=None,
+        metavar="NAME=V1,V2,...",
+        help="run every row at every value of one setting, e.g. threshold=0.7,0.8,0.9 "
+        f"(settings: {', '.join(SWEEP_TYPES)}); a value here wins over --model_args",
+    )
     return parser.parse_args(argv)
 
 
@@ -113,8 +152,10 @@ def model_kwargs(model_args: dict[str, Any], args: argparse.Namespace) -> dict[s
         if value is None:
             continue
         if key in merged and str(merged[key]) != str(value):
-            raise SystemExit(f"dvoting compare: {key}={merged[key]!r} in --model_args conflicts with "
-                             f"--{key} {value}: give {key} in one place only")
+            raise SystemExit(
+                f"dvoting compare: {key}={merged[key]!r} in --model_args conflicts with "
+                f"--{key} {value}: give {key} in one place only"
+            )
         merged[key] = value
     merged.setdefault("batch_size", DEFAULT_BATCH_SIZE)
     return merged
@@ -150,8 +191,12 @@ def _evaluate(lm: Any, args: argparse.Namespace) -> dict[str, Any]:
     import lm_eval
 
     return lm_eval.simple_evaluate(
-        model=lm, tasks=[args.tasks], limit=args.limit, task_manager=_task_manager(args.tasks),
-        gen_kwargs=args.gen_kwargs, apply_chat_template=args.apply_chat_template,
+        model=lm,
+        tasks=[args.tasks],
+        limit=args.limit,
+        task_manager=_task_manager(args.tasks),
+        gen_kwargs=args.gen_kwargs,
+        apply_chat_template=args.apply_chat_template,
         log_samples=True,  # the per-document scores the paired comparison needs
     )
 
@@ -164,14 +209,20 @@ def parse_rows(text: str) -> list[str]:
     rows = [s.strip() for s in text.split(",") if s.strip()]
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
-        raise SystemExit(f"dvoting compare: unknown strategies {unknown} in --strategies; "
-                         f"choose rows from {', '.join(ROWS)}")
+        raise SystemExit(
+            f"dvoting compare: unknown strategies {unknown} in --strategies; "
+            f"choose rows from {', '.join(ROWS)}"
+        )
     if not rows:
-        raise SystemExit(f"dvoting compare: --strategies {text!r} names no row; choose from {', '.join(ROWS)}")
+        raise SystemExit(
+            f"dvoting compare: --strategies {text!r} names no row; choose from {', '.join(ROWS)}"
+        )
     repeated = sorted({r for r in rows if rows.count(r) > 1})
     if repeated:
-        raise SystemExit(f"dvoting compare: --strategies names {repeated} more than once; name each row once "
-                         "(use --seeds K to repeat sampled rows)")
+        raise SystemExit(
+            f"dvoting compare: --strategies names {repeated} more than once; name each row once "
+            "(use --seeds K to repeat sampled rows)"
+        )
     return rows
 
 
@@ -180,26 +231,32 @@ def check_shared_model_args(model_args: Mapping[str, Any]) -> None:
     if "strategy" in model_args:
         raise SystemExit("dvoting compare: give strategies with --strategies, not in --model_args")
     if "decoder" in model_args:
-        raise SystemExit(f"dvoting compare: decoder={model_args['decoder']!r} in --model_args would apply to every "
-                         "row, but each row sets its own decoder; leave it out and name single-entropy or "
-                         "majority-entropy in --strategies for the entropy decoder, single-confidence for the "
-                         f"confidence decoder (rows: {', '.join(ROWS)}), or --sweep decoder=... over rows "
-                         "without a decoder suffix")
+        raise SystemExit(
+            f"dvoting compare: decoder={model_args['decoder']!r} in --model_args would apply to every "
+            "row, but each row sets its own decoder; leave it out and name single-entropy or "
+            "majority-entropy in --strategies for the entropy decoder, single-confidence for the "
+            f"confidence decoder (rows: {', '.join(ROWS)}), or --sweep decoder=... over rows "
+            "without a decoder suffix"
+        )
 
 
 def check_rfg_reference(names: Sequence[str], model_args: Mapping[str, Any]) -> None:
     """The rfg row needs a reference: a second model, or the base under a LoRA adapter."""
     if "rfg" in names and not (model_args.get("reference") or model_args.get("peft")):
-        raise SystemExit("dvoting compare: the rfg row needs a reference: add reference=<hub id | folder> or "
-                         "peft=<adapter> to --model_args (on the demo: pretrained=tiny-arith,peft=tiny-arith-lora); "
-                         "the other rows then run the policy (with its adapter)")
+        raise SystemExit(
+            "dvoting compare: the rfg row needs a reference: add reference=<hub id | folder> or "
+            "peft=<adapter> to --model_args (on the demo: pretrained=tiny-arith,peft=tiny-arith-lora); "
+            "the other rows then run the policy (with its adapter)"
+        )
 
 
 def check_seeds(seeds: int) -> None:
     """`--seeds` must be a whole number >= 1."""
     if seeds < 1:
-        raise SystemExit(f"dvoting compare: --seeds must be >= 1, got {seeds}: the number of sampling seeds "
-                         "per sampled row, e.g. --seeds 3 (default 1)")
+        raise SystemExit(
+            f"dvoting compare: --seeds must be >= 1, got {seeds}: the number of sampling seeds "
+            "per sampled row, e.g. --seeds 3 (default 1)"
+        )
 
 
 def parse_row_seeds(text: str | None, names: Sequence[str], default: int) -> dict[str, int]:
@@ -223,8 +280,10 @@ def parse_row_seeds(text: str | None, names: Sequence[str], default: int) -> dic
             given.add(row)
             counts[row] = int(value)
             continue
-        raise SystemExit(f"dvoting compare: --row_seeds {text!r} {problem}; give ROW=K for rows of "
-                         "--strategies, e.g. --row_seeds hex=1")
+        raise SystemExit(
+            f"dvoting compare: --row_seeds {text!r} {problem}; give ROW=K for rows of "
+            "--strategies, e.g. --row_seeds hex=1"
+        )
     return counts
 
 
@@ -248,23 +307,47 @@ def take_threshold(model_args: dict[str, Any]) -> float | None:
 # The settings `--sweep` may vary, with the type its values are read as: each is a
 # StrategySettings field and a model arg, and `use_strategy` changes it on the loaded model.
 SWEEP_TYPES: dict[str, type] = {
-    "block_length": int, "n": int, "steps": int, "hex_samples": int,
-    "alpha": float, "temperature": float, "tau": float, "threshold": float,
-    "cache": str, "decoder": str, "remasking": str,
-    "vote": str, "temporal_weight": str, "temporal_alpha": float, "guidance": float,
+    "block_length": int,
+    "n": int,
+    "steps": int,
+    "hex_samples": int,
+    "alpha": float,
+    "temperature": float,
+    "tau": float,
+    "threshold": float,
+    "cache": str,
+    "decoder": str,
+    "remasking": str,
+    "vote": str,
+    "temporal_weight": str,
+    "temporal_alpha": float,
+    "guidance": float,
 }
 # Model args `--sweep` refuses, with what to do instead.
 _NOT_SWEPT = {
     "strategy": "the rows are chosen with --strategies",
     "seed": "give --seeds K for K sampling seeds",
     "max_gen_toks": "the generation length is the task's: run compare once per value with --gen_kwargs "
-                    "max_gen_toks=V",
+    "max_gen_toks=V",
     "gen_length": "the generation length is the task's: run compare once per value with --gen_kwargs "
-                  "max_gen_toks=V",
+    "max_gen_toks=V",
     "prefix_cache": "it is the older spelling of cache: --sweep cache=none,prefix",
 }
-_RELOAD = ("pretrained", "tokenizer", "dtype", "mc_num", "max_length", "device", "batch_size", "max_batch_size",
-           "revision", "subfolder", "trust_remote_code", "use_fast_tokenizer", "add_bos_token")
+_RELOAD = (
+    "pretrained",
+    "tokenizer",
+    "dtype",
+    "mc_num",
+    "max_length",
+    "device",
+    "batch_size",
+    "max_batch_size",
+    "revision",
+    "subfolder",
+    "trust_remote_code",
+    "use_fast_tokenizer",
+    "add_bos_token",
+)
 
 
 def _sweep_value(name: str, text: str) -> Any:
@@ -278,9 +361,11 @@ def _sweep_value(name: str, text: str) -> Any:
             return int(text)
         return float(text) if kind is float else text
     except ValueError:
-        raise SystemExit(f"dvoting compare: --sweep {name}={text}: {name} takes "
-                         f"{'whole numbers' if kind is int else 'numbers'}, got {text!r}; give "
-                         f"comma-separated values, {example}") from None
+        raise SystemExit(
+            f"dvoting compare: --sweep {name}={text}: {name} takes "
+            f"{'whole numbers' if kind is int else 'numbers'}, got {text!r}; give "
+            f"comma-separated values, {example}"
+        ) from None
 
 
 def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
@@ -292,33 +377,47 @@ def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
     if not specs:
         return None
     if len(specs) > 1:
-        raise SystemExit(f"dvoting compare: --sweep given {len(specs)} times ({', '.join(specs)}); sweep one "
-                         "setting per run")
+        raise SystemExit(
+            f"dvoting compare: --sweep given {len(specs)} times ({', '.join(specs)}); sweep one "
+            "setting per run"
+        )
     spec = specs[0]
     name, equals, values_text = (part.strip() for part in spec.partition("="))
     allowed = ", ".join(SWEEP_TYPES)
     if not equals:
-        raise SystemExit(f"dvoting compare: --sweep {spec!r} has no '=': give NAME=V1,V2,... with NAME one of "
-                         f"{allowed}, e.g. --sweep threshold=0.7,0.8,0.9")
+        raise SystemExit(
+            f"dvoting compare: --sweep {spec!r} has no '=': give NAME=V1,V2,... with NAME one of "
+            f"{allowed}, e.g. --sweep threshold=0.7,0.8,0.9"
+        )
     if name in _NOT_SWEPT:
-        raise SystemExit(f"dvoting compare: --sweep {spec}: {name} cannot be swept; {_NOT_SWEPT[name]} "
-                         f"(sweepable: {allowed})")
+        raise SystemExit(
+            f"dvoting compare: --sweep {spec}: {name} cannot be swept; {_NOT_SWEPT[name]} "
+            f"(sweepable: {allowed})"
+        )
     if name in _RELOAD:
-        raise SystemExit(f"dvoting compare: --sweep {spec}: {name} cannot be swept on a loaded model (it needs "
-                         f"a model reload): run compare once per value with {name}=V in --model_args "
-                         f"(sweepable: {allowed})")
+        raise SystemExit(
+            f"dvoting compare: --sweep {spec}: {name} cannot be swept on a loaded model (it needs "
+            f"a model reload): run compare once per value with {name}=V in --model_args "
+            f"(sweepable: {allowed})"
+        )
     if name not in SWEEP_TYPES:
-        raise SystemExit(f"dvoting compare: --sweep {spec}: unknown setting {name!r}; sweepable settings: "
-                         f"{allowed}")
+        raise SystemExit(
+            f"dvoting compare: --sweep {spec}: unknown setting {name!r}; sweepable settings: "
+            f"{allowed}"
+        )
     texts = [text.strip() for text in values_text.split(",")]
     if not any(texts) or not all(texts):
-        raise SystemExit(f"dvoting compare: --sweep {spec}: {'no values' if not any(texts) else 'an empty value'}; "
-                         f"give comma-separated values, e.g. --sweep {name}=V1,V2,V3")
+        raise SystemExit(
+            f"dvoting compare: --sweep {spec}: {'no values' if not any(texts) else 'an empty value'}; "
+            f"give comma-separated values, e.g. --sweep {name}=V1,V2,V3"
+        )
     values = [_sweep_value(name, text) for text in texts]
     repeated = sorted({str(v) for i, v in enumerate(values) if v in values[:i]})
     if repeated:
-        raise SystemExit(f"dvoting compare: --sweep {spec}: {', '.join(repeated)} given more than once; "
-                         "give each value once (use --seeds K to repeat sampled rows)")
+        raise SystemExit(
+            f"dvoting compare: --sweep {spec}: {', '.join(repeated)} given more than once; "
+            "give each value once (use --seeds K to repeat sampled rows)"
+        )
     return name, values
 
 
@@ -326,8 +425,21 @@ def probe_settings(model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> 
     """The model args' strategy settings as far as they can be read without the harness (for
     the checks before the model is loaded); the defaults where they cannot (the model then
     refuses those model args itself, before it reads the checkpoint)."""
-    fields = ("block_length", "n", "alpha", "temperature", "tau", "steps", "remasking", "hex_samples",
-              "prefix_cache", "cache", "vote", "temporal_weight", "temporal_alpha")
+    fields = (
+        "block_length",
+        "n",
+        "alpha",
+        "temperature",
+        "tau",
+        "steps",
+        "remasking",
+        "hex_samples",
+        "prefix_cache",
+        "cache",
+        "vote",
+        "temporal_weight",
+        "temporal_alpha",
+    )
     given = {key: model_args[key] for key in fields if key in model_args}
     if "max_gen_toks" in model_args:
         given["gen_length"] = model_args["max_gen_toks"]
@@ -348,8 +460,9 @@ def request_lengths(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return indexed_generation_kwargs(index, [args.tasks], gen_kwargs or None)
 
 
-def checked_settings(base: StrategySettings, lengths: Mapping[str, Mapping[str, Any]] | None,
-                     **changes: Any) -> StrategySettings:
+def checked_settings(
+    base: StrategySettings, lengths: Mapping[str, Mapping[str, Any]] | None, **changes: Any
+) -> StrategySettings:
     """`base` with `changes`, its length rules checked at the length each task's requests
     really use (`request_planning.task_length`, the harness's check: a task's max_gen_toks
     wins; `base.gen_length`, the model arg, serves the tasks that set none), so a block
@@ -379,8 +492,11 @@ def check_generation_task(task: str) -> None:
     names. A group mixing both kinds runs (its generation tasks are what the rows compare),
     with a warning naming the likelihood tasks, whose part is the same in every row."""
     leaves = leaf_tasks(task)
-    likelihood = {name: cfg.get("output_type") for name, cfg in leaves
-                  if cfg.get("output_type", "generate_until") != "generate_until"}
+    likelihood = {
+        name: cfg.get("output_type")
+        for name, cfg in leaves
+        if cfg.get("output_type", "generate_until") != "generate_until"
+    }
     if not likelihood:
         return
     named = ", ".join(f"{name} ({kind})" for name, kind in sorted(likelihood.items()))
@@ -390,14 +506,24 @@ def check_generation_task(task: str) -> None:
             "strategy plays a part there (every row would be the same run of the likelihood "
             "estimate, model arg mc_num), so there is nothing to compare. Run it once with "
             f"`lm_eval --model dvoting-llada --tasks {task} --model_args ...`, or compare "
-            "strategies on a generation task (e.g. --tasks dvoting_arith)")
-    log.warning("dvoting compare: %s includes log-likelihood tasks (%s), scored the same in "
-                "every row; the rows differ only in its generation tasks", task, named)
+            "strategies on a generation task (e.g. --tasks dvoting_arith)"
+        )
+    log.warning(
+        "dvoting compare: %s includes log-likelihood tasks (%s), scored the same in "
+        "every row; the rows differ only in its generation tasks",
+        task,
+        named,
+    )
 
 
-def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: Sequence[Any],
-               extras: Mapping[str, Any], lengths: Mapping[str, Mapping[str, Any]] | None = None,
-               ) -> list[tuple[Any, list[tuple[str, StrategySettings, str, dict[str, Any]]]]]:
+def sweep_plan(
+    names: Sequence[str],
+    base: StrategySettings,
+    name: str,
+    values: Sequence[Any],
+    extras: Mapping[str, Any],
+    lengths: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[tuple[Any, list[tuple[str, StrategySettings, str, dict[str, Any]]]]]:
     """Per swept value, each row's (name, settings, strategy, use_strategy overrides), on `base`.
 
     SystemExit naming --sweep, the value and the row when StrategySettings refuses the value
@@ -412,40 +538,62 @@ def sweep_plan(names: Sequence[str], base: StrategySettings, name: str, values: 
         try:
             # as `single` (which takes every decoder), or for `vote` as `majority` (single has no
             # vote); each row's own strategy is checked below
-            base_value = replace(base, strategy="majority" if name == "vote" else "single",
-                                 defer_length_checks=True, **swept)
+            base_value = replace(
+                base,
+                strategy="majority" if name == "vote" else "single",
+                defer_length_checks=True,
+                **swept,
+            )
         except ValueError as err:
             raise SystemExit(f"dvoting compare: --sweep {name}={value}: {err}") from err
         if getattr(base_value, name) != value:
-            raise SystemExit(f"dvoting compare: --sweep {name}={value} does not take effect with these --model_args "
-                             f"(the settings keep {name}={getattr(base_value, name)!r}); leave the model args that "
-                             f"set it (e.g. prefix_cache) out of --model_args")
+            raise SystemExit(
+                f"dvoting compare: --sweep {name}={value} does not take effect with these --model_args "
+                f"(the settings keep {name}={getattr(base_value, name)!r}); leave the model args that "
+                f"set it (e.g. prefix_cache) out of --model_args"
+            )
         rows = []
         for row in names:
             try:
                 strategy, overrides = row_overrides(row, base_value)
                 settings = checked_settings(base_value, lengths, strategy=strategy, **overrides)
             except ValueError as err:
-                raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
-                                 "leave the row out of --strategies or the value out of --sweep") from err
+                raise SystemExit(
+                    f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
+                    "leave the row out of --strategies or the value out of --sweep"
+                ) from err
             if name == "guidance" and settings.strategy != "rfg":
-                raise SystemExit(f"dvoting compare: --sweep guidance={value}: row {row!r} does not use guidance (only "
-                                 "rfg does); leave the row out of --strategies")
-            if name in ("temporal_weight", "temporal_alpha") and settings.resolved_vote != "temporal":
-                raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} (its "
-                                 "vote is plain, one vote per sample): give vote=temporal in --model_args for the "
-                                 "voting rows, or leave the row out of --strategies")
+                raise SystemExit(
+                    f"dvoting compare: --sweep guidance={value}: row {row!r} does not use guidance (only "
+                    "rfg does); leave the row out of --strategies"
+                )
+            if (
+                name in ("temporal_weight", "temporal_alpha")
+                and settings.resolved_vote != "temporal"
+            ):
+                raise SystemExit(
+                    f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} (its "
+                    "vote is plain, one vote per sample): give vote=temporal in --model_args for the "
+                    "voting rows, or leave the row out of --strategies"
+                )
             if getattr(settings, name) != value:
-                raise SystemExit(f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it runs "
-                                 f"with {name}={getattr(settings, name)!r} whatever the sweep gives); leave it out "
-                                 "of --strategies or sweep another setting")
+                raise SystemExit(
+                    f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it runs "
+                    f"with {name}={getattr(settings, name)!r} whatever the sweep gives); leave it out "
+                    "of --strategies or sweep another setting"
+                )
             rows.append((row, settings, strategy, {**swept, **overrides}))
         plan.append((value, rows))
     return plan
 
 
-def check_sweep(sweep: tuple[str, list[Any]], names: Sequence[str], probe: StrategySettings,
-                extras: Mapping[str, Any], lengths: Mapping[str, Mapping[str, Any]]) -> None:
+def check_sweep(
+    sweep: tuple[str, list[Any]],
+    names: Sequence[str],
+    probe: StrategySettings,
+    extras: Mapping[str, Any],
+    lengths: Mapping[str, Mapping[str, Any]],
+) -> None:
     """Refuse, before the model is loaded, a sweep that could not run every row at every value.
 
     Checked: each value against StrategySettings' ranges on the model args' settings (as
@@ -478,15 +626,18 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
     return strategy, overrides
 
 
-def row_settings(row: str, base: StrategySettings,
-                 lengths: Mapping[str, Mapping[str, Any]] | None = None) -> StrategySettings:
+def row_settings(
+    row: str, base: StrategySettings, lengths: Mapping[str, Mapping[str, Any]] | None = None
+) -> StrategySettings:
     """The settings row `row` runs with, checked (at `lengths`, see `checked_settings`):
     SystemExit naming the row when they are invalid."""
     strategy, overrides = row_overrides(row, base)
     try:
         return checked_settings(base, lengths, strategy=strategy, **overrides)
     except ValueError as err:
-        raise SystemExit(f"dvoting compare: row {row!r} cannot run with these --model_args: {err}") from err
+        raise SystemExit(
+            f"dvoting compare: row {row!r} cannot run with these --model_args: {err}"
+        ) from err
 
 
 def _draws_from_seed(temperature: float, decoder: str | None, remasking: str | None) -> bool:
@@ -497,17 +648,21 @@ def _draws_from_seed(temperature: float, decoder: str | None, remasking: str | N
 def is_sampled(settings: StrategySettings) -> bool:
     """Whether settings depend on the sampling seed: a temperature above 0, or the fixed
     schedule's random remasking. Anything else is deterministic."""
-    return _draws_from_seed(settings.resolved_temperature, settings.resolved_decoder,
-                            settings.remasking)
+    return _draws_from_seed(
+        settings.resolved_temperature, settings.resolved_decoder, settings.remasking
+    )
 
 
 def ran_sampled(settings_used: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a run's requests drew from the seed, read from the settings they really ran with
     (`settings_used`, resolved: the task's or --gen_kwargs' `do_sample`/`temperature` included,
     which `single` and `temporal` follow), not from the row's strategy."""
-    return any(_draws_from_seed(float(entry.get("temperature") or 0), entry.get("decoder"),
-                                entry.get("remasking"))
-               for entry in settings_used)
+    return any(
+        _draws_from_seed(
+            float(entry.get("temperature") or 0), entry.get("decoder"), entry.get("remasking")
+        )
+        for entry in settings_used
+    )
 
 
 def per_document(results: Mapping[str, Any], task: str, metric_key: str) -> dict[int, float]:
@@ -520,7 +675,9 @@ def per_document(results: Mapping[str, Any], task: str, metric_key: str) -> dict
             continue
         doc_id = sample["doc_id"]
         if doc_id in scores:
-            raise ValueError(f"document {doc_id} of {task} was scored twice under filter {filter_name!r}")
+            raise ValueError(
+                f"document {doc_id} of {task} was scored twice under filter {filter_name!r}"
+            )
         scores[doc_id] = float(sample[metric])
     return scores
 
@@ -533,9 +690,13 @@ def mean_and_std(values: Sequence[float]) -> tuple[float, float | None]:
 # -------------------------------------------------------------- paired bootstrap
 
 
-def paired_bootstrap(first: Mapping[int, Sequence[float]], second: Mapping[int, Sequence[float]],
-                     resamples: int = BOOTSTRAP_RESAMPLES, rng_seed: int = BOOTSTRAP_SEED,
-                     confidence: float = 0.95) -> dict[str, Any]:
+def paired_bootstrap(
+    first: Mapping[int, Sequence[float]],
+    second: Mapping[int, Sequence[float]],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    rng_seed: int = BOOTSTRAP_SEED,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
     """Mean difference first - second in points, with a percentile bootstrap interval over problems.
 
     `first` and `second` map each problem (doc_id) to its scores (0/1, or a fraction), one
@@ -548,23 +709,37 @@ def paired_bootstrap(first: Mapping[int, Sequence[float]], second: Mapping[int, 
 
     if set(first) != set(second):
         only_first, only_second = len(set(first) - set(second)), len(set(second) - set(first))
-        raise ValueError(f"the two rows were scored on different problems ({only_first} only in the first, "
-                         f"{only_second} only in the second): run them on the same documents")
+        raise ValueError(
+            f"the two rows were scored on different problems ({only_first} only in the first, "
+            f"{only_second} only in the second): run them on the same documents"
+        )
     if not first:
         raise ValueError("no problems to compare: the rows have no per-document scores")
     if resamples < 1 or not 0 < confidence < 1:
-        raise ValueError(f"need resamples >= 1 and 0 < confidence < 1, got {resamples} and {confidence}")
+        raise ValueError(
+            f"need resamples >= 1 and 0 < confidence < 1, got {resamples} and {confidence}"
+        )
     problems = sorted(first)  # a fixed order, so the same seed draws the same resamples
-    diffs = 100 * np.array([statistics.fmean(first[p]) - statistics.fmean(second[p]) for p in problems])
+    diffs = 100 * np.array(
+        [statistics.fmean(first[p]) - statistics.fmean(second[p]) for p in problems]
+    )
     rng = np.random.default_rng(rng_seed)
     means = np.empty(resamples)
     chunk = max(1, 2_000_000 // len(diffs))  # bounded memory for large tasks
     for start in range(0, resamples, chunk):
         size = min(chunk, resamples - start)
-        means[start:start + size] = diffs[rng.integers(0, len(diffs), size=(size, len(diffs)))].mean(1)
+        means[start : start + size] = diffs[
+            rng.integers(0, len(diffs), size=(size, len(diffs)))
+        ].mean(1)
     low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"mean_points": float(diffs.mean()), "ci_points": [float(low), float(high)],
-            "confidence": confidence, "problems": len(diffs), "resamples": resamples, "rng_seed": rng_seed}
+    return {
+        "mean_points": float(diffs.mean()),
+        "ci_points": [float(low), float(high)],
+        "confidence": confidence,
+        "problems": len(diffs),
+        "resamples": resamples,
+        "rng_seed": rng_seed,
+    }
 
 
 def paired_comparison(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -573,26 +748,36 @@ def paired_comparison(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
     if not all(name in by_name and by_name[name]["per_document"] for name in PAIRED):
         return None
     first, second = (by_name[name] for name in PAIRED)
-    return {"first": PAIRED[0], "second": PAIRED[1],
-            "runs": {PAIRED[0]: len(first["seeds"]), PAIRED[1]: len(second["seeds"])},
-            **paired_bootstrap(first["per_document"], second["per_document"])}
+    return {
+        "first": PAIRED[0],
+        "second": PAIRED[1],
+        "runs": {PAIRED[0]: len(first["seeds"]), PAIRED[1]: len(second["seeds"])},
+        **paired_bootstrap(first["per_document"], second["per_document"]),
+    }
 
 
 def paired_line(paired: Mapping[str, Any]) -> str:
     """The paired comparison in one line, for under the table."""
     low, high = paired["ci_points"]
     runs = sorted(set(paired["runs"].values()))
-    seeds = f"{runs[0]} seed{'s' if runs[0] > 1 else ''}" if len(runs) == 1 else \
-        ", ".join(f"{name} {count} run(s)" for name, count in paired["runs"].items())
-    return (f"{paired['first']} - {paired['second']}: {paired['mean_points']:+.1f} points, "
-            f"{100 * paired['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] "
-            f"(paired bootstrap over {paired['problems']} problems, {seeds})")
+    seeds = (
+        f"{runs[0]} seed{'s' if runs[0] > 1 else ''}"
+        if len(runs) == 1
+        else ", ".join(f"{name} {count} run(s)" for name, count in paired["runs"].items())
+    )
+    return (
+        f"{paired['first']} - {paired['second']}: {paired['mean_points']:+.1f} points, "
+        f"{100 * paired['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] "
+        f"(paired bootstrap over {paired['problems']} problems, {seeds})"
+    )
 
 
 # --------------------------------------------------------------------- the runs
 
 
-def _run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, Any], seed: int) -> dict[str, Any]:
+def _run(
+    lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, Any], seed: int
+) -> dict[str, Any]:
     """One evaluation of one row with one sampling seed."""
     lm.use_strategy(strategy, seed=seed, **overrides)
     started = time.perf_counter()
@@ -604,10 +789,12 @@ def _run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, 
     totals = info["totals"]
     questions = totals.get("questions") or 0
     if not questions:  # what check_generation_task could not see (e.g. a task defined in Python)
-        raise SystemExit(f"dvoting compare: --tasks {args.tasks} made no generation requests (it "
-                         "is scored by log-likelihood, where no strategy plays a part): there is "
-                         "nothing to compare; run it once with lm_eval, or compare strategies on a "
-                         "generation task")
+        raise SystemExit(
+            f"dvoting compare: --tasks {args.tasks} made no generation requests (it "
+            "is scored by log-likelihood, where no strategy plays a part): there is "
+            "nothing to compare; run it once with lm_eval, or compare strategies on a "
+            "generation task"
+        )
     return {
         "accuracy": 100 * task_results[key],
         # per question (document, all its repeats), as the column says; totals' means are per request
@@ -628,8 +815,9 @@ def _used(settings_used: Sequence[Mapping[str, Any]], name: str) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def summarize_row(name: str, seeds: Sequence[int],
-                  runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def summarize_row(
+    name: str, seeds: Sequence[int], runs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """One row of figures from its runs (one per seed): means, the std of the accuracy over
     seeds, and the per-seed figures they come from. `decoder`, `temperature` and `sampled`
     are read from the settings the requests ran with (`ran_sampled`)."""
@@ -655,8 +843,10 @@ def summarize_row(name: str, seeds: Sequence[int],
         "settings": settings_used,
         # each document's score per seed, in the order of "seeds" (NaN, null in compare.json: a
         # document a later seed's run did not score)
-        "per_document": {doc: [run["per_document"].get(doc, math.nan) for run in runs]
-                         for doc in runs[0]["per_document"]},
+        "per_document": {
+            doc: [run["per_document"].get(doc, math.nan) for run in runs]
+            for doc in runs[0]["per_document"]
+        },
     }
 
 
@@ -693,9 +883,10 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         if sweep is not None:
             # the loaded model's settings (model args read by the harness): checked again
             plan = sweep_plan(names, lm.settings, *sweep, extras, lengths)
-            results = [(value, run_rows(lm, args, planned, first_seed, counts,
-                                        f"{sweep[0]}={value}"))
-                       for value, planned in plan]
+            results = [
+                (value, run_rows(lm, args, planned, first_seed, counts, f"{sweep[0]}={value}"))
+                for value, planned in plan
+            ]
             return {"sweep": sweep_summary(sweep[0], results), "seeds": seeds}
         # the model args' settings; every row's are derived from these
         base = replace(lm.settings, **extras)
@@ -703,14 +894,21 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         planned = []
         for name in names:
             strategy, overrides = row_overrides(name, base)
-            planned.append((name, row_settings(name, base, lengths), strategy,
-                            {**extras, **overrides}))
+            planned.append(
+                (name, row_settings(name, base, lengths), strategy, {**extras, **overrides})
+            )
         rows = run_rows(lm, args, planned, first_seed, counts)
     return {"rows": rows, "paired": paired_comparison(rows), "seeds": seeds}
 
 
-def run_rows(lm: Any, args: argparse.Namespace, planned: Sequence[tuple[str, StrategySettings, str, dict[str, Any]]],
-             first_seed: int, counts: Mapping[str, int], context: str = "") -> list[dict[str, Any]]:
+def run_rows(
+    lm: Any,
+    args: argparse.Namespace,
+    planned: Sequence[tuple[str, StrategySettings, str, dict[str, Any]]],
+    first_seed: int,
+    counts: Mapping[str, int],
+    context: str = "",
+) -> list[dict[str, Any]]:
     """Each planned row (name, settings, strategy, overrides) run with its seeds, summarized.
 
     A row runs with its first seed; when the settings its requests ran with draw from the seed
@@ -724,16 +922,23 @@ def run_rows(lm: Any, args: argparse.Namespace, planned: Sequence[tuple[str, Str
         seeds = [first_seed + i for i in range(counts.get(name, 1))]
         runs = [_labelled_run(lm, args, strategy, overrides, seeds[0], label)]
         if ran_sampled(runs[0]["settings"]):
-            runs += [_labelled_run(lm, args, strategy, overrides, seed, label)
-                     for seed in seeds[1:]]
+            runs += [
+                _labelled_run(lm, args, strategy, overrides, seed, label) for seed in seeds[1:]
+            ]
         else:
             seeds = seeds[:1]
         rows.append(summarize_row(name, seeds, runs))
     return rows
 
 
-def _labelled_run(lm: Any, args: argparse.Namespace, strategy: str, overrides: dict[str, Any],
-                  seed: int, label: tuple[str, str]) -> dict[str, Any]:
+def _labelled_run(
+    lm: Any,
+    args: argparse.Namespace,
+    strategy: str,
+    overrides: dict[str, Any],
+    seed: int,
+    label: tuple[str, str],
+) -> dict[str, Any]:
     """`_run`, its progress bars named "ROW, seed S, row I/N" (`label`: the row, its position)."""
     lm.progress_label = f"{label[0]}, seed {seed}, {label[1]}"
     try:
@@ -777,7 +982,9 @@ def lm_eval_messages_once() -> Any:
             logger.removeFilter(once)
 
 
-def sweep_summary(name: str, results: Sequence[tuple[Any, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:
+def sweep_summary(
+    name: str, results: Sequence[tuple[Any, Sequence[Mapping[str, Any]]]]
+) -> dict[str, Any]:
     """compare.json's `sweep`: {"name", "values", "rows": {row: [one entry per value]}, "paired"}.
 
     An entry is the row's figures at that value: `value`, `accuracy_mean`, `accuracy_std`
@@ -789,30 +996,50 @@ def sweep_summary(name: str, results: Sequence[tuple[Any, Sequence[Mapping[str, 
     paired = []
     for value, summaries in results:
         for summary in summaries:
-            figures = {k: v for k, v in summary.items() if k not in ("strategy", "accuracy", "mean_nfe")}
+            figures = {
+                k: v for k, v in summary.items() if k not in ("strategy", "accuracy", "mean_nfe")
+            }
             rows.setdefault(summary["strategy"], []).append(
-                {"value": value, "accuracy_mean": summary["accuracy"], "accuracy_std": summary["accuracy_std"],
-                 "nfe_mean": summary["mean_nfe"], **figures})
+                {
+                    "value": value,
+                    "accuracy_mean": summary["accuracy"],
+                    "accuracy_std": summary["accuracy_std"],
+                    "nfe_mean": summary["mean_nfe"],
+                    **figures,
+                }
+            )
         pair = paired_comparison(summaries)
         if pair is not None:
             paired.append({"value": value, **pair})
     against = {row: value_against_first(entries) for row, entries in rows.items()}
-    return {"name": name, "values": [value for value, _ in results], "rows": rows, "paired": paired,
-            "against_first": {row: pairs for row, pairs in against.items() if pairs}}
+    return {
+        "name": name,
+        "values": [value for value, _ in results],
+        "rows": rows,
+        "paired": paired,
+        "against_first": {row: pairs for row, pairs in against.items() if pairs},
+    }
 
 
 def value_against_first(entries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A row's later values against its first, paired over problems (`paired_bootstrap`):
     the sweep runs every value on the same documents with the same seeds."""
     first = entries[0]
-    return [{"value": entry["value"], "against": first["value"],
-             **paired_bootstrap(entry["per_document"], first["per_document"])}
-            for entry in entries[1:] if entry.get("per_document") and first.get("per_document")
-            and entry["seeds"] == first["seeds"]]
+    return [
+        {
+            "value": entry["value"],
+            "against": first["value"],
+            **paired_bootstrap(entry["per_document"], first["per_document"]),
+        }
+        for entry in entries[1:]
+        if entry.get("per_document")
+        and first.get("per_document")
+        and entry["seeds"] == first["seeds"]
+    ]
 
 
 def accuracy_cell(row: Mapping[str, Any]) -> str:
-    """"mean ± std" over the row's seeds, or the one run's accuracy."""
+    """ "mean ± std" over the row's seeds, or the one run's accuracy."""
     if row.get("accuracy_std") is None:
         return f"{row['accuracy']:.2f}"
     return f"{row['accuracy']:.2f} ± {row['accuracy_std']:.2f}"
@@ -833,10 +1060,12 @@ def _short_accuracy(row: Mapping[str, Any]) -> str:
 
 
 # under the table: what the BPC column holds, and why some of its cells are empty
-BPC_NOTE = ("BPC vs single: (accuracy - single's) / (mean NFE / single's mean NFE), in points, "
-            "for rows with at least single's mean NFE; empty for cheaper rows, where dividing by a "
-            "cost ratio below 1 would magnify the accuracy difference rather than charge for cost "
-            "(read their accuracy and NFE directly).")
+BPC_NOTE = (
+    "BPC vs single: (accuracy - single's) / (mean NFE / single's mean NFE), in points, "
+    "for rows with at least single's mean NFE; empty for cheaper rows, where dividing by a "
+    "cost ratio below 1 would magnify the accuracy difference rather than charge for cost "
+    "(read their accuracy and NFE directly)."
+)
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -852,8 +1081,9 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         bpc = "-"
         if single is not None and row is not single:
-            value = benefit_per_cost_if_costlier(row["accuracy"], single["accuracy"],
-                                                 row["mean_nfe"], single["mean_nfe"])
+            value = benefit_per_cost_if_costlier(
+                row["accuracy"], single["accuracy"], row["mean_nfe"], single["mean_nfe"]
+            )
             bpc = "" if value is None else f"{value:.2f}"
         lines.append(
             f"| {row['strategy']} | {accuracy_cell(row)} | {runs_cell(row)} | {row['mean_nfe']:.1f} | "
@@ -870,18 +1100,28 @@ def sweep_tables(sweep: Mapping[str, Any]) -> str:
     name = sweep["name"]
     parts = []
     for row, entries in sweep["rows"].items():
-        lines = [f"### {row}, {name} swept", "",
-                 f"| {name} | accuracy (%) | runs | mean NFE | samples / question | seconds |",
-                 "|---|---|---|---|---|---|"]
+        lines = [
+            f"### {row}, {name} swept",
+            "",
+            f"| {name} | accuracy (%) | runs | mean NFE | samples / question | seconds |",
+            "|---|---|---|---|---|---|",
+        ]
         for entry in entries:
-            cell = accuracy_cell({"accuracy": entry["accuracy_mean"], "accuracy_std": entry["accuracy_std"]})
-            lines.append(f"| {entry['value']} | {cell} | {runs_cell(entry)} | {entry['nfe_mean']:.1f} | "
-                         f"{entry['mean_samples']:.2f} | {entry['seconds']:.1f} |")
+            cell = accuracy_cell(
+                {"accuracy": entry["accuracy_mean"], "accuracy_std": entry["accuracy_std"]}
+            )
+            lines.append(
+                f"| {entry['value']} | {cell} | {runs_cell(entry)} | {entry['nfe_mean']:.1f} | "
+                f"{entry['mean_samples']:.2f} | {entry['seconds']:.1f} |"
+            )
         for pair in sweep.get("against_first", {}).get(row, []):
             low, high = pair["ci_points"]
-            lines += ["", f"{name}={pair['value']} - {name}={pair['against']}: {pair['mean_points']:+.1f} points, "
-                          f"{100 * pair['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] (paired bootstrap over "
-                          f"{pair['problems']} problems)"]
+            lines += [
+                "",
+                f"{name}={pair['value']} - {name}={pair['against']}: {pair['mean_points']:+.1f} points, "
+                f"{100 * pair['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] (paired bootstrap over "
+                f"{pair['problems']} problems)",
+            ]
         parts.append("\n".join(lines))
     parts += [f"{name}={pair['value']}: {paired_line(pair)}" for pair in sweep.get("paired", [])]
     return "\n\n".join(parts)
@@ -912,9 +1152,15 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     for i, row in enumerate(rows):
         # a legend, not annotations: points of cheap strategies sit close together
         # the error bar: +-1 std of the accuracy over seeds, when the row ran with several
-        ax.errorbar(row["mean_nfe"], row["accuracy"], yerr=row.get("accuracy_std"), capsize=3,
-                    fmt=markers[i % len(markers)], markersize=7,
-                    label=f"{row['strategy']} ({_short_accuracy(row)}%, {row['mean_nfe']:.0f} NFE)")
+        ax.errorbar(
+            row["mean_nfe"],
+            row["accuracy"],
+            yerr=row.get("accuracy_std"),
+            capsize=3,
+            fmt=markers[i % len(markers)],
+            markersize=7,
+            label=f"{row['strategy']} ({_short_accuracy(row)}%, {row['mean_nfe']:.0f} NFE)",
+        )
     _nfe_axis(ax)
     ax.legend(fontsize=8, loc="best")
     ax.set_title(title)
@@ -938,16 +1184,29 @@ def plot_sweep(sweep: Mapping[str, Any], path: Path, title: str) -> None:
         nfes = [entry["nfe_mean"] for entry in entries]
         accuracies = [entry["accuracy_mean"] for entry in entries]
         stds = [entry["accuracy_std"] or 0.0 for entry in entries]
-        line = ax.errorbar(nfes, accuracies, yerr=stds if any(stds) else None, capsize=3,
-                           fmt="-" + markers[i % len(markers)], markersize=6, label=row)
+        line = ax.errorbar(
+            nfes,
+            accuracies,
+            yerr=stds if any(stds) else None,
+            capsize=3,
+            fmt="-" + markers[i % len(markers)],
+            markersize=6,
+            label=row,
+        )
         # values that land on one point share a label; each row's labels in its colour, at
         # its own height, so labels of rows that meet do not cover each other
         labels: dict[tuple[float, float], list[str]] = {}
         for entry, x, y in zip(entries, nfes, accuracies):
             labels.setdefault((x, y), []).append(str(entry["value"]))
         for (x, y), values in labels.items():
-            ax.annotate(", ".join(values), (x, y), textcoords="offset points", xytext=(5, 5 - 9 * (i % 4)),
-                        fontsize=7, color=line[0].get_color())
+            ax.annotate(
+                ", ".join(values),
+                (x, y),
+                textcoords="offset points",
+                xytext=(5, 5 - 9 * (i % 4)),
+                fontsize=7,
+                color=line[0].get_color(),
+            )
     _nfe_axis(ax)
     ax.legend(fontsize=8, loc="best", title=f"points: {sweep['name']}", title_fontsize=8)
     ax.set_title(title)

@@ -38,6 +38,7 @@ extractable answer casts no vote. Per-question figures need the run's `--log_sam
 records (with the `dvoting_trace` the dvoting_* tasks write); without them the report
 shows accuracy, NFE and BPC only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,10 +52,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from lm_eval_dvoting.integration import strict_json
-from lm_eval_dvoting.core.metrics import (benefit_per_cost_if_costlier, consistency_from_votes, mean_nupr_at_k,
-                      token_agreement)
+from lm_eval_dvoting.core.metrics import (
+    benefit_per_cost_if_costlier,
+    consistency_from_votes,
+    mean_nupr_at_k,
+    token_agreement,
+)
 from lm_eval_dvoting.core.temporal import expand_runs
+from lm_eval_dvoting.integration import strict_json
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +100,11 @@ class TaskRun:
 
     def traces(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """(record, trace) of every logged question that carries a dVoting trace."""
-        return [(r, r["dvoting_trace"]) for r in self.records if isinstance(r.get("dvoting_trace"), dict)]
+        return [
+            (r, r["dvoting_trace"])
+            for r in self.records
+            if isinstance(r.get("dvoting_trace"), dict)
+        ]
 
 
 @dataclass
@@ -156,11 +165,15 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def _metric(task_results: dict[str, Any], name: str,
-            filter_name: str | None = None) -> float | None:
+def _metric(
+    task_results: dict[str, Any], name: str, filter_name: str | None = None
+) -> float | None:
     """The value of metric `name` under `filter_name` (else under any filter)."""
-    found = {key.partition(",")[2]: float(value) for key, value in task_results.items()
-             if key.partition(",")[0] == name and isinstance(value, (int, float))}
+    found = {
+        key.partition(",")[2]: float(value)
+        for key, value in task_results.items()
+        if key.partition(",")[0] == name and isinstance(value, (int, float))
+    }
     if filter_name in found:
         return found[filter_name]
     return next(iter(found.values()), None)
@@ -168,8 +181,11 @@ def _metric(task_results: dict[str, Any], name: str,
 
 def _filters(task_results: dict[str, Any], metric: str) -> list[str]:
     """The filters a task reports `metric` under ("exact_match,strict-match" -> strict-match)."""
-    return [key.partition(",")[2] for key, value in task_results.items()
-            if key.partition(",")[0] == metric and isinstance(value, (int, float))]
+    return [
+        key.partition(",")[2]
+        for key, value in task_results.items()
+        if key.partition(",")[0] == metric and isinstance(value, (int, float))
+    ]
 
 
 def _filter_records(records: list[dict[str, Any]], filter_name: str) -> list[dict[str, Any]]:
@@ -183,7 +199,7 @@ def load_run(results_file: Path, metric: str = "exact_match") -> Run:
     date = _date_id(results_file)
     samples: dict[str, list[dict[str, Any]]] = {}
     for sample_file in results_file.parent.glob(f"samples_*_{date}.jsonl"):
-        task = sample_file.name[len("samples_"): -len(f"_{date}.jsonl")]
+        task = sample_file.name[len("samples_") : -len(f"_{date}.jsonl")]
         samples[task] = _read_jsonl(sample_file)
     config = data.get("config") or {}
     totals = (config.get("dvoting") or {}).get("totals") or {}
@@ -196,9 +212,16 @@ def load_run(results_file: Path, metric: str = "exact_match") -> Run:
             mean_samples = _metric(task_results, "n_samples", filter_name)
             if mean_nfe is None and len(data["results"]) == 1:
                 mean_nfe, mean_samples = totals.get("mean_nfe"), totals.get("mean_samples")
-            run = TaskRun(task, _metric(task_results, metric, filter_name), mean_nfe, mean_samples,
-                          _filter_records(samples.get(task, []), filter_name), filter_name,
-                          len(filters) > 1, documents)
+            run = TaskRun(
+                task,
+                _metric(task_results, metric, filter_name),
+                mean_nfe,
+                mean_samples,
+                _filter_records(samples.get(task, []), filter_name),
+                filter_name,
+                len(filters) > 1,
+                documents,
+            )
             tasks[run.name] = run
     return Run(results_file, config, tasks)
 
@@ -242,7 +265,9 @@ def pick_baseline(runs: list[Run], choice: str | None) -> Run | None:
             return run
     path = Path(choice)
     if path.exists():
-        matches = [run for run in runs if run.path == path.resolve() or path.resolve() in run.path.parents]
+        matches = [
+            run for run in runs if run.path == path.resolve() or path.resolve() in run.path.parents
+        ]
         if len(matches) == 1:
             return matches[0]
     if choice.isdigit() and 1 <= int(choice) <= len(runs):
@@ -288,24 +313,34 @@ def build_rows(runs: list[Run], baseline: Run | None, metric: str = "exact_match
         for task in run.tasks.values():
             bpc = None
             base = baseline.tasks.get(task.name) if baseline is not None else None
-            if (base is not None and run is not baseline and None not in
-                    (task.accuracy, base.accuracy, task.mean_nfe, base.mean_nfe)):
+            if (
+                base is not None
+                and run is not baseline
+                and None not in (task.accuracy, base.accuracy, task.mean_nfe, base.mean_nfe)
+            ):
                 # None for a run cheaper than the baseline (metrics.benefit_per_cost_if_costlier)
-                bpc = benefit_per_cost_if_costlier(100 * task.accuracy, 100 * base.accuracy,
-                                                   task.mean_nfe, base.mean_nfe)
+                bpc = benefit_per_cost_if_costlier(
+                    100 * task.accuracy, 100 * base.accuracy, task.mean_nfe, base.mean_nfe
+                )
             traced = task.traces()
-            token_lists = [t for t in (_question_tokens(trace) for _, trace in traced) if t is not None]
+            token_lists = [
+                t for t in (_question_tokens(trace) for _, trace in traced) if t is not None
+            ]
             consistency = []
             for record, trace in traced:
                 level = _level(trace)
                 if level is not None and metric in record:
                     consistency.append((level, float(record[metric]) > 0))
-            rows.append(Row(
-                run, task, bpc,
-                mean_nupr_at_k(token_lists, 2) if token_lists else None,
-                mean_nupr_at_k(token_lists, 3) if token_lists else None,
-                consistency,
-            ))
+            rows.append(
+                Row(
+                    run,
+                    task,
+                    bpc,
+                    mean_nupr_at_k(token_lists, 2) if token_lists else None,
+                    mean_nupr_at_k(token_lists, 3) if token_lists else None,
+                    consistency,
+                )
+            )
     return rows
 
 
@@ -331,19 +366,33 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
             f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | {_fmt(row.nupr2, '.3f')} | "
             f"{_fmt(row.nupr3, '.3f')} | {_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
         )
-    parts = ["## Accuracy, cost and repetition", "", *lines, "",
-             "NUPR@k: share of generation positions (end-of-text padding included) where at least k "
-             "samples hold the same token, averaged over questions with at least k samples. A dVoting "
-             "run's remask samples copy the kept positions, so its NUPR exceeds that of independent "
-             "samples (a majority run).", ""]
+    parts = [
+        "## Accuracy, cost and repetition",
+        "",
+        *lines,
+        "",
+        "NUPR@k: share of generation positions (end-of-text padding included) where at least k "
+        "samples hold the same token, averaged over questions with at least k samples. A dVoting "
+        "run's remask samples copy the kept positions, so its NUPR exceeds that of independent "
+        "samples (a majority run).",
+        "",
+    ]
     voting = [row for row in rows if row.consistency and _max_samples(row) > 1]
     if voting:
-        parts += ["## Voting consistency level, correct vs incorrect questions", "",
-                  "Share of the correct (incorrect) questions at each level; level = votes for the "
-                  "most frequent answer / samples drawn.", ""]
+        parts += [
+            "## Voting consistency level, correct vs incorrect questions",
+            "",
+            "Share of the correct (incorrect) questions at each level; level = votes for the "
+            "most frequent answer / samples drawn.",
+            "",
+        ]
         for row in voting:
-            parts += [f"### {row.run.label} · {row.task.name}", "",
-                      *consistency_table(row.consistency), ""]
+            parts += [
+                f"### {row.run.label} · {row.task.name}",
+                "",
+                *consistency_table(row.consistency),
+                "",
+            ]
     return "\n".join(parts)
 
 
@@ -358,7 +407,10 @@ def consistency_table(consistency: list[tuple[float, bool]]) -> list[str]:
     n_ok, n_wrong = sum(correct.values()), sum(wrong.values())
     lines = ["| consistency level | correct | incorrect |", "|---:|---:|---:|"]
     for level in sorted(set(correct) | set(wrong), reverse=True):
-        cells = [f"{c[level]} ({100 * c[level] / n:.0f}%)" if n else "0" for c, n in ((correct, n_ok), (wrong, n_wrong))]
+        cells = [
+            f"{c[level]} ({100 * c[level] / n:.0f}%)" if n else "0"
+            for c, n in ((correct, n_ok), (wrong, n_wrong))
+        ]
         lines.append(f"| {level:.2f} | {cells[0]} | {cells[1]} |")
     lines.append(f"| all | {n_ok} | {n_wrong} |")
     return lines
@@ -388,9 +440,17 @@ def plot_accuracy_vs_nfe(rows: list[Row], baseline: Run | None, path: Path) -> b
         for row in (r for r in points if r.task.name == task):
             x, y = row.task.mean_nfe, 100 * row.task.accuracy
             is_base = row.run is baseline
-            note = row.run.label + (" (baseline)" if is_base else f", BPC {row.bpc:.2f}" if row.bpc is not None else "")
-            ax.scatter(x, y, s=70 if is_base else 50, marker="s" if is_base else "o", zorder=3,
-                       label=f"{note}: {y:.1f}% at {x:.1f} NFE")
+            note = row.run.label + (
+                " (baseline)" if is_base else f", BPC {row.bpc:.2f}" if row.bpc is not None else ""
+            )
+            ax.scatter(
+                x,
+                y,
+                s=70 if is_base else 50,
+                marker="s" if is_base else "o",
+                zorder=3,
+                label=f"{note}: {y:.1f}% at {x:.1f} NFE",
+            )
         ax.legend(fontsize=8, loc="best")
         ax.set_xlabel("mean forward passes (NFE) per question")
         ax.set_ylabel("accuracy (%)")
@@ -412,7 +472,9 @@ def plot_consistency(rows: list[Row], path: Path) -> bool:
     fig, axes = plt.subplots(1, len(voting), figsize=(4.8 * len(voting), 3.8), squeeze=False)
     for ax, row in zip(axes[0], voting):
         levels = sorted({round(level, 2) for level, _ in row.consistency})
-        for offset, (ok, name, colour) in enumerate(((True, "correct", "tab:green"), (False, "incorrect", "tab:red"))):
+        for offset, (ok, name, colour) in enumerate(
+            ((True, "correct", "tab:green"), (False, "incorrect", "tab:red"))
+        ):
             values = [round(level, 2) for level, good in row.consistency if good is ok]
             shares = [100 * values.count(level) / len(values) if values else 0 for level in levels]
             xs = [i + (offset - 0.5) * 0.4 for i in range(len(levels))]
@@ -458,21 +520,36 @@ def _decode_correctness(candidate: dict[str, Any]) -> list[bool] | None:
     runs, correct = candidate.get("steps"), candidate.get("steps_correct")
     if runs is None or correct is None or len(runs) != len(correct) or not candidate.get("nfe"):
         return None
-    return expand_runs([[first, ok] for (first, _), ok in zip(runs, correct)], int(candidate["nfe"]))
+    return expand_runs(
+        [[first, ok] for (first, _), ok in zip(runs, correct)], int(candidate["nfe"])
+    )
 
 
 def build_step_rows(runs: list[Run], metric: str = "exact_match") -> list[StepRow]:
     rows = []
     for run in runs:
         for task in run.tasks.values():
-            scored = [(record, trace) for record, trace in task.traces()
-                      if "plain_correct" in trace and "ever_pass" in record and metric in record]
+            scored = [
+                (record, trace)
+                for record, trace in task.traces()
+                if "plain_correct" in trace and "ever_pass" in record and metric in record
+            ]
             if not scored:
                 continue
-            decodes = [d for _, trace in scored for d in map(_decode_correctness, trace["candidates"]) if d]
-            rows.append(StepRow(run, task, [bool(t["plain_correct"]) for _, t in scored],
-                                [float(r[metric]) > 0 for r, _ in scored], [float(r["ever_pass"]) > 0 for r, _ in scored],
-                                [float(r["tse"]) for r, _ in scored if r.get("tse") is not None], decodes))
+            decodes = [
+                d for _, trace in scored for d in map(_decode_correctness, trace["candidates"]) if d
+            ]
+            rows.append(
+                StepRow(
+                    run,
+                    task,
+                    [bool(t["plain_correct"]) for _, t in scored],
+                    [float(r[metric]) > 0 for r, _ in scored],
+                    [float(r["ever_pass"]) > 0 for r, _ in scored],
+                    [float(r["tse"]) for r, _ in scored if r.get("tse") is not None],
+                    decodes,
+                )
+            )
     return rows
 
 
@@ -480,19 +557,29 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
     """The temporal-vote table (empty without such runs)."""
     if not rows:
         return []
-    lines = ["## The temporal vote: ever-pass, temporal semantic entropy, overturns", "",
-             "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE (bits) | "
-             "wrong -> right | right -> wrong |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "## The temporal vote: ever-pass, temporal semantic entropy, overturns",
+        "",
+        "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE (bits) | "
+        "wrong -> right | right -> wrong |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in rows:
         gained, lost = row.overturned
-        lines.append(f"| {row.run.label} | {row.task.name} | {len(row.voted)} | "
-                     f"{_percent(row.plain):.2f} | {_percent(row.voted):.2f} | "
-                     f"{_percent(row.ever):.2f} | "
-                     f"{_fmt(sum(row.tse) / len(row.tse) if row.tse else None, '.3f')} | {gained} | {lost} |")
-    return lines + ["", "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
-                    "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
-                    "per-step answers over its answered steps, equal answers grouped, averaged over the question's "
-                    "decodes (`lm_eval_dvoting.core.temporal.temporal_entropy`).", ""]
+        lines.append(
+            f"| {row.run.label} | {row.task.name} | {len(row.voted)} | "
+            f"{_percent(row.plain):.2f} | {_percent(row.voted):.2f} | "
+            f"{_percent(row.ever):.2f} | "
+            f"{_fmt(sum(row.tse) / len(row.tse) if row.tse else None, '.3f')} | {gained} | {lost} |"
+        )
+    return lines + [
+        "",
+        "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
+        "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
+        "per-step answers over its answered steps, equal answers grouped, averaged over the question's "
+        "decodes (`lm_eval_dvoting.core.temporal.temporal_entropy`).",
+        "",
+    ]
 
 
 def _percent(flags: Sequence[bool]) -> float:
@@ -502,7 +589,9 @@ def _percent(flags: Sequence[bool]) -> float:
 STEP_GRID = 50  # points along the decode in accuracy_by_step.png
 
 
-def step_curves(row: StepRow, points: int = STEP_GRID) -> tuple[list[float], list[float], list[float]]:
+def step_curves(
+    row: StepRow, points: int = STEP_GRID
+) -> tuple[list[float], list[float], list[float]]:
     """Fractions f = g/points (g = 1..points) of the decode, the share of decodes right at
     step ceil(f T) - 1, and the share right at some step up to it (each decode over its own
     T steps; the step in whole numbers, so no rounding error picks the wrong one)."""
@@ -527,10 +616,17 @@ def plot_accuracy_by_step(rows: list[StepRow], path: Path) -> bool:
         fractions, at, ever = step_curves(row)
         ax.plot(fractions, at, label="right at this step")
         ax.plot(fractions, ever, label="right at some step so far (ever-pass)")
-        for flags, name, style in ((row.plain, "final answer / plain vote", ":"), (row.voted, "temporal vote", "--")):
+        for flags, name, style in (
+            (row.plain, "final answer / plain vote", ":"),
+            (row.voted, "temporal vote", "--"),
+        ):
             value = _percent(flags)
-            ax.axhline(value, linestyle=style, color="black" if style == ":" else "tab:red",
-                       label=f"{name}: {value:.1f}%")
+            ax.axhline(
+                value,
+                linestyle=style,
+                color="black" if style == ":" else "tab:red",
+                label=f"{name}: {value:.1f}%",
+            )
         ax.set_xlabel("fraction of the decode's steps")
         ax.set_ylabel("accuracy (%)")
         ax.set_title(f"{row.run.label} · {row.task.name}", fontsize=10)
@@ -558,7 +654,9 @@ class TokenNames:
                 self.tokenizer = load_tokenizer(_tokenizer_only(source))
                 self.special = set(self.tokenizer.all_special_ids)
             except Exception as err:  # a missing or gated tokenizer only costs readability
-                log.warning("tokenizer %s not loaded (%s); the pictures show token ids", source, err)
+                log.warning(
+                    "tokenizer %s not loaded (%s); the pictures show token ids", source, err
+                )
         self._cache: dict[int, str] = {}
 
     def __call__(self, token: int) -> str:
@@ -568,7 +666,10 @@ class TokenNames:
             elif token in self.special:
                 text = "∅"  # end-of-text padding and other special tokens
             else:
-                text = self.tokenizer.decode([token]).replace("\n", "⏎").replace(" ", "·") or f"[{token}]"
+                text = (
+                    self.tokenizer.decode([token]).replace("\n", "⏎").replace(" ", "·")
+                    or f"[{token}]"
+                )
             self._cache[token] = text
         return self._cache[token]
 
@@ -582,8 +683,15 @@ class TokenNames:
 
 
 # what a tokenizer needs from a hub checkpoint (never the weights)
-_TOKENIZER_FILES = ["config.json", "tokenizer*", "special_tokens_map.json", "added_tokens.json",
-                    "vocab*", "merges.txt", "*.jinja"]
+_TOKENIZER_FILES = [
+    "config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab*",
+    "merges.txt",
+    "*.jinja",
+]
 
 
 def _tokenizer_only(source: str) -> str:
@@ -591,7 +699,11 @@ def _tokenizer_only(source: str) -> str:
     checkpoint loader would fetch those too), folders and packaged names pass."""
     from lm_eval_dvoting.models.loading import PACKAGED_CHECKPOINTS
 
-    if source in PACKAGED_CHECKPOINTS or Path(source).expanduser().is_dir() or source.count("/") != 1:
+    if (
+        source in PACKAGED_CHECKPOINTS
+        or Path(source).expanduser().is_dir()
+        or source.count("/") != 1
+    ):
         return source
     from huggingface_hub import snapshot_download
 
@@ -609,8 +721,11 @@ def _agreement_colour(count: int, samples: int) -> str:
 
 def _candidate_label(i: int, candidate: dict[str, Any], chosen: int | None) -> str:
     kept = candidate.get("kept_positions")
-    parts = [f"#{i + 1}{' ★' if i == chosen else ''}", f"answer {candidate.get('answer')}",
-             f"NFE {candidate.get('nfe')}"]
+    parts = [
+        f"#{i + 1}{' ★' if i == chosen else ''}",
+        f"answer {candidate.get('answer')}",
+        f"NFE {candidate.get('nfe')}",
+    ]
     if kept is not None:
         parts.append(f"remask, {len(kept)} kept")
     return " · ".join(parts)
@@ -633,15 +748,26 @@ def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> 
                 style += ";color:#fff"
             if t in kept:
                 style += ";outline:2px solid #d62728;outline-offset:-2px"
-            tip = f"position {t}: {agreement[i][t]}/{samples} samples; token id {tokens[i][t]}" + (" (kept)" if t in kept else "")
-            cells.append(f'<td style="{style}" title="{html.escape(tip)}">{html.escape(names(tokens[i][t]))}</td>')
-        rows.append(f'<tr><th>{html.escape(_candidate_label(i, candidate, chosen))}</th>{"".join(cells)}</tr>')
+            tip = f"position {t}: {agreement[i][t]}/{samples} samples; token id {tokens[i][t]}" + (
+                " (kept)" if t in kept else ""
+            )
+            cells.append(
+                f'<td style="{style}" title="{html.escape(tip)}">{html.escape(names(tokens[i][t]))}</td>'
+            )
+        rows.append(
+            f"<tr><th>{html.escape(_candidate_label(i, candidate, chosen))}</th>{''.join(cells)}</tr>"
+        )
     legend = "".join(
         f'<span style="background:{_agreement_colour(c, samples)};padding:2px 8px;margin-right:2px;'
-        f'{"color:#fff" if c > 0.75 * samples else ""}">{c}</span>' for c in range(1, samples + 1)
+        f'{"color:#fff" if c > 0.75 * samples else ""}">{c}</span>'
+        for c in range(1, samples + 1)
     )
     hidden = len(tokens[0]) - shown
-    note = f"<p>{hidden} trailing positions of end-of-text padding, held by every sample, are not shown.</p>" if hidden else ""
+    note = (
+        f"<p>{hidden} trailing positions of end-of-text padding, held by every sample, are not shown.</p>"
+        if hidden
+        else ""
+    )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif}} table{{border-collapse:collapse;font-family:monospace}}
@@ -681,25 +807,56 @@ def token_picture_png(title: str, trace: dict[str, Any], names: TokenNames, path
                 if t >= shown:
                     break
                 count = agreement[i][t]
-                ax.add_patch(Rectangle((col, y), 1, 1, facecolor=colours(norm(count)),
-                                       edgecolor="#d62728" if t in kept else "white",
-                                       linewidth=1.5 if t in kept else 0.5))
+                ax.add_patch(
+                    Rectangle(
+                        (col, y),
+                        1,
+                        1,
+                        facecolor=colours(norm(count)),
+                        edgecolor="#d62728" if t in kept else "white",
+                        linewidth=1.5 if t in kept else 0.5,
+                    )
+                )
                 shown_text = names(tokens[i][t])[:5]
-                ax.text(col + 0.5, y + 0.55, shown_text, ha="center", va="center", fontsize=7 if len(shown_text) < 4 else 5,
-                        family="monospace", color="white" if count > 0.75 * samples else "black")
-            ax.text(-0.3, y + 0.5, _candidate_label(i, candidate, chosen) if chunk == 0 else f"#{i + 1}",
-                    ha="right", va="center", fontsize=7)
+                ax.text(
+                    col + 0.5,
+                    y + 0.55,
+                    shown_text,
+                    ha="center",
+                    va="center",
+                    fontsize=7 if len(shown_text) < 4 else 5,
+                    family="monospace",
+                    color="white" if count > 0.75 * samples else "black",
+                )
+            ax.text(
+                -0.3,
+                y + 0.5,
+                _candidate_label(i, candidate, chosen) if chunk == 0 else f"#{i + 1}",
+                ha="right",
+                va="center",
+                fontsize=7,
+            )
         if chunks > 1:
-            ax.text(-0.3, chunk * (samples + 1) - 0.3, f"positions {chunk * width}–{min(shown, (chunk + 1) * width) - 1}",
-                    ha="right", va="bottom", fontsize=6, color="grey")
+            ax.text(
+                -0.3,
+                chunk * (samples + 1) - 0.3,
+                f"positions {chunk * width}–{min(shown, (chunk + 1) * width) - 1}",
+                ha="right",
+                va="bottom",
+                fontsize=6,
+                color="grey",
+            )
     ax.set_xlim(0, width)
     ax.set_ylim(grid_rows, -0.5)
     ax.set_axis_off()
     mappable = plt.cm.ScalarMappable(norm=norm, cmap=colours)
     bar = fig.colorbar(mappable, ax=ax, ticks=range(1, samples + 1), fraction=0.03, pad=0.01)
     bar.set_label("samples holding the same token", fontsize=8)
-    ax.set_title(title + ("" if shown == len(tokens[0]) else f" (end padding from position {shown} not shown)"),
-                 fontsize=9)
+    ax.set_title(
+        title
+        + ("" if shown == len(tokens[0]) else f" (end padding from position {shown} not shown)"),
+        fontsize=9,
+    )
     fig.subplots_adjust(left=min(0.45, 2.4 / fig_w), right=0.95)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
@@ -709,15 +866,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=-]+", "_", text).strip("_")
 
 
-def write_token_pictures(runs: list[Run], questions: list[int] | None, out: Path,
-                         tokenizer: str | None) -> list[Path]:
+def write_token_pictures(
+    runs: list[Run], questions: list[int] | None, out: Path, tokenizer: str | None
+) -> list[Path]:
     """HTML and PNG token-consistency pictures of the chosen questions, every voting run."""
     written: list[Path] = []
     names_by_source: dict[str | None, TokenNames] = {}
     for run in runs:
         for task in run.tasks.values():
-            traced = {r["doc_id"]: trace for r, trace in task.traces()
-                      if _question_tokens(trace) is not None and len(trace["candidates"]) > 1}
+            traced = {
+                r["doc_id"]: trace
+                for r, trace in task.traces()
+                if _question_tokens(trace) is not None and len(trace["candidates"]) > 1
+            }
             if not traced:
                 continue
             wanted = questions if questions is not None else sorted(traced)[:DEFAULT_QUESTIONS]
@@ -725,16 +886,21 @@ def write_token_pictures(runs: list[Run], questions: list[int] | None, out: Path
             names = names_by_source.setdefault(source, TokenNames(source))
             for doc_id in wanted:
                 if doc_id not in traced:
-                    log.warning("%s %s: doc %s has no multi-sample trace", run.label, task.name,
-                                doc_id)
+                    log.warning(
+                        "%s %s: doc %s has no multi-sample trace", run.label, task.name, doc_id
+                    )
                     continue
                 record = next(r for r in task.records if r["doc_id"] == doc_id)
                 verdict = "correct" if float(record.get("exact_match", 0)) > 0 else "incorrect"
                 voted = record.get("filtered_resps", ["?"])[0]
-                title = (f"{run.label} · {task.name} · doc {doc_id} · "
-                         f"target {record.get('target')} · voted {voted} ({verdict})")
+                title = (
+                    f"{run.label} · {task.name} · doc {doc_id} · "
+                    f"target {record.get('target')} · voted {voted} ({verdict})"
+                )
                 stem = out / f"tokens_{_slug(run.label)}_{_slug(task.name)}_doc{doc_id}"
-                stem.with_suffix(".html").write_text(token_picture_html(title, traced[doc_id], names), encoding="utf-8")
+                stem.with_suffix(".html").write_text(
+                    token_picture_html(title, traced[doc_id], names), encoding="utf-8"
+                )
                 token_picture_png(title, traced[doc_id], names, stem.with_suffix(".png"))
                 written += [stem.with_suffix(".html"), stem.with_suffix(".png")]
     return written
@@ -744,18 +910,36 @@ def write_token_pictures(runs: list[Run], questions: list[int] | None, out: Path
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="dvoting report", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", help="lm-eval output folders (searched for results_*.json) or results files")
-    parser.add_argument("--baseline", default=None,
-                        help="the single-sample run for BPC: its label, results file, or 1-based position; "
-                             "default: the first run with strategy=single")
-    parser.add_argument("--out", default="dvoting_report", help="folder for report.md and the pictures")
-    parser.add_argument("--questions", default=None,
-                        help=f"comma-separated doc ids for token pictures (default: the first {DEFAULT_QUESTIONS}); "
-                             "'none' for no pictures")
-    parser.add_argument("--tokenizer", default=None,
-                        help="tokenizer (hub id or folder) to show tokens as text; default: each run's checkpoint")
+    parser = argparse.ArgumentParser(
+        prog="dvoting report",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        help="lm-eval output folders (searched for results_*.json) or results files",
+    )
+    parser.add_argument(
+        "--baseline",
+        default=None,
+        help="the single-sample run for BPC: its label, results file, or 1-based position; "
+        "default: the first run with strategy=single",
+    )
+    parser.add_argument(
+        "--out", default="dvoting_report", help="folder for report.md and the pictures"
+    )
+    parser.add_argument(
+        "--questions",
+        default=None,
+        help=f"comma-separated doc ids for token pictures (default: the first {DEFAULT_QUESTIONS}); "
+        "'none' for no pictures",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer (hub id or folder) to show tokens as text; default: each run's checkpoint",
+    )
     parser.add_argument("--metric", default="exact_match", help="the accuracy metric of the tasks")
     return parser.parse_args(argv)
 
@@ -768,7 +952,9 @@ def _parse_questions(text: str | None) -> list[int] | None:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise SystemExit(f"dvoting report: --questions takes comma-separated doc ids, got {text!r}") from None
+        raise SystemExit(
+            f"dvoting report: --questions takes comma-separated doc ids, got {text!r}"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -798,20 +984,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
     table = "\n".join([markdown(rows, baseline), *step_markdown(step_rows)])
     missing = [f"{r.run.label} · {r.task.name}" for r in rows if not r.task.records]
-    notes = ["Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.core.metrics`); BPC in percentage "
-             "points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
-             "dividing by a cost ratio below 1 would magnify its accuracy difference rather than "
-             "charge for cost). Questions: documents scored; a task with several filters has one "
-             "row per filter."]
+    notes = [
+        "Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.core.metrics`); BPC in percentage "
+        "points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
+        "dividing by a cost ratio below 1 would magnify its accuracy difference rather than "
+        "charge for cost). Questions: documents scored; a task with several filters has one "
+        "row per filter."
+    ]
     if missing:
-        notes.append("No `--log_samples` records (NUPR and consistency unavailable) for: " + ", ".join(missing) + ".")
+        notes.append(
+            "No `--log_samples` records (NUPR and consistency unavailable) for: "
+            + ", ".join(missing)
+            + "."
+        )
     figures = "\n".join(f"![{name}]({name})" for name in pictures)
     token_links = "\n".join(f"- [{p.name}]({p.name})" for p in tokens if p.suffix == ".html")
-    report = (f"# dVoting report\n\nRuns:\n\n{runs_list}\n\n{table}\n{' '.join(notes)}\n\n{figures}\n"
-              + (f"\n## Token consistency\n\n{token_links}\n" if token_links else ""))
+    report = (
+        f"# dVoting report\n\nRuns:\n\n{runs_list}\n\n{table}\n{' '.join(notes)}\n\n{figures}\n"
+        + (f"\n## Token consistency\n\n{token_links}\n" if token_links else "")
+    )
     (out / "report.md").write_text(report, encoding="utf-8")
     print(table)
-    print(f"written: {out / 'report.md'}, {len(pictures)} plots, {len(tokens)} token pictures in {out}")
+    print(
+        f"written: {out / 'report.md'}, {len(pictures)} plots, {len(tokens)} token pictures in {out}"
+    )
     return 0
 
 

@@ -137,6 +137,7 @@ This module is pure Python (math-verify, and through it sympy, is imported only
 when two ``math`` answers that differ as strings must be compared), so importing it
 is cheap.
 """
+
 from __future__ import annotations
 
 import re
@@ -295,9 +296,7 @@ _GLUED_AFTER = re.compile(r":\d|[eE][-+]?\d")
 _ELLIPSIS_AFTER = re.compile(r"\.\.|\u2026|\\[lc]?dots")
 _GLUED_BEFORE = re.compile(r"\d:$|\d[eE][-+]?$")
 _COMMA_AFTER, _COMMA_BEFORE = re.compile(r",\d"), re.compile(r"\d,$")
-_ANSWER_PHRASE = re.compile(
-    r"answer\s*(?:is|was|=|:)\s*:?|####", re.IGNORECASE
-)
+_ANSWER_PHRASE = re.compile(r"answer\s*(?:is|was|=|:)\s*:?|####", re.IGNORECASE)
 
 
 def _clean_numeric_text(text: str) -> str:
@@ -534,10 +533,28 @@ _STANDALONE = re.compile(r"(?<![\w\\'\u2019])([A-J])(?!\w|['\u2019]\w)(?:\s+([a-
 # Words that follow an option letter in a sentence ("A is correct", "I because ...") but
 # never the article "A" nor the pronoun "I": after "A"/"I", any other lower-case word
 # makes it the article or the pronoun ("A good answer is C", "I think it's B").
-_AFTER_LETTER = frozenset({
-    "is", "has", "does", "seems", "appears", "fits", "matches", "gives", "states",
-    "describes", "remains", "because", "since", "and", "or", "as", "but", "nor",
-})
+_AFTER_LETTER = frozenset(
+    {
+        "is",
+        "has",
+        "does",
+        "seems",
+        "appears",
+        "fits",
+        "matches",
+        "gives",
+        "states",
+        "describes",
+        "remains",
+        "because",
+        "since",
+        "and",
+        "or",
+        "as",
+        "but",
+        "nor",
+    }
+)
 # A negation before a letter (since the previous letter) rules that letter out:
 # "the answer is not A but C" is C, "I don't think it's A" names no answer.
 _NEGATION = re.compile(r"\b(?:not|never|no)\b|n't\b", re.IGNORECASE)
@@ -607,7 +624,7 @@ def _phrase_letter(text: str) -> Optional[str]:
                 continue
             if letter is TRUNCATED:  # `A and C`: two answers named
                 return TRUNCATED
-            after = text[text.find(clause, m.end()) + len(clause):]
+            after = text[text.find(clause, m.end()) + len(clause) :]
             return TRUNCATED if _RETRACTION.search(after) else letter
     return None
 
@@ -649,12 +666,19 @@ def _check_options(kind: str, n_options: Optional[int]) -> None:
     if n_options is None:
         return
     if kind != "choice":
-        raise ValueError(f"n_options={n_options!r} applies to kind 'choice' only, not {kind!r}; "
-                         "leave it out (None)")
-    if isinstance(n_options, bool) or not isinstance(n_options, int) \
-            or not 1 <= n_options <= len(LETTERS):
-        raise ValueError(f"n_options={n_options!r} is not a number of options; expected a whole "
-                         f"number from 1 to {len(LETTERS)} (options A to {LETTERS[-1]}), or None")
+        raise ValueError(
+            f"n_options={n_options!r} applies to kind 'choice' only, not {kind!r}; "
+            "leave it out (None)"
+        )
+    if (
+        isinstance(n_options, bool)
+        or not isinstance(n_options, int)
+        or not 1 <= n_options <= len(LETTERS)
+    ):
+        raise ValueError(
+            f"n_options={n_options!r} is not a number of options; expected a whole "
+            f"number from 1 to {len(LETTERS)} (options A to {LETTERS[-1]}), or None"
+        )
 
 
 # --------------------------------------------------------------------------- API
@@ -797,8 +821,9 @@ class Vote:
     winner_index: Optional[int]
 
 
-def group_answers(answers: Sequence[Any],
-                  same_answer: Optional[Callable[[Any, Any], bool]] = None) -> list[tuple[Any, list[int]]]:
+def group_answers(
+    answers: Sequence[Any], same_answer: Optional[Callable[[Any, Any], bool]] = None
+) -> list[tuple[Any, list[int]]]:
     """The groups of equal answers, in order of first appearance: (representative, indices).
 
     None belongs to no group. Each answer joins the first group whose representative, the
@@ -854,8 +879,22 @@ def vote(answers: Sequence[Optional[str]], kind: str) -> Vote:
 # mmlu, college, mathematics); multiple-choice names are checked first so that an
 # MMLU maths subject is still a letter answer.
 _CHOICE_NAME_PREFIXES = (
-    "gpqa", "arc", "mmlu", "openbookqa", "commonsense", "hellaswag", "piqa", "siqa",
-    "winogrande", "truthfulqa", "race", "sciq", "logiqa", "agieval", "bbh", "mc",
+    "gpqa",
+    "arc",
+    "mmlu",
+    "openbookqa",
+    "commonsense",
+    "hellaswag",
+    "piqa",
+    "siqa",
+    "winogrande",
+    "truthfulqa",
+    "race",
+    "sciq",
+    "logiqa",
+    "agieval",
+    "bbh",
+    "mc",
 )
 _MATH_NAME_PREFIXES = ("math", "minerva", "hendrycks", "aime", "amc", "olympiad")
 

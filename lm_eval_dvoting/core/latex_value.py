@@ -48,6 +48,7 @@ mechanism (SIGALRM) works in the main thread alone, while the harness extracts a
 wherever its strategies run. This module is exact (`Fraction`), has no time limit to
 hit, and imports nothing beyond the standard library.
 """
+
 from __future__ import annotations
 
 import re
@@ -244,8 +245,11 @@ class _Parser:
     def _spaced_x(self) -> bool:
         """`4 x 5`: an `x` between two operands is a times sign."""
         token, after = self.peek(), self.peek(1)
-        if token is not None and token[1] in ("x", "X") and after is not None and (
-            after[0] in ("number", "frac") or after[1] in ("(", "{", "[", "-")
+        if (
+            token is not None
+            and token[1] in ("x", "X")
+            and after is not None
+            and (after[0] in ("number", "frac") or after[1] in ("(", "{", "[", "-"))
         ):
             self.at += 1
             return True
@@ -329,11 +333,22 @@ class _Parser:
             return 0
         window = self.tokens[self.at : self.at + 7]
         texts = [t[1] for t in window]
-        if texts[:1] == ["\\frac"] and len(window) >= 7 and texts[1] == texts[4] == "{" \
-                and texts[3] == texts[6] == "}" and _is_whole(window[2]) and _is_whole(window[5]):
+        if (
+            texts[:1] == ["\\frac"]
+            and len(window) >= 7
+            and texts[1] == texts[4] == "{"
+            and texts[3] == texts[6] == "}"
+            and _is_whole(window[2])
+            and _is_whole(window[5])
+        ):
             numerator, denominator, used = window[2][2], window[5][2], 7
-        elif len(window) >= 3 and _is_whole(window[0]) and window[1][0] == "divide" \
-                and window[1][1] == "/" and _is_whole(window[2]):
+        elif (
+            len(window) >= 3
+            and _is_whole(window[0])
+            and window[1][0] == "divide"
+            and window[1][1] == "/"
+            and _is_whole(window[2])
+        ):
             numerator, denominator, used = window[0][2], window[2][2], 3
         else:
             return 0

@@ -50,6 +50,7 @@ Ties go to the first position (LLaDA's unstable sort leaves them unspecified).
 `rolling_loglikelihood` scores a whole document (lm-eval's `loglikelihood_rolling`) as a
 sum over windows of this bound; see its docstring.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
@@ -95,7 +96,9 @@ def _model_device(model: nn.Module) -> torch.device:
 def _as_ids(ids: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:
     ids = torch.as_tensor(ids, dtype=torch.long).cpu()
     if ids.dim() != 1:
-        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {tuple(ids.shape)}")
+        raise ValueError(
+            f"{name} must be a 1-D sequence of token ids, got shape {tuple(ids.shape)}"
+        )
     return ids
 
 
@@ -246,7 +249,10 @@ def _greedy_step(model: nn.Module, active: Sequence[_Request]) -> None:
     probs[:, mask_id] = -1.0
     confidence, tokens = (t.cpu() for t in probs.max(dim=-1))
     for req, where, row_conf, row_tokens in zip(
-        active, masked, confidence.split([len(w) for w in masked]), tokens.split([len(w) for w in masked])
+        active,
+        masked,
+        confidence.split([len(w) for w in masked]),
+        tokens.split([len(w) for w in masked]),
     ):
         best = int(row_conf.argmax())  # the first of equally confident positions
         position, token = int(where[best]), int(row_tokens[best])
@@ -283,7 +289,9 @@ def _prepare(
     seeds: Sequence[int],
 ) -> list[_Request]:
     if len(seeds) != len(requests):
-        raise ValueError(f"got {len(seeds)} seeds for {len(requests)} requests; give one seed per request")
+        raise ValueError(
+            f"got {len(seeds)} seeds for {len(requests)} requests; give one seed per request"
+        )
     prepared = []
     for i, ((context, continuation), seed) in enumerate(zip(requests, seeds)):
         context, continuation = _fit_request(
@@ -397,10 +405,14 @@ def rolling_windows(
     prefix = _as_ids([] if prefix_ids is None else prefix_ids, "prefix_ids")
     room = max_length - len(prefix)
     if room < 1:
-        raise ValueError(f"the prefix of {len(prefix)} tokens leaves no room in max_length {max_length}")
+        raise ValueError(
+            f"the prefix of {len(prefix)} tokens leaves no room in max_length {max_length}"
+        )
     # checked whether or not the document needs windows: a bad window is refused, never ignored
     if window is not None and not 1 <= window <= room:
-        raise ValueError(f"window must lie in 1..{room} (max_length minus the prefix), got {window}")
+        raise ValueError(
+            f"window must lie in 1..{room} (max_length minus the prefix), got {window}"
+        )
     if len(tokens) <= room:
         return [(prefix, tokens)]
     window = max(1, room // 2) if window is None else window  # room 1: windows of one token
@@ -435,9 +447,17 @@ def rolling_loglikelihood(
     2**63), so windows draw independent masks. Dream needs a non-empty `prefix_ids`
     (e.g. [BOS]) because its first token is predicted from the position before it.
     """
-    windows = rolling_windows(token_ids, max_length=int(model.max_length), prefix_ids=prefix_ids, window=window)
+    windows = rolling_windows(
+        token_ids, max_length=int(model.max_length), prefix_ids=prefix_ids, window=window
+    )
     seeds = [(seed + k * _SEED_STRIDE) % 2**63 for k in range(len(windows))]
     results = score_requests(
-        model, windows, mc_num=mc_num, batch_size=batch_size, seeds=seeds, greedy=False, stratified=stratified
+        model,
+        windows,
+        mc_num=mc_num,
+        batch_size=batch_size,
+        seeds=seeds,
+        greedy=False,
+        stratified=stratified,
     )
     return sum(value for value, _ in results)

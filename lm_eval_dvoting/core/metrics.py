@@ -11,6 +11,7 @@ Nothing here imports torch or lm_eval: samples may be lists of token ids or anyt
 with `.tolist()` (a tensor or an array), so the functions run on a harness's logged
 samples as well as on live strategy results.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -110,7 +111,7 @@ def consistency_level(
         if answer is None:
             continue
         for i, (representative, count) in enumerate(groups):
-            if (same(representative, answer) if same else representative == answer):
+            if same(representative, answer) if same else representative == answer:
                 groups[i] = (representative, count + 1)
                 break
         else:
@@ -126,7 +127,9 @@ def consistency_from_votes(votes: dict[Any, int], n_samples: int) -> float:
     return max(votes.values(), default=0) / n_samples
 
 
-def benefit_per_cost(acc_method: float, acc_single: float, steps_method: float, steps_single: float) -> float:
+def benefit_per_cost(
+    acc_method: float, acc_single: float, steps_method: float, steps_single: float
+) -> float:
     """Benefit per cost: `(acc_method - acc_single) / (steps_method / steps_single)`.
 
     The accuracy gain over the single-sample baseline per multiple of the baseline's
@@ -138,8 +141,9 @@ def benefit_per_cost(acc_method: float, acc_single: float, steps_method: float, 
     return (acc_method - acc_single) / (steps_method / steps_single)
 
 
-def benefit_per_cost_if_costlier(acc_method: float, acc_single: float, steps_method: float,
-                                 steps_single: float) -> float | None:
+def benefit_per_cost_if_costlier(
+    acc_method: float, acc_single: float, steps_method: float, steps_single: float
+) -> float | None:
     """BPC for a method that costs at least the baseline's steps; None for a cheaper one.
 
     BPC divides the accuracy difference by the cost ratio to charge a method for the passes

@@ -29,6 +29,7 @@ or on which questions run beside it (nor, in float32, do the results; in bfloat1
 float16 the logits can change in the last bit with the batch's padding, see
 the decoding package).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,14 @@ from typing import Any, Callable, Generator, Hashable, Sequence
 import torch
 
 from lm_eval_dvoting.core.answers import tally
-from lm_eval_dvoting.core.decoding import (CACHE_POLICIES, REMASKING_RULES, DecodeRow, RowDecoder, check_prompt_batch,
-                       default_block_length)
+from lm_eval_dvoting.core.decoding import (
+    CACHE_POLICIES,
+    REMASKING_RULES,
+    DecodeRow,
+    RowDecoder,
+    check_prompt_batch,
+    default_block_length,
+)
 from lm_eval_dvoting.core.decoding.caches import shared_block_prefix
 from lm_eval_dvoting.core.decoding.state import LLADA2_STEPS, BlockDecoding
 from lm_eval_dvoting.core.temporal import TEMPORAL_WEIGHTS, StepAnswer, StepAnswers, temporal_vote
@@ -67,7 +74,10 @@ HEX_BLOCK_DIVISORS = (32, 16, 8, 4, 2)  # block sizes L/32 .. L/2
 # with its model card's presets. Value: (threshold, editing_threshold); sources:
 # LLaDA2.0's model card and tech report (0.95), LLaDA2.1's model card "Best Practices".
 BLOCK_DECODINGS: dict[str, tuple[float, float | None]] = {
-    "threshold": (0.95, None), "quality": (0.7, 0.5), "speed": (0.5, 0.0)}
+    "threshold": (0.95, None),
+    "quality": (0.7, 0.5),
+    "speed": (0.5, 0.0),
+}
 LLADA2_BLOCK_LENGTH = 32  # both model cards' block_length (and SGLang's hard-coded value)
 
 # Which `StrategySettings` fields each part of a decode reads, declared per part: the
@@ -76,8 +86,16 @@ LLADA2_BLOCK_LENGTH = 32  # both model cards' block_length (and SGLang's hard-co
 # reads a setting beyond `cache` itself. A field that no part of the chosen decode reads is
 # unused (`unused_settings`): reported when given (`unused_setting_message`), and left out
 # of `settings_used` and of the result cache's fingerprint, as it changes no output.
-READ_BY_EVERY_DECODE = ("strategy", "gen_length", "temperature", "decoder", "cache", "prefix_cache",
-                        "vote", "block_decoding")
+READ_BY_EVERY_DECODE = (
+    "strategy",
+    "gen_length",
+    "temperature",
+    "decoder",
+    "cache",
+    "prefix_cache",
+    "vote",
+    "block_decoding",
+)
 READ_BY_STRATEGY: dict[str, tuple[str, ...]] = {
     "single": ("block_length",),
     "majority": ("block_length", "n"),
@@ -106,7 +124,9 @@ Extract = Callable[[torch.Tensor], Answer | None]
 SameAnswer = Callable[[Any, Any], bool]
 
 
-def should_stop_early(answers: Sequence[Any | None], n: int, same_answer: SameAnswer | None = None) -> bool:
+def should_stop_early(
+    answers: Sequence[Any | None], n: int, same_answer: SameAnswer | None = None
+) -> bool:
     """dVoting's answer-consistency stop, checked before drawing samples 3..n."""
     counts = tally(answers, same_answer).counts
     if not counts:
@@ -124,12 +144,14 @@ def remask_tokens(samples: torch.Tensor, tau: float, mask_id: int) -> torch.Tens
     masked, so the answer is always regenerated.
     """
     k, length = samples.shape
-    agree = (samples[:, None, :] == samples[None, :, :]).sum(1)  # (k, L) votes for each sample's token
+    agree = (samples[:, None, :] == samples[None, :, :]).sum(
+        1
+    )  # (k, L) votes for each sample's token
     best = agree.argmax(0)  # first maximum = earliest sample
     token = samples.gather(0, best[None]).squeeze(0)
     share = agree.gather(0, best[None]).squeeze(0).double() / k
     start = torch.where(share >= tau - 1e-12, token, torch.full_like(token, mask_id))
-    start[length - length // 4:] = mask_id
+    start[length - length // 4 :] = mask_id
     return start
 
 
@@ -145,8 +167,14 @@ def require_whole(name: str, value: Any, minimum: int | None, what_to_do: str) -
         raise ValueError(f"{name} must be >= {minimum}, got {value}: {what_to_do}")
 
 
-def require_real(name: str, value: Any, allowed: str, ok: Callable[[float], bool], what_to_do: str,
-                 allow_inf: bool = False) -> None:
+def require_real(
+    name: str,
+    value: Any,
+    allowed: str,
+    ok: Callable[[float], bool],
+    what_to_do: str,
+    allow_inf: bool = False,
+) -> None:
     """Raise a ValueError unless `value` is a real number (not a bool), finite unless
     `allow_inf`, for which `ok` holds (NaN never passes: every comparison with it is False)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -172,7 +200,9 @@ class StrategySettings:
     remasking: str = "low_confidence"
     hex_samples: int = 25
     prefix_cache: bool = False  # the older spelling of cache="prefix"
-    decoder: str | None = None  # "fixed" | "entropy"; default: entropy for dvoting, fixed for the others
+    decoder: str | None = (
+        None  # "fixed" | "entropy"; default: entropy for dvoting, fixed for the others
+    )
     # Fast-dLLM's key/value caches (decoding/caches.py): "none" (exact), "prefix" or "dual"
     # (faster at long lengths, slightly different samples)
     cache: str = "none"
@@ -208,35 +238,72 @@ class StrategySettings:
         # value, what is allowed and what to do (the model args have the same names).
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        require_whole("gen_length", self.gen_length, None,
-                      "set max_gen_toks (model arg or --gen_kwargs) to the answer length in tokens, e.g. 256")
+        require_whole(
+            "gen_length",
+            self.gen_length,
+            None,
+            "set max_gen_toks (model arg or --gen_kwargs) to the answer length in tokens, e.g. 256",
+        )
         if self.gen_length <= 0:
-            raise ValueError(f"gen_length must be positive, got {self.gen_length}: set max_gen_toks (model arg or "
-                             "--gen_kwargs) to the answer length in tokens, e.g. 256")
+            raise ValueError(
+                f"gen_length must be positive, got {self.gen_length}: set max_gen_toks (model arg or "
+                "--gen_kwargs) to the answer length in tokens, e.g. 256"
+            )
         if self.block_length is not None:
             # 0 would divide by zero below; a negative one "divides" the length
-            require_whole("block_length", self.block_length, 1,
-                          f"leave it out (default gen_length/16) or give a divisor of {self.gen_length}")
+            require_whole(
+                "block_length",
+                self.block_length,
+                1,
+                f"leave it out (default gen_length/16) or give a divisor of {self.gen_length}",
+            )
         if not defer_length_checks and self._block_problem() is not None:
             raise ValueError(f"{self._block_problem()}; choose a block length that divides it")
         require_whole("n (samples per question)", self.n, 1, "e.g. n=5 (the default)")
         if self.steps is not None:
-            require_whole("steps", self.steps, 1, "leave it out (default: gen_length for single, gen_length/2 "
-                          "for majority and hex; LLaDA2: 32 per block) or give the forward passes per sample "
-                          "(LLaDA2: per block)")
+            require_whole(
+                "steps",
+                self.steps,
+                1,
+                "leave it out (default: gen_length for single, gen_length/2 "
+                "for majority and hex; LLaDA2: 32 per block) or give the forward passes per sample "
+                "(LLaDA2: per block)",
+            )
         # alpha=inf is allowed: every entropy is finite, so it commits every masked position at once
-        require_real("alpha (entropy threshold)", self.alpha, ">= 0", lambda a: a >= 0,
-                     "e.g. alpha=0.3 (the default)", allow_inf=True)
-        require_real("tau (position-consistency share)", self.tau, "in (0, 1]", lambda t: 0 < t <= 1,
-                     "e.g. tau=1.0 (the default: keep a position only when every earlier sample agrees)")
+        require_real(
+            "alpha (entropy threshold)",
+            self.alpha,
+            ">= 0",
+            lambda a: a >= 0,
+            "e.g. alpha=0.3 (the default)",
+            allow_inf=True,
+        )
+        require_real(
+            "tau (position-consistency share)",
+            self.tau,
+            "in (0, 1]",
+            lambda t: 0 < t <= 1,
+            "e.g. tau=1.0 (the default: keep a position only when every earlier sample agrees)",
+        )
         if self.temperature is not None:
-            require_real("temperature", self.temperature, ">= 0", lambda t: t >= 0,
-                         "use 0 for greedy decoding or e.g. 0.6-1.0 to sample; leave it out for the "
-                         "strategy's default")
+            require_real(
+                "temperature",
+                self.temperature,
+                ">= 0",
+                lambda t: t >= 0,
+                "use 0 for greedy decoding or e.g. 0.6-1.0 to sample; leave it out for the "
+                "strategy's default",
+            )
         if self.remasking not in REMASKING_RULES:
             raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {self.remasking!r}")
-        if isinstance(self.hex_samples, bool) or self.hex_samples not in (5, 25) or not isinstance(self.hex_samples, int):
-            raise ValueError(f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples!r}")
+        if (
+            isinstance(self.hex_samples, bool)
+            or self.hex_samples not in (5, 25)
+            or not isinstance(self.hex_samples, int)
+        ):
+            raise ValueError(
+                f"hex_samples must be 25 (5 block sizes x 5 seeds) or 5 (original HEX), got {self.hex_samples!r}"
+            )
         self._check_decoder()
         self._check_cache()
         self._check_temporal()
@@ -265,61 +332,92 @@ class StrategySettings:
             return "give a max_gen_toks divisible by 32"  # hex's (hex has no block problem)
         divisors = ", ".join(str(d) for d in range(1, length + 1) if length % d == 0)
         if self.block_length is not None:
-            return (f"give block_length a divisor of {length} ({divisors}), or a max_gen_toks that "
-                    f"is a multiple of {block}")
+            return (
+                f"give block_length a divisor of {length} ({divisors}), or a max_gen_toks that "
+                f"is a multiple of {block}"
+            )
         # a multiple of 16 always fits the default (L/16 divides it; temporal's 32 where it divides)
-        return (f"give the model arg block_length, a divisor of {length} ({divisors}), or a "
-                "max_gen_toks that is a multiple of 16")
+        return (
+            f"give the model arg block_length, a divisor of {length} ({divisors}), or a "
+            "max_gen_toks that is a multiple of 16"
+        )
 
     def _block_problem(self) -> str | None:
         # hex decodes with its own block sizes (L/32..L/2, `_hex_problem`) and never reads
         # block_length (READ_BY_STRATEGY): a given one is warned as unused, not refused
-        if (self.strategy == "hex" or self.block_decoding is not None
-                or self.gen_length % self.resolved_block_length == 0):
+        if (
+            self.strategy == "hex"
+            or self.block_decoding is not None
+            or self.gen_length % self.resolved_block_length == 0
+        ):
             return None
         block = self.resolved_block_length
         if self.block_length is not None:
             which = f"block_length {block}"
         elif self.strategy == "temporal":
-            which = (f"the default block length {block} (32 where it divides the length, else "
-                     "max_gen_toks/16)")
+            which = (
+                f"the default block length {block} (32 where it divides the length, else "
+                "max_gen_toks/16)"
+            )
         else:
             which = f"the default block length {block} (max_gen_toks/16)"
         return f"{which} does not divide the generation length {self.gen_length}"
 
     def _hex_problem(self) -> str | None:
         if self.strategy == "hex" and self.gen_length % HEX_BLOCK_DIVISORS[0]:
-            return ("hex needs a generation length divisible by 32 (block sizes L/32..L/2), "
-                    f"got {self.gen_length}")
+            return (
+                "hex needs a generation length divisible by 32 (block sizes L/32..L/2), "
+                f"got {self.gen_length}"
+            )
         return None
 
     def _check_decoder(self) -> None:
         if self.decoder is not None and self.decoder not in DECODERS:
-            raise ValueError(f"decoder must be one of {DECODERS} (or left out for the strategy's own), "
-                             f"got {self.decoder!r}")
+            raise ValueError(
+                f"decoder must be one of {DECODERS} (or left out for the strategy's own), "
+                f"got {self.decoder!r}"
+            )
         if self.strategy == "hex" and self.decoder in ("entropy", "confidence"):
-            raise ValueError(f"decoder={self.decoder} does not apply to strategy=hex: HEX is defined by its fixed "
-                             "schedules over block sizes L/32..L/2; leave decoder out for hex")
+            raise ValueError(
+                f"decoder={self.decoder} does not apply to strategy=hex: HEX is defined by its fixed "
+                "schedules over block sizes L/32..L/2; leave decoder out for hex"
+            )
         if self.threshold is not None and self.block_decoding is None:
-            require_real("threshold (confidence decoder)", self.threshold, "in (0, 1]", lambda t: 0 < t <= 1,
-                         "e.g. threshold=0.9 (Fast-dLLM's default)")
+            require_real(
+                "threshold (confidence decoder)",
+                self.threshold,
+                "in (0, 1]",
+                lambda t: 0 < t <= 1,
+                "e.g. threshold=0.9 (Fast-dLLM's default)",
+            )
         elif self.threshold is not None:
-            require_real("threshold (block diffusion)", self.threshold, "in (0, 1]", lambda t: 0 < t <= 1,
-                         "e.g. threshold=0.95 (LLaDA2.0's default)")
+            require_real(
+                "threshold (block diffusion)",
+                self.threshold,
+                "in (0, 1]",
+                lambda t: 0 < t <= 1,
+                "e.g. threshold=0.95 (LLaDA2.0's default)",
+            )
         if self.strategy == "dvoting" and self.decoder == "fixed":
-            raise ValueError("decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
-                             "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
-                             "decoder out for dvoting, or compare with strategy=majority,decoder=entropy")
+            raise ValueError(
+                "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
+                "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
+                "decoder out for dvoting, or compare with strategy=majority,decoder=entropy"
+            )
 
     def _check_cache(self) -> None:
         if self.cache not in CACHE_POLICIES:
-            raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {self.cache!r}: none (exact, the default), "
-                             "prefix or dual (Fast-dLLM's approximate key/value caches)")
+            raise ValueError(
+                f"cache must be one of {CACHE_POLICIES}, got {self.cache!r}: none (exact, the default), "
+                "prefix or dual (Fast-dLLM's approximate key/value caches)"
+            )
         if not isinstance(self.prefix_cache, bool):
             raise ValueError(f"prefix_cache must be true or false, got {self.prefix_cache!r}")
         if self.prefix_cache and self.cache == "dual":
-            raise ValueError("prefix_cache=true and cache=dual disagree: give cache alone (prefix_cache=true is "
-                             "the older spelling of cache=prefix)")
+            raise ValueError(
+                "prefix_cache=true and cache=dual disagree: give cache alone (prefix_cache=true is "
+                "the older spelling of cache=prefix)"
+            )
         # one spelling from here on, so that equal settings compare (and fingerprint) equal
         if self.prefix_cache:
             object.__setattr__(self, "cache", "prefix")
@@ -327,67 +425,109 @@ class StrategySettings:
 
     def _check_temporal(self) -> None:
         if self.temporal_weight not in TEMPORAL_WEIGHTS:
-            raise ValueError(f"temporal_weight must be one of {TEMPORAL_WEIGHTS}, got {self.temporal_weight!r}: "
-                             "exp (the default), linear or fixed")
-        require_real("temporal_alpha", self.temporal_alpha, ">= 0", lambda a: a >= 0,
-                     "e.g. temporal_alpha=5.0 (the default)")
+            raise ValueError(
+                f"temporal_weight must be one of {TEMPORAL_WEIGHTS}, got {self.temporal_weight!r}: "
+                "exp (the default), linear or fixed"
+            )
+        require_real(
+            "temporal_alpha",
+            self.temporal_alpha,
+            ">= 0",
+            lambda a: a >= 0,
+            "e.g. temporal_alpha=5.0 (the default)",
+        )
         if self.vote is not None and self.vote not in VOTES:
-            raise ValueError(f"vote must be one of {VOTES}, got {self.vote!r}: plain (one vote per sample) or temporal "
-                             "(each sample's per-step answers), or leave it out for the strategy's own")
+            raise ValueError(
+                f"vote must be one of {VOTES}, got {self.vote!r}: plain (one vote per sample) or temporal "
+                "(each sample's per-step answers), or leave it out for the strategy's own"
+            )
         if self.vote == "temporal" and self.strategy in ("single", "rfg"):
-            raise ValueError(f"vote=temporal does not apply to strategy={self.strategy}, which has no vote: use "
-                             "strategy=temporal for the temporal vote over one decode's steps")
+            raise ValueError(
+                f"vote=temporal does not apply to strategy={self.strategy}, which has no vote: use "
+                "strategy=temporal for the temporal vote over one decode's steps"
+            )
         if self.vote == "plain" and self.strategy == "temporal":
-            raise ValueError("vote=plain does not apply to strategy=temporal, whose answer is the temporal vote: use "
-                             "strategy=single for the decode's final answer")
+            raise ValueError(
+                "vote=plain does not apply to strategy=temporal, whose answer is the temporal vote: use "
+                "strategy=single for the decode's final answer"
+            )
         if self.resolved_vote == "temporal" and self.cache == "dual":
             which = "strategy=temporal" if self.strategy == "temporal" else "vote=temporal"
-            raise ValueError(f"cache=dual does not apply to {which}: the dual cache computes no prediction "
-                             "beyond the current block, and the vote needs every step's whole prediction; use "
-                             "cache=none (the default) or cache=prefix")
+            raise ValueError(
+                f"cache=dual does not apply to {which}: the dual cache computes no prediction "
+                "beyond the current block, and the vote needs every step's whole prediction; use "
+                "cache=none (the default) or cache=prefix"
+            )
 
     def _check_guidance(self) -> None:
-        require_real("guidance (RFG strength w)", self.guidance, ">= 0", lambda w: w >= 0,
-                     "e.g. guidance=1.0 (the default); 0 decodes the policy alone")
+        require_real(
+            "guidance (RFG strength w)",
+            self.guidance,
+            ">= 0",
+            lambda w: w >= 0,
+            "e.g. guidance=1.0 (the default); 0 decodes the policy alone",
+        )
         if self.strategy == "rfg" and self.cache != "none":
-            raise ValueError(f"cache={self.cache} does not apply to strategy=rfg: its two models would need a "
-                             "cache each; use cache=none (the default)")
+            raise ValueError(
+                f"cache={self.cache} does not apply to strategy=rfg: its two models would need a "
+                "cache each; use cache=none (the default)"
+            )
 
     def _check_block_decoding(self) -> None:
         """Block diffusion's settings; the other families' rules do not apply to it, nor it to them."""
         if self.block_decoding is None:
             if self.editing_threshold is not None or self.cache == "block":
-                raise ValueError("editing_threshold and cache=block are LLaDA2's (block diffusion): use "
-                                 "--model dvoting-llada2 or dvoting-llada21 with a LLaDA2 checkpoint")
+                raise ValueError(
+                    "editing_threshold and cache=block are LLaDA2's (block diffusion): use "
+                    "--model dvoting-llada2 or dvoting-llada21 with a LLaDA2 checkpoint"
+                )
             return
         if self.block_decoding not in BLOCK_DECODINGS:
-            raise ValueError(f"block_decoding must be one of {tuple(BLOCK_DECODINGS)} (threshold: LLaDA2.0; quality, "
-                             f"speed: LLaDA2.1's presets), got {self.block_decoding!r}")
+            raise ValueError(
+                f"block_decoding must be one of {tuple(BLOCK_DECODINGS)} (threshold: LLaDA2.0; quality, "
+                f"speed: LLaDA2.1's presets), got {self.block_decoding!r}"
+            )
         if self.remasking != "low_confidence":
-            raise ValueError(f"remasking={self.remasking} does not apply to LLaDA2: its threshold rule commits by "
-                             "confidence; leave remasking out")
+            raise ValueError(
+                f"remasking={self.remasking} does not apply to LLaDA2: its threshold rule commits by "
+                "confidence; leave remasking out"
+            )
         if self.decoder is not None:
-            raise ValueError(f"decoder={self.decoder} does not apply to LLaDA2 (block diffusion decodes with its "
-                             "threshold rule): leave decoder out; threshold= and steps= tune it")
+            raise ValueError(
+                f"decoder={self.decoder} does not apply to LLaDA2 (block diffusion decodes with its "
+                "threshold rule): leave decoder out; threshold= and steps= tune it"
+            )
         if self.cache not in ("none", "block"):
-            raise ValueError(f"cache={self.cache} does not apply to LLaDA2: use cache=block (exact, the default) or "
-                             "cache=none")
+            raise ValueError(
+                f"cache={self.cache} does not apply to LLaDA2: use cache=block (exact, the default) or "
+                "cache=none"
+            )
         if self.strategy == "rfg":
-            raise ValueError("strategy=rfg is not available for LLaDA2 models yet: use single, majority, hex, "
-                             "dvoting or temporal")
+            raise ValueError(
+                "strategy=rfg is not available for LLaDA2 models yet: use single, majority, hex, "
+                "dvoting or temporal"
+            )
         if self.resolved_vote == "temporal" and self.cache == "block":
-            raise ValueError("the temporal vote needs every step's whole prediction, which cache=block does not "
-                             "compute (a pass covers the current block): use cache=none with it")
+            raise ValueError(
+                "the temporal vote needs every step's whole prediction, which cache=block does not "
+                "compute (a pass covers the current block): use cache=none with it"
+            )
         editing = BLOCK_DECODINGS[self.block_decoding][1] is not None
         if self.steps is not None and editing:
-            raise ValueError(f"steps does not apply to LLaDA2.1's joint threshold decoding (editing="
-                             f"{self.block_decoding}), which commits at least one token per step as upstream; "
-                             "leave steps out")
+            raise ValueError(
+                f"steps does not apply to LLaDA2.1's joint threshold decoding (editing="
+                f"{self.block_decoding}), which commits at least one token per step as upstream; "
+                "leave steps out"
+            )
         if self.editing_threshold is not None and not editing:
-            raise ValueError("editing_threshold is LLaDA2.1's: use --model dvoting-llada21 (editing=quality|speed)")
+            raise ValueError(
+                "editing_threshold is LLaDA2.1's: use --model dvoting-llada21 (editing=quality|speed)"
+            )
         if self.max_post_steps != 16 and not editing:
-            raise ValueError(f"max_post_steps={self.max_post_steps!r} is LLaDA2.1's (post-fill editing steps): use "
-                             "--model dvoting-llada21, or leave it out")
+            raise ValueError(
+                f"max_post_steps={self.max_post_steps!r} is LLaDA2.1's (post-fill editing steps): use "
+                "--model dvoting-llada21, or leave it out"
+            )
         self.block_settings()  # range checks of threshold, editing_threshold, max_post_steps
 
     def block_settings(self) -> BlockDecoding:
@@ -395,8 +535,12 @@ class StrategySettings:
         threshold, editing = BLOCK_DECODINGS[self.block_decoding]
         if self.editing_threshold is not None:
             editing = self.editing_threshold
-        return BlockDecoding(threshold=self.resolved_threshold, steps=self.steps, editing_threshold=editing,
-                             max_post_steps=self.max_post_steps)
+        return BlockDecoding(
+            threshold=self.resolved_threshold,
+            steps=self.steps,
+            editing_threshold=editing,
+            max_post_steps=self.max_post_steps,
+        )
 
     @property
     def resolved_threshold(self) -> float:
@@ -412,14 +556,14 @@ class StrategySettings:
 
     @property
     def resolved_vote(self) -> str:
-        """"temporal" (the answers of every step of every sample, `temporal.py`) or "plain"."""
+        """ "temporal" (the answers of every step of every sample, `temporal.py`) or "plain"."""
         if self.vote is not None:
             return self.vote
         return "temporal" if self.strategy == "temporal" else "plain"
 
     @property
     def resolved_decoder(self) -> str:
-        """"entropy" (dVoting's threshold rule), "fixed" (LLaDA's schedule of `steps`),
+        """ "entropy" (dVoting's threshold rule), "fixed" (LLaDA's schedule of `steps`),
         "confidence" (Fast-dLLM's), or for LLaDA2 its block decoding ("threshold", "quality", "speed")."""
         if self.block_decoding is not None:
             return self.block_decoding
@@ -433,9 +577,11 @@ class StrategySettings:
         if self.block_decoding is not None:
             return dict(steps=None, alpha=None, block=self.block_settings())
         decoder = self.resolved_decoder
-        return dict(steps=self.steps_run if decoder == "fixed" else None,
-                    alpha=self.alpha if decoder == "entropy" else None,
-                    threshold=self.resolved_threshold if decoder == "confidence" else None)
+        return dict(
+            steps=self.steps_run if decoder == "fixed" else None,
+            alpha=self.alpha if decoder == "entropy" else None,
+            threshold=self.resolved_threshold if decoder == "confidence" else None,
+        )
 
     @property
     def resolved_block_length(self) -> int:
@@ -475,16 +621,22 @@ class StrategySettings:
         if self.resolved_decoder != "fixed" or self.block_decoding is not None:
             return None
         if self.strategy == "hex":
-            return [_fixed_steps(self.resolved_steps, self.gen_length, self.gen_length // d)
-                    for d in HEX_BLOCK_DIVISORS]
+            return [
+                _fixed_steps(self.resolved_steps, self.gen_length, self.gen_length // d)
+                for d in HEX_BLOCK_DIVISORS
+            ]
         return _fixed_steps(self.resolved_steps, self.gen_length, self.resolved_block_length)
 
 
 def unused_settings(settings: StrategySettings) -> tuple[str, ...]:
     """The fields of `settings` that its strategy, commit rule and vote do not read
     (`READ_BY_STRATEGY`, `READ_BY_RULE`, `READ_BY_VOTE`), in field order."""
-    read = {*READ_BY_EVERY_DECODE, *READ_BY_STRATEGY[settings.strategy],
-            *READ_BY_RULE[settings.resolved_decoder], *READ_BY_VOTE[settings.resolved_vote]}
+    read = {
+        *READ_BY_EVERY_DECODE,
+        *READ_BY_STRATEGY[settings.strategy],
+        *READ_BY_RULE[settings.resolved_decoder],
+        *READ_BY_VOTE[settings.resolved_vote],
+    }
     return tuple(f.name for f in fields(settings) if f.name not in read)
 
 
@@ -494,8 +646,9 @@ def given_unused_settings(settings: StrategySettings) -> tuple[str, ...]:
     A setting given at its default value counts as not given: it changes nothing either way
     (the harness's model args have the dataclass's defaults)."""
     defaults = {f.name: f.default for f in fields(StrategySettings)}
-    return tuple(name for name in unused_settings(settings)
-                 if getattr(settings, name) != defaults[name])
+    return tuple(
+        name for name in unused_settings(settings) if getattr(settings, name) != defaults[name]
+    )
 
 
 def _rule_label(rule: str) -> str:
@@ -504,17 +657,22 @@ def _rule_label(rule: str) -> str:
 
 def unused_setting_message(settings: StrategySettings, name: str) -> str:
     """Why the given setting `name` does nothing here, who reads it, and what happens to it."""
-    readers = ([f"strategy={s}" for s, names in READ_BY_STRATEGY.items() if name in names]
-               + [_rule_label(r) for r, names in READ_BY_RULE.items() if name in names]
-               + [f"vote={v}" for v, names in READ_BY_VOTE.items() if name in names])
-    return (f"{name}={getattr(settings, name)!r} is not used by strategy={settings.strategy} "
-            f"({_rule_label(settings.resolved_decoder)}, vote={settings.resolved_vote}): only "
-            f"{', '.join(readers)} read it. It is left out of settings_used and of the result "
-            "cache's fingerprint; drop it, or choose a strategy, decoder or vote that reads it")
+    readers = (
+        [f"strategy={s}" for s, names in READ_BY_STRATEGY.items() if name in names]
+        + [_rule_label(r) for r, names in READ_BY_RULE.items() if name in names]
+        + [f"vote={v}" for v, names in READ_BY_VOTE.items() if name in names]
+    )
+    return (
+        f"{name}={getattr(settings, name)!r} is not used by strategy={settings.strategy} "
+        f"({_rule_label(settings.resolved_decoder)}, vote={settings.resolved_vote}): only "
+        f"{', '.join(readers)} read it. It is left out of settings_used and of the result "
+        "cache's fingerprint; drop it, or choose a strategy, decoder or vote that reads it"
+    )
 
 
-def report_unused_settings(settings: StrategySettings, reported: set[str],
-                           logger: logging.Logger) -> None:
+def report_unused_settings(
+    settings: StrategySettings, reported: set[str], logger: logging.Logger
+) -> None:
     """Warn about each given setting that `settings` do not use, once per `reported` set
     (one per run: the harness keeps one per model, across its strategy switches)."""
     for name in given_unused_settings(settings):
@@ -535,7 +693,9 @@ class SampleSpec:
     temperature: float
     kept: torch.Tensor | None = None  # positions fixed from earlier samples (remask samples)
     threshold: float | None = None  # the confidence rule's (when neither steps nor alpha is given)
-    block: BlockDecoding | None = None  # block diffusion's rule (LLaDA2), instead of the three above
+    block: BlockDecoding | None = (
+        None  # block diffusion's rule (LLaDA2), instead of the three above
+    )
 
 
 @dataclass
@@ -547,7 +707,9 @@ class StrategyResult:
     answers: list[Any]
     chosen: int  # index of the returned sample
     sample_nfe: list[int] = field(default_factory=list)
-    votes: list[tuple[Any, float]] = field(default_factory=list)  # answer, count (temporal: total weight)
+    votes: list[tuple[Any, float]] = field(
+        default_factory=list
+    )  # answer, count (temporal: total weight)
     kept: list[list[int] | None] = field(default_factory=list)  # per sample: fixed positions
     # the temporal vote (strategy=temporal, vote=temporal): the prediction returned instead
     # of samples[chosen] when no sample's final answer is the winner (the latest step
@@ -555,7 +717,9 @@ class StrategyResult:
     returned: torch.Tensor | None = None
     returned_step: int | None = None  # the step of samples[chosen] whose prediction `returned` is
     step_answers: list[list[StepAnswer]] | None = None
-    plain_votes: list[tuple[Any, float]] | None = None  # (answer, count) as the plain vote counts them
+    plain_votes: list[tuple[Any, float]] | None = (
+        None  # (answer, count) as the plain vote counts them
+    )
 
     @property
     def plain_vote(self) -> Any:
@@ -579,7 +743,9 @@ def _fixed_steps(steps: int, gen_length: int, block_length: int) -> int:
     return max(blocks, -(-steps // blocks) * blocks)
 
 
-def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAnswer | None) -> QuestionPlan:
+def question_plan(
+    settings: StrategySettings, mask_id: int, same_answer: SameAnswer | None
+) -> QuestionPlan:
     """The coroutine of one question: yields draws of samples, receives (tokens, answer) pairs."""
     length, block = settings.gen_length, settings.resolved_block_length
     temperature = settings.resolved_temperature
@@ -594,10 +760,15 @@ def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAns
     if settings.strategy == "hex":
         seeds = settings.hex_samples // len(HEX_BLOCK_DIVISORS)
         specs = []
-        for divisor, steps in zip(HEX_BLOCK_DIVISORS, settings.steps_run or [None] * len(HEX_BLOCK_DIVISORS)):
+        for divisor, steps in zip(
+            HEX_BLOCK_DIVISORS, settings.steps_run or [None] * len(HEX_BLOCK_DIVISORS)
+        ):
             # block diffusion: each block size with the family's threshold rule (attention blocks too)
             hex_rule = dict(steps=steps, alpha=None) if settings.block_decoding is None else rule
-            specs += [SampleSpec(fresh, length // divisor, temperature=temperature, **hex_rule) for _ in range(seeds)]
+            specs += [
+                SampleSpec(fresh, length // divisor, temperature=temperature, **hex_rule)
+                for _ in range(seeds)
+            ]
         yield specs
         return
     # dVoting
@@ -612,7 +783,9 @@ def question_plan(settings: StrategySettings, mask_id: int, same_answer: SameAns
             # fresh samples before the first early-stop check (samples 1 and 2) decode together
             draw_size = 2 - len(drawn) if i == 1 else 1
             draw_size = min(draw_size, fresh_count - len(drawn), n - len(drawn))
-            specs = [SampleSpec(fresh, block, temperature=temperature, **rule) for _ in range(draw_size)]
+            specs = [
+                SampleSpec(fresh, block, temperature=temperature, **rule) for _ in range(draw_size)
+            ]
         else:
             start = remask_tokens(torch.stack(drawn), settings.tau, mask_id)
             kept = start != mask_id
@@ -642,14 +815,20 @@ class _Question:
     answers: list[Any] = field(default_factory=list)
     sample_nfe: list[int] = field(default_factory=list)
     kept: list[list[int] | None] = field(default_factory=list)
-    to_start: list[SampleSpec] = field(default_factory=list)  # the current draw's specs not yet decoding
+    to_start: list[SampleSpec] = field(
+        default_factory=list
+    )  # the current draw's specs not yet decoding
     decoding: list[DecodeRow] = field(default_factory=list)  # the current draw's rows
     done: bool = False
     passes: int = 1  # forward passes per denoising step (2 for rfg: policy and reference)
     observed: bool = False  # whether its samples' per-step answers are kept (the temporal vote)
     steps: list[StepAnswers] = field(default_factory=list)  # per sample drawn, when observed
-    draw_steps: list[StepAnswers] = field(default_factory=list)  # per row of the current draw, when observed
-    donor: DecodeRow | None = None  # block diffusion: a finished sample whose kept keys and values later ones share
+    draw_steps: list[StepAnswers] = field(
+        default_factory=list
+    )  # per row of the current draw, when observed
+    donor: DecodeRow | None = (
+        None  # block diffusion: a finished sample whose kept keys and values later ones share
+    )
 
     def next_sample_seed(self) -> int:
         """The seed of the next sample to start: derived from the question's seed and the
@@ -660,7 +839,9 @@ class _Question:
         """Record a finished draw's samples; return (tokens, answer) per sample for the plan."""
         tokens = [row.answer_tokens.cpu() for row in rows]
         if self.donor is None:
-            self.donor = next((row for row in rows if row.keep_cache and row.kept is not None), None)
+            self.donor = next(
+                (row for row in rows if row.keep_cache and row.kept is not None), None
+            )
         for row in rows:
             if row is not self.donor:
                 row.kept = None  # only the donor's keys and values are shared
@@ -671,49 +852,99 @@ class _Question:
             steps.close(row.nfe - 1, sample, answer)
         self.steps, self.draw_steps = self.steps + self.draw_steps, []
         self.sample_nfe += [row.nfe * self.passes for row in rows]
-        self.kept += [None if row.owner.kept is None else row.owner.kept.nonzero().flatten().tolist()
-                      for row in rows]
+        self.kept += [
+            None if row.owner.kept is None else row.owner.kept.nonzero().flatten().tolist()
+            for row in rows
+        ]
         return list(zip(tokens, answers))
 
     def result(self, same_answer: SameAnswer | None) -> StrategyResult:
         """The vote over the samples; the chosen sample is the first carrying the winner."""
         votes = tally(self.answers, same_answer)
         return StrategyResult(
-            samples=torch.stack(self.samples), nfe=sum(self.sample_nfe), answers=self.answers,
+            samples=torch.stack(self.samples),
+            nfe=sum(self.sample_nfe),
+            answers=self.answers,
             chosen=votes.winner_index if votes.winner_index is not None else 0,
-            sample_nfe=self.sample_nfe, votes=votes.counts, kept=self.kept,
+            sample_nfe=self.sample_nfe,
+            votes=votes.counts,
+            kept=self.kept,
         )
 
-    def temporal_result(self, settings: StrategySettings, same_answer: SameAnswer | None) -> StrategyResult:
+    def temporal_result(
+        self, settings: StrategySettings, same_answer: SameAnswer | None
+    ) -> StrategyResult:
         """The temporal vote over the samples' steps (each sample's weights over its own
         number of steps). The response is the first sample whose final answer is the
         winner, else the latest step's prediction carrying the winner (`TemporalVote.carrier`);
         the plain vote's result when no step of any sample answered."""
         plain = self.result(same_answer)
-        vote = temporal_vote([steps.answers for steps in self.steps], self.sample_nfe, settings.temporal_weight,
-                             settings.temporal_alpha, same_answer)
-        logged = replace(plain, step_answers=[list(steps.answers) for steps in self.steps], plain_votes=plain.votes)
+        vote = temporal_vote(
+            [steps.answers for steps in self.steps],
+            self.sample_nfe,
+            settings.temporal_weight,
+            settings.temporal_alpha,
+            same_answer,
+        )
+        logged = replace(
+            plain,
+            step_answers=[list(steps.answers) for steps in self.steps],
+            plain_votes=plain.votes,
+        )
         if vote.winner is None:
             return logged
         same = same_answer or (lambda a, b: a == b)
-        final = next((i for i, answer in enumerate(self.answers) if answer is not None and same(vote.winner, answer)),
-                     None)
+        final = next(
+            (
+                i
+                for i, answer in enumerate(self.answers)
+                if answer is not None and same(vote.winner, answer)
+            ),
+            None,
+        )
         if final is not None:
             return replace(logged, votes=vote.weights, chosen=final)
         sample, step = vote.carrier
-        return replace(logged, votes=vote.weights, chosen=sample, returned=self.steps[sample].predictions[step],
-                       returned_step=step)
+        return replace(
+            logged,
+            votes=vote.weights,
+            chosen=sample,
+            returned=self.steps[sample].predictions[step],
+            returned_step=step,
+        )
 
 
 def run_strategy(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-    strategy: str = "dvoting", extract: Extract, gen_length: int, block_length: int | None = None, n: int = 5,
-    alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0, seed: int = 0,
-    steps: int | None = None, remasking: str = "low_confidence", hex_samples: int = 25,
-    prefix_cache: bool = False, decoder: str | None = None, cache: str | None = None, threshold: float | None = None,
-    temporal_weight: str = "exp", temporal_alpha: float = 5.0, vote: str | None = None, guidance: float = 1.0,
-    block_decoding: str | None = None, editing_threshold: float | None = None, max_post_steps: int = 16,
-    same_answer: SameAnswer | None = None, row_seeds: Sequence[int] | None = None, max_rows: int = 16,
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    strategy: str = "dvoting",
+    extract: Extract,
+    gen_length: int,
+    block_length: int | None = None,
+    n: int = 5,
+    alpha: float = 0.3,
+    temperature: float | None = None,
+    tau: float = 1.0,
+    seed: int = 0,
+    steps: int | None = None,
+    remasking: str = "low_confidence",
+    hex_samples: int = 25,
+    prefix_cache: bool = False,
+    decoder: str | None = None,
+    cache: str | None = None,
+    threshold: float | None = None,
+    temporal_weight: str = "exp",
+    temporal_alpha: float = 5.0,
+    vote: str | None = None,
+    guidance: float = 1.0,
+    block_decoding: str | None = None,
+    editing_threshold: float | None = None,
+    max_post_steps: int = 16,
+    same_answer: SameAnswer | None = None,
+    row_seeds: Sequence[int] | None = None,
+    max_rows: int = 16,
     on_done: Callable[[int, StrategyResult], None] | None = None,
 ) -> list[StrategyResult]:
     """Run a strategy on every (left-padded) prompt row of `input_ids`; no harness needed.
@@ -742,13 +973,33 @@ def run_strategy(
     if getattr(model, "block_causal", False) and block_decoding is None:
         block_decoding = "threshold"
     if cache is None:
-        cache = "block" if block_decoding is not None and strategy != "temporal" and vote != "temporal" else "none"
+        cache = (
+            "block"
+            if block_decoding is not None and strategy != "temporal" and vote != "temporal"
+            else "none"
+        )
     settings = StrategySettings(
-        strategy=strategy, gen_length=gen_length, block_length=block_length, n=n, alpha=alpha,
-        temperature=temperature, tau=tau, steps=steps, remasking=remasking, hex_samples=hex_samples,
-        prefix_cache=prefix_cache, decoder=decoder, cache=cache, threshold=threshold,
-        temporal_weight=temporal_weight, temporal_alpha=temporal_alpha, vote=vote, guidance=guidance,
-        block_decoding=block_decoding, editing_threshold=editing_threshold, max_post_steps=max_post_steps,
+        strategy=strategy,
+        gen_length=gen_length,
+        block_length=block_length,
+        n=n,
+        alpha=alpha,
+        temperature=temperature,
+        tau=tau,
+        steps=steps,
+        remasking=remasking,
+        hex_samples=hex_samples,
+        prefix_cache=prefix_cache,
+        decoder=decoder,
+        cache=cache,
+        threshold=threshold,
+        temporal_weight=temporal_weight,
+        temporal_alpha=temporal_alpha,
+        vote=vote,
+        guidance=guidance,
+        block_decoding=block_decoding,
+        editing_threshold=editing_threshold,
+        max_post_steps=max_post_steps,
     )
     report_unused_settings(settings, set(), log)  # each call is a run of its own
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
@@ -757,8 +1008,16 @@ def run_strategy(
         require_whole("seed", seed, None, "give an integer seed, e.g. seed=0")
         row_seeds = [derive_seed(seed, i) for i in range(batch)]
     prompts = [input_ids[i][attention_mask[i].bool()] for i in range(batch)]
-    return decode_questions(model, prompts, settings, extract, row_seeds, same_answer=same_answer,
-                 max_rows=max_rows, on_done=on_done)
+    return decode_questions(
+        model,
+        prompts,
+        settings,
+        extract,
+        row_seeds,
+        same_answer=same_answer,
+        max_rows=max_rows,
+        on_done=on_done,
+    )
 
 
 def decode_questions(
@@ -780,16 +1039,27 @@ def decode_questions(
     """
     count = len(prompts)
     # max_rows < 1 would never admit a row: the scheduler would spin forever
-    require_whole("max_rows", max_rows, 1, "give the number of rows decoded per forward pass, e.g. 16")
+    require_whole(
+        "max_rows", max_rows, 1, "give the number of rows decoded per forward pass, e.g. 16"
+    )
     settings_of = list(settings) if isinstance(settings, Sequence) else [settings] * count
     extract_of = list(extract) if isinstance(extract, Sequence) else [extract] * count
     if len(seeds) != count or len(settings_of) != count or len(extract_of) != count:
-        raise ValueError(f"got {count} prompts but {len(seeds)} seeds, {len(settings_of)} settings and "
-                         f"{len(extract_of)} extractors: give one of each per prompt (or one settings/extract for all)")
-    scheduler = _Scheduler(RowDecoder(_model_for(model, settings_of)), prompts, settings_of, extract_of, seeds, same_answer, max_rows, on_done)
+        raise ValueError(
+            f"got {count} prompts but {len(seeds)} seeds, {len(settings_of)} settings and "
+            f"{len(extract_of)} extractors: give one of each per prompt (or one settings/extract for all)"
+        )
+    scheduler = _Scheduler(
+        RowDecoder(_model_for(model, settings_of)),
+        prompts,
+        settings_of,
+        extract_of,
+        seeds,
+        same_answer,
+        max_rows,
+        on_done,
+    )
     return scheduler.run()
-
-
 
 
 def _model_for(model: torch.nn.Module, settings_of: Sequence[StrategySettings]) -> torch.nn.Module:
@@ -802,16 +1072,22 @@ def _model_for(model: torch.nn.Module, settings_of: Sequence[StrategySettings]) 
         return model  # nothing to decode
     if not guided:
         if isinstance(model, GuidedModel):
-            raise ValueError("a GuidedModel (policy and reference) decodes strategy=rfg only; pass the policy "
-                             "itself for the other strategies")
+            raise ValueError(
+                "a GuidedModel (policy and reference) decodes strategy=rfg only; pass the policy "
+                "itself for the other strategies"
+            )
         return model
     if len(guided) != 1 or any(s.strategy != "rfg" for s in settings_of):
-        raise ValueError("strategy=rfg decodes with one guidance strength and no other strategy in the same run; "
-                         f"got guidance {sorted(guided)} and strategies {sorted({s.strategy for s in settings_of})}")
+        raise ValueError(
+            "strategy=rfg decodes with one guidance strength and no other strategy in the same run; "
+            f"got guidance {sorted(guided)} and strategies {sorted({s.strategy for s in settings_of})}"
+        )
     if not isinstance(model, GuidedModel):
-        raise ValueError("strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.core.guidance): the "
-                         "harness builds it from reference=... or peft=...; got a "
-                         f"{type(model).__name__}")
+        raise ValueError(
+            "strategy=rfg needs a GuidedModel(policy, reference) (lm_eval_dvoting.core.guidance): the "
+            "harness builds it from reference=... or peft=...; got a "
+            f"{type(model).__name__}"
+        )
     return model.with_guidance(guided.pop())
 
 
@@ -820,11 +1096,29 @@ class _Scheduler:
     samples of questions in flight first, then new questions), steps the decoder, and
     hands each finished draw back to its question's plan, which says what to draw next."""
 
-    def __init__(self, decoder: RowDecoder, prompts: Sequence[torch.Tensor], settings_of: list[StrategySettings],
-                 extract_of: list[Extract], seeds: Sequence[int], same_answer: SameAnswer | None, max_rows: int,
-                 on_done: Callable[[int, StrategyResult], None] | None) -> None:
-        self.decoder, self.prompts, self.settings_of, self.extract_of = decoder, prompts, settings_of, extract_of
-        self.seeds, self.same_answer, self.max_rows, self.on_done = seeds, same_answer, max_rows, on_done
+    def __init__(
+        self,
+        decoder: RowDecoder,
+        prompts: Sequence[torch.Tensor],
+        settings_of: list[StrategySettings],
+        extract_of: list[Extract],
+        seeds: Sequence[int],
+        same_answer: SameAnswer | None,
+        max_rows: int,
+        on_done: Callable[[int, StrategyResult], None] | None,
+    ) -> None:
+        self.decoder, self.prompts, self.settings_of, self.extract_of = (
+            decoder,
+            prompts,
+            settings_of,
+            extract_of,
+        )
+        self.seeds, self.same_answer, self.max_rows, self.on_done = (
+            seeds,
+            same_answer,
+            max_rows,
+            on_done,
+        )
         self.results: list[StrategyResult | None] = [None] * len(prompts)
         self.in_flight: list[_Question] = []
         self.next_question = 0
@@ -855,30 +1149,54 @@ class _Scheduler:
         index = self.next_question
         self.next_question += 1
         plan = question_plan(self.settings_of[index], self.decoder.mask_id, self.same_answer)
-        question = _Question(index=index, seed=self.seeds[index], plan=plan, answer_of=self.extract_of[index],
-                             observed=self.settings_of[index].resolved_vote == "temporal",
-                             passes=self.settings_of[index].passes_per_step)
+        question = _Question(
+            index=index,
+            seed=self.seeds[index],
+            plan=plan,
+            answer_of=self.extract_of[index],
+            observed=self.settings_of[index].resolved_vote == "temporal",
+            passes=self.settings_of[index].passes_per_step,
+        )
         self.in_flight.append(question)
         self._begin_draw(question, next(plan, None))
 
     def _start_sample(self, question: _Question) -> None:
         spec = question.to_start.pop(0)
         settings = self.settings_of[question.index]
-        generator = torch.Generator(device=self.decoder.device).manual_seed(question.next_sample_seed())
+        generator = torch.Generator(device=self.decoder.device).manual_seed(
+            question.next_sample_seed()
+        )
         steps = StepAnswers(question.answer_of) if question.observed else None
         if steps is not None:
             question.draw_steps.append(steps)
         sample = len(question.samples) + len(question.decoding) + 1
         label = f"question {question.index}, sample {sample}"  # how an error names the row
-        row = DecodeRow(prompt=self.prompts[question.index], tokens=spec.init_tokens, block_length=spec.block_length,
-                        steps=spec.steps, alpha=spec.alpha, threshold=spec.threshold, block=spec.block,
-                        temperature=spec.temperature,
-                        remasking=settings.remasking, generator=generator, cache=settings.cache, owner=spec,
-                        observe=None if steps is None else steps.observe, label=label)
-        if spec.kept is not None and question.donor is not None and question.donor.block_length == row.block_length:
+        row = DecodeRow(
+            prompt=self.prompts[question.index],
+            tokens=spec.init_tokens,
+            block_length=spec.block_length,
+            steps=spec.steps,
+            alpha=spec.alpha,
+            threshold=spec.threshold,
+            block=spec.block,
+            temperature=spec.temperature,
+            remasking=settings.remasking,
+            generator=generator,
+            cache=settings.cache,
+            owner=spec,
+            observe=None if steps is None else steps.observe,
+            label=label,
+        )
+        if (
+            spec.kept is not None
+            and question.donor is not None
+            and question.donor.block_length == row.block_length
+        ):
             row.kept = shared_block_prefix(question.donor, row.prompt, row.tokens)
         # dVoting's fresh samples keep their block cache for the remask samples to share
-        row.keep_cache = settings.cache == "block" and settings.strategy == "dvoting" and question.donor is None
+        row.keep_cache = (
+            settings.cache == "block" and settings.strategy == "dvoting" and question.donor is None
+        )
         question.decoding.append(row)
         self.decoder.add(row)
 
@@ -894,7 +1212,8 @@ class _Scheduler:
                 f"strategy={strategy}'s plan asked for a draw of no samples for question "
                 f"{question.index} after {len(question.samples)} sample(s): the question could "
                 "never finish; this is a bug in the plan (question_plan), please report it with "
-                "the settings")
+                "the settings"
+            )
         else:
             question.to_start, question.decoding = list(draw), []
 

@@ -24,6 +24,7 @@ done only when a step's prediction differs from the previous step's.
 Sample logs keep each decode's answers as runs (`answer_runs`), from which the report's
 figures are computed: ever-pass and temporal semantic entropy (`step_figures`).
 """
+
 from __future__ import annotations
 
 import math
@@ -75,7 +76,9 @@ class StepAnswers:
 
     answer_of: Callable[[torch.Tensor], Any]
     answers: list[StepAnswer] = field(default_factory=list)
-    predictions: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> prediction, answered steps
+    predictions: dict[int, torch.Tensor] = field(
+        default_factory=dict
+    )  # step -> prediction, answered steps
     _previous: tuple[torch.Tensor, Any] | None = None
     _parsed: dict[bytes, Any] = field(default_factory=dict)  # prediction's bytes -> its answer
 
@@ -119,24 +122,39 @@ class TemporalVote:
     carrier: tuple[int, int] | None
 
 
-def temporal_vote(decodes: Sequence[Sequence[StepAnswer]], total_steps: Sequence[int], rule: str = "exp",
-                  alpha: float = 5.0, same_answer: SameAnswer = None) -> TemporalVote:
+def temporal_vote(
+    decodes: Sequence[Sequence[StepAnswer]],
+    total_steps: Sequence[int],
+    rule: str = "exp",
+    alpha: float = 5.0,
+    same_answer: SameAnswer = None,
+) -> TemporalVote:
     """Weighted vote over the (step, answer) pairs of each decode, whose `total_steps`
     are given in the same order (module docstring)."""
-    flat = [(d, step, answer, share) for d, (answers, steps) in enumerate(zip(decodes, total_steps, strict=True))
-            for (step, answer), share in zip(answers, step_shares([s for s, _ in answers], steps, rule, alpha))]
+    flat = [
+        (d, step, answer, share)
+        for d, (answers, steps) in enumerate(zip(decodes, total_steps, strict=True))
+        for (step, answer), share in zip(
+            answers, step_shares([s for s, _ in answers], steps, rule, alpha)
+        )
+    ]
     groups = group_answers([answer for _, _, answer, _ in flat], same_answer)
     if not groups:
         return TemporalVote(winner=None, weights=[], carrier=None)
     totals = [math.fsum(flat[i][3] for i in members) for _, members in groups]
-    order = sorted(range(len(groups)), key=lambda g: -_rounded(totals[g]))  # stable: ties keep first-seen order
+    order = sorted(
+        range(len(groups)), key=lambda g: -_rounded(totals[g])
+    )  # stable: ties keep first-seen order
     winning = groups[order[0]][1]
     by_decode: dict[int, list[float]] = {}
     for i in winning:
         by_decode.setdefault(flat[i][0], []).append(flat[i][3])
     decode = max(by_decode, key=lambda d: (_rounded(math.fsum(by_decode[d])), -d))
-    return TemporalVote(winner=groups[order[0]][0], weights=[(groups[g][0], totals[g]) for g in order],
-                        carrier=(decode, max(flat[i][1] for i in winning if flat[i][0] == decode)))
+    return TemporalVote(
+        winner=groups[order[0]][0],
+        weights=[(groups[g][0], totals[g]) for g in order],
+        carrier=(decode, max(flat[i][1] for i in winning if flat[i][0] == decode)),
+    )
 
 
 def _rounded(weight: float) -> float:
@@ -148,8 +166,11 @@ def _rounded(weight: float) -> float:
 # ------------------------------------------------------------- logs and figures
 
 
-def answer_runs(answers: Sequence[StepAnswer], total_steps: int,
-                value: Callable[[Any], Any] = lambda answer: answer) -> list[list[Any]]:
+def answer_runs(
+    answers: Sequence[StepAnswer],
+    total_steps: int,
+    value: Callable[[Any], Any] = lambda answer: answer,
+) -> list[list[Any]]:
     """A decode's per-step answers, compactly and losslessly: [first step, value] for each
     run of consecutive steps with one answer, a run of steps without one as
     [first step, None]. Each run lasts until the next one's first step, the last until
@@ -190,8 +211,9 @@ def temporal_entropy(values: Sequence[Any], same_answer: SameAnswer = None) -> f
     return -sum(len(m) / answered * math.log2(len(m) / answered) for _, m in groups) + 0.0
 
 
-def step_figures(trace: dict[str, Any], is_correct: Callable[[Any], bool],
-                 same_answer: SameAnswer = None) -> tuple[dict[str, Any], dict[str, float]]:
+def step_figures(
+    trace: dict[str, Any], is_correct: Callable[[Any], bool], same_answer: SameAnswer = None
+) -> tuple[dict[str, Any], dict[str, float]]:
     """A scored copy of a trace with per-step answers, and the question's figures.
 
     Each candidate carrying `steps` (runs) gets `steps_correct` (one bool per run); the

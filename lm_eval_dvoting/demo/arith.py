@@ -26,6 +26,7 @@ written ``3+4``); the shipped model was trained on both.
 
 The prompt is the dVoting paper's GSM8K prompt (`format_prompt`).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -62,14 +63,22 @@ class Difficulty:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
-            raise ValueError(f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}")
+            raise ValueError(
+                f"need 1 <= min_steps <= max_steps, got {self.min_steps}, {self.max_steps}"
+            )
         if not 1 <= self.max_operand <= self.max_value:
-            raise ValueError(f"need 1 <= max_operand <= max_value, got {self.max_operand}, {self.max_value}")
+            raise ValueError(
+                f"need 1 <= max_operand <= max_value, got {self.max_operand}, {self.max_value}"
+            )
         if not 0 <= self.min_start <= self.max_value:
-            raise ValueError(f"need 0 <= min_start <= max_value, got {self.min_start}, {self.max_value}")
+            raise ValueError(
+                f"need 0 <= min_start <= max_value, got {self.min_start}, {self.max_value}"
+            )
         unknown = set(self.operations) - set(_APPLY)
         if not self.operations or unknown:
-            raise ValueError(f"operations must be a non-empty subset of + - *, got {self.operations}")
+            raise ValueError(
+                f"operations must be a non-empty subset of + - *, got {self.operations}"
+            )
 
 
 # The difficulty of the shipped test set (see demo/tiny-arith/TRAINING.md for why):
@@ -150,6 +159,7 @@ def commute_additions(solution: str, rng: random.Random) -> str:
     the same positions, but a different fact to recall. Samples that differ this way
     stay aligned position by position, which is what dVoting's remasking compares.
     """
+
     def flip(match: re.Match) -> str:
         left, right, result = match.groups()
         return f"{right}+{left}={result}." if rng.random() < 0.5 else match.group(0)
@@ -182,8 +192,12 @@ def problem_stream(seed: int, difficulty: Difficulty = TEST_DIFFICULTY) -> Itera
         yield make_problem(rng, difficulty)
 
 
-def make_problems(seed: int, count: int, difficulty: Difficulty = TEST_DIFFICULTY,
-                  exclude: set[tuple[str, ...]] | frozenset[tuple[str, ...]] = frozenset()) -> list[Problem]:
+def make_problems(
+    seed: int,
+    count: int,
+    difficulty: Difficulty = TEST_DIFFICULTY,
+    exclude: set[tuple[str, ...]] | frozenset[tuple[str, ...]] = frozenset(),
+) -> list[Problem]:
     """`count` canonically distinct problems from `seed`, none of whose `canonical_form`
     is in `exclude` (so no two of them are reorderings of one problem)."""
     seen, problems, misses = set(exclude), [], 0
@@ -192,7 +206,9 @@ def make_problems(seed: int, count: int, difficulty: Difficulty = TEST_DIFFICULT
         if form in seen:
             misses += 1
             if misses > 100_000:
-                raise ValueError(f"{difficulty} has fewer than {count} canonically distinct new problems")
+                raise ValueError(
+                    f"{difficulty} has fewer than {count} canonically distinct new problems"
+                )
             continue
         seen.add(form)
         problems.append(problem)
@@ -207,16 +223,18 @@ def format_prompt(question: str) -> str:
     return f"{INSTRUCTION} {question}"
 
 
-def held_out_sets(difficulty: Difficulty = TEST_DIFFICULTY,
-                  valid_size: int = VALID_SIZE) -> tuple[list[Problem], list[Problem]]:
+def held_out_sets(
+    difficulty: Difficulty = TEST_DIFFICULTY, valid_size: int = VALID_SIZE
+) -> tuple[list[Problem], list[Problem]]:
     """The test set (TEST_SEED) and a validation set (VALID_SEED) canonically disjoint from it.
 
     A larger `valid_size` extends the same validation stream: its first 200 problems
     are always the same, so logs made with 200 and with 1,000 compare.
     """
     test = make_problems(TEST_SEED, TEST_SIZE, difficulty)
-    valid = make_problems(VALID_SEED, valid_size, difficulty,
-                          exclude={canonical_form(p.question) for p in test})
+    valid = make_problems(
+        VALID_SEED, valid_size, difficulty, exclude={canonical_form(p.question) for p in test}
+    )
     return test, valid
 
 

@@ -9,6 +9,7 @@ training) and prints one JSON line per checkpoint: accuracy and mean NFE per str
 The test set is never read here, so choosing the shipped checkpoint with this table
 does not tune anything on the numbers the README reports.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,14 @@ def row_kwargs(row: str) -> dict:
     return {"strategy": strategy, **overrides}
 
 
-def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arith.Problem],
-                     max_rows: int = 64, salt: str = "sweep", device: str = "cpu") -> dict[str, dict[str, float]]:
+def sweep_checkpoint(
+    checkpoint: str,
+    strategies: list[str],
+    problems: list[arith.Problem],
+    max_rows: int = 64,
+    salt: str = "sweep",
+    device: str = "cpu",
+) -> dict[str, dict[str, float]]:
     """Accuracy and mean NFE of each strategy on `problems` for one checkpoint folder."""
     from lm_eval_dvoting.models.loading import load_model, load_tokenizer
 
@@ -48,15 +55,25 @@ def sweep_checkpoint(checkpoint: str, strategies: list[str], problems: list[arit
 
 
 @torch.no_grad()
-def score_strategies(model, tokenizer, strategies: list[str], problems: list[arith.Problem],
-                     max_rows: int = 64, salt: str = "sweep") -> dict[str, dict[str, float]]:
+def score_strategies(
+    model,
+    tokenizer,
+    strategies: list[str],
+    problems: list[arith.Problem],
+    max_rows: int = 64,
+    salt: str = "sweep",
+) -> dict[str, dict[str, float]]:
     """Accuracy and mean NFE of each strategy on `problems` for a loaded model.
 
     Every question's samples are seeded from (`salt`, question): another salt draws
     other samples, to tell the sampling noise from a checkpoint's real behaviour.
     """
-    enc = tokenizer([arith.format_prompt(p.question) for p in problems], add_special_tokens=False,
-                    padding=True, return_tensors="pt")
+    enc = tokenizer(
+        [arith.format_prompt(p.question) for p in problems],
+        add_special_tokens=False,
+        padding=True,
+        return_tensors="pt",
+    )
 
     def extract(ids: torch.Tensor) -> str | None:
         text = tokenizer.decode(ids.tolist(), skip_special_tokens=False).split(EOS)[0]
@@ -66,24 +83,45 @@ def score_strategies(model, tokenizer, strategies: list[str], problems: list[ari
     scores: dict[str, dict[str, float]] = {}
     for strategy in strategies:
         began = time.perf_counter()
-        results = run_strategy(model, enc.input_ids, enc.attention_mask, extract=extract,
-                               gen_length=GEN_LENGTH, row_seeds=seeds, max_rows=max_rows, **row_kwargs(strategy))
+        results = run_strategy(
+            model,
+            enc.input_ids,
+            enc.attention_mask,
+            extract=extract,
+            gen_length=GEN_LENGTH,
+            row_seeds=seeds,
+            max_rows=max_rows,
+            **row_kwargs(strategy),
+        )
         right = [r.answers[r.chosen] == str(p.answer) for r, p in zip(results, problems)]
-        scores[strategy] = {"acc": round(sum(right) / len(right), 4),
-                            "nfe": round(sum(r.nfe for r in results) / len(results), 2),
-                            "seconds": round(time.perf_counter() - began, 1)}
+        scores[strategy] = {
+            "acc": round(sum(right) / len(right), 4),
+            "nfe": round(sum(r.nfe for r in results) / len(results), 2),
+            "seconds": round(time.perf_counter() - began, 1),
+        }
     return scores
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m lm_eval_dvoting.demo.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m lm_eval_dvoting.demo.sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("checkpoints", nargs="+", help="checkpoint folders")
-    p.add_argument("--strategies", nargs="+", default=["single", "dvoting"],
-                   help="strategies, or the ablation rows single-entropy and majority-entropy "
-                        "(as in `dvoting compare`)")
-    p.add_argument("--limit", type=int, default=arith.VALID_SIZE,
-                   help="validation problems (the first LIMIT of the validation stream)")
+    p.add_argument(
+        "--strategies",
+        nargs="+",
+        default=["single", "dvoting"],
+        help="strategies, or the ablation rows single-entropy and majority-entropy "
+        "(as in `dvoting compare`)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=arith.VALID_SIZE,
+        help="validation problems (the first LIMIT of the validation stream)",
+    )
     p.add_argument("--salt", default="sweep", help="seeds the samples (with each question)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--max-rows", type=int, default=64, help="rows decoded per forward pass")
@@ -91,11 +129,22 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     _, problems = arith.held_out_sets(valid_size=args.limit)
     for checkpoint in args.checkpoints:
-        scores = sweep_checkpoint(checkpoint, args.strategies, problems, args.max_rows, args.salt, args.device)
-        gain = {s: round(100 * (v["acc"] - scores["single"]["acc"]), 1)
-                for s, v in scores.items() if s != "single" and "single" in scores}
-        print(json.dumps({"checkpoint": str(Path(checkpoint)), "problems": len(problems), "salt": args.salt} | scores
-                         | {"points_over_single": gain}), flush=True)
+        scores = sweep_checkpoint(
+            checkpoint, args.strategies, problems, args.max_rows, args.salt, args.device
+        )
+        gain = {
+            s: round(100 * (v["acc"] - scores["single"]["acc"]), 1)
+            for s, v in scores.items()
+            if s != "single" and "single" in scores
+        }
+        print(
+            json.dumps(
+                {"checkpoint": str(Path(checkpoint)), "problems": len(problems), "salt": args.salt}
+                | scores
+                | {"points_over_single": gain}
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ It is an ordinary `PreTrainedTokenizerFast` (a BPE model without merges, i.e. on
 token per character), so ``AutoTokenizer.from_pretrained(folder)`` loads it without
 remote code.
 """
+
 from __future__ import annotations
 
 import string

@@ -24,6 +24,7 @@ low-confidence remasking, blocks of ``L/16``) and the accuracy is logged to
 ``OUT/log.jsonl``; the best model so far is exported to ``OUT/best/`` as a LLaDA
 checkpoint folder (config.json, model.safetensors, tokenizer) that `load_model` reads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,30 +39,50 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lm_eval_dvoting.integration import strict_json
-from lm_eval_dvoting.models.dream import DreamConfig, DreamModel
-from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
 from lm_eval_dvoting.demo import arith
 from lm_eval_dvoting.demo.sweep import score_strategies
 from lm_eval_dvoting.demo.tokenizer import EOS, MASK, build_tokenizer
+from lm_eval_dvoting.integration import strict_json
+from lm_eval_dvoting.models.dream import DreamConfig, DreamModel
+from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lm_eval_dvoting.demo.train", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=Path("runs/tiny-arith"), help="working folder (checkpoints, log, best/)")
+    p = argparse.ArgumentParser(
+        prog="python -m lm_eval_dvoting.demo.train",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/tiny-arith"),
+        help="working folder (checkpoints, log, best/)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=6000, help="total optimisation steps (sets the LR schedule)")
+    p.add_argument(
+        "--steps", type=int, default=6000, help="total optimisation steps (sets the LR schedule)"
+    )
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--min-lr-ratio", type=float, default=0.05, help="final LR as a fraction of --lr (cosine)")
+    p.add_argument(
+        "--min-lr-ratio", type=float, default=0.05, help="final LR as a fraction of --lr (cosine)"
+    )
     p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--ema", type=float, default=0.995, help="decay of the weight moving average (0: off)")
-    p.add_argument("--pad-weight", type=float, default=0.2, help="loss weight of padding after the first EOS")
-    p.add_argument("--family", choices=("llada", "dream"), default="llada",
-                   help="checkpoint format: LLaDA, or Dream (Qwen2 parameter names; the prediction for "
-                        "position i is read from the logits at i-1, so the loss is too)")
+    p.add_argument(
+        "--ema", type=float, default=0.995, help="decay of the weight moving average (0: off)"
+    )
+    p.add_argument(
+        "--pad-weight", type=float, default=0.2, help="loss weight of padding after the first EOS"
+    )
+    p.add_argument(
+        "--family",
+        choices=("llada", "dream"),
+        default="llada",
+        help="checkpoint format: LLaDA, or Dream (Qwen2 parameter names; the prediction for "
+        "position i is read from the logits at i-1, so the loss is too)",
+    )
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
@@ -73,38 +94,77 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
     p.add_argument("--min-start", type=int, default=arith.TEST_DIFFICULTY.min_start)
     p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
-    p.add_argument("--solution-order", choices=("question", "any", "commuted", "aligned"), default="question",
-                   help="worked solutions in the question's order; in any valid order of its terms "
-                        "(arith.solution_orders): several reasoning paths per problem; 'commuted': "
-                        "any order, and each addition written either way round (arith.commute_additions); "
-                        "'aligned': the question's order, each addition either way round (paths that "
-                        "differ only inside steps, position by position)")
+    p.add_argument(
+        "--solution-order",
+        choices=("question", "any", "commuted", "aligned"),
+        default="question",
+        help="worked solutions in the question's order; in any valid order of its terms "
+        "(arith.solution_orders): several reasoning paths per problem; 'commuted': "
+        "any order, and each addition written either way round (arith.commute_additions); "
+        "'aligned': the question's order, each addition either way round (paths that "
+        "differ only inside steps, position by position)",
+    )
     p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--valid-size", type=int, default=arith.VALID_SIZE,
-                   help="validation problems held out of training (the first of them are evaluated)")
+    p.add_argument(
+        "--valid-size",
+        type=int,
+        default=arith.VALID_SIZE,
+        help="validation problems held out of training (the first of them are evaluated)",
+    )
     p.add_argument("--eval-size", type=int, default=200, help="validation problems per evaluation")
-    p.add_argument("--eval-strategies", nargs="*", default=[], metavar="STRATEGY",
-                   help="strategies also scored on the validation problems at each evaluation "
-                        "(e.g. dvoting majority): how much voting adds, along the learning curve")
+    p.add_argument(
+        "--eval-strategies",
+        nargs="*",
+        default=[],
+        metavar="STRATEGY",
+        help="strategies also scored on the validation problems at each evaluation "
+        "(e.g. dvoting majority): how much voting adds, along the learning curve",
+    )
     p.add_argument("--ckpt-every", type=int, default=200)
-    p.add_argument("--snapshot-every", type=int, default=0,
-                   help="also export the raw and moving-average weights to OUT/snapshots/step-N-{model,ema} "
-                        "every N steps (0: off), to pick a checkpoint from the learning curve later")
-    p.add_argument("--snapshot-from", type=int, default=0, help="first step at which --snapshot-every exports")
-    p.add_argument("--max-minutes", type=float, default=None, help="end this sitting after so many minutes")
-    p.add_argument("--stop-at", type=int, default=None, help="end this sitting at this step (the LR schedule still follows --steps)")
-    p.add_argument("--init-from", type=Path, default=None,
-                   help="start from the weights of this checkpoint folder (a curriculum stage's best/) instead of a random init")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1 is fastest on a CPU shared with other work)")
+    p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=0,
+        help="also export the raw and moving-average weights to OUT/snapshots/step-N-{model,ema} "
+        "every N steps (0: off), to pick a checkpoint from the learning curve later",
+    )
+    p.add_argument(
+        "--snapshot-from", type=int, default=0, help="first step at which --snapshot-every exports"
+    )
+    p.add_argument(
+        "--max-minutes", type=float, default=None, help="end this sitting after so many minutes"
+    )
+    p.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        help="end this sitting at this step (the LR schedule still follows --steps)",
+    )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from the weights of this checkpoint folder (a curriculum stage's best/) instead of a random init",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1 is fastest on a CPU shared with other work)",
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--evaluate", metavar="CHECKPOINT", default=None,
-                   help="train nothing: print the greedy accuracy of CHECKPOINT (a folder or 'tiny-arith') "
-                        "on the 500 test problems")
+    p.add_argument(
+        "--evaluate",
+        metavar="CHECKPOINT",
+        default=None,
+        help="train nothing: print the greedy accuracy of CHECKPOINT (a folder or 'tiny-arith') "
+        "on the 500 test problems",
+    )
     return p.parse_args(argv)
 
 
 # --------------------------------------------------------------------------- data
+
 
 def model_config(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
     """The checkpoint's config.json, in the official format of `--family`."""
@@ -155,13 +215,22 @@ def build_model(config: dict[str, Any]) -> LLaDAModel | DreamModel:
     else:
         model, shift = LLaDAModel(LLaDAConfig.from_dict(config)), 0
     model.mask_token_id, model.end_token_ids, model.logits_shift = (
-        config["mask_token_id"], (config["eos_token_id"],), shift)
+        config["mask_token_id"],
+        (config["eos_token_id"],),
+        shift,
+    )
     return model
 
 
 def train_difficulty(args: argparse.Namespace) -> arith.Difficulty:
-    return arith.Difficulty(args.train_min_steps, args.train_max_steps, args.max_operand,
-                            args.max_value, tuple(args.operations), args.min_start)
+    return arith.Difficulty(
+        args.train_min_steps,
+        args.train_max_steps,
+        args.max_operand,
+        args.max_value,
+        tuple(args.operations),
+        args.min_start,
+    )
 
 
 def held_out_problems(args: argparse.Namespace) -> tuple[set[tuple[str, ...]], list[arith.Problem]]:
@@ -173,30 +242,47 @@ def held_out_problems(args: argparse.Namespace) -> tuple[set[tuple[str, ...]], l
     validation problems.
     """
     test, valid = arith.held_out_sets(valid_size=args.valid_size)
-    own = dataclasses.replace(arith.TEST_DIFFICULTY, max_operand=args.max_operand, max_value=args.max_value,
-                              operations=tuple(args.operations), min_start=args.min_start)
-    own_test, own_valid = (arith.held_out_sets(own, args.valid_size) if own != arith.TEST_DIFFICULTY
-                           else (test, valid))
+    own = dataclasses.replace(
+        arith.TEST_DIFFICULTY,
+        max_operand=args.max_operand,
+        max_value=args.max_value,
+        operations=tuple(args.operations),
+        min_start=args.min_start,
+    )
+    own_test, own_valid = (
+        arith.held_out_sets(own, args.valid_size) if own != arith.TEST_DIFFICULTY else (test, valid)
+    )
     forms = {arith.canonical_form(p.question) for p in test + valid + own_test + own_valid}
     return forms, own_valid[: args.eval_size]
 
 
-def encode_batch(tokenizer, problems: list[arith.Problem], gen_length: int) -> dict[str, torch.Tensor]:
+def encode_batch(
+    tokenizer, problems: list[arith.Problem], gen_length: int
+) -> dict[str, torch.Tensor]:
     """Left-padded prompts followed by EOS-padded answers of exactly `gen_length` tokens."""
     eos = tokenizer.eos_token_id
-    prompts = [tokenizer(arith.format_prompt(p.question), add_special_tokens=False).input_ids for p in problems]
+    prompts = [
+        tokenizer(arith.format_prompt(p.question), add_special_tokens=False).input_ids
+        for p in problems
+    ]
     answers = [tokenizer(p.solution, add_special_tokens=False).input_ids for p in problems]
     width = max(map(len, prompts))
     ids, attn, first_eos = [], [], []
     for prompt, answer in zip(prompts, answers):
         if len(answer) >= gen_length:
-            raise ValueError(f"solution of {len(answer)} tokens does not fit --gen-length {gen_length}")
+            raise ValueError(
+                f"solution of {len(answer)} tokens does not fit --gen-length {gen_length}"
+            )
         pad = width - len(prompt)
         ids.append([eos] * pad + prompt + answer + [eos] * (gen_length - len(answer)))
         attn.append([0] * pad + [1] * (width + gen_length - pad))
         first_eos.append(len(answer))
-    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(attn),
-            "prompt_width": width, "answer_len": torch.tensor(first_eos)}
+    return {
+        "input_ids": torch.tensor(ids),
+        "attention_mask": torch.tensor(attn),
+        "prompt_width": width,
+        "answer_len": torch.tensor(first_eos),
+    }
 
 
 def training_problems(step: int, args, held_out: set[tuple[str, ...]]) -> list[arith.Problem]:
@@ -208,20 +294,28 @@ def training_problems(step: int, args, held_out: set[tuple[str, ...]]) -> list[a
     while len(problems) < args.batch_size:
         problem = arith.make_problem(rng, difficulty)
         if arith.canonical_form(problem.question) not in held_out:
-            if args.solution_order in ("any", "commuted"):  # one of the problem's valid orders, uniformly
+            if args.solution_order in (
+                "any",
+                "commuted",
+            ):  # one of the problem's valid orders, uniformly
                 orders = arith.solution_orders(problem, difficulty.max_value)
                 problem = dataclasses.replace(problem, solution=rng.choice(orders))
             if args.solution_order in ("commuted", "aligned"):  # each addition either way round
-                problem = dataclasses.replace(problem, solution=arith.commute_additions(problem.solution, rng))
+                problem = dataclasses.replace(
+                    problem, solution=arith.commute_additions(problem.solution, rng)
+                )
             problems.append(problem)
     return problems
 
 
-def training_batch(step: int, args, tokenizer, held_out: set[tuple[str, ...]]) -> dict[str, torch.Tensor]:
+def training_batch(
+    step: int, args, tokenizer, held_out: set[tuple[str, ...]]
+) -> dict[str, torch.Tensor]:
     return encode_batch(tokenizer, training_problems(step, args, held_out), args.gen_length)
 
 
 # --------------------------------------------------------------------------- objective
+
 
 def diffusion_loss(model, batch, step: int, args, mask_id: int, device) -> torch.Tensor:
     """LLaDA's SFT loss: masked answer tokens, CE / t, normalised per answer length."""
@@ -240,9 +334,14 @@ def diffusion_loss(model, batch, step: int, args, mask_id: int, device) -> torch
     noisy[:, start:][masked] = mask_id
     # positions count real tokens only, as the decoder numbers them
     positions_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    logits = model(noisy.to(device), attn.to(device), positions_ids.to(device))[:, start - shift:start - shift + L].float()
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, start:].reshape(-1).to(device),
-                         reduction="none").view(n, L)
+    logits = model(noisy.to(device), attn.to(device), positions_ids.to(device))[
+        :, start - shift : start - shift + L
+    ].float()
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]),
+        ids[:, start:].reshape(-1).to(device),
+        reduction="none",
+    ).view(n, L)
     per_token = ce * (masked.to(device) * weight.to(device)) / t[:, None].to(device)
     return (per_token.sum(1) / L).mean()
 
@@ -251,7 +350,9 @@ def lr_at(step: int, args) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     progress = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
-    return args.lr * (args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return args.lr * (
+        args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    )
 
 
 def init_weights(model: LLaDAModel | DreamModel, n_layers: int) -> None:
@@ -260,15 +361,20 @@ def init_weights(model: LLaDAModel | DreamModel, n_layers: int) -> None:
         if param.dim() == 2:
             # LLaDA names its output head ff_out too, outside the blocks
             residual_out = (".blocks." in name or ".layers." in name) and name.endswith(
-                ("attn_out.weight", "ff_out.weight", "o_proj.weight", "down_proj.weight"))
-            torch.nn.init.normal_(param, std=0.02 / math.sqrt(2 * n_layers) if residual_out else 0.02)
+                ("attn_out.weight", "ff_out.weight", "o_proj.weight", "down_proj.weight")
+            )
+            torch.nn.init.normal_(
+                param, std=0.02 / math.sqrt(2 * n_layers) if residual_out else 0.02
+            )
 
 
 # --------------------------------------------------------------------------- evaluation
 
+
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length: int, device,
-                    batch_size: int = 250) -> dict[str, float]:
+def greedy_accuracy(
+    model, tokenizer, problems: list[arith.Problem], gen_length: int, device, batch_size: int = 250
+) -> dict[str, float]:
     """Share of `problems` answered right at temperature 0, steps = L, blocks of L/16,
     overall (``acc``) and by number of steps (``acc_2``, ``acc_3``, ...)."""
     from lm_eval_dvoting.core.answers import extract_answer
@@ -277,27 +383,46 @@ def greedy_accuracy(model, tokenizer, problems: list[arith.Problem], gen_length:
     model.eval()
     right: dict[int, list[bool]] = {}
     for i in range(0, len(problems), batch_size):
-        chunk = problems[i:i + batch_size]
-        enc = tokenizer([arith.format_prompt(p.question) for p in chunk], add_special_tokens=False,
-                        padding=True, return_tensors="pt")
-        out = generate(model, enc.input_ids.to(device), enc.attention_mask.to(device),
-                       gen_length=gen_length, block_length=default_block_length(gen_length), steps=gen_length)
+        chunk = problems[i : i + batch_size]
+        enc = tokenizer(
+            [arith.format_prompt(p.question) for p in chunk],
+            add_special_tokens=False,
+            padding=True,
+            return_tensors="pt",
+        )
+        out = generate(
+            model,
+            enc.input_ids.to(device),
+            enc.attention_mask.to(device),
+            gen_length=gen_length,
+            block_length=default_block_length(gen_length),
+            steps=gen_length,
+        )
         for problem, row in zip(chunk, out.tokens.tolist()):
             text = tokenizer.decode(row, skip_special_tokens=False).split(EOS)[0]
-            right.setdefault(problem.steps, []).append(extract_answer(text, "number") == str(problem.answer))
+            right.setdefault(problem.steps, []).append(
+                extract_answer(text, "number") == str(problem.answer)
+            )
     model.train()
     every = [ok for oks in right.values() for ok in oks]
-    return {"acc": sum(every) / len(every)} | {f"acc_{k}": round(sum(v) / len(v), 3) for k, v in sorted(right.items())}
+    return {"acc": sum(every) / len(every)} | {
+        f"acc_{k}": round(sum(v) / len(v), 3) for k, v in sorted(right.items())
+    }
 
 
 # --------------------------------------------------------------------------- checkpoints
 
-def export_checkpoint(model: LLaDAModel, config: dict[str, Any], tokenizer, folder: Path, note: dict) -> None:
+
+def export_checkpoint(
+    model: LLaDAModel, config: dict[str, Any], tokenizer, folder: Path, note: dict
+) -> None:
     """Write a LLaDA checkpoint folder that `load_model` / `load_tokenizer` read."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    state = {
+        k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()
+    }
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(strict_json.dumps(config, indent=2) + "\n")
     tokenizer.save_pretrained(str(folder))
@@ -336,7 +461,10 @@ def evaluate(checkpoint: str, args: argparse.Namespace) -> dict[str, float]:
 
     model = load_model(checkpoint, device=args.device)
     tokenizer = load_tokenizer(checkpoint)
-    test = [arith.Problem(r["question"], r["solution"], r["answer"], r["steps"]) for r in arith.read_test_set()]
+    test = [
+        arith.Problem(r["question"], r["solution"], r["answer"], r["steps"])
+        for r in arith.read_test_set()
+    ]
     scores = greedy_accuracy(model, tokenizer, test, args.gen_length, args.device)
     print(json.dumps({"checkpoint": str(checkpoint), "test_problems": len(test)} | scores))
     return scores
@@ -367,15 +495,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, param in model.named_parameters():
         is_embedding = "wte" in name or "embed_tokens" in name
         (decay if param.dim() == 2 and not is_embedding else no_decay).append(param)
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, 0.98))
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+    )
     step, best = 0, {"acc": -1.0, "step": None, "which": None}
     last = out / "last.pt"
     if last.exists():
         state = load_state(last, device)
         if state["args"]["steps"] != args.steps or state["args"]["seed"] != args.seed:
-            print(f"warning: {last} was made with different --steps/--seed; continuing with the new ones")
+            print(
+                f"warning: {last} was made with different --steps/--seed; continuing with the new ones"
+            )
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])
         optimizer.load_state_dict(state["optimizer"])
@@ -393,9 +528,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"model: {n_params / 1e6:.2f} M parameters; training to step {args.steps}; out {out}")
 
     def checkpoint() -> None:
-        save_state(last, model=model.state_dict(), ema=ema.state_dict(), optimizer=optimizer.state_dict(),
-                   torch_rng=torch.get_rng_state(), step=step, best=best,
-                   args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()})
+        save_state(
+            last,
+            model=model.state_dict(),
+            ema=ema.state_dict(),
+            optimizer=optimizer.state_dict(),
+            torch_rng=torch.get_rng_state(),
+            step=step,
+            best=best,
+            args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        )
 
     log = (out / "log.jsonl").open("a")
     began, window_t, window_loss, window_n = time.time(), time.time(), 0.0, 0
@@ -417,8 +559,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         loss_value = loss.item()
         window_loss, window_n = window_loss + loss_value, window_n + 1
         if step % args.eval_every == 0 or step == args.steps:
-            record = {"step": step, "loss": round(window_loss / window_n, 4), "lr": lr_at(step - 1, args),
-                      "seq_per_s": round(window_n * args.batch_size / (time.time() - window_t), 1)}
+            record = {
+                "step": step,
+                "loss": round(window_loss / window_n, 4),
+                "lr": lr_at(step - 1, args),
+                "seq_per_s": round(window_n * args.batch_size / (time.time() - window_t), 1),
+            }
             for which, net in (("model", model), ("ema", ema)):
                 if which == "ema" and args.ema <= 0:
                     continue
@@ -429,12 +575,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 if args.eval_strategies:
                     net.eval()
                     record[f"valid_strategies_{which}"] = score_strategies(
-                        net, tokenizer, args.eval_strategies, valid, max_rows=len(valid) if device.type == "cuda" else 64)
+                        net,
+                        tokenizer,
+                        args.eval_strategies,
+                        valid,
+                        max_rows=len(valid) if device.type == "cuda" else 64,
+                    )
                     net.train()
                 if acc > best["acc"]:
                     best = {"acc": acc, "step": step, "which": which}
-                    export_checkpoint(net, config, tokenizer, out / "best",
-                                      {"step": step, "weights": which, "valid_acc": acc, "args": vars(args)})
+                    export_checkpoint(
+                        net,
+                        config,
+                        tokenizer,
+                        out / "best",
+                        {"step": step, "weights": which, "valid_acc": acc, "args": vars(args)},
+                    )
             record["best"] = best
             record["elapsed_min"] = round((time.time() - began) / 60, 2)
             print(json.dumps(record), flush=True)
@@ -443,11 +599,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             window_t, window_loss, window_n = time.time(), 0.0, 0
         if args.snapshot_every and step >= args.snapshot_from and step % args.snapshot_every == 0:
             for which, net in (("model", model), ("ema", ema)):
-                export_checkpoint(net, config, tokenizer, out / "snapshots" / f"step-{step}-{which}",
-                                  {"step": step, "weights": which, "args": vars(args)})
+                export_checkpoint(
+                    net,
+                    config,
+                    tokenizer,
+                    out / "snapshots" / f"step-{step}-{which}",
+                    {"step": step, "weights": which, "args": vars(args)},
+                )
         if step % args.ckpt_every == 0 or step == args.steps:
             checkpoint()
-        if (args.max_minutes is not None and time.time() - began > args.max_minutes * 60) or step == args.stop_at:
+        if (
+            args.max_minutes is not None and time.time() - began > args.max_minutes * 60
+        ) or step == args.stop_at:
             checkpoint()
             print(f"sitting over at step {step}; rerun the same command to resume")
             break

@@ -11,6 +11,7 @@ test or validation problem: `train.training_problems`). Greedy accuracy on the 2
 validation problems, base and adapter, is printed and written to TRAINING.md beside the
 adapter; the test set is not read here. About a minute on 2 CPU cores.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,11 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "up_proj")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lm_eval_dvoting.demo.train_adapter", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m lm_eval_dvoting.demo.train_adapter",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--base", default="tiny-arith")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--steps", type=int, default=300)
@@ -38,18 +42,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--r", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
-    p.add_argument("--chain", type=int, default=4, help="steps per training problem (the test set's longest: 4)")
-    p.add_argument("--seed", type=int, default=11, help="the data stream's seed (the base model's was 0)")
+    p.add_argument(
+        "--chain",
+        type=int,
+        default=4,
+        help="steps per training problem (the test set's longest: 4)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=11, help="the data stream's seed (the base model's was 0)"
+    )
     p.add_argument("--threads", type=int, default=1)
     return p.parse_args(argv)
 
 
 def data_args(args: argparse.Namespace) -> argparse.Namespace:
     """The base model's data and objective settings (its TRAINING.md recipe), at `--chain` steps."""
-    return train.parse_args(["--gen-length", "32", "--solution-order", "aligned", "--max-value", "9",
-                             "--min-start", "1", "--train-min-steps", str(args.chain), "--train-max-steps",
-                             str(args.chain), "--seed", str(args.seed), "--batch-size", str(args.batch_size),
-                             "--steps", str(args.steps), "--lr", str(args.lr), "--warmup", str(args.steps // 10)])
+    return train.parse_args(
+        [
+            "--gen-length",
+            "32",
+            "--solution-order",
+            "aligned",
+            "--max-value",
+            "9",
+            "--min-start",
+            "1",
+            "--train-min-steps",
+            str(args.chain),
+            "--train-max-steps",
+            str(args.chain),
+            "--seed",
+            str(args.seed),
+            "--batch-size",
+            str(args.batch_size),
+            "--steps",
+            str(args.steps),
+            "--lr",
+            str(args.lr),
+            "--warmup",
+            str(args.steps // 10),
+        ]
+    )
 
 
 def validation_accuracy(model: torch.nn.Module, tokenizer, valid) -> dict[str, float]:
@@ -73,32 +106,48 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     _, valid = held_out_sets()
     model = load_model(args.base, device="cpu", dtype="float32")
     base_valid = validation_accuracy(model, tokenizer, valid)
-    policy = get_peft_model(model, LoraConfig(r=args.r, lora_alpha=args.alpha, target_modules=list(TARGETS),
-                                              lora_dropout=0.0))
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.lr,
-                                  betas=(0.9, 0.98), weight_decay=0.0)
+    policy = get_peft_model(
+        model,
+        LoraConfig(r=args.r, lora_alpha=args.alpha, target_modules=list(TARGETS), lora_dropout=0.0),
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in policy.parameters() if p.requires_grad],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        weight_decay=0.0,
+    )
     policy.train()
     began, losses = time.time(), []
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = train.lr_at(step, targs)
         batch = train.training_batch(step, targs, tokenizer, held_out)
-        loss = train.diffusion_loss(policy, batch, step, targs, model.mask_token_id, torch.device("cpu"))
+        loss = train.diffusion_loss(
+            policy, batch, step, targs, model.mask_token_id, torch.device("cpu")
+        )
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
         if (step + 1) % 50 == 0:
-            print(f"step {step + 1}: loss {sum(losses[-50:]) / 50:.4f} ({time.time() - began:.0f} s)", flush=True)
+            print(
+                f"step {step + 1}: loss {sum(losses[-50:]) / 50:.4f} ({time.time() - began:.0f} s)",
+                flush=True,
+            )
     policy.eval()
     adapter_valid = validation_accuracy(policy, tokenizer, valid)
     args.out.mkdir(parents=True, exist_ok=True)
     policy.save_pretrained(str(args.out))
-    (args.out / "README.md").unlink(missing_ok=True)  # PEFT's model-card stub says nothing about this adapter
-    note = {"command": "python -m lm_eval_dvoting.demo.train_adapter " + " ".join(argv),
-            "args": {k: v for k, v in vars(args).items() if k != "out"}, "minutes": round((time.time() - began) / 60, 1),
-            "validation": {"base": base_valid, "adapter": adapter_valid}}
+    (args.out / "README.md").unlink(
+        missing_ok=True
+    )  # PEFT's model-card stub says nothing about this adapter
+    note = {
+        "command": "python -m lm_eval_dvoting.demo.train_adapter " + " ".join(argv),
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "minutes": round((time.time() - began) / 60, 1),
+        "validation": {"base": base_valid, "adapter": adapter_valid},
+    }
     (args.out / "TRAINING.md").write_text(training_note(note))
     print(json.dumps(note["validation"]), flush=True)
     return note
@@ -106,16 +155,21 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
 def training_note(note: dict) -> str:
     base, adapter = note["validation"]["base"], note["validation"]["adapter"]
-    return (f"# tiny-arith-lora: how this adapter was made\n\n"
-            f"`{note['command'].strip()}` ({note['minutes']} min of training on a 2-core CPU), with the arguments\n"
-            f"`{json.dumps(note['args'])}`. See `lm_eval_dvoting/demo/train_adapter.py` for the recipe.\n\n"
-            f"Greedy accuracy on the 200 validation problems (steps = L = 32, blocks of 2), by chain length:\n\n"
-            f"| model | all | " + " | ".join(k for k in base if k != "acc") + " |\n"
-            f"|---|---|" + "---|" * (len(base) - 1) + "\n"
-            f"| tiny-arith | {base['acc']:.3f} | " + " | ".join(str(v) for k, v in base.items() if k != "acc") + " |\n"
-            f"| tiny-arith + this adapter | {adapter['acc']:.3f} | "
-            + " | ".join(str(v) for k, v in adapter.items() if k != "acc") + " |\n\n"
-            "The test set was not read to make it. Its test-set figures are in the README (\"The offline demo\").\n")
+    return (
+        f"# tiny-arith-lora: how this adapter was made\n\n"
+        f"`{note['command'].strip()}` ({note['minutes']} min of training on a 2-core CPU), with the arguments\n"
+        f"`{json.dumps(note['args'])}`. See `lm_eval_dvoting/demo/train_adapter.py` for the recipe.\n\n"
+        f"Greedy accuracy on the 200 validation problems (steps = L = 32, blocks of 2), by chain length:\n\n"
+        f"| model | all | " + " | ".join(k for k in base if k != "acc") + " |\n"
+        "|---|---|" + "---|" * (len(base) - 1) + "\n"
+        f"| tiny-arith | {base['acc']:.3f} | "
+        + " | ".join(str(v) for k, v in base.items() if k != "acc")
+        + " |\n"
+        f"| tiny-arith + this adapter | {adapter['acc']:.3f} | "
+        + " | ".join(str(v) for k, v in adapter.items() if k != "acc")
+        + " |\n\n"
+        'The test set was not read to make it. Its test-set figures are in the README ("The offline demo").\n'
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ as its text or as a bool. These helpers accept every spelling of a valid value a
 the rest with a message that names the argument; ranges are `StrategySettings`' to check.
 Used by the harness (model args) and by request planning (generation kwargs).
 """
+
 from __future__ import annotations
 
 import numbers
@@ -24,7 +25,9 @@ def flag(name: str, value: bool | str) -> bool:
     raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
-def whole_number(name: str, value: Any, minimum: int | None = None, allowed: str | None = None) -> int:
+def whole_number(
+    name: str, value: Any, minimum: int | None = None, allowed: str | None = None
+) -> int:
     """A whole-number model arg: 5, "5" and 5.0 give 5; 2.5, "abc", True, inf are refused.
 
     `int()` would truncate 2.5 to 2 silently and fail on "abc" with a bare message.
@@ -42,9 +45,15 @@ def whole_number(name: str, value: Any, minimum: int | None = None, allowed: str
     if isinstance(number, float) and number.is_integer():
         number = int(number)
     allowed = allowed or "a whole number" + ("" if minimum is None else f" >= {minimum}")
-    if isinstance(number, bool) or not isinstance(number, numbers.Integral) or (minimum is not None and number < minimum):
-        raise ValueError(f"{name} must be {allowed}, got {value!r}: give {name} as such a number, "
-                         f"or leave it out for its default")
+    if (
+        isinstance(number, bool)
+        or not isinstance(number, numbers.Integral)
+        or (minimum is not None and number < minimum)
+    ):
+        raise ValueError(
+            f"{name} must be {allowed}, got {value!r}: give {name} as such a number, "
+            f"or leave it out for its default"
+        )
     return int(number)
 
 
@@ -58,5 +67,7 @@ def real_number(name: str, value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}: give e.g. {name}=0.5, "
-                         f"or leave {name} out for its default") from None
+        raise ValueError(
+            f"{name} must be a number, got {value!r}: give e.g. {name}=0.5, "
+            f"or leave {name} out for its default"
+        ) from None

@@ -7,32 +7,36 @@ last evaluation's cost ledger (`task_costs.RunCosts`, per task, cache hits inclu
 response: the voted text carrying its request's cost, trace and settings. Nothing here
 knows the model class or lm-eval's request objects: the harness hands over what they hold.
 """
+
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lm_eval_dvoting.integration.costs import CostedText
 from lm_eval_dvoting.core.strategies import StrategySettings, unused_settings
+from lm_eval_dvoting.core.temporal import answer_runs
+from lm_eval_dvoting.integration.costs import CostedText
 from lm_eval_dvoting.integration.strict_json import json_safe
 from lm_eval_dvoting.integration.task_costs import RunCosts
-from lm_eval_dvoting.core.temporal import answer_runs
 
 _FIGURES = ("requests", "nfe", "samples")  # the cost figures counted per request
 
 
 def resolved_settings(settings: StrategySettings) -> dict[str, Any]:
     """`settings` as a dict, every field, with the per-strategy defaults filled in."""
-    return asdict(settings) | {
-        "block_length": settings.resolved_block_length,
-        "temperature": settings.resolved_temperature,
-        "steps": settings.resolved_steps,
-        "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
-        "decoder": settings.resolved_decoder,
-        "vote": settings.resolved_vote,
-        "threshold": settings.resolved_threshold,
-    }
+    return (
+        asdict(settings)
+        | {
+            "block_length": settings.resolved_block_length,
+            "temperature": settings.resolved_temperature,
+            "steps": settings.resolved_steps,
+            "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
+            "decoder": settings.resolved_decoder,
+            "vote": settings.resolved_vote,
+            "threshold": settings.resolved_threshold,
+        }
+    )
 
 
 def used_settings(settings: StrategySettings) -> dict[str, Any]:
@@ -42,8 +46,9 @@ def used_settings(settings: StrategySettings) -> dict[str, Any]:
     unused = set(unused_settings(settings))
     if "steps" in unused:
         unused.add("steps_run")
-    return {name: value for name, value in resolved_settings(settings).items()
-            if name not in unused}
+    return {
+        name: value for name, value in resolved_settings(settings).items() if name not in unused
+    }
 
 
 def settings_entry(settings: StrategySettings, seed: int) -> dict[str, Any]:
@@ -52,8 +57,9 @@ def settings_entry(settings: StrategySettings, seed: int) -> dict[str, Any]:
     return used_settings(settings) | {"seed": seed}
 
 
-def costed_text(text: str, result: Any, candidate_texts: list[str],
-                settings: dict[str, Any] | None) -> CostedText:
+def costed_text(
+    text: str, result: Any, candidate_texts: list[str], settings: dict[str, Any] | None
+) -> CostedText:
     """The response: the voted `text` with its request's cost, trace and `settings`.
 
     `result` is the strategy's result for the request, `candidate_texts` its samples as
@@ -71,16 +77,23 @@ def costed_text(text: str, result: Any, candidate_texts: list[str],
                 # generation-region token ids, for token-level measures (NUPR@k, pictures)
                 "tokens": sample.tolist(),
             }
-            for candidate, sample, answer, nfe, kept
-            in zip(candidate_texts, result.samples, result.answers, result.sample_nfe, result.kept)
+            for candidate, sample, answer, nfe, kept in zip(
+                candidate_texts, result.samples, result.answers, result.sample_nfe, result.kept
+            )
         ],
         "votes": votes,
         "chosen": result.chosen,
     }
     if getattr(result, "step_answers", None) is not None:
         add_step_answers(trace, result)
-    return CostedText(text, nfe=result.nfe, n_samples=len(result.answers), votes=votes, trace=trace,
-                      settings=settings)
+    return CostedText(
+        text,
+        nfe=result.nfe,
+        n_samples=len(result.answers),
+        votes=votes,
+        trace=trace,
+        settings=settings,
+    )
 
 
 def add_step_answers(trace: dict[str, Any], result: Any) -> None:
@@ -174,5 +187,12 @@ class CostBook:
         if totals["requests"] and "mean_nfe" not in totals:
             totals["mean_nfe"] = totals["nfe"] / totals["requests"]
             totals["mean_samples"] = totals["samples"] / totals["requests"]
-        return json_safe({"settings": resolved_settings(settings), "settings_used": used,
-                          "totals": totals, "tasks": tasks, "computed": computed})
+        return json_safe(
+            {
+                "settings": resolved_settings(settings),
+                "settings_used": used,
+                "totals": totals,
+                "tasks": tasks,
+                "computed": computed,
+            }
+        )

@@ -4,6 +4,7 @@ lm-eval keeps whatever `generate_until` returns, so a `str` subclass with attrib
 reaches the task's filters and `process_results` intact. Filters that build new
 strings must copy the attributes over (`CostedText.like`), or the figures are lost.
 """
+
 from __future__ import annotations
 
 from typing import Any

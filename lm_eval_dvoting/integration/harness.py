@@ -59,6 +59,7 @@ Choices a user of the harness should know (also in the README):
 * Model args are validated before the checkpoint is read: whole numbers by
   `arg_parsing.whole_number` (5, "5", 5.0; not 2.5, "abc", True), ranges by `StrategySettings`.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -76,24 +77,45 @@ from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
 from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer
+from lm_eval_dvoting.core.guidance import GuidedModel
+from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
+from lm_eval_dvoting.core.strategies import (
+    StrategySettings,
+    decode_questions,
+    derive_seed,
+    report_unused_settings,
+)
 from lm_eval_dvoting.integration.arg_parsing import flag, real_number, whole_number
 from lm_eval_dvoting.integration.bookkeeping import CostBook, costed_text, settings_entry
 from lm_eval_dvoting.integration.costs import CostedText
-from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
+from lm_eval_dvoting.integration.length_checks import install as _install_length_checks
 from lm_eval_dvoting.integration.request_planning import RequestPlanner, generated_text, task_length
-from lm_eval_dvoting.integration.result_cache import bind as bind_result_cache, generation_key_args, repeat_indices
-from lm_eval_dvoting.core.guidance import GuidedModel
+from lm_eval_dvoting.integration.result_cache import (
+    bind as bind_result_cache,
+)
+from lm_eval_dvoting.integration.result_cache import (
+    generation_key_args,
+    repeat_indices,
+)
+from lm_eval_dvoting.integration.strict_json import install as _install_strict_json
+from lm_eval_dvoting.integration.task_costs import RunCosts
+from lm_eval_dvoting.integration.task_costs import install as _install_task_costs
 from lm_eval_dvoting.models.adapters import attach as attach_adapter
 from lm_eval_dvoting.models.adapters import read_adapter
-from lm_eval_dvoting.models.loading import (checkpoint_facts, config_max_length, hub_revision, load_model,
-                             load_tokenizer, local_checkpoint, model_family, read_config, resolve_checkpoint,
-                             resolve_device)
+from lm_eval_dvoting.models.loading import (
+    checkpoint_facts,
+    config_max_length,
+    hub_revision,
+    load_model,
+    load_tokenizer,
+    local_checkpoint,
+    model_family,
+    read_config,
+    resolve_checkpoint,
+    resolve_device,
+)
 from lm_eval_dvoting.models.placement import describe as describe_placement
 from lm_eval_dvoting.models.placement import gpu_budget
-from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions, derive_seed, report_unused_settings
-from lm_eval_dvoting.integration.strict_json import install as _install_strict_json
-from lm_eval_dvoting.integration.task_costs import RunCosts, install as _install_task_costs
-from lm_eval_dvoting.integration.length_checks import install as _install_length_checks
 
 log = logging.getLogger(__name__)
 # every task a dvoting model runs reports its cost per question (mean NFE, samples)
@@ -120,30 +142,58 @@ class DVotingEvalModel(TemplateLM):
     progress_label: str | None = None
 
     def __init__(
-        self, pretrained: str | None = None, tokenizer: str | None = None, strategy: str = "dvoting",
-        n: int = 5, alpha: float = 0.3, temperature: float | None = None, tau: float = 1.0,
-        block_length: int | None = None, steps: int | None = None, remasking: str = "low_confidence",
-        hex_samples: int = 25, prefix_cache: bool | str = False, decoder: str | None = None,
-        cache: str | None = None, threshold: float | None = None, temporal_weight: str = "exp",
-        temporal_alpha: float = 5.0, editing: str | None = None, editing_threshold: float | None = None,
-        max_post_steps: int = 16, vote: str | None = None, peft: str | None = None, reference: str | None = None,
+        self,
+        pretrained: str | None = None,
+        tokenizer: str | None = None,
+        strategy: str = "dvoting",
+        n: int = 5,
+        alpha: float = 0.3,
+        temperature: float | None = None,
+        tau: float = 1.0,
+        block_length: int | None = None,
+        steps: int | None = None,
+        remasking: str = "low_confidence",
+        hex_samples: int = 25,
+        prefix_cache: bool | str = False,
+        decoder: str | None = None,
+        cache: str | None = None,
+        threshold: float | None = None,
+        temporal_weight: str = "exp",
+        temporal_alpha: float = 5.0,
+        editing: str | None = None,
+        editing_threshold: float | None = None,
+        max_post_steps: int = 16,
+        vote: str | None = None,
+        peft: str | None = None,
+        reference: str | None = None,
         guidance: float = 1.0,
-        seed: int | None = None, dtype: str | None = None, max_gen_toks: int = 256,
-        max_length: int | None = None, mc_num: int = 128, batch_size: int | str = 1,
-        max_batch_size: int | None = None, device: str | None = None,
+        seed: int | None = None,
+        dtype: str | None = None,
+        max_gen_toks: int = 256,
+        max_length: int | None = None,
+        mc_num: int = 128,
+        batch_size: int | str = 1,
+        max_batch_size: int | None = None,
+        device: str | None = None,
         # HFLM's habits (`--model hf`): honoured, or refused with their own message
-        revision: str | None = None, subfolder: str | None = None, trust_remote_code: bool | str = False,
-        use_fast_tokenizer: bool | str = True, add_bos_token: bool | str = False,
-        parallelize: bool | str = False, max_memory_per_gpu: int | str | None = None,
-        max_cpu_memory: int | str | None = None, device_map: str | None = None,
+        revision: str | None = None,
+        subfolder: str | None = None,
+        trust_remote_code: bool | str = False,
+        use_fast_tokenizer: bool | str = True,
+        add_bos_token: bool | str = False,
+        parallelize: bool | str = False,
+        max_memory_per_gpu: int | str | None = None,
+        max_cpu_memory: int | str | None = None,
+        device_map: str | None = None,
         **unknown: Any,
     ) -> None:
         super().__init__()
         _refuse_unknown_args(unknown)
         hf_args = _hflm_args(trust_remote_code, use_fast_tokenizer, add_bos_token)
         # parallelize=True: the GPUs' memory budget (None: one device), before any model work
-        self._max_memory = _parallel_budget(parallelize, max_memory_per_gpu, max_cpu_memory, device_map, device,
-                                            reference, peft)
+        self._max_memory = _parallel_budget(
+            parallelize, max_memory_per_gpu, max_cpu_memory, device_map, device, reference, peft
+        )
         self.settings = self.settings_from_args(locals())
         self._unused_reported: set[str] = set()  # given settings reported as unused, once per run
         report_unused_settings(self.settings, self._unused_reported, log)
@@ -157,9 +207,13 @@ class DVotingEvalModel(TemplateLM):
         self._setup_processes(device)
         # parsed before the checkpoint is read: a bad batch size fails at once
         self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
-        self._load_checkpoint(tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"], peft, reference)
+        self._load_checkpoint(
+            tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"], peft, reference
+        )
         self.max_length = self._checked_max_length(max_length)
-        self._ignored_sampling: set[tuple[Any, ...]] = set()  # task sampling values reported as unused
+        self._ignored_sampling: set[tuple[Any, ...]] = (
+            set()
+        )  # task sampling values reported as unused
         self.costs = CostBook()  # cost totals and settings used of the requests computed
 
     # ---------------------------------------------------------------- set-up
@@ -176,10 +230,14 @@ class DVotingEvalModel(TemplateLM):
         if editing is None:
             return cls.block_decoding
         if cls.block_decoding not in ("quality", "speed"):
-            raise ValueError(f"editing={editing!r} is LLaDA2.1's (joint threshold decoding): use --model "
-                             "dvoting-llada21, or leave editing out")
+            raise ValueError(
+                f"editing={editing!r} is LLaDA2.1's (joint threshold decoding): use --model "
+                "dvoting-llada21, or leave editing out"
+            )
         if editing not in ("quality", "speed"):
-            raise ValueError(f"editing must be quality or speed (LLaDA2.1's model card presets), got {editing!r}")
+            raise ValueError(
+                f"editing must be quality or speed (LLaDA2.1's model card presets), got {editing!r}"
+            )
         return editing
 
     def _check_family(self, folder: Any) -> None:
@@ -195,10 +253,15 @@ class DVotingEvalModel(TemplateLM):
             right = "dvoting-llada2"
         elif family == "llada2" and self.block_decoding is not None:
             return
-        if family not in self.families or right != MODEL_FOR_FAMILY[family] or (
-                (family == "llada2") != (self.block_decoding is not None)):
-            raise ValueError(f"pretrained={self.pretrained} is a {FAMILY_NAMES[family]} checkpoint, which "
-                             f"--model {self.model_name} does not decode: use --model {right}")
+        if (
+            family not in self.families
+            or right != MODEL_FOR_FAMILY[family]
+            or ((family == "llada2") != (self.block_decoding is not None))
+        ):
+            raise ValueError(
+                f"pretrained={self.pretrained} is a {FAMILY_NAMES[family]} checkpoint, which "
+                f"--model {self.model_name} does not decode: use --model {right}"
+            )
 
     def _setup_processes(self, device: str | None) -> None:
         """One process, or one rank of `torchrun`/`accelerate launch` (data parallel)."""
@@ -225,15 +288,28 @@ class DVotingEvalModel(TemplateLM):
         if str(batch_size).startswith("auto"):
             rows = AUTO_BATCH_ROWS["cuda" if self._device.type == "cuda" else "cpu"]
             # 0 is refused, not read as "no cap"
-            return rows if max_batch_size is None else min(rows, whole_number("max_batch_size", max_batch_size, 1))
+            return (
+                rows
+                if max_batch_size is None
+                else min(rows, whole_number("max_batch_size", max_batch_size, 1))
+            )
         try:
             return whole_number("batch_size", batch_size, 1)
         except ValueError:
-            raise ValueError(f"batch_size must be a positive integer or 'auto', got {batch_size!r}") from None
+            raise ValueError(
+                f"batch_size must be a positive integer or 'auto', got {batch_size!r}"
+            ) from None
 
-    def _load_checkpoint(self, tokenizer: str | None, revision: str | None, subfolder: str | None,
-                         dtype: str | None, add_bos_token: bool, peft: str | None = None,
-                         reference: str | None = None) -> None:
+    def _load_checkpoint(
+        self,
+        tokenizer: str | None,
+        revision: str | None,
+        subfolder: str | None,
+        dtype: str | None,
+        add_bos_token: bool,
+        peft: str | None = None,
+        reference: str | None = None,
+    ) -> None:
         """The tokenizer and the weights of `self.pretrained` (hub id, folder or packaged name),
         with the LoRA adapter `peft` (hub id or folder; models/adapters.py) on it, unmerged."""
         # the adapter's files and the reference's folder first: bad ones are refused before any weights are read
@@ -241,9 +317,11 @@ class DVotingEvalModel(TemplateLM):
         self.reference = reference
         reference_folder = None if reference is None else resolve_checkpoint(reference)
         if self.settings.strategy == "rfg" and reference is None and self.adapter is None:
-            raise ValueError("strategy=rfg needs a reference: give reference=<hub id | folder> (a second model of "
-                             "the policy's family) or peft=<adapter> (the reference is then the base model with "
-                             "the adapter switched off)")
+            raise ValueError(
+                "strategy=rfg needs a reference: give reference=<hub id | folder> (a second model of "
+                "the policy's family) or peft=<adapter> (the reference is then the base model with "
+                "the adapter switched off)"
+            )
         # one resolution of the checkpoint, so config, weights and tokenizer come from the
         # same snapshot (a hub branch that moves between two look-ups cannot mix them)
         folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
@@ -254,7 +332,9 @@ class DVotingEvalModel(TemplateLM):
         # the tokenizer first: it is cheap, and add_bos_token is checked against it
         self.tokenizer = load_tokenizer(tokenizer or folder)
         self._tokenizer_source = tokenizer or self.pretrained
-        self.add_bos_token = _bos_setting(add_bos_token, self.tokenizer, tokenizer or self.pretrained)
+        self.add_bos_token = _bos_setting(
+            add_bos_token, self.tokenizer, tokenizer or self.pretrained
+        )
         if reference_folder is not None:
             _check_reference(folder, self.tokenizer, reference_folder, reference)
         max_memory = getattr(self, "_max_memory", None)
@@ -272,10 +352,16 @@ class DVotingEvalModel(TemplateLM):
         self.reference_model = None
         if reference_folder is not None:
             self.reference_model = load_model(reference_folder, device=self._device, dtype=dtype)
-            GuidedModel(self.model, self.reference_model)  # refuses a pair with other mask or end ids
+            GuidedModel(
+                self.model, self.reference_model
+            )  # refuses a pair with other mask or end ids
         if self.model.family != self.family:
-            log.warning("checkpoint %s is a %s model, loaded by dvoting-%s", self.pretrained,
-                        self.model.family, self.family)
+            log.warning(
+                "checkpoint %s is a %s model, loaded by dvoting-%s",
+                self.pretrained,
+                self.model.family,
+                self.family,
+            )
 
     def _checked_max_length(self, max_length: int | None) -> int:
         """The model arg `max_length` (prompt plus generation), else the model's own maximum
@@ -290,8 +376,10 @@ class DVotingEvalModel(TemplateLM):
         constructor's defaults), each value checked; the constructor's own and, before any
         model is built, `check_lengths_before_loading`'s."""
         defaults = inspect.signature(cls.__init__).parameters
-        value = {name: args[name] if name in args else defaults[name].default
-                 for name in (*_SETTINGS_ARGS, "editing")}
+        value = {
+            name: args[name] if name in args else defaults[name].default
+            for name in (*_SETTINGS_ARGS, "editing")
+        }
         editing = value.pop("editing")
         return _strategy_settings(**value, block_decoding=cls._block_decoding(editing))
 
@@ -303,8 +391,11 @@ class DVotingEvalModel(TemplateLM):
         (the constructor then says why, in its own order). Refuses a model arg `max_length`
         over the model's maximum, as the constructor would once the weights are read."""
         try:
-            folder = local_checkpoint(args.get("pretrained") or cls.default_pretrained,
-                                      args.get("revision"), args.get("subfolder"))
+            folder = local_checkpoint(
+                args.get("pretrained") or cls.default_pretrained,
+                args.get("revision"),
+                args.get("subfolder"),
+            )
             model_max = None if folder is None else config_max_length(folder)
             reference = args.get("reference")
             if model_max is not None and reference is not None:  # rfg: the shorter model's
@@ -321,8 +412,12 @@ class DVotingEvalModel(TemplateLM):
         return length, max_length_source(length, model_max)
 
     @classmethod
-    def check_lengths_before_loading(cls, args: dict[str, Any], max_length: tuple[int, str],
-                                     generation_kwargs: dict[str, dict[str, Any] | None]) -> None:
+    def check_lengths_before_loading(
+        cls,
+        args: dict[str, Any],
+        max_length: tuple[int, str],
+        generation_kwargs: dict[str, dict[str, Any] | None],
+    ) -> None:
         """`check_task_lengths` before the model is built: each generation task's length
         (its generation kwargs as its requests will carry them) against these constructor
         args' settings and `max_length` (`max_length_before_loading`'s), with the same
@@ -335,7 +430,9 @@ class DVotingEvalModel(TemplateLM):
             task_length(settings, dict(kwargs or {}), task_name, *max_length)
 
     @classmethod
-    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
+    def create_from_arg_obj(
+        cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
+    ) -> DVotingEvalModel:
         """What lm-eval calls with the model args and its run-wide `device`/`batch_size` (`merge_run_args`).
 
         lm-eval's parser of a model-args text (`simple_evaluate(model_args="...")`; its CLI keeps
@@ -345,8 +442,9 @@ class DVotingEvalModel(TemplateLM):
         return cls(**cls.constructor_args(arg_dict, additional_config))
 
     @classmethod
-    def constructor_args(cls, arg_dict: dict[str, Any],
-                         additional_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    def constructor_args(
+        cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The keyword args `create_from_arg_obj` builds the model with (see there)."""
         args = dict(arg_dict)
         if "cache" in args and args["cache"] is None:
@@ -354,7 +452,9 @@ class DVotingEvalModel(TemplateLM):
         return merge_run_args(args, additional_config or {})
 
     @classmethod
-    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None) -> DVotingEvalModel:
+    def create_from_arg_string(
+        cls, arg_string: str, additional_config: dict[str, Any] | None = None
+    ) -> DVotingEvalModel:
         """As `create_from_arg_obj`, from lm-eval's `key=value,...` model args text."""
         from lm_eval.utils import simple_parse_args_string
 
@@ -370,11 +470,14 @@ class DVotingEvalModel(TemplateLM):
         after `use_strategy("majority", decoder="entropy")` is plain majority again. A given
         setting the new strategy does not read is reported once per model (as at construction)."""
         # the length checks wait for each request's length, as at construction
-        settings = replace(self._built_settings, strategy=strategy, defer_length_checks=True,
-                           **overrides)
+        settings = replace(
+            self._built_settings, strategy=strategy, defer_length_checks=True, **overrides
+        )
         if settings.strategy == "rfg" and self.reference_model is None and self.adapter is None:
-            raise ValueError("strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
-                             "peft=<adapter>")
+            raise ValueError(
+                "strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
+                "peft=<adapter>"
+            )
         self.settings = settings
         report_unused_settings(settings, self._unused_reported, log)
         self.seed, self.seed_source = self._built_seed
@@ -469,7 +572,9 @@ class DVotingEvalModel(TemplateLM):
     def tokenizer_name(self) -> str:
         return str(self._tokenizer_source).replace("/", "__")
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
+    ) -> list[int]:
         ids = self.tokenizer.encode(_encodable(string), add_special_tokens=bool(add_special_tokens))
         # add_bos_token (HFLM's model arg) applies when the caller does not decide, and never
         # doubles a BOS that the text (e.g. a chat template) already starts with
@@ -478,9 +583,13 @@ class DVotingEvalModel(TemplateLM):
             ids = [bos, *ids]
         return ids
 
-    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
         return self.tokenizer.apply_chat_template(
-            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt,
+            chat_history,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
             continue_final_message=not add_generation_prompt,
         )
 
@@ -489,10 +598,16 @@ class DVotingEvalModel(TemplateLM):
     def _planner(self) -> RequestPlanner:
         """Request planning with the current settings and seed (`use_strategy` changes them)."""
         source = max_length_source(self.max_length, self.model.max_length)
-        return RequestPlanner(settings=self.settings, seed=self.seed, encode=self.tok_encode,
-                              eot_token_id=self.eot_token_id, max_length=self.max_length,
-                              reported=self._ignored_sampling, on_settings=self.costs.note_settings,
-                              max_length_source=source)
+        return RequestPlanner(
+            settings=self.settings,
+            seed=self.seed,
+            encode=self.tok_encode,
+            eot_token_id=self.eot_token_id,
+            max_length=self.max_length,
+            reported=self._ignored_sampling,
+            on_settings=self.costs.note_settings,
+            max_length_source=source,
+        )
 
     def check_task_lengths(self, generation_kwargs: dict[str, dict[str, Any] | None]) -> None:
         """Refuse a generation task whose length these settings cannot decode or the model
@@ -513,16 +628,20 @@ class DVotingEvalModel(TemplateLM):
         if self.settings.strategy != "rfg":
             return self.model
         # a reference or an adapter is there: construction and `use_strategy` refuse rfg without one
-        return GuidedModel(self.model, self.reference_model)  # at the settings' guidance (strategies._model_for)
+        return GuidedModel(
+            self.model, self.reference_model
+        )  # at the settings' guidance (strategies._model_for)
 
     def generated_text(self, tokens: torch.Tensor, until: list[str]) -> str:
         """Decoded text up to the first end token, then cut at the first `until` string."""
         return generated_text(self.tokenizer, self.model.end_token_ids, tokens, until)
 
-    def _answer_of(self, until: list[str], kind: str,
-                   n_options: int | None = None) -> Callable[[torch.Tensor], Any]:
+    def _answer_of(
+        self, until: list[str], kind: str, n_options: int | None = None
+    ) -> Callable[[torch.Tensor], Any]:
         """A sample's `(kind, answer)` (None: no answer), from its text as the task's filters
         see it: a choice letter beyond the question's `n_options` is no answer, as scored."""
+
         def extract(tokens: torch.Tensor) -> Any:
             answer = extract_answer(self.generated_text(tokens, until), kind, n_options)
             return None if answer is None else (kind, answer)
@@ -543,8 +662,11 @@ class DVotingEvalModel(TemplateLM):
             text = self.generated_text(result.returned_tokens, job.until)
             texts[job.position] = self._costed(text, result, job.until, job.settings)
             # keyed on the repeat too: each repeat has its own seed (result_cache.py)
-            self.cache_hook.add_partial("generate_until", generation_key_args(requests[job.position], job.repeat),
-                                        texts[job.position])
+            self.cache_hook.add_partial(
+                "generate_until",
+                generation_key_args(requests[job.position], job.repeat),
+                texts[job.position],
+            )
             bar.update(1)
 
         decode_questions(
@@ -562,7 +684,9 @@ class DVotingEvalModel(TemplateLM):
             texts[position] = texts[first]
         return texts  # type: ignore[return-value]
 
-    def _costed(self, text: str, result: Any, until: list[str], settings: StrategySettings) -> CostedText:
+    def _costed(
+        self, text: str, result: Any, until: list[str], settings: StrategySettings
+    ) -> CostedText:
         """The response for one computed request (`bookkeeping.costed_text`), counted in the totals."""
         candidates = [self.generated_text(sample, until) for sample in result.samples]
         response = costed_text(text, result, candidates, settings_entry(settings, self.seed))
@@ -571,14 +695,28 @@ class DVotingEvalModel(TemplateLM):
 
     # ------------------------------------------------------------ likelihood
 
-    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any
+    ) -> list[tuple[float, bool]]:
         self._refuse_block_likelihood()
-        pairs = [(torch.tensor(ctx, dtype=torch.long), torch.tensor(cont, dtype=torch.long))
-                 for _, ctx, cont in requests]
+        pairs = [
+            (torch.tensor(ctx, dtype=torch.long), torch.tensor(cont, dtype=torch.long))
+            for _, ctx, cont in requests
+        ]
         seeds = [derive_seed(self.seed, "loglikelihood", ctx, cont) for _, ctx, cont in requests]
-        bar = tqdm(total=len(requests), desc="dVoting loglikelihood", disable=disable_tqdm or self.rank != 0)
-        results = score_requests(self.model, pairs, mc_num=self.mc_num, batch_size=self.batch_rows,
-                                 seeds=seeds, progress=bar.update)
+        bar = tqdm(
+            total=len(requests),
+            desc="dVoting loglikelihood",
+            disable=disable_tqdm or self.rank != 0,
+        )
+        results = score_requests(
+            self.model,
+            pairs,
+            mc_num=self.mc_num,
+            batch_size=self.batch_rows,
+            seeds=seeds,
+            progress=bar.update,
+        )
         bar.close()
         for (string_pair, _, _), result in zip(requests, results):
             self.cache_hook.add_partial("loglikelihood", string_pair, result)
@@ -586,11 +724,15 @@ class DVotingEvalModel(TemplateLM):
 
     def _refuse_block_likelihood(self) -> None:
         if getattr(self.model, "block_causal", False):
-            raise ValueError(f"--model {self.model_name} has no log-likelihood path: the Monte-Carlo estimate "
-                             "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block diffusion; "
-                             "run generation tasks (generate_until) with it")
+            raise ValueError(
+                f"--model {self.model_name} has no log-likelihood path: the Monte-Carlo estimate "
+                "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block diffusion; "
+                "run generation tasks (generate_until) with it"
+            )
 
-    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+    def loglikelihood(
+        self, requests: list[Any], disable_tqdm: bool = False
+    ) -> list[tuple[float, bool]]:
         self._refuse_block_likelihood()
         sanitise_requests(requests)
         return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
@@ -599,13 +741,19 @@ class DVotingEvalModel(TemplateLM):
         self._refuse_block_likelihood()
         sanitise_requests(requests)
         scores = []
-        for req in tqdm(requests, desc="dVoting loglikelihood_rolling", disable=disable_tqdm or self.rank != 0):
+        for req in tqdm(
+            requests, desc="dVoting loglikelihood_rolling", disable=disable_tqdm or self.rank != 0
+        ):
             (text,) = req.args
             ids = torch.tensor(self.tok_encode(text), dtype=torch.long)
-            score = rolling_loglikelihood(self.model, ids, mc_num=self.mc_num,
-                                          seed=derive_seed(self.seed, "rolling", text),
-                                          prefix_ids=torch.tensor([self.prefix_token_id]),
-                                          batch_size=self.batch_rows)
+            score = rolling_loglikelihood(
+                self.model,
+                ids,
+                mc_num=self.mc_num,
+                seed=derive_seed(self.seed, "rolling", text),
+                prefix_ids=torch.tensor([self.prefix_token_id]),
+                batch_size=self.batch_rows,
+            )
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), score)
             scores.append(score)
         return scores
@@ -636,8 +784,9 @@ class DVotingEvalModel(TemplateLM):
                 # RFG's reference model (None: none loaded; with peft=, the base is the reference)
                 "reference": self.reference,
                 # the LoRA adapter on the weights: its source and a digest of its files
-                "peft": None if self.adapter is None else {"source": self.adapter.source,
-                                                           "digest": self.adapter.identity},
+                "peft": None
+                if self.adapter is None
+                else {"source": self.adapter.source, "digest": self.adapter.identity},
                 "seed": self.seed,
                 # "model_args" (the model arg seed), "lm-eval --seed" (the run's torch seed), "default",
                 # or "use_strategy" (set by a switch, e.g. `dvoting compare --seeds`)
@@ -647,7 +796,9 @@ class DVotingEvalModel(TemplateLM):
                 # outputs in bfloat16/float16 can depend on the batch (README, Reproducibility):
                 # dtype, device and batch_rows are what a rerun must repeat
                 "dtype": self.dtype_name,
-                "device": "cpu" if self._device.type == "cpu" else str(self._device),  # a CPU rank is "cpu:0"
+                "device": "cpu"
+                if self._device.type == "cpu"
+                else str(self._device),  # a CPU rank is "cpu:0"
                 # parallelize=True: module -> GPU index ("cpu": offloaded) per layer; None: all on `device`
                 "device_map": getattr(self.model, "device_map", None),
                 # settings, settings_used, totals, tasks, computed (bookkeeping.py)
@@ -661,8 +812,10 @@ def checked_max_length(max_length: int | None, model_max: int) -> int:
     `model_max`; a `max_length` over `model_max` is refused."""
     if max_length is not None and max_length > model_max:
         # longer prompts would be refused by the decoder mid-run, after other requests' work
-        raise ValueError(f"max_length {max_length} exceeds the model's maximum length {model_max}: "
-                         f"give max_length <= {model_max}, or leave it out for the model's")
+        raise ValueError(
+            f"max_length {max_length} exceeds the model's maximum length {model_max}: "
+            f"give max_length <= {model_max}, or leave it out for the model's"
+        )
     return int(max_length or model_max)
 
 
@@ -671,12 +824,30 @@ def max_length_source(max_length: int, model_max: int) -> str:
     return "the model's maximum length" if max_length == model_max else "the model arg max_length"
 
 
-def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n: Any, alpha: Any,
-                       temperature: Any, tau: Any, steps: Any, remasking: str, hex_samples: Any,
-                       prefix_cache: bool | str, decoder: str | None, cache: str,
-                       threshold: Any, temporal_weight: str, temporal_alpha: Any,
-                       vote: str | None, guidance: Any, block_decoding: str | None = None,
-                       editing_threshold: Any = None, max_post_steps: Any = 16) -> StrategySettings:
+def _strategy_settings(
+    *,
+    strategy: str,
+    max_gen_toks: Any,
+    block_length: Any,
+    n: Any,
+    alpha: Any,
+    temperature: Any,
+    tau: Any,
+    steps: Any,
+    remasking: str,
+    hex_samples: Any,
+    prefix_cache: bool | str,
+    decoder: str | None,
+    cache: str,
+    threshold: Any,
+    temporal_weight: str,
+    temporal_alpha: Any,
+    vote: str | None,
+    guidance: Any,
+    block_decoding: str | None = None,
+    editing_threshold: Any = None,
+    max_post_steps: Any = 16,
+) -> StrategySettings:
     """The model args' strategy settings, each value checked once, at construction; the
     generation length (`max_gen_toks`, the default of tasks that give none) is checked
     against the block rules only with each task's length (`request_planning.task_length`),
@@ -687,25 +858,38 @@ def _strategy_settings(*, strategy: str, max_gen_toks: Any, block_length: Any, n
         temporal = strategy == "temporal" or vote == "temporal"
         cache = "block" if block_decoding is not None and not temporal else "none"
     return StrategySettings(
-        strategy=strategy, gen_length=whole_number("max_gen_toks", max_gen_toks),
+        strategy=strategy,
+        gen_length=whole_number("max_gen_toks", max_gen_toks),
         block_length=None if block_length is None else whole_number("block_length", block_length),
-        n=whole_number("n", n), alpha=real_number("alpha", alpha),
+        n=whole_number("n", n),
+        alpha=real_number("alpha", alpha),
         temperature=None if temperature is None else real_number("temperature", temperature),
-        tau=real_number("tau", tau), steps=None if steps is None else whole_number("steps", steps),
-        remasking=remasking, hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
-        prefix_cache=flag("prefix_cache", prefix_cache), decoder=decoder, cache=cache,
+        tau=real_number("tau", tau),
+        steps=None if steps is None else whole_number("steps", steps),
+        remasking=remasking,
+        hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
+        prefix_cache=flag("prefix_cache", prefix_cache),
+        decoder=decoder,
+        cache=cache,
         threshold=None if threshold is None else real_number("threshold", threshold),
-        temporal_weight=temporal_weight, temporal_alpha=real_number("temporal_alpha", temporal_alpha), vote=vote,
-        guidance=real_number("guidance", guidance), block_decoding=block_decoding,
-        editing_threshold=None if editing_threshold is None else real_number("editing_threshold", editing_threshold),
-        max_post_steps=whole_number("max_post_steps", max_post_steps), defer_length_checks=True,
+        temporal_weight=temporal_weight,
+        temporal_alpha=real_number("temporal_alpha", temporal_alpha),
+        vote=vote,
+        guidance=real_number("guidance", guidance),
+        block_decoding=block_decoding,
+        editing_threshold=None
+        if editing_threshold is None
+        else real_number("editing_threshold", editing_threshold),
+        max_post_steps=whole_number("max_post_steps", max_post_steps),
+        defer_length_checks=True,
     )
 
 
 # the constructor args that are strategy settings (`_strategy_settings`' keywords, with the
 # constructor's names; `block_decoding` comes from the model name and `editing`)
-_SETTINGS_ARGS = tuple(name for name in inspect.signature(_strategy_settings).parameters
-                       if name != "block_decoding")
+_SETTINGS_ARGS = tuple(
+    name for name in inspect.signature(_strategy_settings).parameters if name != "block_decoding"
+)
 
 
 # ------------------------------------------------------------- run controls
@@ -746,7 +930,10 @@ def _lm_eval_torch_seed() -> int | None:
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "simple_evaluate" and frame.f_globals.get("__name__") == "lm_eval.evaluator":
+        if (
+            code.co_name == "simple_evaluate"
+            and frame.f_globals.get("__name__") == "lm_eval.evaluator"
+        ):
             seed = frame.f_locals.get("torch_random_seed")
             return None if seed is None else int(seed)
         frame = frame.f_back
@@ -765,7 +952,11 @@ def _on_command_line(flags: tuple[str, ...]) -> bool:
     """Whether one of `flags` was typed on this process's command line (`--flag v`, `--flag=v`)."""
     for arg in sys.argv[1:]:
         for flag in flags:
-            if arg == flag or arg.startswith(flag + "=") or (len(flag) == 2 and arg.startswith(flag)):
+            if (
+                arg == flag
+                or arg.startswith(flag + "=")
+                or (len(flag) == 2 and arg.startswith(flag))
+            ):
                 return True
     return False
 
@@ -808,17 +999,19 @@ def _check_reference(folder: Path, tokenizer: Any, reference_folder: Path, refer
     if load_tokenizer(reference_folder).get_vocab() != tokenizer.get_vocab():
         differ.append("the tokenizers' vocabularies")
     if differ:
-        raise ValueError(f"reference={reference!r} does not read the policy's token ids ({'; '.join(differ)}): RFG "
-                         "compares the two models' probabilities of the same tokens; give a reference of the "
-                         "policy's family and tokenizer")
+        raise ValueError(
+            f"reference={reference!r} does not read the policy's token ids ({'; '.join(differ)}): RFG "
+            "compares the two models' probabilities of the same tokens; give a reference of the "
+            "policy's family and tokenizer"
+        )
 
 
 # HFLM model args this plugin refuses, with what to do instead (a false/empty value is accepted)
 _REFUSED_HFLM_ARGS = {
     "offload_folder": "offloading to disk is not supported: with parallelize=True the model must fit the GPUs "
-                      "(max_memory_per_gpu) plus the CPU (max_cpu_memory); drop offload_folder",
+    "(max_memory_per_gpu) plus the CPU (max_cpu_memory); drop offload_folder",
     "delta": "delta weights are not supported; add them to the base weights, save the result as "
-             "safetensors beside config.json and pass that folder as pretrained",
+    "safetensors beside config.json and pass that folder as pretrained",
 }
 
 
@@ -830,52 +1023,84 @@ def _refuse_unknown_args(unknown: dict[str, Any]) -> None:
             raise ValueError(f"model arg {name}={value!r}: {reason}")
     if not unknown:
         return
-    accepted = [p for p in inspect.signature(DVotingEvalModel.__init__).parameters
-                if p not in ("self", "unknown")]
+    accepted = [
+        p
+        for p in inspect.signature(DVotingEvalModel.__init__).parameters
+        if p not in ("self", "unknown")
+    ]
     hints = []
     for name in sorted(unknown):
         close = difflib.get_close_matches(name, accepted, n=1)
         hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
-    raise ValueError(f"unknown model args {', '.join(hints)}; accepted model args are: {', '.join(accepted)}")
+    raise ValueError(
+        f"unknown model args {', '.join(hints)}; accepted model args are: {', '.join(accepted)}"
+    )
 
 
-def _parallel_budget(parallelize: bool | str, max_memory_per_gpu: Any, max_cpu_memory: Any, device_map: Any,
-                     device: str | None, reference: str | None, peft: str | None) -> dict[Any, int] | None:
+def _parallel_budget(
+    parallelize: bool | str,
+    max_memory_per_gpu: Any,
+    max_cpu_memory: Any,
+    device_map: Any,
+    device: str | None,
+    reference: str | None,
+    peft: str | None,
+) -> dict[Any, int] | None:
     """HFLM's model-parallel args, checked before any model work: the memory budget of
     `device_map="auto"` over this process's GPUs (`placement.gpu_budget`, as HFLM builds it),
     or None without `parallelize` (one device)."""
     if not flag("parallelize", parallelize):
-        given = [(name, value) for name, value in (("max_memory_per_gpu", max_memory_per_gpu),
-                                                   ("max_cpu_memory", max_cpu_memory), ("device_map", device_map))
-                 if value is not None]
+        given = [
+            (name, value)
+            for name, value in (
+                ("max_memory_per_gpu", max_memory_per_gpu),
+                ("max_cpu_memory", max_cpu_memory),
+                ("device_map", device_map),
+            )
+            if value is not None
+        ]
         if given:
             name, value = given[0]
-            raise ValueError(f"{name}={value!r} applies with parallelize=True only (one model spread over the GPUs): "
-                             f"add parallelize=True, or drop {name}")
+            raise ValueError(
+                f"{name}={value!r} applies with parallelize=True only (one model spread over the GPUs): "
+                f"add parallelize=True, or drop {name}"
+            )
         return None
     if device_map not in (None, "auto"):
-        raise ValueError(f"device_map={device_map!r}: parallelize=True places the model with device_map='auto' "
-                         "(balanced over the GPUs, as lm-eval's hf model does), the only map supported here: drop "
-                         "device_map (in Python, load_model(device_map=...) also takes a dict)")
+        raise ValueError(
+            f"device_map={device_map!r}: parallelize=True places the model with device_map='auto' "
+            "(balanced over the GPUs, as lm-eval's hf model does), the only map supported here: drop "
+            "device_map (in Python, load_model(device_map=...) also takes a dict)"
+        )
     if device is not None and torch.device(device).type != "cuda":
-        raise ValueError(f"device={device!r} with parallelize=True, which spreads the model over the GPUs: drop "
-                         f"device (--device), or drop parallelize to run on {device}")
+        raise ValueError(
+            f"device={device!r} with parallelize=True, which spreads the model over the GPUs: drop "
+            f"device (--device), or drop parallelize to run on {device}"
+        )
     if reference is not None:
-        raise ValueError(f"reference={reference!r} with parallelize=True: RFG's second model is not spread over the "
-                         "GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop parallelize")
+        raise ValueError(
+            f"reference={reference!r} with parallelize=True: RFG's second model is not spread over the "
+            "GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop parallelize"
+        )
     if peft is not None and max_cpu_memory is not None:
-        raise ValueError(f"peft={peft!r} with max_cpu_memory={max_cpu_memory!r}: a LoRA adapter cannot sit on layers "
-                         "offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) or peft")
+        raise ValueError(
+            f"peft={peft!r} with max_cpu_memory={max_cpu_memory!r}: a LoRA adapter cannot sit on layers "
+            "offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) or peft"
+        )
     return gpu_budget(max_memory_per_gpu, max_cpu_memory)
 
 
-def _hflm_args(trust_remote_code: bool | str, use_fast_tokenizer: bool | str, add_bos_token: bool | str) -> dict[str, bool]:
+def _hflm_args(
+    trust_remote_code: bool | str, use_fast_tokenizer: bool | str, add_bos_token: bool | str
+) -> dict[str, bool]:
     """HFLM's tokenizer/loading flags, checked before any model work."""
     if flag("trust_remote_code", trust_remote_code):
         # `--trust_remote_code` adds this model arg; accepted so LLaDA/Dream recipes run as
         # they are, but there is nothing to trust: the architectures are this package's code
-        log.warning("trust_remote_code=True has no effect: dvoting models are built by this plugin's own "
-                    "code from the checkpoint's config and weights; no downloaded code is ever run")
+        log.warning(
+            "trust_remote_code=True has no effect: dvoting models are built by this plugin's own "
+            "code from the checkpoint's config and weights; no downloaded code is ever run"
+        )
     if not flag("use_fast_tokenizer", use_fast_tokenizer):
         raise ValueError(
             "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) tokenizers, so a slow one "
@@ -934,8 +1159,12 @@ def sanitise_requests(requests: list[Any]) -> None:
             rewritten.append(f"task {req.task_name}, document {req.doc_id}")
     if rewritten:  # one warning per call, not one per document: a broken template hits them all
         shown = "; ".join(rewritten[:5]) + ("; ..." if len(rewritten) > 5 else "")
-        log.warning("%d request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the "
-                    "model runs: %s", len(rewritten), shown)
+        log.warning(
+            "%d request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the "
+            "model runs: %s",
+            len(rewritten),
+            shown,
+        )
 
 
 def _same_answer(a: tuple[str, str], b: tuple[str, str]) -> bool:
@@ -948,7 +1177,11 @@ class LLaDAEvalModel(DVotingEvalModel):
     folder in their formats): bidirectional semi-autoregressive decoding."""
 
     family = "llada"
-    families = ("llada", "llada_moe", "dream")  # a Dream checkpoint is decoded (with a warning), as before
+    families = (
+        "llada",
+        "llada_moe",
+        "dream",
+    )  # a Dream checkpoint is decoded (with a warning), as before
     model_name = "dvoting-llada"
     default_pretrained = "GSAI-ML/LLaDA-8B-Instruct"
 
@@ -985,8 +1218,15 @@ class LLaDA21EvalModel(DVotingEvalModel):
 
 
 # which model name decodes a family, and the family's name in messages
-MODEL_FOR_FAMILY = {"llada": "dvoting-llada", "llada_moe": "dvoting-llada", "dream": "dvoting-dream",
-                    "llada2": "dvoting-llada2 (LLaDA2.0) or dvoting-llada21 (LLaDA2.1)"}
-FAMILY_NAMES = {"llada": "LLaDA", "llada_moe": "LLaDA-MoE", "dream": "Dream",
-                "llada2": "LLaDA2 (block diffusion)"}
-
+MODEL_FOR_FAMILY = {
+    "llada": "dvoting-llada",
+    "llada_moe": "dvoting-llada",
+    "dream": "dvoting-dream",
+    "llada2": "dvoting-llada2 (LLaDA2.0) or dvoting-llada21 (LLaDA2.1)",
+}
+FAMILY_NAMES = {
+    "llada": "LLaDA",
+    "llada_moe": "LLaDA-MoE",
+    "dream": "Dream",
+    "llada2": "LLaDA2 (block diffusion)",
+}

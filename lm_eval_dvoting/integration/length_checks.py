@@ -27,6 +27,7 @@ each task's `max_gen_toks` from lm-eval's task index, with `gen_kwargs` over it,
 to the checks above. Without a `task_manager`, the one `simple_evaluate` would build is
 built here (same arguments) and handed on, so the task index is read once.
 """
+
 from __future__ import annotations
 
 import functools
@@ -64,7 +65,9 @@ def _wrap_evaluate(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def evaluate(*args: Any, **kwargs: Any) -> Any:
         lm = kwargs["lm"] if "lm" in kwargs else (args[0] if args else None)
-        task_dict = kwargs["task_dict"] if "task_dict" in kwargs else (args[1] if len(args) > 1 else None)
+        task_dict = (
+            kwargs["task_dict"] if "task_dict" in kwargs else (args[1] if len(args) > 1 else None)
+        )
         model = _costed_model(lm)
         if model is not None and callable(getattr(model, "check_task_lengths", None)):
             model.check_task_lengths(generation_kwargs_of(task_dict))
@@ -114,16 +117,20 @@ def index_leaves(index: Mapping[str, Any], name: str) -> list[tuple[str, dict[st
     return leaves
 
 
-def indexed_generation_kwargs(index: Mapping[str, Any], tasks: list[Any],
-                              gen_kwargs: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def indexed_generation_kwargs(
+    index: Mapping[str, Any], tasks: list[Any], gen_kwargs: dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
     """Task name -> its `max_gen_toks` as its requests will carry it (`{}`: none), for each
     generation task that `tasks` (names or configs, as `simple_evaluate` takes them) runs:
     the config's `generation_kwargs`, updated with `gen_kwargs` as `simple_evaluate` does.
     A task object or a name the index does not know is left to the later checks."""
     found: dict[str, dict[str, Any]] = {}
     for item in tasks:
-        leaves = index_leaves(index, item) if isinstance(item, str) else (
-            [(str(item.get("task")), item)] if isinstance(item, dict) else [])
+        leaves = (
+            index_leaves(index, item)
+            if isinstance(item, str)
+            else ([(str(item.get("task")), item)] if isinstance(item, dict) else [])
+        )
         for name, cfg in leaves:
             if cfg.get("output_type", "generate_until") != "generate_until":
                 continue
@@ -165,8 +172,13 @@ def _task_manager(bound: inspect.BoundArguments) -> Any:
     from lm_eval.utils import simple_parse_args_string
 
     model_args = bound.arguments.get("model_args")
-    metadata = (simple_parse_args_string(model_args) if isinstance(model_args, str)
-                else model_args if isinstance(model_args, dict) else {})
+    metadata = (
+        simple_parse_args_string(model_args)
+        if isinstance(model_args, str)
+        else model_args
+        if isinstance(model_args, dict)
+        else {}
+    )
     return TaskManager(metadata=metadata | (bound.arguments.get("metadata") or {}))
 
 

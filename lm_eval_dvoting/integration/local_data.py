@@ -20,6 +20,7 @@ them: `gsm8k`, `gsm8k_cot_zeroshot`, `minerva_math500`, `hendrycks_math500`,
 the stock task's prompts and scoring see what they would see from the hub. Only when the
 folder is named; a file the task needs that is missing is an error, never the hub.
 """
+
 from __future__ import annotations
 
 import csv
@@ -113,8 +114,11 @@ def _math500_rows(path: Path) -> list[dict[str, Any]]:
 
 def _arc_files(name: Optional[str], folder: Path) -> dict[str, list[str]]:
     stem = "arc_challenge/ARC-Challenge-"
-    return {"test": [stem + "Test.jsonl"], "train": [stem + "Train.jsonl"],
-            "validation": [stem + "Dev.jsonl"]}
+    return {
+        "test": [stem + "Test.jsonl"],
+        "train": [stem + "Train.jsonl"],
+        "validation": [stem + "Dev.jsonl"],
+    }
 
 
 def _arc_rows(path: Path) -> list[dict[str, Any]]:
@@ -122,10 +126,15 @@ def _arc_rows(path: Path) -> list[dict[str, Any]]:
     # `question` (the stem) and `choices` {text: [...], label: [...]}, labels kept as they
     # are (22 items use 1-4; the stock task finds the answer by the label's position)
     return [
-        {"id": r["id"], "question": r["question"]["stem"],
-         "choices": {"text": [c["text"] for c in r["question"]["choices"]],
-                     "label": [c["label"] for c in r["question"]["choices"]]},
-         "answerKey": r["answerKey"]}
+        {
+            "id": r["id"],
+            "question": r["question"]["stem"],
+            "choices": {
+                "text": [c["text"] for c in r["question"]["choices"]],
+                "label": [c["label"] for c in r["question"]["choices"]],
+            },
+            "answerKey": r["answerKey"],
+        }
         for r in read_jsonl(path)
     ]
 
@@ -140,44 +149,73 @@ def _mmlu_files(name: Optional[str], folder: Path) -> dict[str, list[str]]:
         subjects = [path.name[: -len("_test.csv")] for path in tests]
     else:
         subjects = [str(name)]
-    return {split: [f"mmlu/data/{part}/{subject}_{part}.csv" for subject in subjects]
-            for split, part in _MMLU_SPLITS.items()}
+    return {
+        split: [f"mmlu/data/{part}/{subject}_{part}.csv" for subject in subjects]
+        for split, part in _MMLU_SPLITS.items()
+    }
 
 
 def _mmlu_rows(path: Path) -> list[dict[str, Any]]:
     # the hub's `answer` is the option's index (a ClassLabel A-D), `subject` the file's
     subject = path.name.rsplit("_", 1)[0]
-    return [{"question": question, "subject": subject, "choices": choices,
-             "answer": LETTERS.index(letter)}
-            for question, choices, letter in read_mmlu_csv(path)]
+    return [
+        {
+            "question": question,
+            "subject": subject,
+            "choices": choices,
+            "answer": LETTERS.index(letter),
+        }
+        for question, choices, letter in read_mmlu_csv(path)
+    ]
 
 
 _MMLU = StockSource(
-    features=datasets.Features({
-        "question": datasets.Value("string"), "subject": datasets.Value("string"),
-        "choices": datasets.Sequence(datasets.Value("string")),
-        "answer": datasets.ClassLabel(names=list(LETTERS))}),
-    files=_mmlu_files, rows=_mmlu_rows)
+    features=datasets.Features(
+        {
+            "question": datasets.Value("string"),
+            "subject": datasets.Value("string"),
+            "choices": datasets.Sequence(datasets.Value("string")),
+            "answer": datasets.ClassLabel(names=list(LETTERS)),
+        }
+    ),
+    files=_mmlu_files,
+    rows=_mmlu_rows,
+)
 
 # (dataset_path, dataset_name) of a hub dataset -> its local files; a name of None
 # stands for any name (MMLU's subjects)
 STOCK_SOURCES: dict[tuple[str, Optional[str]], StockSource] = {
     ("openai/gsm8k", "main"): StockSource(
-        features=datasets.Features({"question": datasets.Value("string"),
-                                    "answer": datasets.Value("string")}),
-        files=_gsm8k_files, rows=_gsm8k_rows),
+        features=datasets.Features(
+            {"question": datasets.Value("string"), "answer": datasets.Value("string")}
+        ),
+        files=_gsm8k_files,
+        rows=_gsm8k_rows,
+    ),
     ("HuggingFaceH4/MATH-500", "default"): StockSource(
-        features=datasets.Features({
-            **{key: datasets.Value("string") for key in _MATH500_COLUMNS},
-            "level": datasets.Value("int64")}),
-        files=_math500_files, rows=_math500_rows),
+        features=datasets.Features(
+            {
+                **{key: datasets.Value("string") for key in _MATH500_COLUMNS},
+                "level": datasets.Value("int64"),
+            }
+        ),
+        files=_math500_files,
+        rows=_math500_rows,
+    ),
     ("allenai/ai2_arc", "ARC-Challenge"): StockSource(
-        features=datasets.Features({
-            "id": datasets.Value("string"), "question": datasets.Value("string"),
-            "choices": datasets.Sequence({"text": datasets.Value("string"),
-                                          "label": datasets.Value("string")}),
-            "answerKey": datasets.Value("string")}),
-        files=_arc_files, rows=_arc_rows),
+        features=datasets.Features(
+            {
+                "id": datasets.Value("string"),
+                "question": datasets.Value("string"),
+                "choices": datasets.Sequence(
+                    {"text": datasets.Value("string"), "label": datasets.Value("string")}
+                ),
+                "answerKey": datasets.Value("string"),
+            }
+        ),
+        files=_arc_files,
+        rows=_arc_rows,
+    ),
     ("cais/mmlu", None): _MMLU,
     # lm-eval's llama3 MMLU tasks read this copy of cais/mmlu without auxiliary_train
     ("hails/mmlu_no_train", None): _MMLU,
@@ -204,8 +242,9 @@ class SplitNeeds:
     named: tuple[str, ...]
 
 
-def stock_dataset(task: str, source: StockSource, name: Optional[str], folder: Path,
-                  needs: SplitNeeds) -> tuple[datasets.DatasetDict, list[str]]:
+def stock_dataset(
+    task: str, source: StockSource, name: Optional[str], folder: Path, needs: SplitNeeds
+) -> tuple[datasets.DatasetDict, list[str]]:
     """Task `task`'s dataset read from `folder`, and one note per split for the log.
 
     A split the task evaluates on or takes few-shot examples from must be there (else
@@ -238,10 +277,13 @@ def _dataset(rows: list[dict[str, Any]], features: datasets.Features) -> dataset
     return datasets.Dataset.from_dict(columns, features=features)
 
 
-def _missing_message(task: str, split: str, needs: SplitNeeds, folder: Path,
-                     missing: list[str]) -> str:
+def _missing_message(
+    task: str, split: str, needs: SplitNeeds, folder: Path, missing: list[str]
+) -> str:
     roles = {needs.evaluated: "evaluates on", needs.fewshot: "takes its few-shot examples from"}
     more = f" (nor {len(missing) - 1} more files)" if len(missing) > 1 else ""
-    return (f"task {task} {roles.get(split, 'needs')} the {split!r} split, and "
-            f"{DATA_DIR_ENV}={folder} has no {missing[0]}{more}; add the file, or unset "
-            f"{DATA_DIR_ENV} to read the hub")
+    return (
+        f"task {task} {roles.get(split, 'needs')} the {split!r} split, and "
+        f"{DATA_DIR_ENV}={folder} has no {missing[0]}{more}; add the file, or unset "
+        f"{DATA_DIR_ENV} to read the hub"
+    )

@@ -21,6 +21,7 @@ from an explicit `register()` call (the `dvoting eval` wrapper does that).
 
 Importing this module is cheap: lm_eval is imported only inside the functions.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -60,8 +61,9 @@ TABLE_HIDDEN_METRICS = ("dvoting_trace",)
 
 # Set while lm-eval's CLI resolves a `--tasks` list that names only our tasks: the
 # TaskManager built then indexes our folder (and `--include_path`) without lm-eval's own.
-_ONLY_OURS: contextvars.ContextVar[bool] = contextvars.ContextVar("dvoting_only_ours",
-                                                                  default=False)
+_ONLY_OURS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "dvoting_only_ours", default=False
+)
 _DECLARES = re.compile(r"^(?:task|group):\s*(\S+)\s*$", re.MULTILINE)
 
 
@@ -105,15 +107,22 @@ def native_discovery() -> bool:
         if spec is None or not spec.submodule_search_locations:
             return False
         root = Path(next(iter(spec.submodule_search_locations)))
-        for relative in ("api/registry.py", "models/__init__.py", "tasks/manager.py",
-                         "tasks/__init__.py", "_cli/run.py"):
+        for relative in (
+            "api/registry.py",
+            "models/__init__.py",
+            "tasks/manager.py",
+            "tasks/__init__.py",
+            "_cli/run.py",
+        ):
             path = root / relative
             if not path.is_file():
                 continue
             source = path.read_text(encoding="utf-8", errors="replace")
             if "entry_points" in source and (
-                '"lm_eval.models"' in source or "'lm_eval.models'" in source
-                or '"lm_eval.tasks"' in source or "'lm_eval.tasks'" in source
+                '"lm_eval.models"' in source
+                or "'lm_eval.models'" in source
+                or '"lm_eval.tasks"' in source
+                or "'lm_eval.tasks'" in source
             ):
                 return True
     except Exception:
@@ -202,8 +211,11 @@ def patch_task_manager(manager_module: ModuleType | None = None) -> bool:
 
 def our_task_names() -> frozenset[str]:
     """The task and group names our task folder declares (read as text: no YAML parsing)."""
-    return frozenset(name for path in task_dir().glob("*.yaml")
-                     for name in _DECLARES.findall(path.read_text(encoding="utf-8")))
+    return frozenset(
+        name
+        for path in task_dir().glob("*.yaml")
+        for name in _DECLARES.findall(path.read_text(encoding="utf-8"))
+    )
 
 
 def asks_only_ours(tasks: Any) -> bool:
@@ -258,8 +270,11 @@ def _shown_metrics(metrics: Any) -> Any:
     """A task's results without the hidden metrics (and their stderr)."""
     if not isinstance(metrics, dict):
         return metrics
-    return {key: value for key, value in metrics.items()
-            if key.partition(",")[0].removesuffix("_stderr") not in TABLE_HIDDEN_METRICS}
+    return {
+        key: value
+        for key, value in metrics.items()
+        if key.partition(",")[0].removesuffix("_stderr") not in TABLE_HIDDEN_METRICS
+    }
 
 
 def patch_results_table(utils_module: ModuleType | None = None) -> bool:
@@ -283,8 +298,9 @@ def patch_results_table(utils_module: ModuleType | None = None) -> bool:
     def make_table(result_dict: Any, column: str = "results", *args: Any, **kwargs: Any) -> Any:
         try:
             shown = dict(result_dict)
-            shown[column] = {task: _shown_metrics(metrics)
-                             for task, metrics in result_dict[column].items()}
+            shown[column] = {
+                task: _shown_metrics(metrics) for task, metrics in result_dict[column].items()
+            }
         except Exception:
             shown = result_dict  # a shape we do not know: print it as lm-eval would
         return original(shown, column, *args, **kwargs)
@@ -305,18 +321,24 @@ def _split_needs(task: Any) -> SplitNeeds:
     # lm-eval's order (ConfigurableTask.fewshot_docs): the few-shot split, else examples
     # written in the YAML, else the training, validation or test split
     if (config.num_fewshot or 0) > 0 and (
-            fewshot_split or getattr(fewshot_cfg, "samples", None) is None):
-        fewshot = (fewshot_split or config.training_split or config.validation_split
-                   or config.test_split)
+        fewshot_split or getattr(fewshot_cfg, "samples", None) is None
+    ):
+        fewshot = (
+            fewshot_split or config.training_split or config.validation_split or config.test_split
+        )
     named = (config.training_split, config.validation_split, config.test_split, fewshot_split)
-    return SplitNeeds(evaluated=config.test_split or config.validation_split,
-                      fewshot=fewshot, named=tuple(split for split in named if split))
+    return SplitNeeds(
+        evaluated=config.test_split or config.validation_split,
+        fewshot=fewshot,
+        named=tuple(split for split in named if split),
+    )
 
 
 def _read_local_stock_data(task: Any) -> bool:
     """Load a stock task's dataset from the local data folder when the user named one and
     it holds the task's hub dataset; returns whether it did (else lm-eval loads it)."""
     from lm_eval_dvoting.integration import local_data
+
     config = task.config
     if callable(config.custom_dataset):
         return False  # a task with its own loader (ours read the folder themselves)
@@ -325,9 +347,16 @@ def _read_local_stock_data(task: Any) -> bool:
     if folder is None or source is None:
         return False
     task.dataset, notes = local_data.stock_dataset(
-        config.task, source, task.DATASET_NAME, folder, _split_needs(task))
-    log.warning("lm-eval-dvoting: task %s reads %s (%s) from %s, not from the hub: %s",
-                config.task, task.DATASET_PATH, task.DATASET_NAME, folder, "; ".join(notes))
+        config.task, source, task.DATASET_NAME, folder, _split_needs(task)
+    )
+    log.warning(
+        "lm-eval-dvoting: task %s reads %s (%s) from %s, not from the hub: %s",
+        config.task,
+        task.DATASET_PATH,
+        task.DATASET_NAME,
+        folder,
+        "; ".join(notes),
+    )
     return True
 
 
@@ -377,6 +406,7 @@ def register() -> None:
 
 
 # ---- called by the start-up hook right after lm-eval executed these modules ----------
+
 
 def on_registry_imported(module: ModuleType) -> None:
     """Hook target for `lm_eval.api.registry`."""

@@ -12,6 +12,7 @@ harness (harness.py) hands the jobs to a strategy; this module knows nothing of 
 model class, only what it is given: the model's settings and seed, its tokenizer (as an
 `encode` function) and its lengths.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from lm_eval_dvoting.core.answers import infer_answer_kind, option_count
-from lm_eval_dvoting.integration.arg_parsing import flag, whole_number
 from lm_eval_dvoting.core.strategies import ONE_DECODE, StrategySettings, derive_seed
+from lm_eval_dvoting.integration.arg_parsing import flag, whole_number
 
 # the harness's logger: its warnings about a run's requests are where users (and tests)
 # have always looked for them, whichever module words them
@@ -98,8 +99,9 @@ class RequestPlanner:
         n_options = option_count(getattr(request, "doc", None), kind)
         return GenerationJob(position, repeat, prompt, settings, until, kind, seed, n_options)
 
-    def request_settings(self, gen_kwargs: dict[str, Any] | None,
-                         task_name: str | None) -> tuple[StrategySettings, list[str], str]:
+    def request_settings(
+        self, gen_kwargs: dict[str, Any] | None, task_name: str | None
+    ) -> tuple[StrategySettings, list[str], str]:
         """Per-request settings, stop strings and answer kind from the task's gen_kwargs."""
         kwargs = dict(gen_kwargs or {})
         unknown = sorted(set(kwargs) - set(GEN_KWARGS))
@@ -114,14 +116,20 @@ class RequestPlanner:
         kind = infer_answer_kind(task_name, kwargs.get("dvoting_answer"))
         return settings, until, kind
 
-    def length_settings(self, gen_kwargs: dict[str, Any] | None,
-                        task_name: str | None) -> StrategySettings:
+    def length_settings(
+        self, gen_kwargs: dict[str, Any] | None, task_name: str | None
+    ) -> StrategySettings:
         """The settings with the generation length a request of `task_name` with these
         `gen_kwargs` really uses, checked against the block rules and the maximum length
         (`task_length`). The harness calls it per request, and once per task when lm-eval's
         `evaluate` starts (length_checks.py)."""
-        return task_length(self.settings, dict(gen_kwargs or {}), task_name, self.max_length,
-                           self.max_length_source)
+        return task_length(
+            self.settings,
+            dict(gen_kwargs or {}),
+            task_name,
+            self.max_length,
+            self.max_length_source,
+        )
 
     def prompt_ids(self, context: str, gen_length: int) -> torch.Tensor:
         """`context`'s token ids, cut from the left to leave room for `gen_length` tokens."""
@@ -130,19 +138,29 @@ class RequestPlanner:
             ids = [self.eot_token_id]  # an empty context starts from end-of-text
         room = self.max_length - gen_length
         if room < 1:  # requests are refused before (task_length); this guards direct callers
-            raise ValueError(f"max_gen_toks {gen_length} leaves no room for a prompt in "
-                             f"{self.max_length_source} of {self.max_length} tokens: give "
-                             f"max_gen_toks below {self.max_length}")
+            raise ValueError(
+                f"max_gen_toks {gen_length} leaves no room for a prompt in "
+                f"{self.max_length_source} of {self.max_length} tokens: give "
+                f"max_gen_toks below {self.max_length}"
+            )
         if len(ids) > room:
-            log.warning("context of %d tokens cut from the left to %d to fit %d generated tokens",
-                        len(ids), room, gen_length)
+            log.warning(
+                "context of %d tokens cut from the left to %d to fit %d generated tokens",
+                len(ids),
+                room,
+                gen_length,
+            )
             ids = ids[-room:]
         return torch.tensor(ids, dtype=torch.long)
 
 
-def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None,
-                max_length: int | None, max_length_source: str = "the model's maximum length",
-                ) -> StrategySettings:
+def task_length(
+    settings: StrategySettings,
+    kwargs: dict[str, Any],
+    task_name: str | None,
+    max_length: int | None,
+    max_length_source: str = "the model's maximum length",
+) -> StrategySettings:
     """`settings` with the generation length a request really uses, checked: the task's
     `max_gen_toks` (its YAML, or `--gen_kwargs`, which lm-eval writes into it) when it
     gives one, else the model's (the model arg `max_gen_toks`, default 256).
@@ -159,27 +177,36 @@ def task_length(settings: StrategySettings, kwargs: dict[str, Any], task_name: s
     length = settings.gen_length
     if given:
         length = whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
-    where = (f"task {task_name}'s generation_kwargs: its YAML or --gen_kwargs" if given else
-             f"the model arg max_gen_toks, default 256: task {task_name} sets none")
+    where = (
+        f"task {task_name}'s generation_kwargs: its YAML or --gen_kwargs"
+        if given
+        else f"the model arg max_gen_toks, default 256: task {task_name} sets none"
+    )
 
     def how(value: str) -> str:
         if given:  # lm-eval passes the task's own value with each request, over the model arg
-            return (f"with --gen_kwargs max_gen_toks={value} (a task's own max_gen_toks overrides "
-                    "the model arg)")
+            return (
+                f"with --gen_kwargs max_gen_toks={value} (a task's own max_gen_toks overrides "
+                "the model arg)"
+            )
         return f"with --gen_kwargs max_gen_toks={value} or the model arg max_gen_toks={value}"
 
     # first: a length that fits (the example does) fixes both
     if max_length is not None and length >= max_length:
         example = _fitting_length(settings, max_length // 2)
-        raise ValueError(f"max_gen_toks {length} ({where}) leaves no room for a prompt in "
-                         f"{max_length_source} of {max_length} tokens (prompt plus generation): "
-                         f"give a max_gen_toks below {max_length}, e.g. {example}, "
-                         f"{how(str(example))}")
+        raise ValueError(
+            f"max_gen_toks {length} ({where}) leaves no room for a prompt in "
+            f"{max_length_source} of {max_length} tokens (prompt plus generation): "
+            f"give a max_gen_toks below {max_length}, e.g. {example}, "
+            f"{how(str(example))}"
+        )
     resized = replace(settings, gen_length=length, defer_length_checks=True)
     problem = resized.length_problem()
     if problem is not None:
-        raise ValueError(f"max_gen_toks {length} ({where}) cannot be decoded: {problem}; "
-                         f"{resized.length_advice()}, {how('N')}")
+        raise ValueError(
+            f"max_gen_toks {length} ({where}) cannot be decoded: {problem}; "
+            f"{resized.length_advice()}, {how('N')}"
+        )
     return replace(settings, gen_length=length)  # checked in full (the length too)
 
 
@@ -191,8 +218,12 @@ def _fitting_length(settings: StrategySettings, most: int) -> int:
     return 1
 
 
-def task_sampling(settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None,
-                  reported: set[tuple[Any, ...]]) -> StrategySettings:
+def task_sampling(
+    settings: StrategySettings,
+    kwargs: dict[str, Any],
+    task_name: str | None,
+    reported: set[tuple[Any, ...]],
+) -> StrategySettings:
     """A task's (or `--gen_kwargs`') `do_sample`/`temperature`: used by `strategy=single` (and
     `temporal`, which decodes as `single` does), else reported.
 
@@ -226,13 +257,20 @@ def _sampling_asked(asked: dict[str, Any], task_name: str | None) -> tuple[bool,
     try:
         temperature = float(asked.get("temperature") or 0)
     except (TypeError, ValueError):
-        raise ValueError(f"generation kwarg temperature must be a number, got {asked['temperature']!r} "
-                         f"(task {task_name})") from None
+        raise ValueError(
+            f"generation kwarg temperature must be a number, got {asked['temperature']!r} "
+            f"(task {task_name})"
+        ) from None
     return do_sample, temperature
 
 
-def _report_unused_sampling(settings: StrategySettings, asked: dict[str, Any], do_sample: bool,
-                            temperature: float, task_name: str | None) -> None:
+def _report_unused_sampling(
+    settings: StrategySettings,
+    asked: dict[str, Any],
+    do_sample: bool,
+    temperature: float,
+    task_name: str | None,
+) -> None:
     """Say why the task's sampling values are not used and how to choose the temperature.
 
     A request for sampling or for a temperature is a WARNING; the greedy request every
@@ -244,22 +282,28 @@ def _report_unused_sampling(settings: StrategySettings, asked: dict[str, Any], d
     if not single:
         why = f"strategy={settings.strategy} samples at its own temperature {runs_at}"
     elif not do_sample and temperature > 0:
-        why = (f"strategy={settings.strategy} samples only with do_sample=true (as HF generate does), "
-               f"so it runs at temperature {runs_at}")
+        why = (
+            f"strategy={settings.strategy} samples only with do_sample=true (as HF generate does), "
+            f"so it runs at temperature {runs_at}"
+        )
     elif do_sample:
         why = f"do_sample=true needs a temperature above 0; strategy={settings.strategy} runs at temperature {runs_at}"
     else:
         why = f"the model arg temperature={runs_at} is used"
-    message = (f"generation kwargs {asked} (task {task_name}: its YAML or --gen_kwargs) are not used: "
-               f"{why}; set the model arg temperature (--model_args temperature=...) to choose it"
-               + (", or pass do_sample=true with the temperature" if single else ""))
+    message = (
+        f"generation kwargs {asked} (task {task_name}: its YAML or --gen_kwargs) are not used: "
+        f"{why}; set the model arg temperature (--model_args temperature=...) to choose it"
+        + (", or pass do_sample=true with the temperature" if single else "")
+    )
     if not do_sample and temperature == 0:
         log.info(message)
     else:
         log.warning(message)
 
 
-def generated_text(tokenizer: Any, end_token_ids: Sequence[int], tokens: torch.Tensor, until: list[str]) -> str:
+def generated_text(
+    tokenizer: Any, end_token_ids: Sequence[int], tokens: torch.Tensor, until: list[str]
+) -> str:
     """Decoded text up to the first end token, then cut at the first `until` string.
 
     Cut *before* the answer is extracted, so what is voted is what the task's filters see.

@@ -52,6 +52,7 @@ Several processes may share one cache file (two runs started with the same `--us
 sqlite serialises their writes, equal configurations write equal values under equal keys,
 and different configurations never share a key.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,13 +64,13 @@ import logging
 import os
 import sys
 from collections import Counter, defaultdict
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 from lm_eval_dvoting import __version__
-from lm_eval_dvoting.models.loading import TOKENIZER_FILES, hub_revision, weight_files
 from lm_eval_dvoting.core.strategies import unused_settings
+from lm_eval_dvoting.models.loading import TOKENIZER_FILES, hub_revision, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,13 @@ def repeat_indices(requests: list[Any]) -> list[int]:
 def generation_key_args(request: Any, repeat: int) -> tuple[Any, ...]:
     """What decides a generation besides the run's settings: request, task, document, repeat."""
     context, gen_kwargs = request.args
-    return (context, gen_kwargs, getattr(request, "task_name", None), getattr(request, "doc_id", None), repeat)
+    return (
+        context,
+        gen_kwargs,
+        getattr(request, "task_name", None),
+        getattr(request, "doc_id", None),
+        repeat,
+    )
 
 
 def entry_key(fingerprint_id: str, attr: str, args: Any) -> str:
@@ -126,7 +133,9 @@ def _json_default(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset)):
         return sorted(obj, key=repr)
     # no repr fallback: an unstable repr would make a key that never hits again
-    raise TypeError(f"result cache: a request holds a {type(obj).__name__}, which has no stable key")
+    raise TypeError(
+        f"result cache: a request holds a {type(obj).__name__}, which has no stable key"
+    )
 
 
 # ------------------------------------------------------------------ fingerprint
@@ -147,7 +156,11 @@ def file_digest(path: Path, memo: dict[str, Any] | None = None) -> str:
             known = stored["sha256"]
     if known is None:
         if st.st_size > 1 << 30:
-            log.info("result cache: hashing %s (%.1f GB) once for the cache fingerprint", real, st.st_size / 1e9)
+            log.info(
+                "result cache: hashing %s (%.1f GB) once for the cache fingerprint",
+                real,
+                st.st_size / 1e9,
+            )
         digest = hashlib.sha256()
         with open(real, "rb") as handle:
             for chunk in iter(lambda: handle.read(_CHUNK), b""):
@@ -161,7 +174,9 @@ def file_digest(path: Path, memo: dict[str, Any] | None = None) -> str:
 
 
 def _files_digest(files: list[Path], root: Path, memo: dict[str, Any] | None) -> str:
-    lines = [f"{file.relative_to(root).as_posix()} {file_digest(file, memo)}" for file in sorted(files)]
+    lines = [
+        f"{file.relative_to(root).as_posix()} {file_digest(file, memo)}" for file in sorted(files)
+    ]
     return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
@@ -177,7 +192,9 @@ def checkpoint_identity(lm: Any, memo: dict[str, Any] | None = None) -> str:
         return "parameters:" + _parameters_digest(lm.model)
     folder = Path(source)
     files = [folder / "config.json", *weight_files(folder)]
-    files += [folder / "generation_config.json"] if (folder / "generation_config.json").exists() else []
+    files += (
+        [folder / "generation_config.json"] if (folder / "generation_config.json").exists() else []
+    )
     return "sha256:" + _files_digest(files, folder, memo)
 
 
@@ -187,8 +204,12 @@ def _reference_identity(lm: Any, memo: dict[str, Any] | None) -> str | None:
         return None
     source = getattr(reference, "source", None)
     revision = None if source is None else hub_revision(source)
-    return checkpoint_identity(SimpleNamespace(model=reference, pretrained=lm.reference, revision=revision,
-                                               subfolder=None), memo)
+    return checkpoint_identity(
+        SimpleNamespace(
+            model=reference, pretrained=lm.reference, revision=revision, subfolder=None
+        ),
+        memo,
+    )
 
 
 def _parameters_digest(model: Any) -> str:
@@ -198,7 +219,9 @@ def _parameters_digest(model: Any) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode("utf-8"))
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(
+            tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        )
     return digest.hexdigest()
 
 
@@ -214,8 +237,10 @@ def tokenizer_identity(tokenizer: Any, memo: dict[str, Any] | None = None) -> st
     if backend is not None:  # a fast tokenizer's full definition, with its chat template
         text = backend.to_str() + str(getattr(tokenizer, "chat_template", None))
         return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-    raise ValueError(f"--use_cache: cannot identify the tokenizer {folder} (no data files, not a fast "
-                     "tokenizer); run without --use_cache")
+    raise ValueError(
+        f"--use_cache: cannot identify the tokenizer {folder} (no data files, not a fast "
+        "tokenizer); run without --use_cache"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -288,13 +313,17 @@ def fingerprint_id(identity: dict[str, Any]) -> str:
 
 def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`name: stored -> current` for every setting that differs (values shortened)."""
+
     def show(value: Any) -> str:
         text = repr(value)
         return text if len(text) <= 40 else text[:37] + "..."
 
     names = sorted(set(stored) | set(current))
-    return [f"{name}: {show(stored.get(name))} -> {show(current.get(name))}"
-            for name in names if stored.get(name) != current.get(name)]
+    return [
+        f"{name}: {show(stored.get(name))} -> {show(current.get(name))}"
+        for name in names
+        if stored.get(name) != current.get(name)
+    ]
 
 
 # ------------------------------------------------------------------ the cache
@@ -313,7 +342,9 @@ class ResultCache:
         self.lm = lm
         self.dbdict = dbdict  # lm-eval's SqliteDict of PATH_rank{i}.db (CacheHook's name for it)
         self.path = str(dbdict.filename)
-        self._known: dict[str, str] = {}  # fingerprint json -> id, for configurations already registered
+        self._known: dict[
+            str, str
+        ] = {}  # fingerprint json -> id, for configurations already registered
         self.current_id()  # fingerprint (hashing the weights if needed) and report, before any request
 
     @contextlib.contextmanager
@@ -352,16 +383,25 @@ class ResultCache:
         self._known[text] = ident
         key = "fingerprint:" + ident
         if key in meta:
-            log.info("result cache %s: configuration %s (results of earlier runs are used)", self.path, ident[:12])
+            log.info(
+                "result cache %s: configuration %s (results of earlier runs are used)",
+                self.path,
+                ident[:12],
+            )
             return ident
         others = [value for name, value in meta.items() if name.startswith("fingerprint:")]
         meta[key] = {"fingerprint": identity, "pretrained": getattr(self.lm, "pretrained", None)}
         if others:
-            closest = min(others, key=lambda other: len(differences(other["fingerprint"], identity)))
+            closest = min(
+                others, key=lambda other: len(differences(other["fingerprint"], identity))
+            )
             log.warning(
                 "result cache %s holds results of %d other configuration(s), none of this one, so every "
                 "request is computed (their entries are kept apart and never used); the closest was made "
-                "with pretrained=%s and differs in %s", self.path, len(others), closest.get("pretrained"),
+                "with pretrained=%s and differs in %s",
+                self.path,
+                len(others),
+                closest.get("pretrained"),
                 "; ".join(differences(closest["fingerprint"], identity)),
             )
         return ident
@@ -379,7 +419,9 @@ class ResultCache:
         sanitise_requests(requests)
         ident = self.current_id()
         if attr == "generate_until":
-            key_args = [generation_key_args(r, k) for r, k in zip(requests, repeat_indices(requests))]
+            key_args = [
+                generation_key_args(r, k) for r, k in zip(requests, repeat_indices(requests))
+            ]
         else:
             key_args = [tuple(r.args) for r in requests]
         keys = [entry_key(ident, attr, args) for args in key_args]
@@ -390,8 +432,14 @@ class ResultCache:
                 results[position] = self.dbdict[key]
                 found[position] = True
         todo = self._to_compute(attr, requests, found)
-        log.info("result cache %s: %d of %d '%s' requests cached, %d to compute", self.path,
-                 sum(found), len(requests), attr, len(todo))
+        log.info(
+            "result cache %s: %d of %d '%s' requests cached, %d to compute",
+            self.path,
+            sum(found),
+            len(requests),
+            attr,
+            len(todo),
+        )
         if todo:
             computed = getattr(self.lm, attr)([requests[p] for p in todo], **kwargs)
             for position, result in zip(todo, computed, strict=True):
@@ -412,7 +460,9 @@ class ResultCache:
         positions: dict[int, list[int]] = defaultdict(list)
         for position, req in enumerate(requests):
             positions[id(req)].append(position)
-        todo = {p for group in positions.values() if not all(found[q] for q in group) for p in group}
+        todo = {
+            p for group in positions.values() if not all(found[q] for q in group) for p in group
+        }
         return sorted(todo)
 
 
@@ -430,10 +480,13 @@ def bind(lm: Any, hook: Any) -> Any:
         )
     cache = ResultCache(lm, hook.dbdict)
     if batch_dependent(lm):
-        log.warning("--use_cache in %s on %s: a resumed run may differ from an uninterrupted one at "
-                    "near-tie decisions, as a change of --batch_size may (the requests sharing a forward "
-                    "pass differ); each stored result is exact for its configuration (README, Reproducibility)",
-                    lm.dtype_name, lm.device.type)
+        log.warning(
+            "--use_cache in %s on %s: a resumed run may differ from an uninterrupted one at "
+            "near-tie decisions, as a change of --batch_size may (the requests sharing a forward "
+            "pass differ); each stored result is exact for its configuration (README, Reproducibility)",
+            lm.dtype_name,
+            lm.device.type,
+        )
     for attr in REQUEST_TYPES:
         setattr(wrapper, attr, _server(cache, attr))
     return cache
@@ -455,7 +508,11 @@ def _calling_caching_lm(lm: Any, hook: Any) -> Any:
         if frame is None:
             break
         owner = frame.f_locals.get("self")
-        if isinstance(owner, CachingLM) and owner.lm is lm and getattr(owner, "dbdict", None) is hook.dbdict:
+        if (
+            isinstance(owner, CachingLM)
+            and owner.lm is lm
+            and getattr(owner, "dbdict", None) is hook.dbdict
+        ):
             return owner
         frame = frame.f_back
     return None

@@ -16,6 +16,7 @@ of the model args, `config.model_args` and each task's `metadata`, are encoded t
 `config.dvoting` block itself (`bookkeeping.CostBook.report`), and the bench scripts' JSON.
 The result cache (`--use_cache`) stores pickles, not JSON.
 """
+
 from __future__ import annotations
 
 import functools
@@ -114,8 +115,10 @@ def install() -> None:
     and samples JSONL hold standard JSON (`json_safe`)."""
     from lm_eval.loggers.evaluation_tracker import EvaluationTracker
 
-    for name, wrap in (("save_results_aggregated", _wrap_aggregated),
-                       ("save_results_samples", _wrap_samples)):
+    for name, wrap in (
+        ("save_results_aggregated", _wrap_aggregated),
+        ("save_results_samples", _wrap_samples),
+    ):
         current = EvaluationTracker.__dict__.get(name)
         if current is not None and not getattr(current, _PATCH_MARK, False):
             setattr(EvaluationTracker, name, wrap(current))

@@ -35,6 +35,7 @@ ledger needs lm-eval's `evaluate` looked up in `lm_eval.evaluator` at call time 
 the harness was imported still gets the per-task metrics, but `get_model_info` then
 falls back to counting the requests this model computed.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -57,7 +58,9 @@ _PATCH_MARK = "_lm_eval_dvoting_costs"
 _TASK_MARK = "_dvoting_cost_metrics"
 
 # the cost ledger of the evaluation running now (set by the patched `evaluate`)
-_ACTIVE: contextvars.ContextVar[RunCosts | None] = contextvars.ContextVar("dvoting_run_costs", default=None)
+_ACTIVE: contextvars.ContextVar[RunCosts | None] = contextvars.ContextVar(
+    "dvoting_run_costs", default=None
+)
 
 
 class CostedList(list):
@@ -150,7 +153,9 @@ class RunCosts:
         if self.sent:
             return None
         self.sent = True
-        return RunCosts({name: Counter(c) for name, c in self.tasks.items()}, dict(self.settings), sent=True)
+        return RunCosts(
+            {name: Counter(c) for name, c in self.tasks.items()}, dict(self.settings), sent=True
+        )
 
     def merge(self, other: RunCosts) -> None:
         """Add another rank's part (documents are split between ranks, never shared)."""
@@ -171,8 +176,10 @@ class RunCosts:
         return result
 
     def by_task(self) -> dict[str, dict[str, int]]:
-        return {name: {key: sums[key] for key in ("questions", "requests", "nfe", "samples")}
-                for name, sums in sorted(self.tasks.items())}
+        return {
+            name: {key: sums[key] for key in ("questions", "requests", "nfe", "samples")}
+            for name, sums in sorted(self.tasks.items())
+        }
 
     def settings_used(self) -> list[dict[str, Any]]:
         """The distinct settings, in a fixed order (the same for any number of ranks)."""
@@ -212,9 +219,13 @@ def _after_filters(task: Any) -> None:
                 uncarried.setdefault(key, type(value).__name__)
     if uncarried:
         # a mean over only the questions whose value could carry it would be silently wrong
-        log.warning("task %s: filter(s) %s output %s, which cannot carry the cost, so the task reports "
-                    "no nfe/n_samples metrics; its sums are in results['config']['dvoting']['tasks']",
-                    task_name, sorted(uncarried), sorted(set(uncarried.values())))
+        log.warning(
+            "task %s: filter(s) %s output %s, which cannot carry the cost, so the task reports "
+            "no nfe/n_samples metrics; its sums are in results['config']['dvoting']['tasks']",
+            task_name,
+            sorted(uncarried),
+            sorted(set(uncarried.values())),
+        )
     else:
         for instance in instances:
             instance.filtered_resps.update(carried.get(id(instance), {}))
@@ -229,7 +240,11 @@ def _add_cost_metrics(task: Any) -> None:
     this task object only, so any Task subclass works and no other task is touched)."""
     if task.__dict__.get(_TASK_MARK):
         return
-    process_results, aggregation, higher_is_better = task.process_results, task.aggregation, task.higher_is_better
+    process_results, aggregation, higher_is_better = (
+        task.process_results,
+        task.aggregation,
+        task.higher_is_better,
+    )
 
     def process_results_with_cost(doc: Any, results: Any) -> dict[str, Any]:
         metrics = process_results(doc, results)
@@ -283,7 +298,11 @@ def _group_cost(group: Any, task_metrics: dict[str, Any]) -> dict[str, float]:
         questions += size
     if not leaves or not questions:
         return {}
-    return {f"{metric},{name}": weighted[metric] / questions for metric in COST_METRICS for name in sorted(filters)}
+    return {
+        f"{metric},{name}": weighted[metric] / questions
+        for metric in COST_METRICS
+        for name in sorted(filters)
+    }
 
 
 def _wrap_group_aggregate(original: Callable[..., Any]) -> Callable[..., Any]:

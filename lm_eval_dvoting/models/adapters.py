@@ -19,6 +19,7 @@ unmerged (`enabled` switches it off and on, e.g. for a reference pass) and merge
 the weights with `merge` (the same logits up to rounding; exactly in float32 up to
 float addition order).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,17 +37,41 @@ from lm_eval_dvoting.models.loading import CheckpointError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # adapters shipped with the package: the demo's RFG policy (demo/train_adapter.py)
-PACKAGED_ADAPTERS = {"tiny-arith-lora": Path(__file__).resolve().parents[1] / "demo" / "tiny-arith-lora"}
-_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
+PACKAGED_ADAPTERS = {
+    "tiny-arith-lora": Path(__file__).resolve().parents[1] / "demo" / "tiny-arith-lora"
+}
+_KEY = re.compile(
+    r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$"
+)
 # adapter_config.json keys that say nothing about the forward beyond W + scale * B A (which
 # modules: the saved weights say); every other key must be unset (None, false, empty, or
 # bias "none"), since PEFT's many other features (DoRA, aLoRA, QALoRA, biases, saved
 # modules, per-module ranks, ...) change the forward and this loader does not apply them
-_PLAIN_KEYS = {"peft_type", "r", "lora_alpha", "use_rslora", "target_modules", "lora_dropout", "task_type",
-               "inference_mode", "init_lora_weights", "base_model_name_or_path", "revision", "auto_mapping",
-               "peft_version", "layers_to_transform", "layers_pattern", "exclude_modules", "megatron_config",
-               "megatron_core", "loftq_config", "eva_config", "corda_config", "qalora_group_size",
-               "ensure_weight_tying"}
+_PLAIN_KEYS = {
+    "peft_type",
+    "r",
+    "lora_alpha",
+    "use_rslora",
+    "target_modules",
+    "lora_dropout",
+    "task_type",
+    "inference_mode",
+    "init_lora_weights",
+    "base_model_name_or_path",
+    "revision",
+    "auto_mapping",
+    "peft_version",
+    "layers_to_transform",
+    "layers_pattern",
+    "exclude_modules",
+    "megatron_config",
+    "megatron_core",
+    "loftq_config",
+    "eva_config",
+    "corda_config",
+    "qalora_group_size",
+    "ensure_weight_tying",
+}
 
 
 class AdapterError(CheckpointError):
@@ -73,19 +98,27 @@ def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
     if path.is_dir():
         missing = [name for name in ADAPTER_FILES if not (path / name).exists()]
         if missing:
-            raise AdapterError(f"peft={key!r}: the folder has no {' or '.join(missing)}; a PEFT LoRA adapter "
-                               f"folder holds {' and '.join(ADAPTER_FILES)} (as written by save_pretrained)")
+            raise AdapterError(
+                f"peft={key!r}: the folder has no {' or '.join(missing)}; a PEFT LoRA adapter "
+                f"folder holds {' and '.join(ADAPTER_FILES)} (as written by save_pretrained)"
+            )
         return path
     if key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1:
-        raise AdapterError(f"peft={key!r}: no such folder; give a folder holding {' and '.join(ADAPTER_FILES)}, "
-                           f"a hub id such as 'org/adapter-name', or one of {sorted(PACKAGED_ADAPTERS)}")
+        raise AdapterError(
+            f"peft={key!r}: no such folder; give a folder holding {' and '.join(ADAPTER_FILES)}, "
+            f"a hub id such as 'org/adapter-name', or one of {sorted(PACKAGED_ADAPTERS)}"
+        )
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id=key, revision=revision, allow_patterns=list(ADAPTER_FILES)))
+        return Path(
+            snapshot_download(repo_id=key, revision=revision, allow_patterns=list(ADAPTER_FILES))
+        )
     except Exception as err:  # network, auth, offline mode: all end the same way for a user
-        raise AdapterError(f"peft={key!r}: could not fetch the adapter from the Hugging Face hub "
-                           f"({type(err).__name__}: {err}); check the id and your network, or pass a folder") from err
+        raise AdapterError(
+            f"peft={key!r}: could not fetch the adapter from the Hugging Face hub "
+            f"({type(err).__name__}: {err}); check the id and your network, or pass a folder"
+        ) from err
 
 
 def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
@@ -96,31 +129,47 @@ def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
     raw = {name: (folder / name).read_bytes() for name in ADAPTER_FILES}
     config = json.loads(raw["adapter_config.json"])
     if config.get("peft_type") != "LORA":
-        raise AdapterError(f"peft={source!s}: adapter_config.json says peft_type={config.get('peft_type')!r}; "
-                           "only LoRA adapters (peft_type LORA) are supported")
+        raise AdapterError(
+            f"peft={source!s}: adapter_config.json says peft_type={config.get('peft_type')!r}; "
+            "only LoRA adapters (peft_type LORA) are supported"
+        )
     for name, value in sorted(config.items()):
         if name not in _PLAIN_KEYS and value not in (None, False, "none", [], {}):
-            raise AdapterError(f"peft={source!s}: adapter_config.json sets {name}={value!r}, which this loader does "
-                               "not support (it applies W + scale * B A to the saved modules only); use a plain "
-                               f"LoRA adapter, with {name} unset")
+            raise AdapterError(
+                f"peft={source!s}: adapter_config.json sets {name}={value!r}, which this loader does "
+                "not support (it applies W + scale * B A to the saved modules only); use a plain "
+                f"LoRA adapter, with {name} unset"
+            )
     for name in ("r", "lora_alpha"):
         value = config.get(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise AdapterError(f"peft={source!s}: adapter_config.json has {name}={value!r}; a LoRA adapter needs a "
-                               f"positive {name}")
+            raise AdapterError(
+                f"peft={source!s}: adapter_config.json has {name}={value!r}; a LoRA adapter needs a "
+                f"positive {name}"
+            )
     parts: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in load(raw["adapter_model.safetensors"]).items():
         match = _KEY.match(key)
         if match is None:
-            raise AdapterError(f"peft={source!s}: adapter_model.safetensors holds {key!r}, which is no LoRA weight "
-                               "(expected <module>.lora_A.weight / <module>.lora_B.weight)")
+            raise AdapterError(
+                f"peft={source!s}: adapter_model.safetensors holds {key!r}, which is no LoRA weight "
+                "(expected <module>.lora_A.weight / <module>.lora_B.weight)"
+            )
         parts.setdefault(match["module"], {})[match["part"]] = tensor
     unpaired = sorted(module for module, found in parts.items() if set(found) != {"A", "B"})
     if unpaired or not parts:
-        raise AdapterError(f"peft={source!s}: adapter_model.safetensors " + (
-            f"lacks lora_A or lora_B for {', '.join(unpaired)}" if unpaired else "holds no LoRA weights"))
+        raise AdapterError(
+            f"peft={source!s}: adapter_model.safetensors "
+            + (
+                f"lacks lora_A or lora_B for {', '.join(unpaired)}"
+                if unpaired
+                else "holds no LoRA weights"
+            )
+        )
     digest = hashlib.sha256(b"".join(raw[name] for name in ADAPTER_FILES)).hexdigest()[:16]
-    return Adapter(str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())}, digest)
+    return Adapter(
+        str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())}, digest
+    )
 
 
 def check_targets(model: torch.nn.Module, adapter: Adapter) -> None:
@@ -141,8 +190,14 @@ def check_targets(model: torch.nn.Module, adapter: Adapter) -> None:
         if linear:
             return
     else:
-        keys = ("target_modules", "exclude_modules", "modules_to_save", "target_parameters",
-                "layers_to_transform", "layers_pattern")
+        keys = (
+            "target_modules",
+            "exclude_modules",
+            "modules_to_save",
+            "target_parameters",
+            "layers_to_transform",
+            "layers_pattern",
+        )
         matching = SimpleNamespace(**{key: adapter.config.get(key) for key in keys})
         if any(check_target_module_exists(matching, name) for name in modules if name):
             return
@@ -152,7 +207,8 @@ def check_targets(model: torch.nn.Module, adapter: Adapter) -> None:
         f"{targets!r}, which matches no module of {type(model).__name__} (PEFT refuses such an "
         f"adapter: it was made for another model). The model's linear layers are "
         f"{', '.join(leaves)} (e.g. {', '.join(linear[:3])}). Use an adapter trained on this "
-        "checkpoint's architecture")
+        "checkpoint's architecture"
+    )
 
 
 def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
@@ -165,16 +221,24 @@ def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
     for name, (lora_a, lora_b) in adapter.weights.items():
         module = modules.get(name)
         if not isinstance(module, torch.nn.Linear):
-            problems.append(f"{name}: {'no such module' if module is None else type(module).__name__} in the model")
+            problems.append(
+                f"{name}: {'no such module' if module is None else type(module).__name__} in the model"
+            )
             continue
         want_a, want_b = (rank, module.in_features), (module.out_features, rank)
         if tuple(lora_a.shape) != want_a or tuple(lora_b.shape) != want_b:
-            problems.append(f"{name}: lora_A {tuple(lora_a.shape)}, lora_B {tuple(lora_b.shape)}; the model's "
-                            f"layer takes lora_A {want_a}, lora_B {want_b}")
+            problems.append(
+                f"{name}: lora_A {tuple(lora_a.shape)}, lora_B {tuple(lora_b.shape)}; the model's "
+                f"layer takes lora_A {want_a}, lora_B {want_b}"
+            )
     if problems:
-        shown = "; ".join(problems[:5]) + (f"; ... ({len(problems)} in all)" if len(problems) > 5 else "")
-        raise AdapterError(f"peft={adapter.source}: the adapter does not fit this model ({type(model).__name__}): "
-                           f"{shown}. Use an adapter trained on this checkpoint's architecture")
+        shown = "; ".join(problems[:5]) + (
+            f"; ... ({len(problems)} in all)" if len(problems) > 5 else ""
+        )
+        raise AdapterError(
+            f"peft={adapter.source}: the adapter does not fit this model ({type(model).__name__}): "
+            f"{shown}. Use an adapter trained on this checkpoint's architecture"
+        )
 
 
 def attach(model: torch.nn.Module, adapter: Adapter) -> None:
@@ -183,9 +247,13 @@ def attach(model: torch.nn.Module, adapter: Adapter) -> None:
 
     check_fits(model, adapter)
     # the modules' full names: PEFT wraps exactly these (a name matches itself or a suffix)
-    config = LoraConfig(r=int(adapter.config["r"]), lora_alpha=adapter.config["lora_alpha"],
-                        use_rslora=bool(adapter.config.get("use_rslora")), lora_dropout=0.0,
-                        target_modules=list(adapter.weights))
+    config = LoraConfig(
+        r=int(adapter.config["r"]),
+        lora_alpha=adapter.config["lora_alpha"],
+        use_rslora=bool(adapter.config.get("use_rslora")),
+        lora_dropout=0.0,
+        target_modules=list(adapter.weights),
+    )
     inject_adapter_in_model(config, model)
     state = {}
     for name, (lora_a, lora_b) in adapter.weights.items():
@@ -193,12 +261,16 @@ def attach(model: torch.nn.Module, adapter: Adapter) -> None:
     loaded = set_peft_model_state_dict(model, state)
     missing = [key for key in loaded.missing_keys if ".lora_" in key]
     if loaded.unexpected_keys or missing:
-        raise AdapterError(f"peft={adapter.source}: PEFT did not load every LoRA weight (unexpected: "
-                           f"{loaded.unexpected_keys[:5]}, missing: {missing[:5]})")
+        raise AdapterError(
+            f"peft={adapter.source}: PEFT did not load every LoRA weight (unexpected: "
+            f"{loaded.unexpected_keys[:5]}, missing: {missing[:5]})"
+        )
     wrapped = sorted(name for name, module in model.named_modules() if _is_lora(module))
     if wrapped != sorted(adapter.weights):
-        raise AdapterError(f"peft={adapter.source}: PEFT wrapped {len(wrapped)} modules for the adapter's "
-                           f"{len(adapter.weights)}: {sorted(set(wrapped) ^ set(adapter.weights))[:5]}")
+        raise AdapterError(
+            f"peft={adapter.source}: PEFT wrapped {len(wrapped)} modules for the adapter's "
+            f"{len(adapter.weights)}: {sorted(set(wrapped) ^ set(adapter.weights))[:5]}"
+        )
     model.eval()
 
 

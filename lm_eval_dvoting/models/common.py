@@ -5,6 +5,7 @@ RMSNorm, half-split rotary embeddings, SwiGLU MLPs and *bidirectional* attention
 numerics follow the upstream code: norms and rotary tables in float32, the rest in
 the weights' dtype.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,7 +35,10 @@ def rotary_tables(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables of shape (batch, 1, length, head_dim) in float32."""
     inv_freq = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim)
+        theta
+        ** (
+            torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim
+        )
     )
     freqs = position_ids.float()[..., None] * inv_freq  # (batch, length, head_dim/2)
     angles = torch.cat((freqs, freqs), dim=-1)[:, None]
@@ -49,9 +53,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x32 * cos + rotated * sin).to(x.dtype)
 
 
-def attention_bias(
-    attention_mask: torch.Tensor | None, dtype: torch.dtype
-) -> torch.Tensor | None:
+def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Additive key mask (batch, 1, 1, length) from a 0/1 mask; None means attend everywhere.
 
     Padded *queries* still attend to the real keys (their outputs are never used),
@@ -104,7 +106,9 @@ class PrefixCache:
     new_keys: list[torch.Tensor] = field(default_factory=list)
     new_values: list[torch.Tensor] = field(default_factory=list)
 
-    def key_mask(self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor | None:
+    def key_mask(
+        self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor
+    ) -> torch.Tensor | None:
         """The 0/1 mask over prefix + pass + suffix keys (None: attend everywhere)."""
         if self.mask is None and self.suffix_mask is None:
             return attention_mask
@@ -117,8 +121,14 @@ class PrefixCache:
             parts.append(self.suffix_mask.to(attention_mask.dtype))
         return torch.cat(parts, dim=1)
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               bias: torch.Tensor | None) -> torch.Tensor:
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Record this pass's keys/values, then attend over prefix + pass + suffix keys."""
         self.new_keys.append(k)
         self.new_values.append(v)
@@ -131,8 +141,12 @@ class PrefixCache:
         return bidirectional_attention(q, k, v, bias)
 
 
-def block_causal_bias(key_mask: torch.Tensor, query_positions: torch.Tensor, block_lengths: torch.Tensor,
-                      dtype: torch.dtype) -> torch.Tensor:
+def block_causal_bias(
+    key_mask: torch.Tensor,
+    query_positions: torch.Tensor,
+    block_lengths: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """Additive (batch, 1, queries, keys) mask of block diffusion (LLaDA2): a query at
     position p sees a real key at position q when q // B <= p // B, with each row's block
     length B (`block_lengths`, (batch,)): bidirectional inside a block, causal across
@@ -178,7 +192,14 @@ class HeadedLM(nn.Module):
             return F.linear(hidden, self.input_embedding().weight)
         return self.lm_head(hidden)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
         """Raw logits (batch, length, vocabulary); `kwargs` go to `hidden_states`."""
-        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids, **kwargs))
+        return self.logits_from_hidden(
+            self.hidden_states(input_ids, attention_mask, position_ids, **kwargs)
+        )

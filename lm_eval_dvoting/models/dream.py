@@ -5,6 +5,7 @@ autoregressive model, so its prediction for position `i` sits in the logits at `
 `forward` returns the raw logits (upstream convention) and `logits_shift = 1` tells
 the sampler to read them one position to the left.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -71,7 +72,11 @@ class DreamAttention(nn.Module):
         k = self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        attended = bidirectional_attention(q, k, v, bias) if cache is None else cache.attend(layer, q, k, v, bias)
+        attended = (
+            bidirectional_attention(q, k, v, bias)
+            if cache is None
+            else cache.attend(layer, q, k, v, bias)
+        )
         if query_keep is not None:
             # Upstream Dream masks queries too (a 4-D mask `keep_q & keep_k`), which
             # makes a padded position's attention output zero. Zeroing explicitly gives
@@ -149,7 +154,9 @@ class DreamModel(nn.Module):
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
         x = self.model.embed_tokens(input_ids)
-        rotary = rotary_tables(position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta)
+        rotary = rotary_tables(
+            position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta
+        )
         keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
         bias = attention_bias(keys, x.dtype)
         query_keep = None

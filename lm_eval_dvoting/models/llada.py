@@ -4,6 +4,7 @@ Reads the official checkpoints' parameter names (`model.transformer.blocks.N.q_p
 ...), so no downloaded modeling code is ever run. The block is OLMo's "llama" block:
 pre-norm, rotary, SwiGLU with `ff_proj` as the gated branch, bidirectional attention.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,8 +75,12 @@ class LLaDABlock(nn.Module):
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, cfg.d_model, bias=cfg.include_bias)
 
     def forward(
-        self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
-        cache: PrefixCache | None = None, layer: int = 0,
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        bias: torch.Tensor | None,
+        cache: PrefixCache | None = None,
+        layer: int = 0,
     ) -> torch.Tensor:
         batch, length, width = x.shape
         h = self.attn_norm(x)
@@ -83,7 +88,11 @@ class LLaDABlock(nn.Module):
         k = self.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        attended = bidirectional_attention(q, k, v, bias) if cache is None else cache.attend(layer, q, k, v, bias)
+        attended = (
+            bidirectional_attention(q, k, v, bias)
+            if cache is None
+            else cache.attend(layer, q, k, v, bias)
+        )
         x = x + self.attn_out(attended.transpose(1, 2).reshape(batch, length, width))
         h = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))

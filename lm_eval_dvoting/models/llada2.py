@@ -20,6 +20,7 @@ token); without, it is bidirectional. Padded keys are always masked (upstream tu
 mask with a zero into a causal mask for the whole batch; we do not copy that). Logits
 are not shifted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm_eval_dvoting.models.common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, attention_bias, block_causal_bias, default_position_ids, repeat_kv,
-                     rotary_tables)
+from lm_eval_dvoting.models.common import (
+    FromConfigDict,
+    HeadedLM,
+    PrefixCache,
+    RMSNorm,
+    attention_bias,
+    block_causal_bias,
+    default_position_ids,
+    repeat_kv,
+    rotary_tables,
+)
 from lm_eval_dvoting.models.llada_moe import apply_partial_rotary
 from lm_eval_dvoting.models.moe import Experts, SwiGLU
 
@@ -75,17 +85,30 @@ class LLaDA2Config(FromConfigDict):
 class LLaDA2Attention(nn.Module):
     def __init__(self, cfg: LLaDA2Config) -> None:
         super().__init__()
-        self.n_heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.kv_heads, cfg.dim_per_head
-        self.query_key_value = nn.Linear(cfg.hidden_size, (self.n_heads + 2 * self.kv_heads) * self.head_dim,
-                                         bias=False)
+        self.n_heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.kv_heads,
+            cfg.dim_per_head,
+        )
+        self.query_key_value = nn.Linear(
+            cfg.hidden_size, (self.n_heads + 2 * self.kv_heads) * self.head_dim, bias=False
+        )
         self.dense = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.query_layernorm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.key_layernorm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
-                cache: PrefixCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        bias: torch.Tensor | None,
+        cache: PrefixCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         batch, length, _ = x.shape
-        qkv = self.query_key_value(x).view(batch, length, self.n_heads + 2 * self.kv_heads, self.head_dim)
+        qkv = self.query_key_value(x).view(
+            batch, length, self.n_heads + 2 * self.kv_heads, self.head_dim
+        )
         q, k, v = qkv.split([self.n_heads, self.kv_heads, self.kv_heads], dim=2)
         q = apply_partial_rotary(self.query_layernorm(q).transpose(1, 2), *rotary)
         k = apply_partial_rotary(self.key_layernorm(k).transpose(1, 2), *rotary)
@@ -94,7 +117,10 @@ class LLaDA2Attention(nn.Module):
             cache.new_keys.append(k)
             cache.new_values.append(v)
             if cache.keys:
-                k, v = torch.cat([cache.keys[layer], k], dim=2), torch.cat([cache.values[layer], v], dim=2)
+                k, v = (
+                    torch.cat([cache.keys[layer], k], dim=2),
+                    torch.cat([cache.values[layer], v], dim=2),
+                )
         k, v = repeat_kv(k, v, self.n_heads)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         return self.dense(attended.transpose(1, 2).reshape(batch, length, -1))
@@ -105,7 +131,11 @@ class GroupLimitedRouter(nn.Module):
 
     def __init__(self, cfg: LLaDA2Config) -> None:
         super().__init__()
-        self.top_k, self.groups, self.top_groups = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+        self.top_k, self.groups, self.top_groups = (
+            cfg.num_experts_per_tok,
+            cfg.n_group,
+            cfg.topk_group,
+        )
         self.scaling = cfg.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size))
         self.register_buffer("expert_bias", torch.zeros(cfg.num_experts))
@@ -149,8 +179,14 @@ class LLaDA2Layer(nn.Module):
         dense = layer < cfg.first_k_dense_replace
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size) if dense else LLaDA2SparseMLP(cfg)
 
-    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
-                cache: PrefixCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        bias: torch.Tensor | None,
+        cache: PrefixCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         x = x + self.attention(self.input_layernorm(x), rotary, bias, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -178,9 +214,14 @@ class LLaDA2Model(HeadedLM):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      position_ids: torch.Tensor | None = None, cache: PrefixCache | None = None,
-                      block_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: PrefixCache | None = None,
+        block_lengths: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Final-norm hidden states (batch, length, width).
 
         `block_lengths` (batch,): block-causal attention with those block lengths (None:

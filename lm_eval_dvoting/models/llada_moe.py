@@ -13,6 +13,7 @@ Upstream ignores every attention mask (fully bidirectional, padding included); w
 not copy that: padded keys are masked, so a padded row gives the logits of the row alone
 (tests/fixtures/official-tiny README, `logits_masked_dllm`). Logits are not shifted.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,8 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm_eval_dvoting.models.common import (FromConfigDict, HeadedLM, PrefixCache, RMSNorm, apply_rotary, attention_bias,
-                     bidirectional_attention, default_position_ids, rotary_tables)
+from lm_eval_dvoting.models.common import (
+    FromConfigDict,
+    HeadedLM,
+    PrefixCache,
+    RMSNorm,
+    apply_rotary,
+    attention_bias,
+    bidirectional_attention,
+    default_position_ids,
+    rotary_tables,
+)
 from lm_eval_dvoting.models.moe import Experts, SwiGLU
 
 
@@ -76,14 +86,28 @@ class LLaDAMoEAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
-                cache: PrefixCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        bias: torch.Tensor | None,
+        cache: PrefixCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         batch, length, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(batch, length, self.n_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)).transpose(1, 2)
+        q = self.q_norm(self.q_proj(x).view(batch, length, self.n_heads, self.head_dim)).transpose(
+            1, 2
+        )
+        k = self.k_norm(self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)).transpose(
+            1, 2
+        )
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        attended = bidirectional_attention(q, k, v, bias) if cache is None else cache.attend(layer, q, k, v, bias)
+        attended = (
+            bidirectional_attention(q, k, v, bias)
+            if cache is None
+            else cache.attend(layer, q, k, v, bias)
+        )
         return self.o_proj(attended.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -129,8 +153,14 @@ class LLaDAMoELayer(nn.Module):
         dense = cfg.dense_intermediate_size or cfg.expert_intermediate_size
         self.mlp = LLaDAMoEBlock(cfg) if cfg.is_moe(layer) else SwiGLU(cfg.hidden_size, dense)
 
-    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
-                cache: PrefixCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        bias: torch.Tensor | None,
+        cache: PrefixCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rotary, bias, cache, layer)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -155,8 +185,13 @@ class LLaDAMoEModel(HeadedLM):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
-    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      position_ids: torch.Tensor | None = None, cache: PrefixCache | None = None) -> torch.Tensor:
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: PrefixCache | None = None,
+    ) -> torch.Tensor:
         """Final-norm hidden states (batch, length, width); `cache` as for LLaDA."""
         cfg = self.config
         if position_ids is None:

@@ -12,6 +12,7 @@ The returned module exposes what the sampler needs:
 With `device_map`, one model is spread over several GPUs, each weight read straight onto
 its own (models/placement.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,11 +27,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
+from lm_eval_dvoting.models import placement
 from lm_eval_dvoting.models.dream import DreamConfig, DreamModel
 from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
 from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Model
 from lm_eval_dvoting.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModel
-from lm_eval_dvoting.models import placement
 
 # Official ids, used when a config does not name them (the real checkpoints' values).
 # LLaDA-MoE and LLaDA2.x share inclusionAI's tokenizer: mask 156895 and end of text 156892
@@ -52,13 +53,20 @@ ARCHITECTURES = {
 # upstream class names in config.json's `architectures`
 # model_type -> the families it may name (LLaDA-MoE's checkpoints say 'llada', as dense LLaDA's do)
 _MODEL_TYPES = {"llada": ("llada", "llada_moe"), "dream": ("dream",), "llada2_moe": ("llada2",)}
-_ARCHITECTURE_NAMES = {"LLaDAModelLM": "llada", "DreamModel": "dream", "LLaDAMoEModelLM": "llada_moe",
-                       "LLaDA2MoeModelLM": "llada2"}
+_ARCHITECTURE_NAMES = {
+    "LLaDAModelLM": "llada",
+    "DreamModel": "dream",
+    "LLaDAMoEModelLM": "llada_moe",
+    "LLaDA2MoeModelLM": "llada2",
+}
 
 _DEMO = Path(__file__).resolve().parents[1] / "demo"
 # The demo checkpoints shipped inside the package: `pretrained=tiny-arith` (LLaDA format) and
 # `pretrained=tiny-arith-dream` (Dream format, for `dvoting-dream`).
-PACKAGED_CHECKPOINTS = {"tiny-arith": _DEMO / "tiny-arith", "tiny-arith-dream": _DEMO / "tiny-arith-dream"}
+PACKAGED_CHECKPOINTS = {
+    "tiny-arith": _DEMO / "tiny-arith",
+    "tiny-arith-dream": _DEMO / "tiny-arith-dream",
+}
 
 # What a hub load fetches: data files only, named exactly (a wildcard such as `tokenizer*`
 # would also admit a repo's `tokenization_*.py`/`tokenizer_*.py` code, which we never run).
@@ -90,6 +98,7 @@ def hub_patterns(subfolder: str | None = None) -> list[str]:
         return list(_HUB_FILES)
     prefix = subfolder.strip("/")
     return [f"{prefix}/{pattern}" for pattern in _HUB_FILES]
+
 
 _DTYPES = {
     "float32": torch.float32,
@@ -152,7 +161,11 @@ def resolve_checkpoint(
 
     at = f" at revision {revision!r}" if revision else ""
     try:
-        snapshot = Path(snapshot_download(repo_id=key, revision=revision, allow_patterns=hub_patterns(subfolder)))
+        snapshot = Path(
+            snapshot_download(
+                repo_id=key, revision=revision, allow_patterns=hub_patterns(subfolder)
+            )
+        )
     except Exception as err:  # network, auth, offline mode: all end the same way for a user
         raise CheckpointError(
             f"could not fetch {key!r}{at} from the Hugging Face hub ({type(err).__name__}: {err}); "
@@ -185,7 +198,9 @@ def hub_revision(folder: str | Path) -> str | None:
 def read_config(folder: Path) -> dict[str, Any]:
     config_file = folder / "config.json"
     if not config_file.exists():
-        raise CheckpointError(f"{config_file} does not exist: a checkpoint folder needs its config.json")
+        raise CheckpointError(
+            f"{config_file} does not exist: a checkpoint folder needs its config.json"
+        )
     try:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as err:
@@ -201,14 +216,24 @@ def read_config(folder: Path) -> dict[str, Any]:
 def check_config_fields(family: str, config: dict[str, Any], config_file: Path) -> None:
     """Refuse a config without the sizes the architecture needs (named), before any weight is read."""
     config_class = ARCHITECTURES[family][0]
-    required = [f.name for f in dataclasses.fields(config_class)
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        f.name
+        for f in dataclasses.fields(config_class)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [name for name in required if config.get(name) is None]
-    bad = [f"{name}={config[name]!r}" for name in required if name not in missing
-           and (isinstance(config[name], bool) or not isinstance(config[name], int) or config[name] < 1)]
+    bad = [
+        f"{name}={config[name]!r}"
+        for name in required
+        if name not in missing
+        and (
+            isinstance(config[name], bool) or not isinstance(config[name], int) or config[name] < 1
+        )
+    ]
     if missing or bad:
         problems = ([f"lacks {', '.join(missing)}"] if missing else []) + (
-            [f"has {', '.join(bad)} (each must be a whole number >= 1)"] if bad else [])
+            [f"has {', '.join(bad)} (each must be a whole number >= 1)"] if bad else []
+        )
         raise CheckpointError(
             f"{config_file} {'; '.join(problems)}: a {family} config needs {', '.join(required)}; "
             "use the checkpoint's original config.json (download it again)"
@@ -223,7 +248,11 @@ def model_family(config: dict[str, Any], config_file: Path) -> str:
     reverse) is refused rather than read as either.
     """
     model_type = str(config.get("model_type", ""))
-    named = [_ARCHITECTURE_NAMES[a] for a in config.get("architectures") or [] if a in _ARCHITECTURE_NAMES]
+    named = [
+        _ARCHITECTURE_NAMES[a]
+        for a in config.get("architectures") or []
+        if a in _ARCHITECTURE_NAMES
+    ]
     has_experts = config.get("num_experts") is not None
     families = _MODEL_TYPES.get(model_type.lower(), ())
     if not families or (named and named[0] not in families):
@@ -253,8 +282,12 @@ def checkpoint_facts(folder: Path) -> dict[str, Any]:
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
     mask_id, end_ids = _special_ids(family, config, folder)
-    return {"family": family, "mask_token_id": mask_id, "end_token_ids": end_ids,
-            "vocabulary": int(config.get("embedding_size") or config["vocab_size"])}
+    return {
+        "family": family,
+        "mask_token_id": mask_id,
+        "end_token_ids": end_ids,
+        "vocabulary": int(config.get("embedding_size") or config["vocab_size"]),
+    }
 
 
 def _max_length(family: str, cfg: Any) -> int:
@@ -272,8 +305,9 @@ def config_max_length(folder: Path) -> int:
     return _max_length(family, ARCHITECTURES[family][0].from_dict(config))
 
 
-def local_checkpoint(name_or_path: str | Path, revision: str | None = None,
-                     subfolder: str | None = None) -> Path | None:
+def local_checkpoint(
+    name_or_path: str | Path, revision: str | None = None, subfolder: str | None = None
+) -> Path | None:
     """The folder holding `name_or_path`'s config.json when it is known without the network:
     a packaged name or local folder (`resolve_checkpoint`'s), or a hub id whose config.json
     (at `revision`, default main, inside `subfolder`) is in the local hub cache; else None.
@@ -311,7 +345,7 @@ def _special_ids(family: str, config: dict[str, Any], folder: Path) -> tuple[int
             raise CheckpointError(
                 f"{folder / 'config.json'} has no mask_token_id and the official default "
                 f"{official['mask']} lies outside its vocabulary of {vocab_size}: "
-                "add \"mask_token_id\" to config.json"
+                'add "mask_token_id" to config.json'
             )
         mask_id = official["mask"]
     end_ids: list[int] = []
@@ -320,7 +354,9 @@ def _special_ids(family: str, config: dict[str, Any], folder: Path) -> tuple[int
     generation_config = folder / "generation_config.json"
     if generation_config.exists():
         gen_eos = json.loads(generation_config.read_text()).get("eos_token_id")
-        end_ids += gen_eos if isinstance(gen_eos, list) else ([gen_eos] if gen_eos is not None else [])
+        end_ids += (
+            gen_eos if isinstance(gen_eos, list) else ([gen_eos] if gen_eos is not None else [])
+        )
     if is_official_vocab:
         end_ids += [i for i in (official["eos"], official["end_of_turn"]) if i is not None]
     if not end_ids:
@@ -367,7 +403,9 @@ def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
         probe = torch.ones(2, 2, dtype=dtype, device=device)
         torch.nn.functional.linear(probe, probe)
     except RuntimeError as err:
-        raise ValueError(f"dtype {dtype} cannot run on {device} ({err}); use dtype=float32") from err
+        raise ValueError(
+            f"dtype {dtype} cannot run on {device} ({err}); use dtype=float32"
+        ) from err
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -376,12 +414,16 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        warnings.warn(f"device {device} requested but CUDA is not available; using the CPU", stacklevel=2)
+        warnings.warn(
+            f"device {device} requested but CUDA is not available; using the CPU", stacklevel=2
+        )
         return torch.device("cpu")
     return device
 
 
-def _read_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _read_weights(
+    files: list[Path], device: torch.device, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     # safetensors accepts "cpu" but not "cpu:0" (what a CPU rank of torchrun/accelerate gets)
     where = "cpu" if device.type == "cpu" else str(device)
@@ -397,7 +439,9 @@ def _read_weights(files: list[Path], device: torch.device, dtype: torch.dtype) -
     return state
 
 
-def _checked(file: Path, name: str, tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def _checked(
+    file: Path, name: str, tensor: torch.Tensor, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
     """`tensor` on `device` in `dtype`, refused when it holds NaN/inf."""
     loaded = tensor.to(device=device, dtype=dtype)
     # a corrupt file of the right size loads "fine" and decodes garbage: one pass per
@@ -407,8 +451,9 @@ def _checked(file: Path, name: str, tensor: torch.Tensor, device: torch.device, 
     return loaded
 
 
-def _read_weights_placed(files: list[Path], device_of: Callable[[str], torch.device],
-                         dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _read_weights_placed(
+    files: list[Path], device_of: Callable[[str], torch.device], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """As `_read_weights`, each tensor onto its own device (`device_of(name)`, a device map's).
 
     Tensors are read one at a time from the memory-mapped file, so host memory holds one
@@ -445,7 +490,9 @@ def _all_finite(tensor: torch.Tensor) -> bool:
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
-def _refuse_non_finite(file: Path, name: str, stored: torch.Tensor, loaded: torch.Tensor, dtype: torch.dtype) -> None:
+def _refuse_non_finite(
+    file: Path, name: str, stored: torch.Tensor, loaded: torch.Tensor, dtype: torch.dtype
+) -> None:
     """The error for a weight tensor holding NaN/inf: corrupt in the file, or overflowing `dtype`."""
     bad = int((~torch.isfinite(loaded)).sum())
     if stored.is_floating_point() and bool(torch.isfinite(stored).all()):
@@ -488,13 +535,19 @@ def load_model(
     check_config_fields(family, config, folder / "config.json")
     if device_map is None:
         if max_memory is not None:
-            raise ValueError("max_memory applies with device_map='auto' only: give device_map='auto' or drop "
-                             "max_memory")
+            raise ValueError(
+                "max_memory applies with device_map='auto' only: give device_map='auto' or drop "
+                "max_memory"
+            )
         target = resolve_device(device)
     else:
         if device is not None:
-            raise ValueError(f"device={device!r} and device_map: give one (device_map places every module itself)")
-        max_memory = placement.gpu_budget() if device_map == "auto" and max_memory is None else max_memory
+            raise ValueError(
+                f"device={device!r} and device_map: give one (device_map places every module itself)"
+            )
+        max_memory = (
+            placement.gpu_budget() if device_map == "auto" and max_memory is None else max_memory
+        )
         target = placement.named_device(device_map, max_memory)
     torch_dtype = parse_dtype(dtype, target)
     check_device_dtype(target, torch_dtype)
@@ -506,7 +559,9 @@ def load_model(
         cfg = config_class.from_dict(config)
         model: nn.Module = model_class(cfg)
     max_length = _max_length(family, cfg)
-    placed = None if device_map is None else _planned_map(model, device_map, max_memory, torch_dtype)
+    placed = (
+        None if device_map is None else _planned_map(model, device_map, max_memory, torch_dtype)
+    )
     if placed is None:
         state = _read_weights(files, target, torch_dtype)
     else:
@@ -531,20 +586,30 @@ def load_model(
     return model
 
 
-def _planned_map(model: nn.Module, device_map: str | dict[str, Any], max_memory: dict[Any, Any] | None,
-                 dtype: torch.dtype) -> dict[str, placement.Device]:
+def _planned_map(
+    model: nn.Module,
+    device_map: str | dict[str, Any],
+    max_memory: dict[Any, Any] | None,
+    dtype: torch.dtype,
+) -> dict[str, placement.Device]:
     """The expanded map (one entry per layer and module) of `device_map` for the meta-device `model`."""
     if device_map == "auto":
         return placement.auto_device_map(model, max_memory or {}, dtype)
     if not isinstance(device_map, dict):
-        raise ValueError(f"device_map={device_map!r}: give 'auto' or a dict of module name -> GPU index or 'cpu'")
+        raise ValueError(
+            f"device_map={device_map!r}: give 'auto' or a dict of module name -> GPU index or 'cpu'"
+        )
     if max_memory is not None:
-        raise ValueError("max_memory applies with device_map='auto' only: a dict device_map places every module "
-                         "itself")
+        raise ValueError(
+            "max_memory applies with device_map='auto' only: a dict device_map places every module "
+            "itself"
+        )
     return placement.expand_device_map(model, device_map)
 
 
-def load_tokenizer(name_or_path: str | Path, revision: str | None = None, subfolder: str | None = None) -> Any:
+def load_tokenizer(
+    name_or_path: str | Path, revision: str | None = None, subfolder: str | None = None
+) -> Any:
     """The checkpoint's tokenizer through transformers, never with remote code.
 
     `revision`/`subfolder` as for `load_model` (a hub id's branch, tag or commit). Dream's
@@ -565,7 +630,10 @@ def load_tokenizer(name_or_path: str | Path, revision: str | None = None, subfol
     except (ValueError, OSError, KeyError, AttributeError) as err:
         tokenizer_config = folder / "tokenizer_config.json"
         named = json.loads(tokenizer_config.read_text()) if tokenizer_config.exists() else {}
-        if "dream" not in json.dumps(named).lower() and model_family(read_config(folder), folder) != "dream":
+        if (
+            "dream" not in json.dumps(named).lower()
+            and model_family(read_config(folder), folder) != "dream"
+        ):
             raise CheckpointError(f"cannot load the tokenizer in {folder}: {err}") from err
         if not (folder / "tokenizer.json").exists() and not (
             (folder / "vocab.json").exists() and (folder / "merges.txt").exists()

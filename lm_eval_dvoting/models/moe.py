@@ -7,6 +7,7 @@ sorted by expert once, and each expert that received tokens runs once over all o
 (a loop over experts, never over tokens or rows), its outputs scattered back with
 `index_add_`. The routers differ per family and live with their models.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,8 +50,8 @@ class Experts(nn.ModuleList):
         begin = 0
         for expert, count in enumerate(counts):
             if count:
-                rows = token_of[begin:begin + count]
-                y = self[expert](x[rows]).float() * weight_of[begin:begin + count, None]
+                rows = token_of[begin : begin + count]
+                y = self[expert](x[rows]).float() * weight_of[begin : begin + count, None]
                 out.index_add_(0, rows, y)
                 begin += count
         return out.to(x.dtype)

@@ -21,6 +21,7 @@ them with `device_map="auto"`:
   `hidden_states`/`logits_from_hidden` hand back their results on the *main device* (the
   embedding's), so the decoders and scorers see one device, as with an undivided model.
 """
+
 from __future__ import annotations
 
 import functools
@@ -35,7 +36,9 @@ from lm_eval_dvoting.models.llada import LLaDABlock, LLaDAModel
 from lm_eval_dvoting.models.llada2 import LLaDA2Layer, LLaDA2Model
 from lm_eval_dvoting.models.llada_moe import LLaDAMoELayer, LLaDAMoEModel
 
-Device = Union[int, str]  # a GPU index or "cpu" ("disk" only inside auto_device_map, where it is refused)
+Device = Union[
+    int, str
+]  # a GPU index or "cpu" ("disk" only inside auto_device_map, where it is refused)
 # model class -> its transformer layer class (the unit accelerate must never split)
 _LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     LLaDAModel: LLaDABlock,
@@ -55,8 +58,10 @@ def layer_class(model: nn.Module) -> type[nn.Module]:
     try:
         return _LAYERS[type(model)]
     except KeyError:
-        raise PlacementError(f"{type(model).__name__} is not one of this package's models "
-                             f"({', '.join(m.__name__ for m in _LAYERS)}): only those can be placed") from None
+        raise PlacementError(
+            f"{type(model).__name__} is not one of this package's models "
+            f"({', '.join(m.__name__ for m in _LAYERS)}): only those can be placed"
+        ) from None
 
 
 def placement_units(model: nn.Module) -> list[str]:
@@ -67,8 +72,10 @@ def placement_units(model: nn.Module) -> list[str]:
     def visit(prefix: str, module: nn.Module) -> None:
         for name, child in module.named_children():
             full = prefix + name
-            holds = next(child.parameters(recurse=False), None) is not None \
+            holds = (
+                next(child.parameters(recurse=False), None) is not None
                 or next(child.buffers(recurse=False), None) is not None
+            )
             if isinstance(child, layer) or holds:
                 units.append(full)
             elif next(child.children(), None) is not None:
@@ -90,9 +97,13 @@ def _device_value(label: str, value: Any, allow_disk: bool = False) -> Device:
         if text.isdigit() or (text.startswith("cuda:") and text[5:].isdigit()):
             return int(text.removeprefix("cuda:"))
         if text == "disk":
-            raise PlacementError(f"{label} is 'disk': disk offload is not supported; give the GPUs more memory "
-                                 "(more GPUs, max_memory_per_gpu) or offload to the CPU (max_cpu_memory)")
-    raise PlacementError(f"{label} = {value!r} is not a device: give a GPU index (0, 'cuda:1') or 'cpu'")
+            raise PlacementError(
+                f"{label} is 'disk': disk offload is not supported; give the GPUs more memory "
+                "(more GPUs, max_memory_per_gpu) or offload to the CPU (max_cpu_memory)"
+            )
+    raise PlacementError(
+        f"{label} = {value!r} is not a device: give a GPU index (0, 'cuda:1') or 'cpu'"
+    )
 
 
 def _expand(model: nn.Module, device_map: dict[str, Any], allow_disk: bool) -> dict[str, Device]:
@@ -100,16 +111,22 @@ def _expand(model: nn.Module, device_map: dict[str, Any], allow_disk: bool) -> d
     modules = dict(model.named_modules())
     for key in device_map:
         if key not in modules:
-            raise PlacementError(f"device_map names {key!r}, which is no module of this {type(model).__name__}: keys "
-                                 f"are module names such as {units[0]!r} or {units[1]!r}, or '' for the whole model")
+            raise PlacementError(
+                f"device_map names {key!r}, which is no module of this {type(model).__name__}: keys "
+                f"are module names such as {units[0]!r} or {units[1]!r}, or '' for the whole model"
+            )
         inside = next((unit for unit in units if key.startswith(unit + ".")), None)
         if inside is not None:
-            raise PlacementError(f"device_map entry {key!r} lies inside {inside!r}, which is placed whole (a layer is "
-                                 f"never split across devices): map {inside!r} itself")
+            raise PlacementError(
+                f"device_map entry {key!r} lies inside {inside!r}, which is placed whole (a layer is "
+                f"never split across devices): map {inside!r} itself"
+            )
     expanded: dict[str, Device] = {}
     for unit in units:
         # the most specific entry that covers the unit ("" covers every unit)
-        owner = max((key for key in device_map if key in ("", unit) or unit.startswith(key + ".")), key=len)
+        owner = max(
+            (key for key in device_map if key in ("", unit) or unit.startswith(key + ".")), key=len
+        )
         expanded[unit] = _device_value(f"device_map[{owner!r}]", device_map[owner], allow_disk)
     return expanded
 
@@ -118,11 +135,16 @@ def expand_device_map(model: nn.Module, device_map: dict[str, Any]) -> dict[str,
     """`device_map` (module name -> device; '' is the whole model) with one entry per placement
     unit, in forward order. An entry inside a unit (it would split a layer), a name of no
     module, a unit left unmapped, or the disk are refused."""
-    uncovered = [unit for unit in placement_units(model)
-                 if not any(key in ("", unit) or unit.startswith(key + ".") for key in device_map)]
+    uncovered = [
+        unit
+        for unit in placement_units(model)
+        if not any(key in ("", unit) or unit.startswith(key + ".") for key in device_map)
+    ]
     if uncovered:
-        raise PlacementError(f"device_map places no entry over {uncovered[:3]}: map every module, or give '' "
-                             "(the whole model) as the default")
+        raise PlacementError(
+            f"device_map places no entry over {uncovered[:3]}: map every module, or give '' "
+            "(the whole model) as the default"
+        )
     return _expand(model, device_map, allow_disk=False)
 
 
@@ -131,12 +153,16 @@ def main_device(device_map: dict[str, Device]) -> torch.device:
     hidden states and logits come out."""
     first = next(iter(device_map.values()))
     if first == "cpu" and any(device != "cpu" for device in device_map.values()):
-        raise PlacementError("the map puts the embedding on the CPU and other modules on GPUs: the embedding must "
-                             "sit on the first GPU (it is where token ids enter); give GPU 0 a larger budget")
+        raise PlacementError(
+            "the map puts the embedding on the CPU and other modules on GPUs: the embedding must "
+            "sit on the first GPU (it is where token ids enter); give GPU 0 a larger budget"
+        )
     return torch.device("cpu") if first == "cpu" else torch.device("cuda", int(first))
 
 
-def named_device(device_map: str | dict[str, Any], max_memory: dict[Any, Any] | None) -> torch.device:
+def named_device(
+    device_map: str | dict[str, Any], max_memory: dict[Any, Any] | None
+) -> torch.device:
     """The first GPU that a device map (for "auto", its budget) names, else the CPU: whose dtype
     default (bfloat16 on a GPU) and checks apply, before any weight is read. A GPU that CUDA
     does not see is refused here rather than when its first weight arrives."""
@@ -145,12 +171,22 @@ def named_device(device_map: str | dict[str, Any], max_memory: dict[Any, Any] | 
     elif isinstance(device_map, dict):
         named = list(device_map.values())
     else:
-        raise PlacementError(f"device_map={device_map!r}: give 'auto' or a dict of module name -> GPU index or 'cpu'")
-    gpus = sorted({device for device in (_device_value("a device map's device", v) for v in named) if device != "cpu"})
+        raise PlacementError(
+            f"device_map={device_map!r}: give 'auto' or a dict of module name -> GPU index or 'cpu'"
+        )
+    gpus = sorted(
+        {
+            device
+            for device in (_device_value("a device map's device", v) for v in named)
+            if device != "cpu"
+        }
+    )
     count = torch.cuda.device_count()
     if gpus and gpus[-1] >= count:
-        raise PlacementError(f"the device map names GPU {gpus[-1]}, but CUDA sees {count} GPU(s): give GPU indices "
-                             f"below {count}, or 'cpu'")
+        raise PlacementError(
+            f"the device map names GPU {gpus[-1]}, but CUDA sees {count} GPU(s): give GPU indices "
+            f"below {count}, or 'cpu'"
+        )
     return torch.device("cuda", gpus[0]) if gpus else torch.device("cpu")
 
 
@@ -186,11 +222,17 @@ def parse_size(name: str, value: Any) -> int:
         number = int(value)
     try:
         size = None if isinstance(value, bool) else convert_file_size_to_int(number)
-    except (ValueError, TypeError, AttributeError):  # accelerate calls .upper() on whatever is not an int
+    except (
+        ValueError,
+        TypeError,
+        AttributeError,
+    ):  # accelerate calls .upper() on whatever is not an int
         size = None
     if size is None or size <= 0:
-        raise PlacementError(f"{name}={value!r} is not a memory size: give bytes (80000000000) or text such as "
-                             f"'80GiB' or '500MB', or leave {name} out")
+        raise PlacementError(
+            f"{name}={value!r} is not a memory size: give bytes (80000000000) or text such as "
+            f"'80GiB' or '500MB', or leave {name} out"
+        )
     return int(size)
 
 
@@ -203,7 +245,9 @@ def _budget(max_memory: dict[Any, Any]) -> dict[Device, int]:
     return dict(sorted(budget.items(), key=lambda item: (item[0] == "cpu", str(item[0]).zfill(8))))
 
 
-def balanced_budget(model: nn.Module, max_memory: dict[Any, Any], dtype: torch.dtype) -> dict[Device, int]:
+def balanced_budget(
+    model: nn.Module, max_memory: dict[Any, Any], dtype: torch.dtype
+) -> dict[Device, int]:
     """Byte budgets for `infer_auto_device_map`, balanced over the GPUs as transformers'
     `device_map="auto"` (what lm-eval's `parallelize=True` runs) balances them: each GPU but
     the last holds at most 1/n of the weights plus 1.25 times the largest unit, so the layers
@@ -224,24 +268,30 @@ def balanced_budget(model: nn.Module, max_memory: dict[Any, Any], dtype: torch.d
     return budget
 
 
-def auto_device_map(model: nn.Module, max_memory: dict[Any, Any], dtype: torch.dtype) -> dict[str, Device]:
+def auto_device_map(
+    model: nn.Module, max_memory: dict[Any, Any], dtype: torch.dtype
+) -> dict[str, Device]:
     """The expanded map of `model` (on the meta device is enough) under `max_memory` (GPU index
     or "cpu" -> bytes or "80GiB"), weights in `dtype`; refused when it would need the disk."""
     from accelerate import infer_auto_device_map
 
     budget = balanced_budget(model, max_memory, dtype)
-    raw = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=[layer_class(model).__name__],
-                                dtype=dtype)
+    raw = infer_auto_device_map(
+        model, max_memory=budget, no_split_module_classes=[layer_class(model).__name__], dtype=dtype
+    )
     expanded = _expand(model, raw, allow_disk=True)
     on_disk = [unit for unit, device in expanded.items() if device == "disk"]
     if on_disk:
-        raise PlacementError(_does_not_fit(model, _budget(max_memory), dtype, on_disk, len(expanded)))
+        raise PlacementError(
+            _does_not_fit(model, _budget(max_memory), dtype, on_disk, len(expanded))
+        )
     main_device(expanded)  # refuses an embedding pushed off the GPUs
     return expanded
 
 
-def _does_not_fit(model: nn.Module, budget: dict[Device, int], dtype: torch.dtype, spilled: list[str],
-                  units: int) -> str:
+def _does_not_fit(
+    model: nn.Module, budget: dict[Device, int], dtype: torch.dtype, spilled: list[str], units: int
+) -> str:
     from accelerate.utils import compute_module_sizes
 
     sizes = compute_module_sizes(model, dtype=dtype)
@@ -249,15 +299,19 @@ def _does_not_fit(model: nn.Module, budget: dict[Device, int], dtype: torch.dtyp
     shown = ", ".join(f"{device}: {size / _GIB:.1f} GiB" for device, size in budget.items())
     # the CPU, too, keeps one layer's room (accelerate reserves it on GPU 0 and the CPU)
     cpu_needed = budget.get("cpu", 0) + sum(sizes[unit] for unit in spilled) + largest
-    return (f"the model does not fit: its weights need {sizes[''] / _GIB:.1f} GiB in "
-            f"{str(dtype).removeprefix('torch.')}, the memory budget ({shown}) holds "
-            f"{sum(budget.values()) / _GIB:.1f} GiB, of which GPU 0 keeps {largest / _GIB:.1f} GiB free (one layer) "
-            f"and layers are never split; {len(spilled)} of {units} modules would go to the disk, which is not "
-            "supported. Use more GPUs, a larger max_memory_per_gpu, or offload the rest to the CPU with "
-            f"max_cpu_memory={-(-cpu_needed // _GIB)}GiB")
+    return (
+        f"the model does not fit: its weights need {sizes[''] / _GIB:.1f} GiB in "
+        f"{str(dtype).removeprefix('torch.')}, the memory budget ({shown}) holds "
+        f"{sum(budget.values()) / _GIB:.1f} GiB, of which GPU 0 keeps {largest / _GIB:.1f} GiB free (one layer) "
+        f"and layers are never split; {len(spilled)} of {units} modules would go to the disk, which is not "
+        "supported. Use more GPUs, a larger max_memory_per_gpu, or offload the rest to the CPU with "
+        f"max_cpu_memory={-(-cpu_needed // _GIB)}GiB"
+    )
 
 
-def device_shares(model: nn.Module, device_map: dict[str, Device], dtype: torch.dtype) -> dict[Device, int]:
+def device_shares(
+    model: nn.Module, device_map: dict[str, Device], dtype: torch.dtype
+) -> dict[Device, int]:
     """Bytes of weights in `dtype` that each device holds under an expanded map."""
     from accelerate.utils import compute_module_sizes
 
@@ -268,7 +322,9 @@ def device_shares(model: nn.Module, device_map: dict[str, Device], dtype: torch.
     return shares
 
 
-def dispatch(model: nn.Module, device_map: dict[str, Device], offload_cpu: bool | None = None) -> None:
+def dispatch(
+    model: nn.Module, device_map: dict[str, Device], offload_cpu: bool | None = None
+) -> None:
     """Add accelerate's hooks to `model`, whose weights already sit where the expanded
     `device_map` says; record the map (`model.device_map`) and `model.main_device`.
 
@@ -287,19 +343,36 @@ def dispatch(model: nn.Module, device_map: dict[str, Device], offload_cpu: bool 
     main = main_device(device_map)
     offload_cpu = main.type != "cpu" if offload_cpu is None else offload_cpu
     embedding = next(iter(device_map))
-    offloaded = [unit for unit, device in device_map.items() if device == "cpu" and offload_cpu and unit != embedding]
+    offloaded = [
+        unit
+        for unit, device in device_map.items()
+        if device == "cpu" and offload_cpu and unit != embedding
+    ]
     # the offloaded weights live on in this map only (the modules' own become meta): never twice in host memory
-    weights = OffloadedWeightsLoader(state_dict=extract_submodules_state_dict(model.state_dict(), offloaded)) \
-        if offloaded else None
+    weights = (
+        OffloadedWeightsLoader(
+            state_dict=extract_submodules_state_dict(model.state_dict(), offloaded)
+        )
+        if offloaded
+        else None
+    )
     for unit, device in device_map.items():
         module = model.get_submodule(unit)
         if unit in offloaded:
-            attach_align_device_hook(module, execution_device=main, offload=True, weights_map=weights,
-                                     module_name=unit)
-        if unit in offloaded and not hasattr(module, "_hf_hook"):  # a layer holds no weight itself: move its inputs
+            attach_align_device_hook(
+                module, execution_device=main, offload=True, weights_map=weights, module_name=unit
+            )
+        if unit in offloaded and not hasattr(
+            module, "_hf_hook"
+        ):  # a layer holds no weight itself: move its inputs
             add_hook_to_module(module, AlignDevicesHook(execution_device=main))
-        elif unit not in offloaded:  # resident: its weights are already there; the hook moves its inputs
-            add_hook_to_module(module, AlignDevicesHook(execution_device=_torch_device(device), place_submodules=True))
+        elif (
+            unit not in offloaded
+        ):  # resident: its weights are already there; the hook moves its inputs
+            add_hook_to_module(
+                module,
+                AlignDevicesHook(execution_device=_torch_device(device), place_submodules=True),
+            )
     # the root's: `forward` takes and returns tensors on the caller's device
     add_hook_to_module(model, AlignDevicesHook(execution_device=main, io_same_device=True))
     _results_on(model, main)
@@ -314,7 +387,9 @@ def _results_on(model: nn.Module, main: torch.device) -> None:
     wrapped: accelerate's hooks see `forward` calls, and the decoders call these directly."""
     hidden_states, logits_from_hidden = model.hidden_states, model.logits_from_hidden
 
-    @functools.wraps(hidden_states)  # keeps the signature, which the decoders inspect (cache, position_ids)
+    @functools.wraps(
+        hidden_states
+    )  # keeps the signature, which the decoders inspect (cache, position_ids)
     def hidden_on_main(*args: Any, **kwargs: Any) -> torch.Tensor:
         return hidden_states(*args, **kwargs).to(main)
 
@@ -335,22 +410,36 @@ def gpu_budget(max_memory_per_gpu: Any = None, max_cpu_memory: Any = None) -> di
     given, so two processes never share a GPU). Each gets `max_memory_per_gpu`, else its
     free memory; `max_cpu_memory`, when given, is the CPU offload budget (none by default).
     """
-    per_gpu = None if max_memory_per_gpu is None else parse_size("max_memory_per_gpu", max_memory_per_gpu)
+    per_gpu = (
+        None if max_memory_per_gpu is None else parse_size("max_memory_per_gpu", max_memory_per_gpu)
+    )
     cpu = None if max_cpu_memory is None else parse_size("max_cpu_memory", max_cpu_memory)
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    local_rank, local_world = (
+        int(os.environ.get("LOCAL_RANK", 0)),
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+    )
     count = torch.cuda.device_count()
     gpus = [index for index in range(count) if index % local_world == local_rank]
     if not gpus:
-        why = "CUDA sees none" if count == 0 else (
-            f"none of the {count} visible falls to local process {local_rank} of {local_world} (process r takes "
-            f"the GPUs whose index modulo {local_world} is r)")
-        raise PlacementError(f"parallelize=True spreads the model over GPUs, but {why}: drop parallelize (one model "
-                             "per device), or for several processes run data parallel (accelerate launch / "
-                             "torchrun) with at most one process per GPU")
+        why = (
+            "CUDA sees none"
+            if count == 0
+            else (
+                f"none of the {count} visible falls to local process {local_rank} of {local_world} (process r takes "
+                f"the GPUs whose index modulo {local_world} is r)"
+            )
+        )
+        raise PlacementError(
+            f"parallelize=True spreads the model over GPUs, but {why}: drop parallelize (one model "
+            "per device), or for several processes run data parallel (accelerate launch / "
+            "torchrun) with at most one process per GPU"
+        )
     # free memory read on this process's GPUs only (accelerate's get_max_memory, which HFLM
     # calls, opens a CUDA context on every visible GPU, other processes' too)
-    budget: dict[Device, int] = {gpu: per_gpu if per_gpu is not None else int(torch.cuda.mem_get_info(gpu)[0])
-                                 for gpu in gpus}
+    budget: dict[Device, int] = {
+        gpu: per_gpu if per_gpu is not None else int(torch.cuda.mem_get_info(gpu)[0])
+        for gpu in gpus
+    }
     if cpu is not None:
         budget["cpu"] = cpu
     return budget
@@ -364,5 +453,7 @@ def describe(device_map: dict[str, Device]) -> str:
             runs[-1][2] = unit
         else:
             runs.append([device, unit, unit])
-    return "; ".join(f"{'cpu' if d == 'cpu' else f'cuda:{d}'}: {a}" + ("" if a == b else f" .. {b}")
-                     for d, a, b in runs)
+    return "; ".join(
+        f"{'cpu' if d == 'cpu' else f'cuda:{d}'}: {a}" + ("" if a == b else f" .. {b}")
+        for d, a, b in runs
+    )

@@ -37,9 +37,26 @@ tokens whatever the batch. The stream is not the release's (which draws noise ov
 the whole batch x sequence x vocabulary at every step); the distribution of every
 committed token is.
 """
-from lm_eval_dvoting.core.decoding.rows import RowDecoder, generate
-from lm_eval_dvoting.core.decoding.state import (CACHE_POLICIES, REMASKING_RULES, DecodeResult, DecodeRow, check_prompt_batch,
-                    default_block_length, validate_row_settings)
 
-__all__ = ["CACHE_POLICIES", "REMASKING_RULES", "DecodeResult", "DecodeRow", "RowDecoder", "check_prompt_batch",
-           "default_block_length", "generate", "validate_row_settings"]
+from lm_eval_dvoting.core.decoding.rows import RowDecoder, generate
+from lm_eval_dvoting.core.decoding.state import (
+    CACHE_POLICIES,
+    REMASKING_RULES,
+    DecodeResult,
+    DecodeRow,
+    check_prompt_batch,
+    default_block_length,
+    validate_row_settings,
+)
+
+__all__ = [
+    "CACHE_POLICIES",
+    "REMASKING_RULES",
+    "DecodeResult",
+    "DecodeRow",
+    "RowDecoder",
+    "check_prompt_batch",
+    "default_block_length",
+    "generate",
+    "validate_row_settings",
+]

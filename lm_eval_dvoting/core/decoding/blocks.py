@@ -45,16 +45,21 @@ position becomes that token and the row stops (upstream LLaDA2.0 stops there alw
 with `eos_early_stop`; finished blocks never change again, so stopping changes no
 answer, it only saves the passes).
 """
+
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from lm_eval_dvoting.core.decoding.rules import RowWork, _ScheduledWork
-from lm_eval_dvoting.core.decoding.state import LLADA2_STEPS, BlockDecoding, DecodeRow, suppress_mask
+from lm_eval_dvoting.core.decoding.state import (
+    LLADA2_STEPS,
+    BlockDecoding,
+    DecodeRow,
+    suppress_mask,
+)
 
 
 def align(row: DecodeRow, mask_id: int) -> None:
@@ -64,8 +69,8 @@ def align(row: DecodeRow, mask_id: int) -> None:
     total = lead + row.gen_length
     trail = -total % block
     masks = torch.full((trail,), mask_id, dtype=row.tokens.dtype, device=row.tokens.device)
-    row.tokens = torch.cat([row.prompt[row.prompt.numel() - lead:], row.tokens, masks])
-    row.prompt = row.prompt[:row.prompt.numel() - lead]
+    row.tokens = torch.cat([row.prompt[row.prompt.numel() - lead :], row.tokens, masks])
+    row.prompt = row.prompt[: row.prompt.numel() - lead]
     row.lead, row.trail = lead, trail
     row.editable = row.tokens == mask_id
     row.progress.block, row.progress.step_in_block, row.progress.post = -1, 0, 0
@@ -101,8 +106,13 @@ class BlockThreshold:
         block = slice(start, start + row.block_length)
         masked = row.tokens[block] == self.mask_id
         wanted = masked | row.editable[block] if row.block.editing_threshold is not None else masked
-        return _ScheduledWork(index, row, wanted=(start + wanted.nonzero().squeeze(1)).tolist(), start=start,
-                              masked=masked)
+        return _ScheduledWork(
+            index,
+            row,
+            wanted=(start + wanted.nonzero().squeeze(1)).tolist(),
+            start=start,
+            masked=masked,
+        )
 
     def commit(self, works: Sequence[_ScheduledWork]) -> list[RowWork]:
         for work in works:
@@ -110,11 +120,21 @@ class BlockThreshold:
             positions = torch.tensor(work.wanted, dtype=torch.long, device=row.tokens.device)
             chosen, confidence = self._candidates(work.logits, row)
             masked = row.tokens[positions] == self.mask_id
-            unmask = self._unmasked(masked, confidence, settings, row.progress.step_in_block, row.block_length,
-                                    row.gen_length - row.lead - row.trail)
+            unmask = self._unmasked(
+                masked,
+                confidence,
+                settings,
+                row.progress.step_in_block,
+                row.block_length,
+                row.gen_length - row.lead - row.trail,
+            )
             edit = torch.zeros_like(masked)
             if settings.editing_threshold is not None:
-                edit = ~masked & (confidence > settings.editing_threshold) & (chosen != row.tokens[positions])
+                edit = (
+                    ~masked
+                    & (confidence > settings.editing_threshold)
+                    & (chosen != row.tokens[positions])
+                )
             write = unmask | edit
             row.tokens[positions[write]] = chosen[write].to(row.tokens.dtype)
             started_without_masks = not bool(masked.any())
@@ -124,27 +144,39 @@ class BlockThreshold:
                 self._finish_block(row, work.start)
         return []
 
-    def _candidates(self, logits: torch.Tensor, row: DecodeRow) -> tuple[torch.Tensor, torch.Tensor]:
+    def _candidates(
+        self, logits: torch.Tensor, row: DecodeRow
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's candidate and its confidence (its probability at the row's temperature)."""
         logits64 = suppress_mask(logits, self.mask_id)
         if row.temperature == 0:
             chosen = logits64.argmax(-1)
             probs = torch.softmax(logits64, dim=-1)
         else:
-            noise = torch.rand(logits64.shape, dtype=torch.float64, device=logits64.device, generator=row.generator)
+            noise = torch.rand(
+                logits64.shape, dtype=torch.float64, device=logits64.device, generator=row.generator
+            )
             chosen = (logits64 / row.temperature - torch.log(-torch.log(noise))).argmax(-1)
             probs = torch.softmax(logits64 / row.temperature, dim=-1)
         return chosen, probs.gather(-1, chosen[:, None]).squeeze(-1)
 
     @staticmethod
-    def _unmasked(masked: torch.Tensor, confidence: torch.Tensor, settings: BlockDecoding, step: int,
-                  block_length: int, answer_length: int) -> torch.Tensor:
+    def _unmasked(
+        masked: torch.Tensor,
+        confidence: torch.Tensor,
+        settings: BlockDecoding,
+        step: int,
+        block_length: int,
+        answer_length: int,
+    ) -> torch.Tensor:
         """The masked positions to commit: those above the threshold, or the quota's most confident."""
         hot = masked & (confidence > settings.threshold)
         if settings.editing_threshold is not None:
             quota = 1  # upstream LLaDA2.1's num_to_transfer
         else:
-            steps = min(settings.steps or LLADA2_STEPS, answer_length)  # upstream's min(steps, gen_length)
+            steps = min(
+                settings.steps or LLADA2_STEPS, answer_length
+            )  # upstream's min(steps, gen_length)
             schedule = block_schedule(block_length, steps)
             quota = schedule[step] if step < len(schedule) else 1
         quota = min(quota, int(masked.sum()))
@@ -155,7 +187,7 @@ class BlockThreshold:
 
     def _block_done(self, row: DecodeRow, started_without_masks: bool, edited: bool) -> bool:
         start = row.progress.block * row.block_length
-        masks_left = bool((row.tokens[start:start + row.block_length] == self.mask_id).any())
+        masks_left = bool((row.tokens[start : start + row.block_length] == self.mask_id).any())
         settings = row.block
         if settings.editing_threshold is None:
             return not masks_left
@@ -166,11 +198,11 @@ class BlockThreshold:
     def _finish_block(self, row: DecodeRow, start: int) -> None:
         """Stop at an end token in the answer so far; else go on to the next block with a mask."""
         end = start + row.block_length
-        answer = row.tokens[row.lead:end]
+        answer = row.tokens[row.lead : end]
         is_end = torch.isin(answer, self.end_ids.to(answer.device))
         if bool(is_end.any()):
             first = row.lead + int(is_end.nonzero()[0])
-            row.tokens[first + 1:] = row.tokens[first]
+            row.tokens[first + 1 :] = row.tokens[first]
             row.progress.block = row.num_blocks
             return
         self._advance(row, end)
@@ -186,5 +218,7 @@ class BlockThreshold:
         block = (after + int(masks[0])) // row.block_length
         row.progress.block = block
         start = block * row.block_length
-        if start > row.lead and bool(torch.isin(row.tokens[row.lead:start], self.end_ids.to(row.tokens.device)).any()):
+        if start > row.lead and bool(
+            torch.isin(row.tokens[row.lead : start], self.end_ids.to(row.tokens.device)).any()
+        ):
             self._finish_block(row, start - row.block_length)

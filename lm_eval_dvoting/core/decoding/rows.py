@@ -6,6 +6,7 @@ all active rows (under their cache policies), then each row's commit rule.
     while decoder.active:
         finished = decoder.step()
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -14,8 +15,21 @@ import torch
 
 from lm_eval_dvoting.core.decoding.blocks import BlockThreshold, align
 from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits
-from lm_eval_dvoting.core.decoding.rules import ConfidenceThreshold, EntropyThreshold, FixedSchedule, RowWork, _inside
-from lm_eval_dvoting.core.decoding.state import BlockDecoding, DecodeResult, DecodeRow, argmax_without, check_prompt_batch, validate_row_settings
+from lm_eval_dvoting.core.decoding.rules import (
+    ConfidenceThreshold,
+    EntropyThreshold,
+    FixedSchedule,
+    RowWork,
+    _inside,
+)
+from lm_eval_dvoting.core.decoding.state import (
+    BlockDecoding,
+    DecodeResult,
+    DecodeRow,
+    argmax_without,
+    check_prompt_batch,
+    validate_row_settings,
+)
 
 Rule = FixedSchedule | EntropyThreshold | ConfidenceThreshold | BlockThreshold
 
@@ -34,11 +48,17 @@ class RowDecoder:
         self.max_length = getattr(model, "max_length", None)
         first_parameter = next(iter(model.parameters()), None)
         self.device = first_parameter.device if first_parameter is not None else torch.device("cpu")
-        self.forward = ForwardPass(model, self.mask_id if pad_token_id is None else pad_token_id, self.device)
+        self.forward = ForwardPass(
+            model, self.mask_id if pad_token_id is None else pad_token_id, self.device
+        )
         self.block_causal = bool(getattr(model, "block_causal", False))
         end_ids = tuple(getattr(model, "end_token_ids", ()))
-        self.rules = (FixedSchedule(self.mask_id), EntropyThreshold(self.mask_id), ConfidenceThreshold(self.mask_id),
-                      BlockThreshold(self.mask_id, end_ids))
+        self.rules = (
+            FixedSchedule(self.mask_id),
+            EntropyThreshold(self.mask_id),
+            ConfidenceThreshold(self.mask_id),
+            BlockThreshold(self.mask_id, end_ids),
+        )
         self.active: list[DecodeRow] = []
 
     def rule(self, row: DecodeRow) -> Rule:
@@ -51,12 +71,23 @@ class RowDecoder:
 
     def add(self, row: DecodeRow) -> None:
         """Check the row, move it to the model's device, and queue it if it has masks."""
-        validate_row_settings(row.gen_length, row.block_length, row.steps, row.alpha,
-                              row.temperature, row.remasking, row.cache, row.threshold, row.block)
+        validate_row_settings(
+            row.gen_length,
+            row.block_length,
+            row.steps,
+            row.alpha,
+            row.temperature,
+            row.remasking,
+            row.cache,
+            row.threshold,
+            row.block,
+        )
         self._check_family(row)
         self.forward.check(row)
         if self.forward.shift and row.prompt.numel() == 0:
-            raise ValueError("this model reads predictions one position to the left: the prompt must not be empty")
+            raise ValueError(
+                "this model reads predictions one position to the left: the prompt must not be empty"
+            )
         total = row.prompt.numel() + row.gen_length
         if row.block is not None:
             total += -total % row.block_length  # the last block is decoded whole
@@ -76,11 +107,15 @@ class RowDecoder:
     def _check_family(self, row: DecodeRow) -> None:
         """Block diffusion rows for a block-causal model (LLaDA2), the other rules for the others."""
         if self.block_causal and row.block is None:
-            raise ValueError("this model is block diffusion (LLaDA2): decode it with block=BlockDecoding(...) "
-                             "(threshold decoding), not with steps/alpha/threshold")
+            raise ValueError(
+                "this model is block diffusion (LLaDA2): decode it with block=BlockDecoding(...) "
+                "(threshold decoding), not with steps/alpha/threshold"
+            )
         if row.block is not None and not self.block_causal:
-            raise ValueError(f"block=BlockDecoding(...) is block diffusion's, for LLaDA2 models; "
-                             f"{type(self.model).__name__} is not one: give steps, alpha or threshold")
+            raise ValueError(
+                f"block=BlockDecoding(...) is block diffusion's, for LLaDA2 models; "
+                f"{type(self.model).__name__} is not one: give steps, alpha or threshold"
+            )
 
     @torch.no_grad()
     def step(self) -> list[DecodeRow]:
@@ -91,7 +126,9 @@ class RowDecoder:
         logits = self.forward.run(self.active, *self._cache_plan())
         self._show_predictions(logits)
         before = self._progress_marks()
-        works = [self.rule(row).begin(i, row, logits.window(i)) for i, row in enumerate(self.active)]
+        works = [
+            self.rule(row).begin(i, row, logits.window(i)) for i, row in enumerate(self.active)
+        ]
         for row in self.active:
             row.nfe += 1
         while works:  # rounds: the entropy rule's rows whose block completed go on to the next
@@ -105,8 +142,10 @@ class RowDecoder:
     def _progress_marks(self) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
         """Each active row's masks left (on the device, no sync) and schedule position."""
         masks = torch.stack([(row.tokens == self.mask_id).sum() for row in self.active])
-        positions = [(row.progress.block, row.progress.step_in_block, row.progress.post)
-                     for row in self.active]
+        positions = [
+            (row.progress.block, row.progress.step_in_block, row.progress.post)
+            for row in self.active
+        ]
         return masks, positions
 
     def _check_progress(self, before: tuple[torch.Tensor, list[tuple[int, int, int]]]) -> None:
@@ -125,7 +164,8 @@ class RowDecoder:
                     f"{row.nfe} of row {i}{named}: {int(masks[i])} of its {row.gen_length} "
                     "generated positions are still masked, and a step that changes nothing "
                     "would decode it forever; this is a bug in the rule, please report it with "
-                    "the settings")
+                    "the settings"
+                )
 
     def _show_predictions(self, logits: StepLogits) -> None:
         """Hand each observed row (`DecodeRow.observe`) this step's full prediction, before
@@ -141,14 +181,18 @@ class RowDecoder:
         for (i, row), positions in zip(watched, masked):
             if not _inside(logits.window(i), positions):
                 fix = "cache=none" if row.block is not None else "cache=none or cache=prefix"
-                raise ValueError(f"cache={row.cache} computes no prediction beyond the current block, which an "
-                                 f"observed row (strategy=temporal or vote=temporal) needs: use {fix}")
+                raise ValueError(
+                    f"cache={row.cache} computes no prediction beyond the current block, which an "
+                    f"observed row (strategy=temporal or vote=temporal) needs: use {fix}"
+                )
         found = logits.many([(i, positions) for (i, _), positions in zip(watched, masked)])
         for (i, row), positions, row_logits in zip(watched, masked, found):
-            logits.remember(i, positions, row_logits)  # the rules' request for the block is served from these
+            logits.remember(
+                i, positions, row_logits
+            )  # the rules' request for the block is served from these
             prediction = row.tokens.clone()
             prediction[positions] = argmax_without(row_logits, self.mask_id)
-            row.observe(row.nfe, prediction[row.lead:prediction.numel() - row.trail])
+            row.observe(row.nfe, prediction[row.lead : prediction.numel() - row.trail])
 
     def _cache_plan(self) -> tuple[list[int], list[bool]]:
         """Each row's current block start, and whether a later step in that block could
@@ -156,7 +200,10 @@ class RowDecoder:
         if all(row.cache == "none" for row in self.active):
             return [], []
         starts = [self.rule(row).block_start(row) for row in self.active]
-        keeps = [row.steps is None or row.progress.step_in_block + 1 < row.steps_per_block for row in self.active]
+        keeps = [
+            row.steps is None or row.progress.step_in_block + 1 < row.steps_per_block
+            for row in self.active
+        ]
         return starts, keeps
 
     def _commit(self, works: list[RowWork]) -> list[RowWork]:
@@ -165,7 +212,9 @@ class RowDecoder:
         for work in works:
             by_rule.setdefault(id(self.rule(work.row)), []).append(work)
         going_on: list[RowWork] = []
-        for rule in self.rules:  # in a fixed order: fixed schedule, entropy, confidence, block diffusion
+        for (
+            rule
+        ) in self.rules:  # in a fixed order: fixed schedule, entropy, confidence, block diffusion
             if id(rule) in by_rule:
                 going_on += rule.commit(by_rule[id(rule)])
         return going_on
@@ -173,7 +222,9 @@ class RowDecoder:
     def _retire(self) -> list[DecodeRow]:
         finished = [row for row in self.active if not self._has_masks(row)]
         for row in finished:
-            if not row.keep_cache:  # block diffusion's are final: a dVoting remask sample may start from them
+            if (
+                not row.keep_cache
+            ):  # block diffusion's are final: a dVoting remask sample may start from them
                 row.kept = None  # free the kept keys and values
         self.active = [row for row in self.active if row not in finished]
         return finished
@@ -196,23 +247,37 @@ def _rule_setting(row: DecodeRow) -> str:
     return "no rule setting"
 
 
-def _as_generators(generator: torch.Generator | Sequence[torch.Generator] | None,
-                   batch: int) -> list[torch.Generator | None]:
+def _as_generators(
+    generator: torch.Generator | Sequence[torch.Generator] | None, batch: int
+) -> list[torch.Generator | None]:
     if generator is None or isinstance(generator, torch.Generator):
         return [generator] * batch
     generators = list(generator)
     if len(generators) != batch:
-        raise ValueError(f"got {len(generators)} generators for {batch} rows: give one, or one per row")
+        raise ValueError(
+            f"got {len(generators)} generators for {batch} rows: give one, or one per row"
+        )
     return generators
 
 
 @torch.no_grad()
 def generate(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-    gen_length: int, block_length: int, steps: int | None = None, alpha: float | None = None,
-    threshold: float | None = None, temperature: float = 0.0, remasking: str = "low_confidence",
-    init_tokens: torch.Tensor | None = None, generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    cache: str | None = None, prefix_cache: bool = False, block: BlockDecoding | None = None,
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    gen_length: int,
+    block_length: int,
+    steps: int | None = None,
+    alpha: float | None = None,
+    threshold: float | None = None,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    init_tokens: torch.Tensor | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    cache: str | None = None,
+    prefix_cache: bool = False,
+    block: BlockDecoding | None = None,
 ) -> DecodeResult:
     """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
 
@@ -228,22 +293,45 @@ def generate(
     least) and `cache` "block" (exact, the default) or "none"; `gen_length` need not be a
     multiple of `block_length` there (the last block is decoded whole, then cut).
     """
-    if getattr(model, "block_causal", False) and block is None and steps is None and alpha is None and threshold is None:
+    if (
+        getattr(model, "block_causal", False)
+        and block is None
+        and steps is None
+        and alpha is None
+        and threshold is None
+    ):
         block = BlockDecoding()
-    cache = _cache_setting("block" if block is not None else "none", prefix_cache) if cache is None \
+    cache = (
+        _cache_setting("block" if block is not None else "none", prefix_cache)
+        if cache is None
         else _cache_setting(cache, prefix_cache)
-    validate_row_settings(gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold, block)
+    )
+    validate_row_settings(
+        gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold, block
+    )
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
     if init_tokens is None:
         init_tokens = torch.full((batch, gen_length), int(model.mask_token_id), dtype=torch.long)
     if tuple(init_tokens.shape) != (batch, gen_length):
-        raise ValueError(f"init_tokens must have shape {(batch, gen_length)}, got {tuple(init_tokens.shape)}")
+        raise ValueError(
+            f"init_tokens must have shape {(batch, gen_length)}, got {tuple(init_tokens.shape)}"
+        )
     decoder = RowDecoder(model)
     rows = [
-        DecodeRow(prompt=input_ids[i][attention_mask[i].bool()], tokens=init_tokens[i], block_length=block_length,
-                  steps=steps, alpha=alpha, threshold=threshold, temperature=temperature, remasking=remasking,
-                  generator=g, cache=cache, block=block)
+        DecodeRow(
+            prompt=input_ids[i][attention_mask[i].bool()],
+            tokens=init_tokens[i],
+            block_length=block_length,
+            steps=steps,
+            alpha=alpha,
+            threshold=threshold,
+            temperature=temperature,
+            remasking=remasking,
+            generator=g,
+            cache=cache,
+            block=block,
+        )
         for i, g in enumerate(_as_generators(generator, batch))
     ]
     for row in rows:

@@ -20,6 +20,7 @@ its rows at once (`commit`), and returns the rows that go on in another round of
 step (only the entropy rule's block hand-over does). Rows are independent: each draws
 from its own generator, so no row's tokens depend on the others in its round.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -28,7 +29,13 @@ from typing import Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.state import DecodeRow, candidates, entropy, masked_block, suppress_mask
+from lm_eval_dvoting.core.decoding.state import (
+    DecodeRow,
+    candidates,
+    entropy,
+    masked_block,
+    suppress_mask,
+)
 
 Window = tuple[int, int] | None  # generation indices [lo, hi) whose logits a step has; None: all
 
@@ -63,11 +70,13 @@ class FixedSchedule:
     def begin(self, index: int, row: DecodeRow, window: Window) -> RowWork:
         """This step's share of the block; the block's masked positions if it commits any."""
         progress, start = row.progress, self.block_start(row)
-        masked = row.tokens[start:start + row.block_length] == self.mask_id
+        masked = row.tokens[start : start + row.block_length] == self.mask_id
         if progress.step_in_block == 0:
             # LLaDA's get_num_transfer_tokens: even spread, remainder to the first steps
             base, remainder = divmod(int(masked.sum()), row.steps_per_block)
-            progress.counts = [base + 1 if s < remainder else base for s in range(row.steps_per_block)]
+            progress.counts = [
+                base + 1 if s < remainder else base for s in range(row.steps_per_block)
+            ]
         work = _ScheduledWork(index, row, start=start, masked=masked)
         if progress.counts[progress.step_in_block]:
             work.wanted = (start + masked.nonzero().squeeze(1)).tolist()
@@ -93,15 +102,19 @@ class FixedSchedule:
         tokens than the block has masks).
         """
         row, masked = work.row, work.masked
-        block = row.tokens[work.start:work.start + row.block_length]
+        block = row.tokens[work.start : work.start + row.block_length]
         chosen = torch.zeros_like(block)
         chosen[masked] = candidates(logits64, row.temperature, row.generator, masked)
-        confidence = torch.full(block.shape, float("-inf"), dtype=torch.float64, device=block.device)
+        confidence = torch.full(
+            block.shape, float("-inf"), dtype=torch.float64, device=block.device
+        )
         if row.remasking == "low_confidence":
             probs = torch.softmax(logits64, dim=-1)
             confidence[masked] = probs.gather(-1, chosen[masked][:, None]).squeeze(-1)
         else:
-            noise = torch.rand(block.shape, dtype=torch.float64, device=block.device, generator=row.generator)
+            noise = torch.rand(
+                block.shape, dtype=torch.float64, device=block.device, generator=row.generator
+            )
             confidence[masked] = noise[masked]
         picked = confidence.topk(row.progress.counts[row.progress.step_in_block]).indices
         block[picked] = chosen[picked]
@@ -128,9 +141,9 @@ class _ThresholdWork(RowWork):
     ahead_logits: torch.Tensor | None = None
 
     def receive(self, logits: torch.Tensor) -> None:
-        self.logits = logits[:len(self.positions)]
+        self.logits = logits[: len(self.positions)]
         if self.ahead_positions:
-            self.ahead_logits = logits[len(self.positions):]
+            self.ahead_logits = logits[len(self.positions) :]
 
 
 class EntropyThreshold:
@@ -195,7 +208,9 @@ class EntropyThreshold:
         sizes = [int(w.logits.shape[0]) for w in works]
         logits64 = suppress_mask(torch.cat([w.logits for w in works]), self.mask_id)
         entropies = entropy(logits64).tolist()
-        commits = [self._decide(w, entropies[b:b + n]) for w, b, n in zip(works, _begins(sizes), sizes)]
+        commits = [
+            self._decide(w, entropies[b : b + n]) for w, b, n in zip(works, _begins(sizes), sizes)
+        ]
         chosen = committed_candidates(logits64, [w.row for w in works], sizes, commits)
         going_on = []
         for work, size, commit, values in zip(works, sizes, commits, chosen):
@@ -204,7 +219,8 @@ class EntropyThreshold:
             picked = [work.positions[k] for k in commit]
             row = work.row
             row.tokens[torch.tensor(picked, device=row.tokens.device)] = torch.tensor(
-                values, dtype=row.tokens.dtype, device=row.tokens.device)
+                values, dtype=row.tokens.dtype, device=row.tokens.device
+            )
             for position, value in zip(picked, values):
                 work.tokens[position] = value
             if len(commit) == size and self._next_block(work):
@@ -242,9 +258,14 @@ class ConfidenceThreshold:
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> _ScheduledWork:
         start = self.block_start(row)
-        masked = row.tokens[start:start + row.block_length] == self.mask_id
-        return _ScheduledWork(index, row, wanted=(start + masked.nonzero().squeeze(1)).tolist(), start=start,
-                              masked=masked)
+        masked = row.tokens[start : start + row.block_length] == self.mask_id
+        return _ScheduledWork(
+            index,
+            row,
+            wanted=(start + masked.nonzero().squeeze(1)).tolist(),
+            start=start,
+            masked=masked,
+        )
 
     def commit(self, works: Sequence[_ScheduledWork]) -> list[RowWork]:
         for work in works:
@@ -272,8 +293,12 @@ def _begins(sizes: Sequence[int]) -> list[int]:
     return [0, *itertools.accumulate(sizes[:-1])]
 
 
-def committed_candidates(logits64: torch.Tensor, rows: Sequence[DecodeRow], sizes: Sequence[int],
-                         commits: Sequence[list[int]]) -> list[list[int]]:
+def committed_candidates(
+    logits64: torch.Tensor,
+    rows: Sequence[DecodeRow],
+    sizes: Sequence[int],
+    commits: Sequence[list[int]],
+) -> list[list[int]]:
     """The token committed at each of `commits` (per row, indices into its slice).
 
     Temperature 0: the argmax. T > 0: LLaDA's float64 Gumbel-max, argmax(exp(logits) /
@@ -297,8 +322,17 @@ def committed_candidates(logits64: torch.Tensor, rows: Sequence[DecodeRow], size
         offset += len(commit)
     for temperature, members in by_temperature.items():
         indices = torch.cat([torch.arange(o, o + n, device=logits64.device) for o, n, _ in members])
-        noise = torch.cat([torch.rand((n, picked.shape[-1]), dtype=torch.float64, device=logits64.device,
-                                      generator=row.generator) for _, n, row in members])
+        noise = torch.cat(
+            [
+                torch.rand(
+                    (n, picked.shape[-1]),
+                    dtype=torch.float64,
+                    device=logits64.device,
+                    generator=row.generator,
+                )
+                for _, n, row in members
+            ]
+        )
         chosen[indices] = (picked[indices].exp() / (-torch.log(noise)) ** temperature).argmax(-1)
     values = chosen.tolist()
-    return [values[b:b + len(c)] for b, c in zip(_begins([len(c) for c in commits]), commits)]
+    return [values[b : b + len(c)] for b, c in zip(_begins([len(c) for c in commits]), commits)]

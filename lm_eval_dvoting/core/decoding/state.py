@@ -4,6 +4,7 @@ and the float64 numerics every commit rule takes its decisions from.
 This is the bottom floor of the decoder (see `lm_eval_dvoting/core/decoding/__init__.py`): it
 imports nothing from the rules, the caches or the row batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,7 +47,9 @@ class ScheduleProgress:
     post: int = 0  # block diffusion with editing: post-fill steps taken in the block
 
 
-LLADA2_STEPS = 32  # upstream LLaDA2.0 generate()'s default steps (per block), capped at the answer length
+LLADA2_STEPS = (
+    32  # upstream LLaDA2.0 generate()'s default steps (per block), capped at the answer length
+)
 
 
 @dataclass(frozen=True)
@@ -63,20 +66,39 @@ class BlockDecoding:
     max_post_steps: int = 16
 
     def __post_init__(self) -> None:
-        if isinstance(self.threshold, bool) or not (isinstance(self.threshold, (int, float))
-                                                     and 0 <= self.threshold <= 1):
-            raise ValueError(f"threshold must be in [0, 1], got {self.threshold!r}: e.g. 0.95 (LLaDA2.0's default)")
-        if self.steps is not None and (isinstance(self.steps, bool) or not isinstance(self.steps, int)
-                                       or self.steps < 1):
-            raise ValueError(f"steps (per block) must be a whole number >= 1, got {self.steps!r}: leave it out for "
-                             f"LLaDA2.0's default ({LLADA2_STEPS})")
-        if self.editing_threshold is not None and (isinstance(self.editing_threshold, bool) or not (
-                isinstance(self.editing_threshold, (int, float)) and 0 <= self.editing_threshold <= 1)):
-            raise ValueError(f"editing_threshold must be in [0, 1], got {self.editing_threshold!r}: e.g. 0.5 "
-                             "(LLaDA2.1's quality mode) or 0.0 (speed mode)")
-        if isinstance(self.max_post_steps, bool) or not isinstance(self.max_post_steps, int) or self.max_post_steps < 0:
-            raise ValueError(f"max_post_steps must be a whole number >= 0, got {self.max_post_steps!r}: e.g. 16 "
-                             "(LLaDA2.1's default)")
+        if isinstance(self.threshold, bool) or not (
+            isinstance(self.threshold, (int, float)) and 0 <= self.threshold <= 1
+        ):
+            raise ValueError(
+                f"threshold must be in [0, 1], got {self.threshold!r}: e.g. 0.95 (LLaDA2.0's default)"
+            )
+        if self.steps is not None and (
+            isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1
+        ):
+            raise ValueError(
+                f"steps (per block) must be a whole number >= 1, got {self.steps!r}: leave it out for "
+                f"LLaDA2.0's default ({LLADA2_STEPS})"
+            )
+        if self.editing_threshold is not None and (
+            isinstance(self.editing_threshold, bool)
+            or not (
+                isinstance(self.editing_threshold, (int, float))
+                and 0 <= self.editing_threshold <= 1
+            )
+        ):
+            raise ValueError(
+                f"editing_threshold must be in [0, 1], got {self.editing_threshold!r}: e.g. 0.5 "
+                "(LLaDA2.1's quality mode) or 0.0 (speed mode)"
+            )
+        if (
+            isinstance(self.max_post_steps, bool)
+            or not isinstance(self.max_post_steps, int)
+            or self.max_post_steps < 0
+        ):
+            raise ValueError(
+                f"max_post_steps must be a whole number >= 0, got {self.max_post_steps!r}: e.g. 16 "
+                "(LLaDA2.1's default)"
+            )
 
 
 @dataclass(eq=False)
@@ -119,11 +141,17 @@ class DecodeRow:
     progress: ScheduleProgress = field(default_factory=ScheduleProgress, repr=False)
     kept: KeptKeysValues | None = field(default=None, repr=False)
     observe: Callable[[int, torch.Tensor], None] | None = field(default=None, repr=False)
-    block: BlockDecoding | None = None  # block diffusion (a block-causal model), instead of steps/alpha/threshold
+    block: BlockDecoding | None = (
+        None  # block diffusion (a block-causal model), instead of steps/alpha/threshold
+    )
     lead: int = 0  # block diffusion: prompt tokens at the front of `tokens` (blocks align at the prompt's start)
     trail: int = 0  # block diffusion: masks appended to fill the last block (decoded, then cut off)
-    editable: torch.Tensor | None = field(default=None, repr=False)  # block diffusion: bool over `tokens`
-    keep_cache: bool = False  # block cache: keep `kept` after the row finishes (a dVoting sample may share it)
+    editable: torch.Tensor | None = field(
+        default=None, repr=False
+    )  # block diffusion: bool over `tokens`
+    keep_cache: bool = (
+        False  # block cache: keep `kept` after the row finishes (a dVoting sample may share it)
+    )
     label: str = ""  # how error messages name the row (the strategies: its question and sample)
 
     @property
@@ -133,7 +161,7 @@ class DecodeRow:
     @property
     def answer_tokens(self) -> torch.Tensor:
         """The generation region the caller asked for (`tokens` without `lead` and `trail`)."""
-        return self.tokens[self.lead:self.tokens.shape[0] - self.trail]
+        return self.tokens[self.lead : self.tokens.shape[0] - self.trail]
 
     @property
     def num_blocks(self) -> int:
@@ -162,16 +190,22 @@ def validate_row_settings(
         _validate_block_row(block_length, steps, alpha, threshold, temperature, cache)
         return
     if cache == "block":
-        raise ValueError("cache=block is block diffusion's (LLaDA2 models); use none, prefix or dual here")
+        raise ValueError(
+            "cache=block is block diffusion's (LLaDA2 models); use none, prefix or dual here"
+        )
     if block_length <= 0 or gen_length % block_length:
         raise ValueError(
             f"block_length {block_length} must be positive and divide gen_length {gen_length}"
         )
     if sum(rule is not None for rule in (steps, alpha, threshold)) != 1:
-        raise ValueError("give exactly one of steps (fixed schedule), alpha (entropy threshold) or threshold "
-                         "(confidence threshold)")
+        raise ValueError(
+            "give exactly one of steps (fixed schedule), alpha (entropy threshold) or threshold "
+            "(confidence threshold)"
+        )
     if threshold is not None and not (math.isfinite(threshold) and 0 < threshold <= 1):
-        raise ValueError(f"threshold must be in (0, 1], got {threshold}: e.g. 0.9 (Fast-dLLM's default)")
+        raise ValueError(
+            f"threshold must be in (0, 1], got {threshold}: e.g. 0.9 (Fast-dLLM's default)"
+        )
     if steps is not None:
         num_blocks = gen_length // block_length
         if steps <= 0 or steps % num_blocks:
@@ -181,32 +215,52 @@ def validate_row_settings(
             )
     # `not ... >= 0` also refuses NaN; temperature=inf would turn the Gumbel noise into inf/0 (garbage samples)
     if alpha is not None and not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}: e.g. 0.3 (inf commits every masked position at once)")
+        raise ValueError(
+            f"alpha must be >= 0, got {alpha}: e.g. 0.3 (inf commits every masked position at once)"
+        )
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample")
+        raise ValueError(
+            f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample"
+        )
     if remasking not in REMASKING_RULES:
         raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
     if cache not in CACHE_POLICIES:
-        raise ValueError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}: none (exact, the default), "
-                         "prefix or dual (Fast-dLLM's approximate key/value caches)")
+        raise ValueError(
+            f"cache must be one of {CACHE_POLICIES}, got {cache!r}: none (exact, the default), "
+            "prefix or dual (Fast-dLLM's approximate key/value caches)"
+        )
 
 
-def _validate_block_row(block_length: int, steps: int | None, alpha: float | None, threshold: float | None,
-                        temperature: float, cache: str) -> None:
+def _validate_block_row(
+    block_length: int,
+    steps: int | None,
+    alpha: float | None,
+    threshold: float | None,
+    temperature: float,
+    cache: str,
+) -> None:
     """A block-diffusion row: its rule's settings live in `block`; its cache is none or block."""
     if block_length <= 0:
         raise ValueError(f"block_length must be positive, got {block_length}: e.g. 32 (LLaDA2's)")
     if any(rule is not None for rule in (steps, alpha, threshold)):
-        raise ValueError("a block-diffusion row takes its rule's settings from `block` (BlockDecoding), not from "
-                         "steps/alpha/threshold")
+        raise ValueError(
+            "a block-diffusion row takes its rule's settings from `block` (BlockDecoding), not from "
+            "steps/alpha/threshold"
+        )
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample")
+        raise ValueError(
+            f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample"
+        )
     if cache not in ("none", "block"):
-        raise ValueError(f"cache={cache} does not apply to block diffusion (LLaDA2): use cache=block (exact, the "
-                         "default) or cache=none")
+        raise ValueError(
+            f"cache={cache} does not apply to block diffusion (LLaDA2): use cache=block (exact, the "
+            "default) or cache=none"
+        )
 
 
-def masked_block(tokens: list[int], mask_id: int, length: int, after: int = 0) -> tuple[int, list[int]] | None:
+def masked_block(
+    tokens: list[int], mask_id: int, length: int, after: int = 0
+) -> tuple[int, list[int]] | None:
     """The start of the block holding the first mask at or after `after`, and that
     block's masked positions; None when no mask is left there."""
     try:
@@ -214,18 +268,21 @@ def masked_block(tokens: list[int], mask_id: int, length: int, after: int = 0) -
     except ValueError:
         return None
     start = first_mask // length * length
-    return start, [start + k for k, token in enumerate(tokens[start:start + length]) if token == mask_id]
+    return start, [
+        start + k for k, token in enumerate(tokens[start : start + length]) if token == mask_id
+    ]
 
 
-def left_pad(sequences: Sequence[torch.Tensor], pad_id: int,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def left_pad(
+    sequences: Sequence[torch.Tensor], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-padded ids, 0/1 attention mask and positions (0.. over the real tokens)."""
     width = max(s.numel() for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
     attention = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
     for i, sequence in enumerate(sequences):
-        ids[i, width - sequence.numel():] = sequence
-        attention[i, width - sequence.numel():] = 1
+        ids[i, width - sequence.numel() :] = sequence
+        attention[i, width - sequence.numel() :] = 1
     return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -252,8 +309,12 @@ def argmax_without(logits: torch.Tensor, token: int) -> torch.Tensor:
     return best
 
 
-def candidates(logits64: torch.Tensor, temperature: float, generator: torch.Generator | None,
-               block_masked: torch.Tensor | None = None) -> torch.Tensor:
+def candidates(
+    logits64: torch.Tensor,
+    temperature: float,
+    generator: torch.Generator | None,
+    block_masked: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise.
 
     `logits64` may hold only the masked positions of a block (`block_masked`, a
@@ -283,7 +344,9 @@ def entropy(logits64: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ input checks
 
 
-def check_prompt_batch(input_ids: Any, attention_mask: Any = None, model: nn.Module | None = None) -> torch.Tensor:
+def check_prompt_batch(
+    input_ids: Any, attention_mask: Any = None, model: nn.Module | None = None
+) -> torch.Tensor:
     """Refuse prompts that would be misread; return the attention mask (all ones if None).
 
     `input_ids` must be a 2-D integer tensor of token ids >= 0 (a float tensor would be
@@ -292,26 +355,44 @@ def check_prompt_batch(input_ids: Any, attention_mask: Any = None, model: nn.Mod
     the same shape.
     """
     if not isinstance(input_ids, torch.Tensor):
-        raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}: "
-                        "use torch.tensor(ids, dtype=torch.long)")
+        raise TypeError(
+            f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}: "
+            "use torch.tensor(ids, dtype=torch.long)"
+        )
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be 2-D (batch, length), got shape {tuple(input_ids.shape)}: "
-                         "for one prompt pass input_ids[None]")
+        raise ValueError(
+            f"input_ids must be 2-D (batch, length), got shape {tuple(input_ids.shape)}: "
+            "for one prompt pass input_ids[None]"
+        )
     if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
-        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}: "
-                         "tokenize the text and pass the ids as torch.long")
+        raise ValueError(
+            f"input_ids must hold integer token ids, got dtype {input_ids.dtype}: "
+            "tokenize the text and pass the ids as torch.long"
+        )
     if input_ids.numel() and int(input_ids.min()) < 0:
-        raise ValueError(f"input_ids must be token ids >= 0, got {int(input_ids.min())}: "
-                         "mark padding with attention_mask, not with negative ids")
+        raise ValueError(
+            f"input_ids must be token ids >= 0, got {int(input_ids.min())}: "
+            "mark padding with attention_mask, not with negative ids"
+        )
     rows = _embedding_rows(model)
     if rows is not None and input_ids.numel() and int(input_ids.max()) >= rows:
-        raise ValueError(f"input_ids must be token ids < {rows} (the model's embedding size), got "
-                         f"{int(input_ids.max())}: encode the prompt with this checkpoint's tokenizer")
+        raise ValueError(
+            f"input_ids must be token ids < {rows} (the model's embedding size), got "
+            f"{int(input_ids.max())}: encode the prompt with this checkpoint's tokenizer"
+        )
     if attention_mask is None:
         return torch.ones_like(input_ids)
-    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
-        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask).__name__
-        raise ValueError(f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}")
+    if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(
+        input_ids.shape
+    ):
+        shape = (
+            tuple(attention_mask.shape)
+            if isinstance(attention_mask, torch.Tensor)
+            else type(attention_mask).__name__
+        )
+        raise ValueError(
+            f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}"
+        )
     if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (prompt token)")
     return attention_mask
