@@ -273,13 +273,14 @@ def test_every_output_deciding_setting_is_in_the_fingerprint(tmp_path):
 
 def test_an_edit_to_the_plugins_code_changes_the_fingerprint(tmp_path, monkeypatch):
     """A patched or edited (editable-install) plugin must not replay what older code wrote."""
-    package = Path(result_cache.__file__).resolve().parent
+    package = Path(result_cache.__file__).resolve().parents[1]
     copy = tmp_path / "lm_eval_dvoting"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__", "demo"))
-    monkeypatch.setattr(result_cache, "__file__", str(copy / "result_cache.py"))
+    monkeypatch.setattr(result_cache, "__file__", str(copy / "integration" / "result_cache.py"))
     result_cache.plugin_code_digest.cache_clear()  # once per process: a new process here
     before = result_cache.plugin_code_digest()
-    (copy / "strategies.py").write_text((copy / "strategies.py").read_text() + "\n# edited\n")
+    edited = copy / "core" / "strategies.py"  # a module in another folder than result_cache's
+    edited.write_text(edited.read_text() + "\n# edited\n")
     result_cache.plugin_code_digest.cache_clear()
     try:
         assert result_cache.plugin_code_digest() != before
