@@ -120,17 +120,18 @@ def markdown(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
         "",
         f"Model `pretrained={args.pretrained}` on `{TASK}` (first {args.limit} documents), CPU, "
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread. "
-        f"Each cell is one `lm_eval` run (`--batch_size B`, model args `dtype`, `strategy`, `seed`). "
-        f"*differ* = questions whose returned text or NFE differs from the `--batch_size {ref}` run "
-        f"(of {args.limit}); "
-        f"*score flips* = questions whose score differs from it.",
+        "Each cell is one `lm_eval` run (`--batch_size B`, model args `dtype`, `strategy`, "
+        "`seed`). *differ* = questions whose returned text or NFE differs from the "
+        f"`--batch_size {ref}` run (of {args.limit}); *score flips* = questions whose score "
+        "differs from it.",
         "",
-        "Why anything moves: no random draw depends on the batch (each sample has its own seeded "
-        "generator) and the decisions are taken in float64, but rows are left-padded to the longest row "
-        "of a forward pass and the CPU attention kernel then sums a row in another order: its logits move "
-        "by about 1e-7 relative in float32 and by one unit in the last place in bfloat16/float16, which "
-        "flips a decision only at a near-tie (argmax, confidence ranking, dVoting's entropy threshold); a "
-        "flipped token changes the rest of that sample. On a GPU the kernels are also chosen by shape.",
+        "Why anything moves: no random draw depends on the batch (each sample has its own "
+        "seeded generator) and the decisions are taken in float64, but rows are left-padded to "
+        "the longest row of a forward pass and the CPU attention kernel then sums a row in "
+        "another order: its logits move by about 1e-7 relative in float32 and by one unit in "
+        "the last place in bfloat16/float16, which flips a decision only at a near-tie (argmax, "
+        "confidence ranking, dVoting's entropy threshold); a flipped token changes the rest of "
+        "that sample. On a GPU the kernels are also chosen by shape.",
         "",
         "| dtype | strategy | seed | "
         + " | ".join(f"accuracy b{b}" for b in sizes)
@@ -184,9 +185,10 @@ def markdown(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
                 summary.append(f"- {dtype}, {strategy}: not measured")
                 continue
             summary.append(
-                f"- {dtype}, {strategy} ({measured} seeds): accuracy moves by up to {worst_acc:.1f} points and mean NFE "
-                f"by up to {worst_nfe:.2f} across batch sizes {args.batch_sizes}; up to {differing} of "
-                f"{args.limit} questions return another text or cost than at batch size {ref}."
+                f"- {dtype}, {strategy} ({measured} seeds): accuracy moves by up to "
+                f"{worst_acc:.1f} points and mean NFE by up to {worst_nfe:.2f} across batch "
+                f"sizes {args.batch_sizes}; up to {differing} of {args.limit} questions return "
+                f"another text or cost than at batch size {ref}."
             )
     return "\n".join(
         lines + ["", "Largest movement per dtype and strategy (over the seeds):", "", *summary, ""]
@@ -210,8 +212,8 @@ def main(argv: list[str] | None = None) -> None:
                         args.pretrained, dtype, strategy, seed, batch_size, args.limit
                     )
                     print(
-                        f"{key}: accuracy {cells[key]['accuracy']:.1f}, mean NFE {cells[key]['mean_nfe']:.2f}, "
-                        f"{cells[key]['seconds']:.1f} s",
+                        f"{key}: accuracy {cells[key]['accuracy']:.1f}, mean NFE "
+                        f"{cells[key]['mean_nfe']:.2f}, {cells[key]['seconds']:.1f} s",
                         flush=True,
                     )
                     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -452,8 +452,8 @@ def fmt(value: float, digits: int = 2) -> str:
 def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
     """Per-block step times of `single`'s fixed schedule, then per question and the ratios."""
     lines = [
-        "| cache | block | full step s | reuse step s | reuse pass tokens | mean step s (over the block) | "
-        "head s/step |",
+        "| cache | block | full step s | reuse step s | reuse pass tokens | mean step s (over "
+        "the block) | head s/step |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for cache, block_index in [
@@ -473,8 +473,9 @@ def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
     scale = FULL_DEPTH / layers
     lines += [
         "",
-        f"| cache | s/question (`single`, {blocks} blocks) | mean s/step | none/cache per step | "
-        f"extrapolated to {FULL_DEPTH} layers: s/step | none/cache ({FULL_DEPTH} layers, extrapolated) |",
+        f"| cache | s/question (`single`, {blocks} blocks) | mean s/step | none/cache per step "
+        f"| extrapolated to {FULL_DEPTH} layers: s/step | none/cache ({FULL_DEPTH} layers, "
+        "extrapolated) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     steps_per_question = blocks * len(real.get("fixed/none/block0/repeat0", [])) or 1
@@ -489,7 +490,8 @@ def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
         )
         lines.append(
             f"| {cache} | {fmt(measured, 1)} | {fmt(measured / steps_per_question)} | "
-            f"{fmt(base / measured)}x | {fmt(deep / steps_per_question)} | {fmt(base_deep / deep)}x |"
+            f"{fmt(base / measured)}x | {fmt(deep / steps_per_question)} | "
+            f"{fmt(base_deep / deep)}x |"
         )
     return lines
 
@@ -497,8 +499,8 @@ def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
 def real_entropy_table(real: Results, demo: Results, llada: str) -> list[str]:
     """The entropy rule's full and later steps, and dVoting's expected step time at this shape."""
     lines = [
-        "| cache | first step of a block s (full) | later step s | dVoting's full-pass share on the demo | "
-        "expected dVoting s/step | none/cache |",
+        "| cache | first step of a block s (full) | later step s | dVoting's full-pass share on "
+        "the demo | expected dVoting s/step | none/cache |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     base = entropy_steps(real, "none")["full"]
@@ -518,9 +520,9 @@ def real_entropy_table(real: Results, demo: Results, llada: str) -> list[str]:
 def demo_table(demo: Results, models: list[str]) -> list[str]:
     """Accuracy, NFE, speed and passes of each demo model, strategy and cache."""
     lines = [
-        "| model | strategy | cache | seeds | accuracy % (mean ± std) | mean NFE | wall s | speed-up vs none | "
-        "full passes (of row-passes) | model calls: full + reuse | steps per block | "
-        "outputs token-identical to none |",
+        "| model | strategy | cache | seeds | accuracy % (mean ± std) | mean NFE | wall s | "
+        "speed-up vs none | full passes (of row-passes) | model calls: full + reuse | steps per "
+        "block | outputs token-identical to none |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in models:
@@ -555,10 +557,11 @@ def verdicts(results: Results, blocks: int) -> list[str]:
             real, "dual", blocks, deep
         )
         lines.append(
-            f"- **Goal 1, `dual` at least 5x faster per step than `none` for `single` at this length:** "
-            f"{'met' if ratio >= 5 else 'not met'} as measured ({fmt(ratio)}x with "
-            f"{results['args']['layers']} layer(s)); extrapolated to {FULL_DEPTH} layers {fmt(ratio_deep)}x "
-            f"(an estimate from the measured body and head times, not a measurement)."
+            "- **Goal 1, `dual` at least 5x faster per step than `none` for `single` at this "
+            f"length:** {'met' if ratio >= 5 else 'not met'} as measured ({fmt(ratio)}x with "
+            f"{results['args']['layers']} layer(s)); extrapolated to {FULL_DEPTH} layers "
+            f"{fmt(ratio_deep)}x (an estimate from the measured body and head times, not a "
+            "measurement)."
         )
     if demo:
         worst = []
@@ -578,9 +581,9 @@ def verdicts(results: Results, blocks: int) -> list[str]:
             round(gap, 6) <= 1
         )  # accuracies are multiples of 0.2 points: no float noise in the verdict
         lines.append(
-            f"- **Goal 2, demo accuracy within 1 point of `none`:** {'met' if met else 'not met'}; "
-            f"largest gap {fmt(gap, 1)} points ({where}), on {results['args']['questions']} questions "
-            "(one question is "
+            "- **Goal 2, demo accuracy within 1 point of `none`:** "
+            f"{'met' if met else 'not met'}; largest gap {fmt(gap, 1)} points ({where}), on "
+            f"{results['args']['questions']} questions (one question is "
             f"{fmt(100 / results['args']['questions'], 1)} points)."
         )
     return lines
@@ -590,24 +593,39 @@ def intro_lines(results: Results) -> list[str]:
     """What the caches do, what is measured and what is not."""
     a = results["args"]
     return [
-        "## Key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape, accuracy on the demo",
+        "## Key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape, "
+        "accuracy on the demo",
         "",
-        "Written by `bench/caches_bench.py` (rerun it to refresh this section only; `bench/run.py` writes the rest).",
-        "`none` runs every step over the whole sequence (exact). `prefix` (Fast-dLLM's prefix cache): a row",
-        "entering a block runs one full pass and keeps the keys/values before the block; its later steps in",
-        "the block run over the block and everything after it. `dual` keeps the keys/values after the block",
-        "too; its later steps run over the block only (plus one token for Dream), and with the entropy rule a",
-        "block completed in such a step hands over to the next block at the next step (a full pass).",
+        "Written by `bench/caches_bench.py` (rerun it to refresh this section only; "
+        "`bench/run.py` writes the rest).",
+        "`none` runs every step over the whole sequence (exact). `prefix` (Fast-dLLM's prefix "
+        "cache): a row",
+        "entering a block runs one full pass and keeps the keys/values before the block; its "
+        "later steps in",
+        "the block run over the block and everything after it. `dual` keeps the keys/values "
+        "after the block",
+        "too; its later steps run over the block only (plus one token for Dream), and with the "
+        "entropy rule a",
+        "block completed in such a step hands over to the next block at the next step (a full "
+        "pass).",
         "The kept keys/values are stale, so `prefix` and `dual` are approximations.",
         "",
-        f"What it does not show: the real-shape model has random weights and {a['layers']} of LLaDA-8B's 32",
-        "layers, in float32 on a 2-core CPU with one thread, and the machine is shared with other work (load",
-        "below), so the seconds are noisy; at reduced depth the output head (run at the block's masked",
-        "positions, the same for every cache) weighs far more than in the 32-layer model. The extrapolated",
-        "columns scale each step's measured body time (forward pass less the head) to 32 layers: an",
-        "estimate, not a measurement. No GPU was measured: a GPU run (bfloat16, 32 layers, batched rows)",
-        "would give the real ratios. The demo models are tiny (short prompts, 2-token blocks), so their",
-        "wall times say little about the speed-up on a real model; their accuracy says how much the stale",
+        f"What it does not show: the real-shape model has random weights and {a['layers']} of "
+        "LLaDA-8B's 32",
+        "layers, in float32 on a 2-core CPU with one thread, and the machine is shared with "
+        "other work (load",
+        "below), so the seconds are noisy; at reduced depth the output head (run at the block's "
+        "masked",
+        "positions, the same for every cache) weighs far more than in the 32-layer model. The "
+        "extrapolated",
+        "columns scale each step's measured body time (forward pass less the head) to 32 "
+        "layers: an",
+        "estimate, not a measurement. No GPU was measured: a GPU run (bfloat16, 32 layers, "
+        "batched rows)",
+        "would give the real ratios. The demo models are tiny (short prompts, 2-token blocks), "
+        "so their",
+        "wall times say little about the speed-up on a real model; their accuracy says how much "
+        "the stale",
         "keys/values cost.",
         "",
     ]
@@ -623,10 +641,11 @@ def machine_lines(results: Results) -> list[str]:
     lines += [f"- {k}: {v}" for k, v in facts.items()]
     lines += [
         f"- load average (1/5/15 min) before: {results['meta']['load_before']}, after: "
-        f"{results['meta'].get('load_after')} (`uptime`: before `{results['meta']['uptime_before']}`, after "
+        f"{results['meta'].get('load_after')} (`uptime`: before "
+        f"`{results['meta']['uptime_before']}`, after "
         f"`{results['meta'].get('uptime_after', '')}`)",
-        "- other busy processes at the start (the 2 cores are shared with other sessions' tests and "
-        "benchmarks, so timings are noisy):",
+        "- other busy processes at the start (the 2 cores are shared with other sessions' tests "
+        "and benchmarks, so timings are noisy):",
     ]
     lines += [f"  - `{p}`" for p in results["meta"]["busy"]]
     lines.append(
@@ -654,31 +673,44 @@ def real_lines(results: Results, blocks: int) -> list[str]:
             "### Real shape: seconds per decoding step",
             "",
             f"{results['real_description']}: {shape}.",
-            f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} blocks); "
-            f"medians over {a['repeats']} repeats; the cells run side by side, one step of each in turn, so load",
-            "changes on the shared cores hit them alike. A step is *full* when the model's pass covers",
-            "the whole sequence, *reuse* when it attends to kept keys/values (told apart by what `hidden_states`",
-            f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one commit each) is timed over",
-            "whole blocks: `none` in the first block (all its passes cover the whole sequence, so every block",
-            "costs the same), `prefix` and `dual` in the first and the last block (earlier blocks pre-filled).",
-            "*head s/step*: the output head's part of a step (the block's masked positions x the vocabulary: the",
-            f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s here, down to 1 at its last, "
-            f"{fmt(head[1])} s).",
-            "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps their ratio to",
+            f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} "
+            f"blocks); medians over {a['repeats']} repeats; the cells run side by side, one "
+            "step of each in turn, so load",
+            "changes on the shared cores hit them alike. A step is *full* when the model's pass "
+            "covers",
+            "the whole sequence, *reuse* when it attends to kept keys/values (told apart by "
+            "what `hidden_states`",
+            f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one "
+            "commit each) is timed over",
+            "whole blocks: `none` in the first block (all its passes cover the whole sequence, "
+            "so every block",
+            "costs the same), `prefix` and `dual` in the first and the last block (earlier "
+            "blocks pre-filled).",
+            "*head s/step*: the output head's part of a step (the block's masked positions x "
+            "the vocabulary: the",
+            f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s "
+            f"here, down to 1 at its last, {fmt(head[1])} s).",
+            "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps "
+            "their ratio to",
             "`none`; in the 32-layer model it is a far smaller part of a step.",
             "",
         ]
         + real_fixed_table(real, blocks, a["layers"])
         + [
             "",
-            f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of their first and last",
-            f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly with the block index,",
-            f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is also the ratio per",
+            f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of "
+            "their first and last",
+            f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly "
+            "with the block index,",
+            f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is "
+            "also the ratio per",
             "question.",
             "",
-            f"The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first {a['entropy_steps']} steps of the first "
-            "block. With random weights it commits one token per step, so its real steps per block are",
-            "not measurable here: *expected dVoting s/step* weights the full and later steps by the share of full",
+            "The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first "
+            f"{a['entropy_steps']} steps of the first block. With random weights it commits one "
+            "token per step, so its real steps per block are",
+            "not measurable here: *expected dVoting s/step* weights the full and later steps by "
+            "the share of full",
             "passes dVoting has on the LLaDA demo (table below).",
             "",
         ]
@@ -695,16 +727,24 @@ def demo_lines(results: Results) -> list[str]:
             "### Demo: accuracy and speed",
             "",
             f"The shipped demo models, the first {a['questions']} of the 500 held-out problems "
-            "(`demo/arith_test.jsonl`), generation 32, block 2 (16 blocks), 16 rows per pass, scored as the task",
-            "`dvoting_arith` scores (text up to the first end token, its number equal to the target). `single` is",
+            "(`demo/arith_test.jsonl`), generation 32, block 2 (16 blocks), 16 rows per pass, "
+            "scored as the task",
+            "`dvoting_arith` scores (text up to the first end token, its number equal to the "
+            "target). `single` is",
             "greedy (temperature 0), so every seed gives the same output: it ran once (seed "
-            f"{a['seeds'][0]}); `dvoting` ran with seeds {', '.join(map(str, a['seeds']))} (std over seeds, n-1).",
-            "*wall s*: one run (mean over seeds); on this shared CPU the same cell has differed by up to 1.5x",
-            "between runs of this script, so read the speed-ups as rough. *full passes*: the share of row-passes",
+            f"{a['seeds'][0]}); `dvoting` ran with seeds {', '.join(map(str, a['seeds']))} (std "
+            "over seeds, n-1).",
+            "*wall s*: one run (mean over seeds); on this shared CPU the same cell has differed "
+            "by up to 1.5x",
+            "between runs of this script, so read the speed-ups as rough. *full passes*: the "
+            "share of row-passes",
             "over the whole sequence.",
-            "*model calls*: `hidden_states` calls per run (a step whose rows mix full and reuse passes makes two).",
-            "*steps per block*: NFE / blocks decoded (a dVoting remask sample skips the blocks it keeps whole).",
-            "*token-identical*: outputs (every sample's tokens) equal to `none`'s at the same seed.",
+            "*model calls*: `hidden_states` calls per run (a step whose rows mix full and reuse "
+            "passes makes two).",
+            "*steps per block*: NFE / blocks decoded (a dVoting remask sample skips the blocks "
+            "it keeps whole).",
+            "*token-identical*: outputs (every sample's tokens) equal to `none`'s at the same "
+            "seed.",
             "",
         ]
         + demo_table(results["demo"], a["models"])
@@ -736,26 +776,37 @@ def dvoting_lines(results: Results) -> list[str]:
     return [
         "### Why dVoting gains less",
         "",
-        "A cache saves only on a block's steps after its first, the block's full pass. On the LLaDA demo",
-        f"dVoting's entropy rule needs {fmt(s['none']['steps_per_block'])} steps per block on average with `none` "
-        f"({fmt(s['prefix']['steps_per_block'])} with `prefix`, {fmt(s['dual']['steps_per_block'])} with `dual`):",
-        "a step usually completes its block and hands the same logits on to the next ones, and a block that",
-        f"starts a step takes {fmt(entered['prefix'])} steps (`prefix`) and {fmt(entered['dual'])} (`dual`) on "
-        "average. So refresh passes dominate:",
-        f"{fmt(100 * s['prefix']['full_share'], 0)}% of its row-passes are full with `prefix` and "
-        f"{fmt(100 * s['dual']['full_share'], 0)}% with `dual`, against 1 in 32 for `single` at the real shape",
-        "(steps = L, block 32) and 1 in 2 for `single` on the demo (2 steps per 2-token block); its steps cost",
-        "about what `none`'s do, and its outputs and accuracy stay close to `none`'s. (With random weights the",
-        "rule commits one token per step, 32 steps per block of 32: the worst case, not dVoting's behaviour.)",
-        "The few reuse passes also cost model calls of their own: the rows of a step that reuse and those",
+        "A cache saves only on a block's steps after its first, the block's full pass. On the "
+        "LLaDA demo",
+        f"dVoting's entropy rule needs {fmt(s['none']['steps_per_block'])} steps per block on "
+        f"average with `none` ({fmt(s['prefix']['steps_per_block'])} with `prefix`, "
+        f"{fmt(s['dual']['steps_per_block'])} with `dual`):",
+        "a step usually completes its block and hands the same logits on to the next ones, and "
+        "a block that",
+        f"starts a step takes {fmt(entered['prefix'])} steps (`prefix`) and "
+        f"{fmt(entered['dual'])} (`dual`) on average. So refresh passes dominate:",
+        f"{fmt(100 * s['prefix']['full_share'], 0)}% of its row-passes are full with `prefix` "
+        f"and {fmt(100 * s['dual']['full_share'], 0)}% with `dual`, against 1 in 32 for "
+        "`single` at the real shape",
+        "(steps = L, block 32) and 1 in 2 for `single` on the demo (2 steps per 2-token block); "
+        "its steps cost",
+        "about what `none`'s do, and its outputs and accuracy stay close to `none`'s. (With "
+        "random weights the",
+        "rule commits one token per step, 32 steps per block of 32: the worst case, not "
+        "dVoting's behaviour.)",
+        "The few reuse passes also cost model calls of their own: the rows of a step that reuse "
+        "and those",
         "that refresh run in two calls, so on the LLaDA demo dVoting makes "
         f"{fmt(100 * (calls('dual') / calls('none') - 1), 0)}% more calls with `dual` "
         f"({fmt(100 * (calls('prefix') / calls('none') - 1), 0)}% with `prefix`) for the",
-        "same row-passes. Where a call's fixed cost dominates, they eat the saving: on the tiny demo model",
-        f"dVoting with a cache runs at {fmt(min(speed))}-{fmt(max(speed))}x `none`'s speed, and on a GPU, "
-        "where a pass over 16",
-        "rows costs little more than over one, the same could happen at the real shape. (On this CPU at",
-        "the real shape the cost follows the rows, and the table above expects about `none`'s speed.)",
+        "same row-passes. Where a call's fixed cost dominates, they eat the saving: on the tiny "
+        "demo model",
+        f"dVoting with a cache runs at {fmt(min(speed))}-{fmt(max(speed))}x `none`'s speed, and "
+        "on a GPU, where a pass over 16",
+        "rows costs little more than over one, the same could happen at the real shape. (On "
+        "this CPU at",
+        "the real shape the cost follows the rows, and the table above expects about `none`'s "
+        "speed.)",
         "",
     ]
 

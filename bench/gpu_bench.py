@@ -325,13 +325,14 @@ def fidelity_lines(fidelity: Results) -> list[str]:
     ]
     lines += [
         "",
-        "| device | dtype | LLaDA2 `cache=block` vs `none`: greedy decodes that differ (3 presets x 4 "
-        "prompts, generation 8, block 4) | sampled rows that differ (4 batched rows, generation 11) |",
+        "| device | dtype | LLaDA2 `cache=block` vs `none`: greedy decodes that differ (3 "
+        "presets x 4 prompts, generation 8, block 4) | sampled rows that differ (4 batched "
+        "rows, generation 11) |",
         "|---|---|---:|---:|",
     ]
     lines += [
-        f"| {device} | {dtype} | {v['greedy_differ']} of {v['greedy_total']} | {v['sampled_rows_differ']} of "
-        f"{v['sampled_rows']} |"
+        f"| {device} | {dtype} | {v['greedy_differ']} of {v['greedy_total']} | "
+        f"{v['sampled_rows_differ']} of {v['sampled_rows']} |"
         for device, dtype, v in _entries(fidelity, "block_cache")
     ]
     return lines
@@ -396,7 +397,8 @@ def forward_lines(forward: Results) -> list[str]:
         ]  # older runs keyed by rows alone, at 512 tokens
         base = forward.get(f"1x{length}", forward.get("1"))
         lines.append(
-            f"| {rows} x {length} | {value:.1f} | {value / int(rows):.1f} | {base * int(rows) / value:.2f}x |"
+            f"| {rows} x {length} | {value:.1f} | {value / int(rows):.1f} | "
+            f"{base * int(rows) / value:.2f}x |"
         )
     return lines
 
@@ -420,8 +422,8 @@ def cache_lines(real: Results, rows: str) -> list[str]:
             ("-", "-") if cache == "none" else (ms(cell["reuse"]), f"{cell['width']:.0f}")
         )
         lines.append(
-            f"| {cache} | {b + 1} of {blocks} | {ms(cell['full'])} | {reuse} | {width} | {ms(cell['head'])} | "
-            f"{ms(question / steps)} | {base / question:.2f}x |"
+            f"| {cache} | {b + 1} of {blocks} | {ms(cell['full'])} | {reuse} | {width} | "
+            f"{ms(cell['head'])} | {ms(question / steps)} | {base / question:.2f}x |"
         )
     lines += [
         "",
@@ -438,7 +440,8 @@ def strategy_targets(cells: list[dict[str, Any]]) -> list[str]:
     """Targets 1 and 3 of BENCHMARKS.md on the GPU cells."""
     by = {(c["strategy"], c["batch"]): c for c in cells}
     lines = [
-        "| strategy | q/s, batch 1 | q/s, batch 16 | speed-up | answers identical across batch sizes |",
+        "| strategy | q/s, batch 1 | q/s, batch 16 | speed-up | answers identical across batch "
+        "sizes |",
         "|---|---:|---:|---:|---|",
     ]
     for strategy in ("single", "majority", "dvoting", "hex"):
@@ -450,7 +453,8 @@ def strategy_targets(cells: list[dict[str, Any]]) -> list[str]:
                 else "NO (token digests differ)"
             )
             lines.append(
-                f"| {strategy} | {one['qps']:.3f} | {many['qps']:.3f} | {many['qps'] / one['qps']:.2f}x | {same} |"
+                f"| {strategy} | {one['qps']:.3f} | {many['qps']:.3f} | "
+                f"{many['qps'] / one['qps']:.2f}x | {same} |"
             )
     lines += [
         "",
@@ -475,25 +479,28 @@ def differing(a: Results, b: Results, key: str) -> int:
 
 
 WHAT_IT_DOES_NOT_SHOW = (
-    "What it does not show: the weights are random (no real LLaDA-8B was reachable), so dVoting's "
-    "step counts are its worst case (one token per step, all five samples, no early stop) and the real-shape "
-    "answers are meaningless; one GPU kind (the {gpu}), torch 2.11 there against 2.13 in CI, eager PyTorch "
-    "(no CUDA graphs, no compiled kernels); each strategy cell ran once, so its seconds carry the spread of "
-    "one run (the cache cells are medians of 3 repeats)."
+    "What it does not show: the weights are random (no real LLaDA-8B was reachable), so "
+    "dVoting's step counts are its worst case (one token per step, all five samples, no early "
+    "stop) and the real-shape answers are meaningless; one GPU kind (the {gpu}), torch 2.11 "
+    "there against 2.13 in CI, eager PyTorch (no CUDA graphs, no compiled kernels); each "
+    "strategy cell ran once, so its seconds carry the spread of one run (the cache cells are "
+    "medians of 3 repeats)."
 )
 INVARIANCE_NOTE = (
-    "The first 50 held-out problems, generation 32, block 2, each strategy's defaults, the seeds "
-    "the harness would give (question index). Only `single` (greedy) can match the CPU token for token: "
-    "the sampling strategies draw their noise from a generator on the model's device, and a CUDA "
-    "generator's stream differs from the CPU's for the same seed, so their samples differ from the CPU's "
-    "by design (a seed reproduces a run on the same kind of device, not across kinds)."
+    "The first 50 held-out problems, generation 32, block 2, each strategy's defaults, the "
+    "seeds the harness would give (question index). Only `single` (greedy) can match the CPU "
+    "token for token: the sampling strategies draw their noise from a generator on the model's "
+    "device, and a CUDA generator's stream differs from the CPU's for the same seed, so their "
+    "samples differ from the CPU's by design (a seed reproduces a run on the same kind of "
+    "device, not across kinds)."
 )
 
 
 def invariance_lines(inv: Results, device: str) -> list[str]:
     lines = [
-        "| dtype | strategy | accuracy %, 1 row / 16 rows | mean NFE, 1 / 16 | questions whose samples differ, "
-        "16 rows vs 1 | whose returned answer differs | samples differ from the CPU's (float32, 16 rows) |",
+        "| dtype | strategy | accuracy %, 1 row / 16 rows | mean NFE, 1 / 16 | questions whose "
+        "samples differ, 16 rows vs 1 | whose returned answer differs | samples differ from the "
+        "CPU's (float32, 16 rows) |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for dtype in ("float32", "bfloat16"):
@@ -509,9 +516,10 @@ def invariance_lines(inv: Results, device: str) -> list[str]:
                 f"{differing(many, cpu, 'digests')} of {len(cpu['digests'])}" if cpu else "n/a"
             )
             lines.append(
-                f"| {dtype} | {strategy} | {100 * one['accuracy']:.1f} / {100 * many['accuracy']:.1f} | "
-                f"{one['nfe']:.2f} / {many['nfe']:.2f} | {differing(one, many, 'digests')} of "
-                f"{len(one['digests'])} | {differing(one, many, 'answers')} | {against_cpu} |"
+                f"| {dtype} | {strategy} | {100 * one['accuracy']:.1f} / "
+                f"{100 * many['accuracy']:.1f} | {one['nfe']:.2f} / {many['nfe']:.2f} | "
+                f"{differing(one, many, 'digests')} of {len(one['digests'])} | "
+                f"{differing(one, many, 'answers')} | {against_cpu} |"
             )
     return lines
 
@@ -539,9 +547,10 @@ def reading_lines(results: Results) -> list[str]:
     forward = results.get("forward", {})
     if "1x64" in forward and "1x512" in forward:
         lines.append(
-            f"- **One row is bound by per-kernel overheads, not arithmetic:** a pass over 64 tokens costs "
-            f"{forward['1x64']:.1f} ms against {forward['1x512']:.1f} ms over 512, and 16 rows of 64 tokens "
-            f"{forward['16x64']:.1f} ms. Batching is nearly free there; shortening one row's pass is not."
+            "- **One row is bound by per-kernel overheads, not arithmetic:** a pass over 64 "
+            f"tokens costs {forward['1x64']:.1f} ms against {forward['1x512']:.1f} ms over 512, "
+            f"and 16 rows of 64 tokens {forward['16x64']:.1f} ms. Batching is nearly free "
+            "there; shortening one row's pass is not."
         )
     caches = results.get("caches", {})
     if "error" not in caches:
@@ -553,28 +562,30 @@ def reading_lines(results: Results) -> list[str]:
             }
             lines.append(
                 f"- **Caches at {rows} row(s):** `prefix` {ratios['prefix']:.2f}x and `dual` "
-                f"{ratios['dual']:.2f}x `none`'s speed per step of `single`; the goal of `dual` at least 5x "
-                f"is {'met' if ratios['dual'] >= 5 else 'NOT met'} here."
+                f"{ratios['dual']:.2f}x `none`'s speed per step of `single`; the goal of `dual` "
+                f"at least 5x is {'met' if ratios['dual'] >= 5 else 'NOT met'} here."
             )
     cells = results.get("strategies", {}).get("cells", [])
     by = {(c["strategy"], c["batch"]): c for c in cells}
     speedups = [by[(s, 16)]["qps"] / by[(s, 1)]["qps"] for s, b in by if b == 1 and (s, 16) in by]
     if speedups:
         lines.append(
-            f"- **Batch 16 against batch 1** at the real shape: {min(speedups):.1f}x to {max(speedups):.1f}x "
-            f"the questions per second (the target is 3x; the CPU's ceiling was 1.3x). The random-weight "
-            f"model's tokens differ between the batch sizes (not investigated further: the likely cause is "
-            f"near-tied logits of random weights, rounded differently by bfloat16 matrix kernels that the "
-            f"GPU picks by shape; see the demo rows for a trained model)."
+            f"- **Batch 16 against batch 1** at the real shape: {min(speedups):.1f}x to "
+            f"{max(speedups):.1f}x the questions per second (the target is 3x; the CPU's "
+            "ceiling was 1.3x). The random-weight model's tokens differ between the batch "
+            "sizes (not investigated further: the likely cause is near-tied logits of random "
+            "weights, rounded differently by bfloat16 matrix kernels that the GPU picks by "
+            "shape; see the demo rows for a trained model)."
         )
     inv = results.get("invariance", {})
     pairs = [(k, k[:-1] + "16") for k in inv if k.endswith("/1") and k[:-1] + "16" in inv]
     if pairs:
         moved = sum(differing(inv[a], inv[b], "digests") for a, b in pairs)
         lines.append(
-            f"- **The demo model on the GPU:** {moved} of {sum(len(inv[a]['digests']) for a, _ in pairs)} "
-            f"question-runs changed any sample between 1 and 16 rows per pass (float32 and bfloat16, "
-            f"single, majority and dvoting)."
+            f"- **The demo model on the GPU:** {moved} of "
+            f"{sum(len(inv[a]['digests']) for a, _ in pairs)} question-runs changed any sample "
+            "between 1 and 16 rows per pass (float32 and bfloat16, single, majority and "
+            "dvoting)."
         )
     fidelity = results.get("fidelity", {})
     if fidelity and "error" not in fidelity:
@@ -592,13 +603,15 @@ def reading_lines(results: Results) -> list[str]:
             if k.startswith("block_cache/") and k.endswith("/bfloat16")
         }
         lines.append(
-            f"- **Fidelity on the GPU:** in float32 the four official-format fixtures stay within "
-            f"{worst:.1e} of the upstream logits (the CPU tests' bound is 1e-4), and LLaDA2's block cache "
-            f"gives no cache's tokens exactly on both devices. In bfloat16 the decodes with the block "
-            f"cache that differ from no cache's (greedy and sampled): "
+            "- **Fidelity on the GPU:** in float32 the four official-format fixtures stay "
+            f"within {worst:.1e} of the upstream logits (the CPU tests' bound is 1e-4), and "
+            "LLaDA2's block cache gives no cache's tokens exactly on both devices. In bfloat16 "
+            "the decodes with the block cache that differ from no cache's (greedy and "
+            "sampled): "
             + ", ".join(f"{n} of {total} on {device}" for device, (n, total) in caches.items())
-            + " (not investigated: in bfloat16 the cached keys and values, computed over a shorter "
-            "sequence, may round differently from recomputed ones; exactness is claimed for float32 only)."
+            + " (not investigated: in bfloat16 the cached keys and values, computed over a "
+            "shorter sequence, may round differently from recomputed ones; exactness is "
+            "claimed for float32 only)."
         )
     return lines + [""]
 
@@ -625,12 +638,14 @@ def section(results: Results, name: str = SECTION) -> list[str]:
         ]
         + [f"- {k}: {v}" for k, v in facts.items()]
         + [
-            f"- date: {results['date']}; building the random model took {results['model_seconds']:.1f} s"
+            f"- date: {results['date']}; building the random model took "
+            f"{results['model_seconds']:.1f} s"
         ]
     )
     if "second_run" in results:
         lines.append(
-            f"- second run: {results['second_run']['date']}, on {results['second_run']['facts'].get('gpu')}"
+            f"- second run: {results['second_run']['date']}, on "
+            f"{results['second_run']['facts'].get('gpu')}"
         )
     lines.append("")
     lines += part_lines(
@@ -677,7 +692,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(
-            f"--device {args.device}: no CUDA device is visible here; use --device cpu for a smoke run"
+            f"--device {args.device}: no CUDA device is visible here; use --device cpu for a "
+            "smoke run"
         )
     results: Results = {
         "command": "python3 bench/gpu_bench.py "

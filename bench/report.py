@@ -36,16 +36,24 @@ class RunResults:
 
 # How to read the strategies tables; under "Machine and command".
 COLUMNS = [
-    "Columns: *q/s* questions per second (median wall time); *mean NFE* forward passes per question",
-    "summed over its samples; *rows/pass* mean rows decoded per forward pass; *head calls/pass* output-head",
-    "calls per pass (1 = one call for all rows; more when the entropy rule hands a finished block's step on",
+    "Columns: *q/s* questions per second (median wall time); *mean NFE* forward passes per "
+    "question",
+    "summed over its samples; *rows/pass* mean rows decoded per forward pass; *head calls/pass* "
+    "output-head",
+    "calls per pass (1 = one call for all rows; more when the entropy rule hands a finished "
+    "block's step on",
     "to the next block, which runs the head again for that row); *s/forward pass* time inside",
-    "the model (hidden states + output head) per pass; *decoder share* = (wall - forward) / wall, i.e.",
-    "everything but the forward pass: batching, float64 softmax / entropy / Gumbel noise, commit rules and",
-    "the strategy's bookkeeping (answer extraction included); *peak RSS* the process's resident-set peak",
-    "during the cell (VmHWM reset before each cell; it includes the weights and the Python runtime).",
+    "the model (hidden states + output head) per pass; *decoder share* = (wall - forward) / "
+    "wall, i.e.",
+    "everything but the forward pass: batching, float64 softmax / entropy / Gumbel noise, "
+    "commit rules and",
+    "the strategy's bookkeeping (answer extraction included); *peak RSS* the process's "
+    "resident-set peak",
+    "during the cell (VmHWM reset before each cell; it includes the weights and the Python "
+    "runtime).",
     "Forward time is measured by `bench/timing.py:TimedModel`, a wrapper around the model",
-    "(`time.perf_counter`, and `torch.cuda.synchronize` on CUDA), so the library pays nothing when not measured.",
+    "(`time.perf_counter`, and `torch.cuda.synchronize` on CUDA), so the library pays nothing "
+    "when not measured.",
     "",
 ]
 
@@ -56,7 +64,8 @@ def header(results: RunResults) -> list[str]:
     return [
         "# Benchmarks",
         "",
-        "Written by `bench/run.py` (do not edit by hand: rerun it). All numbers of one table come from one run,",
+        "Written by `bench/run.py` (do not edit by hand: rerun it). All numbers of one table "
+        "come from one run,",
         "cells interleaved and repeated, medians shown.",
         "",
         "## Machine and command",

@@ -133,9 +133,9 @@ def run_demo(args: argparse.Namespace, results: RunResults) -> None:
     """Part 1 on the demo model."""
     demo = demo_workload(args.demo, max(args.questions, args.hex_questions))
     results.descriptions["demo"] = (
-        f"{demo.description}. Questions: the first {args.questions} of `demo/arith_test.jsonl` (hex: the first "
-        f"{args.hex_questions}), generation length {demo.gen_length}, block {default_block_length(demo.gen_length)}, repeats "
-        f"{args.repeats}."
+        f"{demo.description}. Questions: the first {args.questions} of `demo/arith_test.jsonl` "
+        f"(hex: the first {args.hex_questions}), generation length {demo.gen_length}, block "
+        f"{default_block_length(demo.gen_length)}, repeats {args.repeats}."
     )
     print(f"part 1: demo model ({demo.description})", flush=True)
     results.cells["demo"] = run_cells(
@@ -160,8 +160,9 @@ def run_real_vocab(args: argparse.Namespace, results: RunResults) -> None:
         args.real_layers,
     )
     results.descriptions["real-vocab"] = (
-        f"{real.description}. {args.real_questions} questions (hex: {args.real_hex_questions}), generation "
-        f"length {real.gen_length}, block {default_block_length(real.gen_length)}, repeats {args.real_repeats}."
+        f"{real.description}. {args.real_questions} questions (hex: {args.real_hex_questions}), "
+        f"generation length {real.gen_length}, block {default_block_length(real.gen_length)}, "
+        f"repeats {args.real_repeats}."
     )
     print(f"part 1: real-vocabulary model ({real.description})", flush=True)
     results.cells["real-vocab"] = run_cells(
@@ -187,10 +188,11 @@ def run_real_shape(args: argparse.Namespace, results: RunResults) -> None:
         std=0.02,
     )
     results.descriptions["real-shape"] = (
-        f"{shape.description}: LLaDA-8B's width and vocabulary, {args.real_shape_layers} of its 32 layers. "
-        f"1 question per cell (its 5 samples fill up to 4 rows), generation length {shape.gen_length}, block "
-        f"{default_block_length(shape.gen_length)}, repeats 1. Strategies {', '.join(args.real_shape_strategies)} (hex: 480 "
-        f"forward passes of about a second each here, left out)."
+        f"{shape.description}: LLaDA-8B's width and vocabulary, {args.real_shape_layers} of its "
+        "32 layers. 1 question per cell (its 5 samples fill up to 4 rows), generation length "
+        f"{shape.gen_length}, block {default_block_length(shape.gen_length)}, repeats 1. "
+        f"Strategies {', '.join(args.real_shape_strategies)} (hex: 480 forward passes of about "
+        "a second each here, left out)."
     )
     print(f"part 1: real-shape model ({shape.description})", flush=True)
     results.cells["real-shape"] = run_cells(

@@ -185,7 +185,8 @@ def run_step_bench(quick: bool, width: int, repeats: int) -> dict[str, Any]:
         r = out["rules"][name] = time_rule(setup, rule, repeats)
         print(
             f"  [step] {name}: naive {r['naive_s'] * 1e3:.0f} ms, ours first step "
-            f"{r['ours_first_step_s'] * 1e3:.1f} ms, ours block mean {r['ours_block_mean_s'] * 1e3:.1f} ms",
+            f"{r['ours_first_step_s'] * 1e3:.1f} ms, ours block mean "
+            f"{r['ours_block_mean_s'] * 1e3:.1f} ms",
             flush=True,
         )
     return out
@@ -196,16 +197,19 @@ def step_section(step: dict[str, Any], width: int) -> list[str]:
     lines = [
         "## One decoding step at the real vocabulary: naive full-sequence vs committable positions",
         "",
-        f"Vocabulary {step['vocab']:,}, sequence {step['sequence']} (prompt {step['prompt']} + generation "
-        f"{step['gen']}), block {step['block']}, one row, width {width}. The decoder's own time per",
-        "step, forward pass excluded. *naive*: `bench/naive.py`, the release's step: float64 Gumbel noise,",
+        f"Vocabulary {step['vocab']:,}, sequence {step['sequence']} (prompt {step['prompt']} + "
+        f"generation {step['gen']}), block {step['block']}, one row, width {width}. The "
+        "decoder's own time per",
+        "step, forward pass excluded. *naive*: `bench/naive.py`, the release's step: float64 "
+        "Gumbel noise,",
         "softmax and entropy over all positions x the whole vocabulary, then the block is cut out.",
-        "*ours*: `RowDecoder.step` (output head and float64 work at the masked positions of the committable",
+        "*ours*: `RowDecoder.step` (output head and float64 work at the masked positions of the "
+        "committable",
         "block only; the head's time is subtracted). *first step*: all 32 block positions masked;",
         "*block mean*: mean over the steps of the first block (fewer masks left as it fills).",
         "",
-        "| rule | naive ms/step | ours ms/step (first step) | ratio | ours ms/step (block mean) | ratio "
-        "| of which: drawing the block's float64 noise |",
+        "| rule | naive ms/step | ours ms/step (first step) | ratio | ours ms/step (block mean) "
+        "| ratio | of which: drawing the block's float64 noise |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in step["rules"].items():
@@ -216,10 +220,14 @@ def step_section(step: dict[str, Any], width: int) -> list[str]:
         )
     return lines + [
         "",
-        "The last column is the cost of `torch.rand((32, 126464), float64, generator)` alone, the noise of",
-        "a whole block. The fixed schedule needs it at every masked position of the block (the noisy",
-        "candidates' confidence decides what commits); the entropy rule decides from the un-noised logits",
-        "and draws noise only for the positions it commits, so its first-step cost is mostly the float64",
+        "The last column is the cost of `torch.rand((32, 126464), float64, generator)` alone, "
+        "the noise of",
+        "a whole block. The fixed schedule needs it at every masked position of the block (the "
+        "noisy",
+        "candidates' confidence decides what commits); the entropy rule decides from the "
+        "un-noised logits",
+        "and draws noise only for the positions it commits, so its first-step cost is mostly "
+        "the float64",
         "entropy over the block.",
         "",
     ]

@@ -176,9 +176,9 @@ def real_workload(args: argparse.Namespace) -> tuple[str, TimedModel, list[torch
         model,
         [prompt],
         extract,
-        f"random-weight LLaDA, d_model {args.width}, {args.layers} of 32 layers, {args.heads} heads, MLP "
-        f"{3 * args.width}, vocabulary 126,464; one row, prompt {args.prompt_length} + generation "
-        f"{args.gen_length}",
+        f"random-weight LLaDA, d_model {args.width}, {args.layers} of 32 layers, {args.heads} "
+        f"heads, MLP {3 * args.width}, vocabulary 126,464; one row, prompt {args.prompt_length} "
+        f"+ generation {args.gen_length}",
     )
 
 
@@ -206,8 +206,8 @@ def paired_ratios(cell: dict[str, list[dict[str, Any]]]) -> list[float]:
 
 def table(results: Results) -> list[str]:
     lines = [
-        "| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls | NFE / question "
-        "| temporal / single: median of repeats (range) |",
+        "| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls "
+        "| NFE / question | temporal / single: median of repeats (range) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, cell in results["cells"].items():
@@ -217,8 +217,9 @@ def table(results: Results) -> list[str]:
             runs = cell[strategy]
             lines.append(
                 f"| {name} | {strategy} | {len(runs)} | {medians(runs, 'wall'):.3f} | "
-                f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | {runs[0]['head_calls']} | "
-                f"{runs[0]['nfe']:.1f} | {spread if strategy == 'temporal' else ''} |"
+                f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | "
+                f"{runs[0]['head_calls']} | {runs[0]['nfe']:.1f} | "
+                f"{spread if strategy == 'temporal' else ''} |"
             )
     return lines
 
@@ -235,10 +236,11 @@ def section(results: Results) -> list[str]:
         START,
         "## `strategy=temporal` against `single`: wall time at the same settings",
         "",
-        "Written by `bench/temporal_bench.py` (its docstring says what runs). Both strategies decode with "
-        "the TSCV paper's settings (fixed schedule, block 32, steps L/2, temperature 0); `temporal` adds "
-        "the output head over every still-masked position at each step (the rules then reuse those logits), "
-        "the argmax and the answer of each changed prediction. Goal: within 5% of `single`.",
+        "Written by `bench/temporal_bench.py` (its docstring says what runs). Both strategies "
+        "decode with the TSCV paper's settings (fixed schedule, block 32, steps L/2, "
+        "temperature 0); `temporal` adds the output head over every still-masked position at "
+        "each step (the rules then reuse those logits), the argmax and the answer of each "
+        "changed prediction. Goal: within 5% of `single`.",
         "",
         *table(results),
         "",
@@ -251,9 +253,10 @@ def section(results: Results) -> list[str]:
     if "real-shape" in cells:
         layers = results["args"]["layers"]
         lines.append(
-            f"- real shape extrapolated to {FULL_DEPTH} layers (each of the {FULL_DEPTH - layers} missing "
-            f"layers adds single's measured time per layer to both): temporal / single "
-            f"{extrapolated_ratio(cells['real-shape'], layers):.3f} (an estimate, not a measurement)."
+            f"- real shape extrapolated to {FULL_DEPTH} layers (each of the "
+            f"{FULL_DEPTH - layers} missing layers adds single's measured time per layer to "
+            f"both): temporal / single {extrapolated_ratio(cells['real-shape'], layers):.3f} "
+            "(an estimate, not a measurement)."
         )
     lines += [
         "",
@@ -263,8 +266,9 @@ def section(results: Results) -> list[str]:
     ]
     lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
     lines += [
-        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 cores are "
-        "shared with other work, so single runs vary by several percent (see the repeats in the JSON)",
+        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 "
+        "cores are shared with other work, so single runs vary by several percent (see the "
+        "repeats in the JSON)",
         f"- wall time of the whole run: {meta.get('elapsed', 0) / 60:.1f} min",
         END,
     ]

@@ -93,7 +93,10 @@ def demo_workload(path: str, questions: int, gen_length: int = 32) -> Workload:
         trained = (folder / "TRAINING.md").exists() and "placeholder" not in (
             folder / "TRAINING.md"
         ).read_text()
-        description = f"demo checkpoint `{path}` ({folder}){'' if trained else ', TRAINING.md still a placeholder'}"
+        description = (
+            f"demo checkpoint `{path}` "
+            f"({folder}){'' if trained else ', TRAINING.md still a placeholder'}"
+        )
     else:
         model = random_llada(demo_config())
         description = f"random-weight LLaDA of the demo's shape (no weights found at `{path}`)"
@@ -165,8 +168,8 @@ def real_vocab_workload(
         return int(tokens[0])
 
     description = (
-        f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} layers, "
-        f"{n_heads} heads, MLP {3 * d_model}; random prompts of {prompt_length} tokens; answer = first "
-        f"generated token"
+        f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} "
+        f"layers, {n_heads} heads, MLP {3 * d_model}; random prompts of {prompt_length} tokens; "
+        "answer = first generated token"
     )
     return Workload(name, model, prompts, extract, gen_length, description)
