@@ -1,10 +1,14 @@
-"""Fast-dLLM's key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape,
+"""Suite `caches`: Fast-dLLM's key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape,
 accuracy and speed on the demo. Writes its own section of BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py            # the full run (30-60 min on 2 busy cores)
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --quick --out /tmp/B.md   # a smoke run
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --resume   # go on from --json after a crash
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --report-only   # rewrite the section from --json
+    # the full run (30-60 min on 2 busy cores)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches
+    # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches --quick --out /tmp/B.md
+    # go on from --json (bench/results/caches_bench.json) after a crash
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches --resume
+    # rewrite the section from --json
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches --report-only
 
 Part 1, real shape: a random-weight LLaDA at LLaDA-8B's width (d_model 4096, 32 heads,
 MLP 12,288, vocabulary 126,464) with `--layers` of its 32 layers, one row, prompt 256 +
@@ -39,26 +43,35 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_quick_flag,
+    add_real_shape_arguments,
+    add_threads_flag,
+    args_record,
+    command_line,
+    load_average,
+    load_json,
+    markers,
+    run_facts,
+    save_json,
+    uptime,
+    write_section,
+)
+from bench.timing import TimedModel
+from bench.workloads import real_vocab_workload
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 
-from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
-from bench.workloads import real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 CACHES = ("none", "prefix", "dual")
-START, END = "<!-- caches_bench:start -->", "<!-- caches_bench:end -->"
+START, END = markers("caches_bench")
 FULL_DEPTH = 32  # LLaDA-8B's layers, for the extrapolated column
 ENTROPY_RULE = {"alpha": 0.3, "temperature": 0.6}  # dVoting's defaults
 Results = dict[str, Any]
@@ -596,8 +609,8 @@ def intro_lines(results: Results) -> list[str]:
         "## Key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape, "
         "accuracy on the demo",
         "",
-        "Written by `bench/caches_bench.py` (rerun it to refresh this section only; "
-        "`bench/run.py` writes the rest).",
+        "Written by `python -m bench caches` (rerun it to refresh this section only; "
+        "`python -m bench throughput` writes the rest).",
         "`none` runs every step over the whole sequence (exact). `prefix` (Fast-dLLM's prefix "
         "cache): a row",
         "entering a block runs one full pass and keeps the keys/values before the block; its "
@@ -823,35 +836,7 @@ def section(results: Results) -> list[str]:
     return lines
 
 
-def write_section(path: Path, lines: list[str], start: str = START, end: str = END) -> None:
-    """Replace the text between the markers `start` and `end` (inclusive), or append it;
-    the rest stays as it is."""
-    text = path.read_text() if path.exists() else ""
-    block = "\n".join(lines)
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    path.write_text(text)
-
-
 # ----------------------------------------------------------------- command line
-
-
-def add_real_shape_arguments(
-    p: argparse.ArgumentParser, prompt_length: int, gen_length: int
-) -> None:
-    """The real-shape model's options (LLaDA-8B's width at reduced depth), shared by the benches."""
-    p.add_argument(
-        "--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)"
-    )
-    p.add_argument(
-        "--width", type=int, default=4096, help="d_model of the real-shape model (MLP 3x)"
-    )
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--prompt-length", type=int, default=prompt_length)
-    p.add_argument("--gen-length", type=int, default=gen_length)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -875,11 +860,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo-gen-length", type=int, default=32)
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--skip-demo", action="store_true")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    add_quick_flag(p)
+    add_threads_flag(p)
     p.add_argument("--resume", action="store_true", help="keep the cells already in --json")
-    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--json", type=Path, default=Path("/tmp/caches_bench.json"))
+    add_output_flags(p, RESULTS / "caches_bench.json")
     args = p.parse_args(argv)
     if args.quick:
         args.width, args.heads, args.prompt_length, args.gen_length = 256, 4, 32, 64
@@ -887,51 +871,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def uptime() -> str:
-    try:
-        return os.popen("uptime").read().strip()
-    except OSError:
-        return ""
-
-
 def start_results(args: argparse.Namespace, argv: list[str]) -> Results:
     """The saved results when resuming, else a fresh record of the machine and the command."""
     if args.resume and args.json.exists():
-        results = json.loads(args.json.read_text())
+        results = load_json(args.json)
         results["meta"]["resumed"] = True
         return results
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py" + "".join(
-        f" {a}" for a in argv
-    )
-    meta = {
-        "command": command,
-        "facts": machine_description(torch.device("cpu")),
-        "load_before": load_average(),
-        "uptime_before": uptime(),
-        "busy": busy_processes(),
-        "started": time.time(),
-    }
-    return {
-        "meta": meta,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
+    command = "OMP_NUM_THREADS=1 " + command_line("caches", argv)
+    meta = {**run_facts(command), "started": time.time()}
+    return {"meta": meta, "args": args_record(args)}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    torch.set_num_threads(1)  # the 2 cores are shared
-    if (
-        args.report_only
-    ):  # e.g. after changing the section's text: the numbers and the run's facts stay
-        write_section(args.out, section(json.loads(args.json.read_text())))
+    torch.set_num_threads(args.threads)
+    if args.report_only:
+        # e.g. after changing the section's text: the numbers and the run's facts stay
+        write_section(args.out, section(load_json(args.json)), START, END)
         return 0
     results = start_results(args, argv)
     began = time.perf_counter()
 
     def save() -> None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(strict_json.dumps(results))
+        save_json(args.json, results)
 
     if not args.skip_demo:  # first: the entropy table uses the demo's full-pass share
         run_demo(args, results, save)
@@ -941,7 +904,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["elapsed"] = meta.get("elapsed", 0.0) + time.perf_counter() - began
     meta["load_after"], meta["uptime_after"] = load_average(), uptime()
     save()
-    write_section(args.out, section(results))
+    write_section(args.out, section(results), START, END)
     print(
         f"wrote the caches section of {args.out} and {args.json} in {meta['elapsed'] / 60:.1f} min",
         flush=True,

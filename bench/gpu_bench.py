@@ -1,10 +1,14 @@
-"""The GPU rows of BENCHMARKS.md: LLaDA-8B's full shape in bfloat16, and batch invariance on a GPU.
+"""Suite `gpu`: the GPU rows of BENCHMARKS.md: LLaDA-8B's full shape in bfloat16, and batch invariance on a GPU.
 
-    python3 bench/gpu_bench.py --json $OUT/gpu_bench.json                 # on a lent GPU (about 4 min on an H200)
-    .venv/bin/python bench/gpu_bench.py --report-only --json FILE         # write BENCHMARKS.md's section from FILE
-    .venv/bin/python bench/gpu_bench.py --report-only --json bench/gpu_bench_h100.json --section gpu_bench_h100
-                                                                          # another GPU's run: a section of its own
-    .venv/bin/python bench/gpu_bench.py --quick --device cpu --json /tmp/g.json   # a smoke run on the CPU
+    # on a lent GPU (about 4 min on an H200)
+    python3 -m bench gpu --json $OUT/gpu_bench.json
+    # write BENCHMARKS.md's section from FILE
+    .venv/bin/python -m bench gpu --report-only --json FILE
+    # another GPU's run: a section of its own
+    .venv/bin/python -m bench gpu --report-only --json bench/results/gpu_bench_h100.json \\
+        --section gpu_bench_h100
+    # a smoke run on the CPU
+    .venv/bin/python -m bench gpu --quick --device cpu --json /tmp/g.json
 
 The CPU rows stand in for a GPU with one layer of LLaDA-8B's 32 in float32 and extrapolate;
 this script measures the whole shape (random weights, 32 layers, width 4096, 32 heads, MLP
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
@@ -37,25 +40,25 @@ from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import caches_bench
+from bench.common import (
+    REPO,
+    add_output_flags,
+    add_quick_flag,
+    command_line,
+    load_json,
+    machine_description,
+    markers,
+    save_json,
+    utc_now,
+    write_section,
+)
+from bench.strategies_bench import cells_table, run_cells
+from bench.workloads import Workload, demo_workload, real_vocab_workload
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions
 
-from bench import caches_bench  # noqa: E402
-from bench.strategies_bench import cells_table, run_cells  # noqa: E402
-from bench.timing import machine_description  # noqa: E402
-from bench.workloads import Workload, demo_workload, real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 SECTION = "gpu_bench"  # the H200 run's section; another GPU's run gets its own with --section
-
-
-def markers(name: str = SECTION) -> tuple[str, str]:
-    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-
-
-START, END = markers()  # the H200 section's
+START, END = markers(SECTION)  # the H200 section's
 Results = dict[str, Any]
 
 
@@ -74,10 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-repeats", type=int, default=2)
     p.add_argument("--strategy-questions", type=int, default=16)
     p.add_argument("--demo-questions", type=int, default=50)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
-    p.add_argument("--json", type=Path, required=True)
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
+    add_quick_flag(p)
+    add_output_flags(p, json_default=None)
     p.add_argument(
         "--section",
         default=SECTION,
@@ -629,7 +630,7 @@ def section(results: Results, name: str = SECTION) -> list[str]:
             "## GPU: LLaDA-8B's full shape in bfloat16"
             + ("" if name == SECTION else f", on the {gpu}"),
             "",
-            "Written by `bench/gpu_bench.py` on a lent GPU machine (rerun it there, then "
+            "Written by `python -m bench gpu` on a lent GPU machine (rerun it there, then "
             "`--report-only` here). "
             + results["real_description"]
             + f"; {results['dtype']}, on the GPU.",
@@ -687,8 +688,8 @@ def section(results: Results, name: str = SECTION) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report_only:
-        lines = section(json.loads(args.json.read_text()), args.section)
-        caches_bench.write_section(args.out, lines, *markers(args.section))
+        lines = section(load_json(args.json), args.section)
+        write_section(args.out, lines, *markers(args.section))
         return 0
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(
@@ -696,16 +697,14 @@ def main(argv: list[str] | None = None) -> int:
             "smoke run"
         )
     results: Results = {
-        "command": "python3 bench/gpu_bench.py "
-        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command_line("gpu", argv if argv is not None else sys.argv[1:], "python3"),
         "device": args.device,
         "facts": machine_description(torch.device(args.device)),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "date": utc_now(),
     }
 
     def save() -> None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(strict_json.dumps(results, indent=1, default=str))
+        save_json(args.json, results, indent=1, default=str)
 
     run_parts(args, results, save)
     return 0

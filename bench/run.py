@@ -1,8 +1,8 @@
-"""Throughput and decoder-overhead benchmarks; writes BENCHMARKS.md.
+"""Suite `throughput`: every strategy's speed and decoder overhead; writes BENCHMARKS.md.
 
-    .venv/bin/python bench/run.py                       # the full run (about 10 minutes on 2 quiet cores)
-    .venv/bin/python bench/run.py --demo runs/tiny-arith/best --out /tmp/B.md
-    .venv/bin/python bench/run.py --quick               # a smoke run (seconds)
+    .venv/bin/python -m bench throughput            # the full run (about 10 minutes on 2 quiet cores)
+    .venv/bin/python -m bench throughput --demo runs/tiny-arith/best --out /tmp/B.md
+    .venv/bin/python -m bench throughput --quick    # a smoke run (seconds)
 
 Part 1, strategies: for each strategy (single, majority, hex, dvoting) and batch size
 (`max_rows` 1, 4, 16), the questions go through `strategies.decode_questions` and we record
@@ -33,24 +33,27 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.prefix_cache_bench import run_prefix_cache  # noqa: E402
-from bench.report import RunResults, write_json, write_report  # noqa: E402
-from bench.step_bench import run_step_bench  # noqa: E402
-from bench.strategies_bench import run_cells  # noqa: E402
-from bench.targets import targets  # noqa: E402
-from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
-from bench.workloads import demo_workload, real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.core.decoding import default_block_length  # noqa: E402
-from lm_eval_dvoting.core.strategies import STRATEGIES  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_quick_flag,
+    add_threads_flag,
+    busy_processes,
+    command_line,
+    load_average,
+    machine_description,
+)
+from bench.prefix_cache_bench import run_prefix_cache
+from bench.report import RunResults, write_json, write_report
+from bench.step_bench import run_step_bench
+from bench.strategies_bench import run_cells
+from bench.targets import targets
+from bench.workloads import demo_workload, real_vocab_workload
+from lm_eval_dvoting.core.decoding import default_block_length
+from lm_eval_dvoting.core.strategies import STRATEGIES
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -105,12 +108,9 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--skip-real", action="store_true", help="skip the real-vocabulary model in part 1"
     )
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)"
-    )
-    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "results.json")
+    add_threads_flag(p)
+    add_quick_flag(p)
+    add_output_flags(p, RESULTS / "throughput.json", report_only=False)
     return p
 
 
@@ -215,6 +215,7 @@ def run_parts(args: argparse.Namespace, results: RunResults) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before=load_average(),
         busy=busy_processes(),
         facts=machine_description(torch.device("cpu")),
+        command=command_line("throughput", argv, launcher="python"),
     )
     run_parts(args, results)
     verdict_lines, verdicts = targets(results.cells)  # part 3
