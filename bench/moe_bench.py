@@ -1,10 +1,14 @@
-"""A real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against a dense
+"""Suite `moe`: a real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against a dense
 layer with the same active parameters. Writes its own section of BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py            # both parts (about 5 + 7 min)
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --parts cache --keep   # one part, keeping the other
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --quick --out /tmp/B.md   # a smoke run
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --report-only   # rewrite the section from --json
+    # both parts (about 5 + 7 min)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe
+    # one part, keeping the other
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe --parts cache --keep
+    # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe --quick --out /tmp/B.md
+    # rewrite the section from --json (bench/results/moe_bench.json)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe --report-only
 
 The model: LLaDA2.0-mini's published shape (`LLADA2_MINI` below: width 2048, 16 query and 4
 key/value heads of 128, 256 experts of intermediate 512, top-8 routing within the best 4 of 8
@@ -56,32 +60,39 @@ The section goes between `<!-- moe_bench:start -->` and `<!-- moe_bench:end -->`
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_quick_flag,
+    add_threads_flag,
+    args_record,
+    busy_processes,
+    command_line,
+    git_commit,
+    load_average,
+    load_json,
+    markers,
+    omp_prefix,
+    run_facts,
+    save_json,
+    utc_now,
+    write_section,
+)
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
+from lm_eval_dvoting.core.decoding.state import BlockDecoding
+from lm_eval_dvoting.models.common import PrefixCache, rotary_tables
+from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model
+from lm_eval_dvoting.models.loading import OFFICIAL_IDS
 
-from bench.caches_bench import uptime, write_section  # noqa: E402
-from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
-from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder  # noqa: E402
-from lm_eval_dvoting.core.decoding.state import BlockDecoding  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
-from lm_eval_dvoting.models.common import PrefixCache, rotary_tables  # noqa: E402
-from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model  # noqa: E402
-from lm_eval_dvoting.models.loading import OFFICIAL_IDS  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-START, END = "<!-- moe_bench:start -->", "<!-- moe_bench:end -->"
+START, END = markers("moe_bench")
 GOAL_RATIO = 1.5  # MoE / dense-active at 16 rows (issue)
 CACHE_GOAL = 5.0  # no cache / block cache, per step at prompt 256 + generation 256 (issue)
 Results = dict[str, Any]
@@ -542,40 +553,15 @@ def run_cache(args: argparse.Namespace, save: Callable[[Results], None]) -> Resu
 # ----------------------------------------------------------------- the machine
 
 
-def git_commit() -> str:
-    """HEAD's short hash, with a note when the working tree has changes."""
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(
-            ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-
-    try:
-        head, dirty = (
-            git("rev-parse", "--short", "HEAD"),
-            git("status", "--porcelain", "--untracked-files=no"),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return f"{head}{' + uncommitted changes' if dirty else ''}"
-
-
 def start_meta(args: argparse.Namespace) -> Results:
     """The command, machine, date, commit and the other processes, at the start of a part."""
-    env = (
-        f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} "
-        if "OMP_NUM_THREADS" in os.environ
-        else ""
-    )
+    command = omp_prefix() + command_line("moe", args.argv)
+    meta = run_facts(command)
     return {
-        "command": f"{env}.venv/bin/python bench/moe_bench.py"
-        + "".join(f" {a}" for a in args.argv),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": meta["command"],
+        "date": utc_now(),
         "commit": git_commit(),
-        "facts": machine_description(torch.device("cpu")),
-        "load_before": load_average(),
-        "uptime_before": uptime(),
-        "busy": busy_processes(),
+        **{k: meta[k] for k in ("facts", "load_before", "uptime_before", "busy")},
     }
 
 
@@ -1264,7 +1250,7 @@ def section(results: Results) -> list[str]:
         START,
         "## LLaDA2.0-mini proxy on the CPU",
         "",
-        "Written by `bench/moe_bench.py` (its docstring says what runs). The model: "
+        "Written by `python -m bench moe` (`bench/moe_bench.py`; its docstring says what runs). The model: "
         f"LLaDA2.0-mini's shape from {CONFIG_SOURCE}: {model_description(model)}.",
         "",
     ]
@@ -1316,18 +1302,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)"
     )
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)"
-    )
+    add_threads_flag(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a tiny model and sizes, for a smoke test")
+    add_quick_flag(p, "a tiny model and sizes, for a smoke test")
     p.add_argument(
         "--keep", action="store_true", help="keep the parts found in --json that this run skips"
     )
-    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--json", type=Path, default=Path("/tmp/moe_bench.json"))
+    add_output_flags(p, RESULTS / "moe_bench.json")
     args = p.parse_args(argv)
     args.argv = list(argv or [])
     if args.quick:
@@ -1347,19 +1329,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.report_only:
-        write_section(args.out, section(json.loads(args.json.read_text())), START, END)
+        write_section(args.out, section(load_json(args.json)), START, END)
         return 0
-    kept = json.loads(args.json.read_text())["parts"] if args.keep and args.json.exists() else {}
+    kept = load_json(args.json)["parts"] if args.keep and args.json.exists() else {}
     results: Results = {"parts": {k: v for k, v in kept.items() if k not in args.parts}}
     for name in args.parts:
 
         def save(part: Results, name: str = name) -> None:
-            part["args"] = {
-                k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-            }
+            part["args"] = args_record(args)
             results["parts"][name] = part
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(strict_json.dumps(results))
+            save_json(args.json, results)
 
         PARTS[name][0](args, save)
     write_section(args.out, section(results), START, END)

@@ -1,8 +1,8 @@
-"""What `strategy=temporal` costs over `single` at the same settings: wall time, on the demo
+"""Suite `temporal`: what `strategy=temporal` costs over `single` at the same settings: wall time, on the demo
 and on the real-shape proxy. Writes its own section of BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py            # the full run (about 15 min)
-    OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py --quick --out /tmp/B.md   # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench temporal       # the full run (about 15 min)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench temporal --quick --out /tmp/B.md   # a smoke run
 
 Both strategies decode with the TSCV paper's settings (fixed schedule, block 32, steps L/2,
 temperature 0), so `temporal` makes exactly `single`'s forward passes and commits (checked
@@ -34,33 +34,35 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.caches_bench import (
+from bench.caches_bench import answer_extractor, demo_inputs
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_quick_flag,
     add_real_shape_arguments,
-    answer_extractor,
-    demo_inputs,
-    uptime,  # noqa: E402
+    add_threads_flag,
+    args_record,
+    command_line,
+    load_average,
+    load_json,
+    markers,
+    run_facts,
+    save_json,
     write_section,
 )
-from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
-from bench.workloads import random_llada, real_vocab_config  # noqa: E402
-from lm_eval_dvoting.core.answers import extract_answer  # noqa: E402
-from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
+from bench.timing import TimedModel
+from bench.workloads import random_llada, real_vocab_config
+from lm_eval_dvoting.core.answers import extract_answer
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions
 
-REPO = Path(__file__).resolve().parents[1]
-START, END = "<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"
+START, END = markers("temporal_bench")
 STRATEGIES = ("single", "temporal")
 FULL_DEPTH = 32  # LLaDA-8B's layers, for the extrapolated ratio
 Results = dict[str, Any]
@@ -236,7 +238,7 @@ def section(results: Results) -> list[str]:
         START,
         "## `strategy=temporal` against `single`: wall time at the same settings",
         "",
-        "Written by `bench/temporal_bench.py` (its docstring says what runs). Both strategies "
+        "Written by `python -m bench temporal` (`bench/temporal_bench.py`; its docstring says what runs). Both strategies "
         "decode with the TSCV paper's settings (fixed schedule, block 32, steps L/2, "
         "temperature 0); `temporal` adds the output head over every still-masked position at "
         "each step (the rules then reuse those logits), the argmax and the answer of each "
@@ -294,10 +296,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_real_shape_arguments(p, prompt_length=32, gen_length=64)
     p.add_argument("--skip-real", action="store_true")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--json", type=Path, default=Path("/tmp/temporal_bench.json"))
+    add_quick_flag(p)
+    add_threads_flag(p)
+    add_output_flags(p, RESULTS / "temporal_bench.json")
     args = p.parse_args(argv)
     if args.quick:
         args.questions, args.repeats, args.real_repeats = 8, 2, 1
@@ -305,39 +306,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    torch.set_num_threads(1)  # the 2 cores are shared
-    if args.report_only:
-        write_section(args.out, section(json.loads(args.json.read_text())), START, END)
-        return 0
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py" + "".join(
-        f" {a}" for a in argv
-    )
-    results: Results = {
-        "meta": {
-            "command": command,
-            "facts": machine_description(torch.device("cpu")),
-            "load_before": load_average(),
-            "uptime_before": uptime(),
-            "busy": busy_processes(),
-            "workloads": {},
-        },
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
-    began = time.perf_counter()
+def start_results(args: argparse.Namespace, argv: list[str]) -> Results:
+    """A fresh record of the command, the machine, the flags; workloads are added as they run."""
+    command = "OMP_NUM_THREADS=1 " + command_line("temporal", argv)
+    return {"meta": {**run_facts(command), "workloads": {}}, "args": args_record(args)}
 
-    def save() -> None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(strict_json.dumps(results))
 
+def workloads(args: argparse.Namespace) -> list[tuple[Any, ...]]:
+    """(name, model, prompts, extract, description, gen_length, max_rows, repeats) of each
+    workload the flags ask for: the demo models, then the real-shape proxy."""
     loads = [
         (*load, args.demo_gen_length, args.max_rows, args.repeats) for load in demo_workloads(args)
     ]
     if not args.skip_real:
         loads.append((*real_workload(args), args.gen_length, 1, args.real_repeats))
-    for name, model, prompts, extract, description, gen_length, max_rows, repeats in loads:
+    return loads
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.report_only:
+        write_section(args.out, section(load_json(args.json)), START, END)
+        return 0
+    results = start_results(args, argv)
+    began = time.perf_counter()
+
+    def save() -> None:
+        save_json(args.json, results)
+
+    for name, model, prompts, extract, description, gen_length, max_rows, repeats in workloads(
+        args
+    ):
         results["meta"]["workloads"][name] = description
         run_pair(name, model, prompts, extract, gen_length, max_rows, repeats, results, save)
     results["meta"]["elapsed"] = time.perf_counter() - began
