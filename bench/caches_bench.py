@@ -301,11 +301,18 @@ def blocks_decoded(result: Any, gen_length: int, block: int) -> int:
     return total
 
 
+def demo_accuracy(targets: list[str], out: list[Any]) -> float:
+    """The share of questions whose chosen answer equals the target, as the task scores."""
+    from lm_eval_dvoting.core.answers import answers_equivalent
+
+    chosen = [r.answers[r.chosen] for r in out]
+    return sum(answers_equivalent(t, a, "number") for t, a in zip(targets, chosen)) / len(out)
+
+
 def demo_cell(
     inputs: dict[str, Any], strategy: str, cache: str, seed: int, args: argparse.Namespace
 ) -> Results:
     """One run of a strategy with a cache over the demo questions: accuracy, NFE, wall, passes."""
-    from lm_eval_dvoting.core.answers import answers_equivalent
     from lm_eval_dvoting.core.strategies import run_strategy
 
     model = inputs["model"]
@@ -323,7 +330,6 @@ def demo_cell(
         max_rows=args.max_rows,
     )
     wall = time.perf_counter() - start
-    chosen = [r.answers[r.chosen] for r in out]
     block = args.demo_gen_length // 16  # the strategies' default block length, L/16
     return {
         "strategy": strategy,
@@ -331,10 +337,7 @@ def demo_cell(
         "seed": seed,
         "questions": len(out),
         "wall": wall,
-        "accuracy": sum(
-            answers_equivalent(t, a, "number") for t, a in zip(inputs["targets"], chosen)
-        )
-        / len(out),
+        "accuracy": demo_accuracy(inputs["targets"], out),
         "nfe": sum(r.nfe for r in out) / len(out),
         "forward": model.seconds,
         "calls": dict(model.calls),
@@ -463,7 +466,8 @@ def fmt(value: float, digits: int = 2) -> str:
 
 
 def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
-    """Per-block step times of `single`'s fixed schedule, then per question and the ratios."""
+    """Per-block step times of `single`'s fixed schedule, then per question and the ratios
+    (`per_question_table`)."""
     lines = [
         "| cache | block | full step s | reuse step s | reuse pass tokens | mean step s (over "
         "the block) | head s/step |",
@@ -483,9 +487,13 @@ def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
             f"| {cache} | {block_index + 1} of {blocks} | {fmt(b['full'])} | {reuse} | {width} | "
             f"{fmt(b['total'] / max(1, len(steps)))} | {fmt(b['head'])} |"
         )
+    return lines + [""] + per_question_table(real, blocks, layers)
+
+
+def per_question_table(real: Results, blocks: int, layers: int) -> list[str]:
+    """`single`'s fixed schedule per question and per step, measured and extrapolated."""
     scale = FULL_DEPTH / layers
-    lines += [
-        "",
+    lines = [
         f"| cache | s/question (`single`, {blocks} blocks) | mean s/step | none/cache per step "
         f"| extrapolated to {FULL_DEPTH} layers: s/step | none/cache ({FULL_DEPTH} layers, "
         "extrapolated) |",
@@ -668,8 +676,8 @@ def machine_lines(results: Results) -> list[str]:
     return lines + [""]
 
 
-def real_lines(results: Results, blocks: int) -> list[str]:
-    """Part 1's description and tables."""
+def real_intro(results: Results, blocks: int) -> list[str]:
+    """Part 1's description: the model, what a full and a reuse step are, the head's share."""
     a, real = results["args"], results["real"]
     shape = (
         f"LLaDA-8B's width, heads, MLP and vocabulary, {a['layers']} of its 32 layers"
@@ -681,52 +689,63 @@ def real_lines(results: Results, blocks: int) -> list[str]:
         median_over_repeats(real, "fixed/none/block0", lambda steps: steps[k]["head"])
         for k in (0, -1)
     ]
+    return [
+        "### Real shape: seconds per decoding step",
+        "",
+        f"{results['real_description']}: {shape}.",
+        f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} "
+        f"blocks); medians over {a['repeats']} repeats; the cells run side by side, one "
+        "step of each in turn, so load",
+        "changes on the shared cores hit them alike. A step is *full* when the model's pass covers",
+        "the whole sequence, *reuse* when it attends to kept keys/values (told apart by "
+        "what `hidden_states`",
+        f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one "
+        "commit each) is timed over",
+        "whole blocks: `none` in the first block (all its passes cover the whole sequence, "
+        "so every block",
+        "costs the same), `prefix` and `dual` in the first and the last block (earlier "
+        "blocks pre-filled).",
+        "*head s/step*: the output head's part of a step (the block's masked positions x "
+        "the vocabulary: the",
+        f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s "
+        f"here, down to 1 at its last, {fmt(head[1])} s).",
+        "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps "
+        "their ratio to",
+        "`none`; in the 32-layer model it is a far smaller part of a step.",
+        "",
+    ]
+
+
+def real_fixed_notes(a: Results, blocks: int) -> list[str]:
+    """How to read the fixed-schedule table, and what the entropy-rule table shows."""
+    L, B = a["gen_length"], a["block"]
+    return [
+        "",
+        f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of "
+        "their first and last",
+        f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly "
+        "with the block index,",
+        f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is "
+        "also the ratio per",
+        "question.",
+        "",
+        "The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first "
+        f"{a['entropy_steps']} steps of the first block. With random weights it commits one "
+        "token per step, so its real steps per block are",
+        "not measurable here: *expected dVoting s/step* weights the full and later steps by "
+        "the share of full",
+        "passes dVoting has on the LLaDA demo (table below).",
+        "",
+    ]
+
+
+def real_lines(results: Results, blocks: int) -> list[str]:
+    """Part 1's description and tables."""
+    a, real = results["args"], results["real"]
     return (
-        [
-            "### Real shape: seconds per decoding step",
-            "",
-            f"{results['real_description']}: {shape}.",
-            f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} "
-            f"blocks); medians over {a['repeats']} repeats; the cells run side by side, one "
-            "step of each in turn, so load",
-            "changes on the shared cores hit them alike. A step is *full* when the model's pass "
-            "covers",
-            "the whole sequence, *reuse* when it attends to kept keys/values (told apart by "
-            "what `hidden_states`",
-            f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one "
-            "commit each) is timed over",
-            "whole blocks: `none` in the first block (all its passes cover the whole sequence, "
-            "so every block",
-            "costs the same), `prefix` and `dual` in the first and the last block (earlier "
-            "blocks pre-filled).",
-            "*head s/step*: the output head's part of a step (the block's masked positions x "
-            "the vocabulary: the",
-            f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s "
-            f"here, down to 1 at its last, {fmt(head[1])} s).",
-            "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps "
-            "their ratio to",
-            "`none`; in the 32-layer model it is a far smaller part of a step.",
-            "",
-        ]
+        real_intro(results, blocks)
         + real_fixed_table(real, blocks, a["layers"])
-        + [
-            "",
-            f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of "
-            "their first and last",
-            f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly "
-            "with the block index,",
-            f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is "
-            "also the ratio per",
-            "question.",
-            "",
-            "The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first "
-            f"{a['entropy_steps']} steps of the first block. With random weights it commits one "
-            "token per step, so its real steps per block are",
-            "not measurable here: *expected dVoting s/step* weights the full and later steps by "
-            "the share of full",
-            "passes dVoting has on the LLaDA demo (table below).",
-            "",
-        ]
+        + real_fixed_notes(a, blocks)
         + real_entropy_table(real, results.get("demo", {}), a["models"][0])
         + [""]
     )
@@ -765,27 +784,39 @@ def demo_lines(results: Results) -> list[str]:
     )
 
 
-def dvoting_lines(results: Results) -> list[str]:
-    """Why dVoting gains less from the caches than `single`, with this run's numbers."""
-    demo, name = results.get("demo", {}), results["args"]["models"][0]
-    if not demo:
-        return []
+def dvoting_numbers(results: Results) -> dict[str, Any]:
+    """The LLaDA demo's dVoting summary per cache (`s`), the steps a block takes once entered,
+    the extra model calls of `dual` and `prefix` (%), and every model's speed-ups over `none`."""
+    demo, name = results["demo"], results["args"]["models"][0]
     s = {c: demo_summary(demo, name, "dvoting", c) for c in CACHES}
-    entered = {
-        c: 1 / s[c]["full_share"] if s[c]["full_share"] else float("nan")
-        for c in ("prefix", "dual")
+    calls = {c: s[c]["calls"]["full"] + s[c]["calls"]["reuse"] for c in CACHES}
+    return {
+        "s": s,
+        "entered": {
+            c: 1 / s[c]["full_share"] if s[c]["full_share"] else float("nan")
+            for c in ("prefix", "dual")
+        },
+        "more_calls": {c: 100 * (calls[c] / calls["none"] - 1) for c in ("prefix", "dual")},
+        "speed": [
+            demo_summary(demo, m, "dvoting", "none")["wall"]
+            / demo_summary(demo, m, "dvoting", c)["wall"]
+            for m in results["args"]["models"]
+            for c in ("prefix", "dual")
+        ],
     }
 
-    def calls(cache: str) -> float:
-        return s[cache]["calls"]["full"] + s[cache]["calls"]["reuse"]
 
-    speed = [
-        demo_summary(demo, m, "dvoting", "none")["wall"]
-        / demo_summary(demo, m, "dvoting", c)["wall"]
-        for m in results["args"]["models"]
-        for c in ("prefix", "dual")
-    ]
+def dvoting_lines(results: Results) -> list[str]:
+    """Why dVoting gains less from the caches than `single`, with this run's numbers."""
+    if not results.get("demo", {}):
+        return []
+    n = dvoting_numbers(results)
+    return dvoting_steps_lines(n) + dvoting_calls_lines(n)
 
+
+def dvoting_steps_lines(n: dict[str, Any]) -> list[str]:
+    """dVoting's steps per block and share of full passes with each cache."""
+    s, entered = n["s"], n["entered"]
     return [
         "### Why dVoting gains less",
         "",
@@ -807,11 +838,18 @@ def dvoting_lines(results: Results) -> list[str]:
         "random weights the",
         "rule commits one token per step, 32 steps per block of 32: the worst case, not "
         "dVoting's behaviour.)",
+    ]
+
+
+def dvoting_calls_lines(n: dict[str, Any]) -> list[str]:
+    """The model calls that reuse passes add, and what they cost on the demo."""
+    speed = n["speed"]
+    return [
         "The few reuse passes also cost model calls of their own: the rows of a step that reuse "
         "and those",
         "that refresh run in two calls, so on the LLaDA demo dVoting makes "
-        f"{fmt(100 * (calls('dual') / calls('none') - 1), 0)}% more calls with `dual` "
-        f"({fmt(100 * (calls('prefix') / calls('none') - 1), 0)}% with `prefix`) for the",
+        f"{fmt(n['more_calls']['dual'], 0)}% more calls with `dual` "
+        f"({fmt(n['more_calls']['prefix'], 0)}% with `prefix`) for the",
         "same row-passes. Where a call's fixed cost dominates, they eat the saving: on the tiny "
         "demo model",
         f"dVoting with a cache runs at {fmt(min(speed))}-{fmt(max(speed))}x `none`'s speed, and "

@@ -55,7 +55,10 @@ from bench.common import (
 )
 from bench.strategies_bench import cells_table, run_cells
 from bench.workloads import Workload, demo_workload, real_vocab_workload
+from lm_eval_dvoting.core.decoding import generate
+from lm_eval_dvoting.core.decoding.state import BlockDecoding, left_pad
 from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions
+from lm_eval_dvoting.models.loading import load_model
 
 SECTION = "gpu_bench"  # the H200 run's section; another GPU's run gets its own with --section
 START, END = markers(SECTION)  # the H200 section's
@@ -222,8 +225,6 @@ def fixture_logits(folder: Path, device: str, dtype: str) -> Results:
     """Max |ours - upstream| of a fixture's logits (plain and left-padded) and argmax agreement."""
     from safetensors.torch import load_file
 
-    from lm_eval_dvoting.models.loading import load_model
-
     model = load_model(str(folder), device=device, dtype=dtype)
     expected = load_file(str(folder / "expected.safetensors"))
     ids, attention = expected["input_ids"].to(device), expected["attention_mask"].to(device)
@@ -242,35 +243,35 @@ def fixture_logits(folder: Path, device: str, dtype: str) -> Results:
     }
 
 
-def llada2_block_cache(device: str, dtype: str) -> Results:
-    """LLaDA2's block cache against no cache on the fixture: greedy over the block-diffusion presets, and
-    sampled over 4 batched rows; sequences (and pass counts) that differ."""
-    from lm_eval_dvoting.core.decoding import generate
-    from lm_eval_dvoting.core.decoding.state import BlockDecoding, left_pad
-    from lm_eval_dvoting.models.loading import load_model
+BLOCK_PRESETS = {  # LLaDA2's block-diffusion presets
+    "2.0": BlockDecoding(),
+    "2.1-quality": BlockDecoding(threshold=0.7, editing_threshold=0.5),
+    "2.1-speed": BlockDecoding(threshold=0.5, editing_threshold=0.0),
+}
 
-    model = load_model(str(FIXTURES / "llada2"), device=device, dtype=dtype)
-    drawn = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(0, 240, (n,), generator=drawn) for n in (3, 4, 6, 9)]
-    presets = {
-        "2.0": BlockDecoding(),
-        "2.1-quality": BlockDecoding(threshold=0.7, editing_threshold=0.5),
-        "2.1-speed": BlockDecoding(threshold=0.5, editing_threshold=0.0),
-    }
-    differ, total = 0, 0
-    for settings in presets.values():
+
+def greedy_block_cache_differ(model: torch.nn.Module, prompts: list[torch.Tensor]) -> int:
+    """Greedy decodes (each preset x each prompt, one row) whose tokens or pass counts
+    differ between `cache=block` and no cache."""
+    differ = 0
+    for settings in BLOCK_PRESETS.values():
         for prompt in prompts:
             runs = [
                 generate(model, prompt[None], gen_length=8, block_length=4, block=settings, cache=c)
                 for c in ("none", "block")
             ]
-            differ += int(
-                not (
-                    torch.equal(runs[0].tokens, runs[1].tokens)
-                    and torch.equal(runs[0].nfe, runs[1].nfe)
-                )
+            same = torch.equal(runs[0].tokens, runs[1].tokens) and torch.equal(
+                runs[0].nfe, runs[1].nfe
             )
-            total += 1
+            differ += int(not same)
+    return differ
+
+
+def sampled_block_cache_differ(
+    model: torch.nn.Module, prompts: list[torch.Tensor], device: str
+) -> int:
+    """Rows of one sampled batched decode (left-padded prompts) whose tokens differ between
+    `cache=block` and no cache."""
     ids, attention, _ = left_pad(prompts, 0, torch.device(device))
     sampled = [
         generate(
@@ -279,19 +280,27 @@ def llada2_block_cache(device: str, dtype: str) -> Results:
             attention,
             gen_length=11,
             block_length=4,
-            block=presets["2.1-quality"],
+            block=BLOCK_PRESETS["2.1-quality"],
             cache=c,
             temperature=0.8,
-            generator=[torch.Generator(device=device).manual_seed(r) for r in range(4)],
+            generator=[torch.Generator(device=device).manual_seed(r) for r in range(len(prompts))],
         )
         for c in ("none", "block")
     ]
-    rows_differ = int((sampled[0].tokens != sampled[1].tokens).any(-1).sum())
+    return int((sampled[0].tokens != sampled[1].tokens).any(-1).sum())
+
+
+def llada2_block_cache(device: str, dtype: str) -> Results:
+    """LLaDA2's block cache against no cache on the fixture: greedy over the block-diffusion
+    presets, and sampled over 4 batched rows; sequences (and pass counts) that differ."""
+    model = load_model(str(FIXTURES / "llada2"), device=device, dtype=dtype)
+    drawn = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 240, (n,), generator=drawn) for n in (3, 4, 6, 9)]
     return {
-        "greedy_differ": differ,
-        "greedy_total": total,
-        "sampled_rows_differ": rows_differ,
-        "sampled_rows": 4,
+        "greedy_differ": greedy_block_cache_differ(model, prompts),
+        "greedy_total": len(BLOCK_PRESETS) * len(prompts),
+        "sampled_rows_differ": sampled_block_cache_differ(model, prompts, device),
+        "sampled_rows": len(prompts),
     }
 
 
@@ -542,147 +551,180 @@ def part_lines(
     return [f"### {title}", "", *render(part), ""]
 
 
-def reading_lines(results: Results) -> list[str]:
-    """What the tables say, computed from them (a part that did not run is left out)."""
-    lines = ["### Reading", ""]
-    forward = results.get("forward", {})
-    if "1x64" in forward and "1x512" in forward:
-        lines.append(
-            "- **One row is bound by per-kernel overheads, not arithmetic:** a pass over 64 "
-            f"tokens costs {forward['1x64']:.1f} ms against {forward['1x512']:.1f} ms over 512, "
-            f"and 16 rows of 64 tokens {forward['16x64']:.1f} ms. Batching is nearly free "
-            "there; shortening one row's pass is not."
-        )
-    caches = results.get("caches", {})
-    if "error" not in caches:
-        for rows, real in caches.items():
-            ratios = {
-                c: caches_bench.per_question(real, "none", 8, 1.0)
-                / caches_bench.per_question(real, c, 8, 1.0)
-                for c in ("prefix", "dual")
-            }
-            lines.append(
-                f"- **Caches at {rows} row(s):** `prefix` {ratios['prefix']:.2f}x and `dual` "
-                f"{ratios['dual']:.2f}x `none`'s speed per step of `single`; the goal of `dual` "
-                f"at least 5x is {'met' if ratios['dual'] >= 5 else 'NOT met'} here."
-            )
-    cells = results.get("strategies", {}).get("cells", [])
-    by = {(c["strategy"], c["batch"]): c for c in cells}
-    speedups = [by[(s, 16)]["qps"] / by[(s, 1)]["qps"] for s, b in by if b == 1 and (s, 16) in by]
-    if speedups:
-        lines.append(
-            f"- **Batch 16 against batch 1** at the real shape: {min(speedups):.1f}x to "
-            f"{max(speedups):.1f}x the questions per second (the target is 3x; the CPU's "
-            "ceiling was 1.3x). The random-weight model's tokens differ between the batch "
-            "sizes (not investigated further: the likely cause is near-tied logits of random "
-            "weights, rounded differently by bfloat16 matrix kernels that the GPU picks by "
-            "shape; see the demo rows for a trained model)."
-        )
-    inv = results.get("invariance", {})
-    pairs = [(k, k[:-1] + "16") for k in inv if k.endswith("/1") and k[:-1] + "16" in inv]
-    if pairs:
-        moved = sum(differing(inv[a], inv[b], "digests") for a, b in pairs)
-        lines.append(
-            f"- **The demo model on the GPU:** {moved} of "
-            f"{sum(len(inv[a]['digests']) for a, _ in pairs)} question-runs changed any sample "
-            "between 1 and 16 rows per pass (float32 and bfloat16, single, majority and "
-            "dvoting)."
-        )
-    fidelity = results.get("fidelity", {})
-    if fidelity and "error" not in fidelity:
-        worst = max(
-            max(v["plain"], v["masked"])
-            for k, v in fidelity.items()
-            if k.endswith("/float32") and "logits" in k
-        )
-        caches = {
-            k.split("/")[1]: (
-                v["greedy_differ"] + v["sampled_rows_differ"],
-                v["greedy_total"] + v["sampled_rows"],
-            )
-            for k, v in fidelity.items()
-            if k.startswith("block_cache/") and k.endswith("/bfloat16")
+def forward_reading(forward: Results) -> list[str]:
+    if not ("1x64" in forward and "1x512" in forward):
+        return []
+    return [
+        "- **One row is bound by per-kernel overheads, not arithmetic:** a pass over 64 "
+        f"tokens costs {forward['1x64']:.1f} ms against {forward['1x512']:.1f} ms over 512, "
+        f"and 16 rows of 64 tokens {forward['16x64']:.1f} ms. Batching is nearly free "
+        "there; shortening one row's pass is not."
+    ]
+
+
+def caches_reading(caches: Results) -> list[str]:
+    if "error" in caches:
+        return []
+    lines = []
+    for rows, real in caches.items():
+        ratios = {
+            c: caches_bench.per_question(real, "none", 8, 1.0)
+            / caches_bench.per_question(real, c, 8, 1.0)
+            for c in ("prefix", "dual")
         }
         lines.append(
-            "- **Fidelity on the GPU:** in float32 the four official-format fixtures stay "
-            f"within {worst:.1e} of the upstream logits (the CPU tests' bound is 1e-4), and "
-            "LLaDA2's block cache gives no cache's tokens exactly on both devices. In bfloat16 "
-            "the decodes with the block cache that differ from no cache's (greedy and "
-            "sampled): "
-            + ", ".join(f"{n} of {total} on {device}" for device, (n, total) in caches.items())
-            + " (not investigated: in bfloat16 the cached keys and values, computed over a "
-            "shorter sequence, may round differently from recomputed ones; exactness is "
-            "claimed for float32 only)."
+            f"- **Caches at {rows} row(s):** `prefix` {ratios['prefix']:.2f}x and `dual` "
+            f"{ratios['dual']:.2f}x `none`'s speed per step of `single`; the goal of `dual` "
+            f"at least 5x is {'met' if ratios['dual'] >= 5 else 'NOT met'} here."
         )
-    return lines + [""]
+    return lines
 
 
-def section(results: Results, name: str = SECTION) -> list[str]:
-    facts = results["facts"]
-    device = results["device"]
-    gpu = (
-        facts.get("gpu", device).removeprefix("NVIDIA ").split()[0]
-    )  # "NVIDIA H100 80GB HBM3": H100; a CPU run: cpu
-    start, end = markers(name)
-    lines = (
-        [
-            start,
-            "## GPU: LLaDA-8B's full shape in bfloat16"
-            + ("" if name == SECTION else f", on the {gpu}"),
-            "",
-            "Written by `python -m bench gpu` on a lent GPU machine (rerun it there, then "
-            "`--report-only` here). "
-            + results["real_description"]
-            + f"; {results['dtype']}, on the GPU.",
-            "",
-            f"- command: `{results['command']}`",
-        ]
-        + [f"- {k}: {v}" for k, v in facts.items()]
-        + [
-            f"- date: {results['date']}; building the random model took "
-            f"{results['model_seconds']:.1f} s"
-        ]
+def strategies_reading(strategies: Results) -> list[str]:
+    by = {(c["strategy"], c["batch"]): c for c in strategies.get("cells", [])}
+    speedups = [by[(s, 16)]["qps"] / by[(s, 1)]["qps"] for s, b in by if b == 1 and (s, 16) in by]
+    if not speedups:
+        return []
+    return [
+        f"- **Batch 16 against batch 1** at the real shape: {min(speedups):.1f}x to "
+        f"{max(speedups):.1f}x the questions per second (the target is 3x; the CPU's "
+        "ceiling was 1.3x). The random-weight model's tokens differ between the batch "
+        "sizes (not investigated further: the likely cause is near-tied logits of random "
+        "weights, rounded differently by bfloat16 matrix kernels that the GPU picks by "
+        "shape; see the demo rows for a trained model)."
+    ]
+
+
+def invariance_reading(inv: Results) -> list[str]:
+    pairs = [(k, k[:-1] + "16") for k in inv if k.endswith("/1") and k[:-1] + "16" in inv]
+    if not pairs:
+        return []
+    moved = sum(differing(inv[a], inv[b], "digests") for a, b in pairs)
+    return [
+        f"- **The demo model on the GPU:** {moved} of "
+        f"{sum(len(inv[a]['digests']) for a, _ in pairs)} question-runs changed any sample "
+        "between 1 and 16 rows per pass (float32 and bfloat16, single, majority and "
+        "dvoting)."
+    ]
+
+
+def fidelity_reading(fidelity: Results) -> list[str]:
+    if not fidelity or "error" in fidelity:
+        return []
+    worst = max(
+        max(v["plain"], v["masked"])
+        for k, v in fidelity.items()
+        if k.endswith("/float32") and "logits" in k
     )
+    caches = {
+        k.split("/")[1]: (
+            v["greedy_differ"] + v["sampled_rows_differ"],
+            v["greedy_total"] + v["sampled_rows"],
+        )
+        for k, v in fidelity.items()
+        if k.startswith("block_cache/") and k.endswith("/bfloat16")
+    }
+    return [
+        "- **Fidelity on the GPU:** in float32 the four official-format fixtures stay "
+        f"within {worst:.1e} of the upstream logits (the CPU tests' bound is 1e-4), and "
+        "LLaDA2's block cache gives no cache's tokens exactly on both devices. In bfloat16 "
+        "the decodes with the block cache that differ from no cache's (greedy and "
+        "sampled): "
+        + ", ".join(f"{n} of {total} on {device}" for device, (n, total) in caches.items())
+        + " (not investigated: in bfloat16 the cached keys and values, computed over a "
+        "shorter sequence, may round differently from recomputed ones; exactness is "
+        "claimed for float32 only)."
+    ]
+
+
+def reading_lines(results: Results) -> list[str]:
+    """What the tables say, computed from them (a part that did not run is left out)."""
+    return (
+        ["### Reading", ""]
+        + forward_reading(results.get("forward", {}))
+        + caches_reading(results.get("caches", {}))
+        + strategies_reading(results.get("strategies", {}))
+        + invariance_reading(results.get("invariance", {}))
+        + fidelity_reading(results.get("fidelity", {}))
+        + [""]
+    )
+
+
+def gpu_name(results: Results) -> str:
+    """ "NVIDIA H100 80GB HBM3": H100; a CPU run: cpu."""
+    return results["facts"].get("gpu", results["device"]).removeprefix("NVIDIA ").split()[0]
+
+
+def header_lines(results: Results, name: str) -> list[str]:
+    """The section's title, what wrote it, the command and the machine."""
+    lines = [
+        "## GPU: LLaDA-8B's full shape in bfloat16"
+        + ("" if name == SECTION else f", on the {gpu_name(results)}"),
+        "",
+        "Written by `python -m bench gpu` on a lent GPU machine (rerun it there, then "
+        "`--report-only` here). "
+        + results["real_description"]
+        + f"; {results['dtype']}, on the GPU.",
+        "",
+        f"- command: `{results['command']}`",
+        *[f"- {k}: {v}" for k, v in results["facts"].items()],
+        f"- date: {results['date']}; building the random model took "
+        f"{results['model_seconds']:.1f} s",
+    ]
     if "second_run" in results:
         lines.append(
             f"- second run: {results['second_run']['date']}, on "
             f"{results['second_run']['facts'].get('gpu')}"
         )
-    lines.append("")
-    lines += part_lines(
-        results,
-        "forward",
-        "One forward pass (hidden states + the head at 32 positions per row; medians of 5)",
-        forward_lines,
-    )
-    lines += part_lines(
-        results,
-        "caches",
-        "Key/value caches: step times (`bench/caches_bench.py`'s cells, block 32, 8 blocks)",
-        lambda c: [x for rows in c for x in cache_lines(c[rows], rows) + [""]],
-    )
-    lines += part_lines(
-        results,
-        "strategies",
-        "Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)",
-        lambda s: s["table"] + [""] + strategy_targets(s["cells"]),
-    )
-    lines += part_lines(
-        results,
-        "invariance",
-        "The demo model on the GPU: does the batch change the answers?",
-        lambda inv: (
-            [inv["description"] + ". " + INVARIANCE_NOTE, ""] + invariance_lines(inv, device)
+    return lines + [""]
+
+
+def parts_lines(results: Results) -> list[str]:
+    """Each part's subsection, in the order the parts run."""
+    device = results["device"]
+    parts: list[tuple[str, str, Callable[[Any], list[str]]]] = [
+        (
+            "forward",
+            "One forward pass (hidden states + the head at 32 positions per row; medians of 5)",
+            forward_lines,
         ),
+        (
+            "caches",
+            "Key/value caches: step times (`bench/caches_bench.py`'s cells, block 32, 8 blocks)",
+            lambda c: [x for rows in c for x in cache_lines(c[rows], rows) + [""]],
+        ),
+        (
+            "strategies",
+            "Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)",
+            lambda s: s["table"] + [""] + strategy_targets(s["cells"]),
+        ),
+        (
+            "invariance",
+            "The demo model on the GPU: does the batch change the answers?",
+            lambda inv: (
+                [inv["description"] + ". " + INVARIANCE_NOTE, ""] + invariance_lines(inv, device)
+            ),
+        ),
+        (
+            "fidelity",
+            "The official-format fixtures on the GPU (tests/fixtures/official-tiny; "
+            "logits against what the upstream code computed on the CPU in float32)",
+            fidelity_lines,
+        ),
+    ]
+    return [line for part in parts for line in part_lines(results, *part)]
+
+
+def section(results: Results, name: str = SECTION) -> list[str]:
+    """The whole section of one GPU run, between its markers `name`."""
+    start, end = markers(name)
+    return (
+        [start]
+        + header_lines(results, name)
+        + parts_lines(results)
+        + reading_lines(results)
+        + [WHAT_IT_DOES_NOT_SHOW.format(gpu=gpu_name(results)), "", end]
     )
-    lines += part_lines(
-        results,
-        "fidelity",
-        "The official-format fixtures on the GPU (tests/fixtures/official-tiny; "
-        "logits against what the upstream code computed on the CPU in float32)",
-        fidelity_lines,
-    )
-    return lines + reading_lines(results) + [WHAT_IT_DOES_NOT_SHOW.format(gpu=gpu), "", end]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1263,6 +1263,30 @@ def section(results: Results) -> list[str]:
 # ----------------------------------------------------------------- command line
 
 
+def add_cache_part_flags(p: argparse.ArgumentParser) -> None:
+    """Part `cache`'s sizes and repeats."""
+    p.add_argument(
+        "--cache-rows", type=int, nargs="+", default=[1, 16], help="rows per decode (part cache)"
+    )
+    p.add_argument(
+        "--cache-steps",
+        type=int,
+        default=4,
+        help="steps per block (part cache; 32 / 4 tokens a step)",
+    )
+    p.add_argument(
+        "--cache-repeats",
+        type=int,
+        nargs="+",
+        default=[3, 2],
+        help="paired decodes per row count, in --cache-rows' order (the last for the rest; "
+        "part cache)",
+    )
+    p.add_argument(
+        "--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)"
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1282,26 +1306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-whole", action="store_true", help="skip the whole-sequence (no cache) cells"
     )
     p.add_argument("--repeats", type=int, default=7, help="paired timings per cell (medians)")
-    p.add_argument(
-        "--cache-rows", type=int, nargs="+", default=[1, 16], help="rows per decode (part cache)"
-    )
-    p.add_argument(
-        "--cache-steps",
-        type=int,
-        default=4,
-        help="steps per block (part cache; 32 / 4 tokens a step)",
-    )
-    p.add_argument(
-        "--cache-repeats",
-        type=int,
-        nargs="+",
-        default=[3, 2],
-        help="paired decodes per row count, in --cache-rows' order (the last for the rest; part "
-        "cache)",
-    )
-    p.add_argument(
-        "--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)"
-    )
+    add_cache_part_flags(p)
     add_threads_flag(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)

@@ -62,10 +62,8 @@ MEASURED = ("single", "majority", "hex", "dvoting")
 CHOICES = tuple(s for s in STRATEGIES if s != "rfg")
 
 
-def argument_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The three models' flags: the demo, the real-vocabulary model, the real-shape model."""
     p.add_argument(
         "--demo",
         default="tiny-arith",
@@ -97,6 +95,13 @@ def argument_parser() -> argparse.ArgumentParser:
         default=["single", "majority", "dvoting"],
         choices=CHOICES,
     )
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_model_flags(p)
     p.add_argument(
         "--cache-questions",
         type=int,

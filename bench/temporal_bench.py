@@ -232,26 +232,15 @@ def same_decoding(cell: dict[str, list[dict[str, Any]]]) -> bool:
     return len({(run["nfe"], run["digest"]) for run in runs}) == 1
 
 
-def section(results: Results) -> list[str]:
+def workload_lines(results: Results) -> list[str]:
+    """Per workload: what it is and whether temporal decoded exactly as single; the
+    real shape's ratio extrapolated to the full depth."""
     meta, cells = results["meta"], results["cells"]
     lines = [
-        START,
-        "## `strategy=temporal` against `single`: wall time at the same settings",
-        "",
-        "Written by `python -m bench temporal` (`bench/temporal_bench.py`; its docstring says what runs). Both strategies "
-        "decode with the TSCV paper's settings (fixed schedule, block 32, steps L/2, "
-        "temperature 0); `temporal` adds the output head over every still-masked position at "
-        "each step (the rules then reuse those logits), the argmax and the answer of each "
-        "changed prediction. Goal: within 5% of `single`.",
-        "",
-        *table(results),
-        "",
+        f"- {name}: {meta['workloads'][name]}; identical NFE and tokens in every run: "
+        f"{'yes' if same_decoding(cell) else 'NO'}."
+        for name, cell in cells.items()
     ]
-    for name, cell in cells.items():
-        lines.append(
-            f"- {name}: {meta['workloads'][name]}; identical NFE and tokens in every run: "
-            f"{'yes' if same_decoding(cell) else 'NO'}."
-        )
     if "real-shape" in cells:
         layers = results["args"]["layers"]
         lines.append(
@@ -260,21 +249,44 @@ def section(results: Results) -> list[str]:
             f"both): temporal / single {extrapolated_ratio(cells['real-shape'], layers):.3f} "
             "(an estimate, not a measurement)."
         )
-    lines += [
+    return lines
+
+
+def machine_lines(meta: Results) -> list[str]:
+    return [
         "",
         "Machine and command:",
         "",
         f"- command: `{meta['command']}` (from the repository root)",
-    ]
-    lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
-    lines += [
+        *[f"- {k}: {v}" for k, v in meta["facts"].items()],
         f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 "
         "cores are shared with other work, so single runs vary by several percent (see the "
         "repeats in the JSON)",
         f"- wall time of the whole run: {meta.get('elapsed', 0) / 60:.1f} min",
-        END,
     ]
-    return lines
+
+
+def section(results: Results) -> list[str]:
+    """The section between the markers: what runs, the table, each workload, the machine."""
+    intro = [
+        "## `strategy=temporal` against `single`: wall time at the same settings",
+        "",
+        "Written by `python -m bench temporal` (`bench/temporal_bench.py`; its docstring says "
+        "what runs). Both strategies decode with the TSCV paper's settings (fixed schedule, "
+        "block 32, steps L/2, temperature 0); `temporal` adds the output head over every "
+        "still-masked position at each step (the rules then reuse those logits), the argmax "
+        "and the answer of each changed prediction. Goal: within 5% of `single`.",
+        "",
+    ]
+    return (
+        [START]
+        + intro
+        + table(results)
+        + [""]
+        + workload_lines(results)
+        + machine_lines(results["meta"])
+        + [END]
+    )
 
 
 # ----------------------------------------------------------------- command line
