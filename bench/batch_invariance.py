@@ -7,19 +7,21 @@ writes docs/batch_invariance.md (and its cells to bench/results/batch_invariance
     .venv/bin/python -m bench batch-invariance --limit 10 --out /tmp/bi.md --json /tmp/bi.json
 
 Every cell is one real harness run, as a user makes it:
-`lm_eval.simple_evaluate(model="dvoting-llada", model_args="pretrained=tiny-arith,dtype=D,strategy=S,seed=K",
-tasks=["dvoting_arith"], limit=N, batch_size=B, device="cpu", log_samples=True)`, for every dtype D,
-strategy S, seed K and batch size B. Per (D, S, K) the table shows accuracy and mean NFE at each batch
-size and how many questions' returned text differs from the batch-size-1 run.
+`lm_eval.simple_evaluate(model="dvoting-llada",
+model_args="pretrained=tiny-arith,dtype=D,strategy=S,seed=K", tasks=["dvoting_arith"], limit=N,
+batch_size=B, device="cpu", log_samples=True)`, for every dtype D, strategy S, seed K and batch size
+B. Per (D, S, K) the table shows accuracy and mean NFE at each batch size and how many questions'
+returned text differs from the batch-size-1 run.
 
 Why a row's numbers can depend on the batch at all: rows are left-padded to the longest row of the
 forward pass, and the CPU attention kernel (`scaled_dot_product_attention`'s flash path) sums over a
 padded key axis in a different order; the result differs in the last bit (about 1e-7 relative in
-float32, one bfloat16 ulp, 2^-8 relative, in bfloat16). A last-bit change of a logit flips a decision
-only at a near-tie (an argmax, a confidence ranking, dVoting's entropy threshold `alpha`), and a flipped
-token changes the rest of that sample. On a GPU the matmul kernels themselves are chosen by shape, so
-the same holds there for every dtype. The per-cell results (accuracy, NFE, config.dvoting) are kept in
-`--json`; a cell already there is not rerun (delete the file to start afresh).
+float32, one bfloat16 ulp, 2^-8 relative, in bfloat16). A last-bit change of a logit flips a
+decision only at a near-tie (an argmax, a confidence ranking, dVoting's entropy threshold `alpha`),
+and a flipped token changes the rest of that sample. On a GPU the matmul kernels themselves are
+chosen by shape, so the same holds there for every dtype. The per-cell results (accuracy, NFE,
+config.dvoting) are kept in `--json`; a cell already there is not rerun (delete the file to start
+afresh).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Suite `caches`: Fast-dLLM's key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape,
-accuracy and speed on the demo. Writes its own section of BENCHMARKS.md.
+"""Suite `caches`: Fast-dLLM's key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's
+shape, accuracy and speed on the demo. Writes its own section of BENCHMARKS.md.
 
     # the full run (30-60 min on 2 busy cores)
     OMP_NUM_THREADS=1 .venv/bin/python -m bench caches
@@ -113,7 +113,8 @@ class PassCounter(TimedModel):
 
 
 def real_rule(rule: str, gen_length: int) -> dict[str, Any]:
-    """The row settings of a rule: `single`'s fixed schedule (steps = L, greedy) or dVoting's threshold."""
+    """The row settings of a rule: `single`'s fixed schedule (steps = L, greedy) or dVoting's
+    threshold."""
     return {"steps": gen_length, "temperature": 0.0} if rule == "fixed" else dict(ENTROPY_RULE)
 
 
@@ -277,7 +278,8 @@ def demo_inputs(name: str, count: int) -> dict[str, Any]:
 def answer_extractor(
     tokenizer: Any, end_ids: tuple[int, ...]
 ) -> Callable[[torch.Tensor], str | None]:
-    """The harness's reading of a sample: text up to the first end token, its number (task `dvoting_arith`)."""
+    """The harness's reading of a sample: text up to the first end token, its number (task
+    `dvoting_arith`)."""
     from lm_eval_dvoting.core.answers import extract_answer
 
     ends = set(end_ids)
@@ -291,7 +293,8 @@ def answer_extractor(
 
 
 def blocks_decoded(result: Any, gen_length: int, block: int) -> int:
-    """Blocks that had a mask when each sample started (a dVoting remask sample keeps some whole blocks)."""
+    """Blocks that had a mask when each sample started (a dVoting remask sample keeps some whole
+    blocks)."""
     total = 0
     for kept in result.kept:
         kept_set = set(kept or [])
@@ -350,7 +353,8 @@ def demo_cell(
 
 
 def run_demo(args: argparse.Namespace, results: Results, save: Callable[[], None]) -> None:
-    """Part 2: each demo model, strategy, seed and cache (caches innermost, so load drifts hit them alike)."""
+    """Part 2: each demo model, strategy, seed and cache (caches innermost, so load drifts hit them
+    alike)."""
     demo = results.setdefault("demo", {})
     for name in args.models:
         inputs = demo_inputs(name, args.questions)
@@ -393,7 +397,8 @@ def mean(values: list[float]) -> float:
 
 
 def fixed_block(real: Results, cache: str, block_index: int, scale: float) -> dict[str, float]:
-    """One block of the fixed schedule: first (full) step, mean reuse step, block total, reuse width.
+    """One block of the fixed schedule: first (full) step, mean reuse step, block total, reuse
+    width.
 
     `scale` multiplies each step's body time (forward pass less the head) to extrapolate
     to another depth: scale 1 is what was measured.

@@ -1,4 +1,5 @@
-"""Suite `gpu`: the GPU rows of BENCHMARKS.md: LLaDA-8B's full shape in bfloat16, and batch invariance on a GPU.
+"""Suite `gpu`: the GPU rows of BENCHMARKS.md: LLaDA-8B's full shape in bfloat16, and batch
+invariance on a GPU.
 
     # on a lent GPU (about 4 min on an H200)
     python3 -m bench gpu --json $OUT/gpu_bench.json
@@ -105,7 +106,8 @@ def sync(device: torch.device) -> None:
 def forward_ms(
     model: torch.nn.Module, rows: int, length: int, head_positions: int, repeats: int = 5
 ) -> float:
-    """Median milliseconds of hidden states over `length` tokens + the head at the last positions."""
+    """Median milliseconds of hidden states over `length` tokens + the head at the last
+    positions."""
     device = next(model.parameters()).device
     ids = torch.randint(0, 126_000, (rows, length), device=device)
     times = []

@@ -1,5 +1,5 @@
-"""Suite `moe`: a real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against a dense
-layer with the same active parameters. Writes its own section of BENCHMARKS.md.
+"""Suite `moe`: a real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against
+a dense layer with the same active parameters. Writes its own section of BENCHMARKS.md.
 
     # both parts (about 5 + 7 min)
     OMP_NUM_THREADS=1 .venv/bin/python -m bench moe
@@ -207,7 +207,8 @@ def fill_random(module: torch.nn.Module, std: float = 0.02) -> None:
 
 @dataclass(frozen=True)
 class Cell:
-    """What one step feeds: `rows` x `tokens` through the MLP or the layer (with `prefix` cached keys)."""
+    """What one step feeds: `rows` x `tokens` through the MLP or the layer (with `prefix` cached
+    keys)."""
 
     kind: str
     rows: int
@@ -234,7 +235,8 @@ def cells_of(args: argparse.Namespace) -> list[Cell]:
 
 
 def step_input(cell: Cell, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """The hidden states of one step: (rows, tokens, width), standard normal (about what a norm gives)."""
+    """The hidden states of one step: (rows, tokens, width), standard normal (about what a norm
+    gives)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(cell.rows, cell.tokens, width, generator=gen).to(dtype)
 
@@ -488,9 +490,10 @@ def run_cache_cell(
 
 @torch.inference_mode()
 def spread_moe(model: LLaDA2Model, args: argparse.Namespace, rows: int, repeats: int) -> Results:
-    """The model's MoE layer on standard-normal inputs (which its router spreads over the experts, as
-    a balanced router spreads distinct tokens; part `moe`'s `step_call`): a mid-block pass of the
-    timed block (its tokens + the cached keys before it) and a pass over the whole sequence, paired."""
+    """The model's MoE layer on standard-normal inputs (which its router spreads over the experts,
+    as a balanced router spreads distinct tokens; part `moe`'s `step_call`): a mid-block pass of the
+    timed block (its tokens + the cached keys before it) and a pass over the whole sequence,
+    paired."""
     cfg, dtype = model.config, next(model.parameters()).dtype
     prefix = args.prompt_length + timed_block(args.gen_length, args.block) * args.block
     cells = {
@@ -578,7 +581,8 @@ def ratios(cell: Results) -> list[float]:
 
 
 def mlp_flops(model: Results, cell: Results) -> float:
-    """Multiply-adds x 2 of the dense-active MLP on the cell's tokens (the MoE's too, router aside)."""
+    """Multiply-adds x 2 of the dense-active MLP on the cell's tokens (the MoE's too, router
+    aside)."""
     c = cell["cell"]
     return 2 * 3 * model["config"]["hidden_size"] * model["dense_width"] * c["rows"] * c["tokens"]
 
@@ -602,7 +606,8 @@ def weight_mib(model: Results, cell: Results) -> tuple[float, float]:
 
 
 def cell_row(model: Results, name: str, cell: Results) -> str:
-    """One table row: sizes, weights read, medians, the ratio with its range, GFLOP/s (MLP cells)."""
+    """One table row: sizes, weights read, medians, the ratio with its range, GFLOP/s (MLP
+    cells)."""
     c, r = cell["cell"], ratios(cell)
     moe_w, dense_w = weight_mib(model, cell)
     speed = " | |"
@@ -667,7 +672,8 @@ def find_cell(part: Results, kind: str, rows: int, tokens: int) -> Results | Non
 
 
 def goal_lines(part: Results) -> list[str]:
-    """The verdict on the issue's goal: the MoE MLP within 1.5x of dense-active at 16 rows of a block."""
+    """The verdict on the issue's goal: the MoE MLP within 1.5x of dense-active at 16 rows of a
+    block."""
     a = part["args"]
     cell = find_cell(part, "mlp", max(a["rows"]), a["block"])
     if cell is None:
@@ -895,9 +901,9 @@ def step_kinds(seconds: list[float], block: int) -> dict[str, float]:
 def repeat_seconds(
     cell: Results, metric: str, repeat: int, part: Results
 ) -> dict[str, dict[str, float]]:
-    """One repeat's seconds by cache (`none`, `block`) and step kind. The two are paired by the step's
-    place in the block: no cache's passes are alike, but the head's and the rules' work is not (it
-    follows the block's masked positions)."""
+    """One repeat's seconds by cache (`none`, `block`) and step kind. The two are paired by the
+    step's place in the block: no cache's passes are alike, but the head's and the rules' work is
+    not (it follows the block's masked positions)."""
     a, cfg = part["args"], part["model"]["config"]
     block, extra = (
         timed_block(a["gen_length"], a["block"]),
@@ -912,7 +918,8 @@ def repeat_seconds(
 
 
 def cache_summary(cell: Results, metric: str, part: Results) -> Results:
-    """Medians over the repeats (ms) by cache and step kind, and the per-repeat ratios none / block."""
+    """Medians over the repeats (ms) by cache and step kind, and the per-repeat ratios none /
+    block."""
     runs, kinds = (
         [repeat_seconds(cell, metric, r, part) for r in range(len(cell["none"]))],
         ("first", "mid", "mean"),
@@ -1022,8 +1029,9 @@ def spread_ratio(cell: Results, part: Results) -> float:
 
 
 def spread_estimate(cell: Results, part: Results) -> dict[str, float]:
-    """The full-depth forward pass (ms, mid-block) with every MoE layer at the spread inputs' time: the
-    proxy's forward pass, its MoE layers' time taken out and the full model's MoE layers' put in."""
+    """The full-depth forward pass (ms, mid-block) with every MoE layer at the spread inputs' time:
+    the proxy's forward pass, its MoE layers' time taken out and the full model's MoE layers' put
+    in."""
     cfg, depth = part["model"]["config"], part["model"]["depth"]
     proxy_moe, full_moe = (
         depth - cfg["first_k_dense_replace"],
@@ -1141,7 +1149,8 @@ def cache_why_lines(part: Results) -> list[str]:
 
 
 def routing_lines(part: Results) -> list[str]:
-    """What the estimates assume, and how the block's mask tokens route (the fewest rows' first decode)."""
+    """What the estimates assume, and how the block's mask tokens route (the fewest rows' first
+    decode)."""
     a, cfg, depth = part["args"], part["model"]["config"], part["model"]["depth"]
     rows, cell = next(iter(part["cells"].items()))
     steps = timed_steps(cell["block"][0], timed_block(a["gen_length"], a["block"]))[1:]
@@ -1172,7 +1181,8 @@ def routing_lines(part: Results) -> list[str]:
 
 
 def cache_experts(cell: Results, part: Results) -> dict[str, float]:
-    """Median experts hit by the MoE layer's router: no cache's steps and the block cache's mid-block ones."""
+    """Median experts hit by the MoE layer's router: no cache's steps and the block cache's
+    mid-block ones."""
     block = timed_block(part["args"]["gen_length"], part["args"]["block"])
     none = [s["experts"] for d in cell["none"] for s in timed_steps(d, block)]
     mid = [s["experts"] for d in cell["block"] for s in timed_steps(d, block)[1:]]
@@ -1250,8 +1260,9 @@ def section(results: Results) -> list[str]:
         START,
         "## LLaDA2.0-mini proxy on the CPU",
         "",
-        "Written by `python -m bench moe` (`bench/moe_bench.py`; its docstring says what runs). The model: "
-        f"LLaDA2.0-mini's shape from {CONFIG_SOURCE}: {model_description(model)}.",
+        "Written by `python -m bench moe` (`bench/moe_bench.py`; its docstring says what "
+        f"runs). The model: LLaDA2.0-mini's shape from {CONFIG_SOURCE}: "
+        f"{model_description(model)}.",
         "",
     ]
     for name, (_, part_lines) in PARTS.items():

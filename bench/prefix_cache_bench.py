@@ -64,7 +64,8 @@ def run_prefix_cache(work: Workload, questions: int) -> list[dict[str, Any]]:
 
 
 def prefix_cache_table(rows: list[dict[str, Any]]) -> list[str]:
-    """One Markdown row per run; speed-up and changed answers are relative to the same strategy without the cache."""
+    """One Markdown row per run; speed-up and changed answers are relative to the same strategy
+    without the cache."""
     lines = [
         "| strategy | prefix cache | questions | accuracy (%) | mean NFE | s/question | "
         "speed-up | answers changed |",

@@ -67,8 +67,8 @@ def header(results: RunResults) -> list[str]:
         "",
         "Written by `python -m bench throughput` (do not edit by hand: rerun it). All numbers of "
         "one table come from one run,",
-        "cells interleaved and repeated, medians shown. Each section's command is the one that made",
-        "its numbers: runs made before the suites became one tool name the old scripts",
+        "cells interleaved and repeated, medians shown. Each section's command is the one that",
+        "made its numbers: runs made before the suites became one tool name the old scripts",
         "(`python bench/caches_bench.py` is now `python -m bench caches`; `python -m bench --help`",
         "lists the suites).",
         "",

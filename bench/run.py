@@ -1,6 +1,6 @@
 """Suite `throughput`: every strategy's speed and decoder overhead; writes BENCHMARKS.md.
 
-    .venv/bin/python -m bench throughput            # the full run (about 10 minutes on 2 quiet cores)
+    .venv/bin/python -m bench throughput    # the full run (about 10 minutes on 2 quiet cores)
     .venv/bin/python -m bench throughput --demo runs/tiny-arith/best --out /tmp/B.md
     .venv/bin/python -m bench throughput --quick    # a smoke run (seconds)
 
@@ -187,7 +187,8 @@ def run_real_vocab(args: argparse.Namespace, results: RunResults) -> None:
 
 
 def run_real_shape(args: argparse.Namespace, results: RunResults) -> None:
-    """Part 1 at LLaDA-8B's width with `--real-shape-layers` layers: the decoder-share target's model."""
+    """Part 1 at LLaDA-8B's width with `--real-shape-layers` layers: the decoder-share target's
+    model."""
     shape = real_vocab_workload(
         args.real_questions,
         args.real_gen_length,

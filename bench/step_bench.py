@@ -65,7 +65,8 @@ class StepSetup:
 
 
 def make_setup(quick: bool, width: int) -> StepSetup:
-    """A random output head of `width` x the real vocabulary and normalised random hidden states (seeded)."""
+    """A random output head of `width` x the real vocabulary and normalised random hidden states
+    (seeded)."""
     prompt_len, gen_len, block = (144, 256, 32) if not quick else (24, 32, 8)
     torch.manual_seed(3)
     head = torch.nn.Linear(width, LLADA_VOCAB, bias=False)
@@ -120,7 +121,8 @@ def time_naive_step(setup: StepSetup, rule: dict[str, Any], seed: int) -> float:
 
 
 def time_row_decoder_block(setup: StepSetup, rule: dict[str, Any], seed: int) -> list[float]:
-    """The decoder's own seconds of each `RowDecoder.step` until the first block is full (head time subtracted)."""
+    """The decoder's own seconds of each `RowDecoder.step` until the first block is full (head time
+    subtracted)."""
     s = setup
     timed = TimedModel(FixedHidden(s.hidden, s.head, s.mask))
     decoder = RowDecoder(timed)
@@ -193,7 +195,8 @@ def run_step_bench(quick: bool, width: int, repeats: int) -> dict[str, Any]:
 
 
 def step_section(step: dict[str, Any], width: int) -> list[str]:
-    """The report's section on one decoding step: what was timed, the table, what the last column means."""
+    """The report's section on one decoding step: what was timed, the table, what the last column
+    means."""
     lines = [
         "## One decoding step at the real vocabulary: naive full-sequence vs committable positions",
         "",
@@ -234,7 +237,8 @@ def step_section(step: dict[str, Any], width: int) -> list[str]:
 
 
 def measured_noise_note(step: dict[str, Any] | None) -> str:
-    """' (measured in this run: N ns)' per vocabulary entry of the block's noise draw, or '' without one."""
+    """' (measured in this run: N ns)' per vocabulary entry of the block's noise draw, or '' without
+    one."""
     if step is None:
         return ""
     per_entry = [

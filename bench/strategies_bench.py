@@ -1,4 +1,5 @@
-"""Part 1 of `bench/run.py`: every strategy at every batch size, through `strategies.decode_questions`.
+"""Part 1 of `bench/run.py`: every strategy at every batch size, through
+`strategies.decode_questions`.
 
 A *cell* is one (model, strategy, batch size) combination. Each run of a cell drives
 its questions with `max_rows` = the batch size and records the wall time, the time
@@ -130,7 +131,8 @@ def interleaved_order(cells: list[Cell], repeat: int) -> list[Cell]:
 
 
 def _warm_up(work: Workload, timed: TimedModel) -> None:
-    """One short unrecorded run, so that the allocator and lazy initialisation are not charged to a cell."""
+    """One short unrecorded run, so that the allocator and lazy initialisation are not charged to a
+    cell."""
     decode_questions(
         timed,
         work.prompts[:1],

@@ -58,7 +58,8 @@ def dvoting_vs_majority(all_cells: dict[str, list[Cell]], verdicts: Verdicts) ->
 
 
 def decoder_share(all_cells: dict[str, list[Cell]], verdicts: Verdicts) -> list[str]:
-    """Target 2: the decoder's own share < 10% on `real-shape`; `real-vocab` is shown for reference only."""
+    """Target 2: the decoder's own share < 10% on `real-shape`; `real-vocab` is shown for reference
+    only."""
     lines = [
         "**2. The decoder's own share of a step < 10% at the real vocabulary**",
         "",
@@ -113,7 +114,8 @@ def batch_speedup(demo: list[Cell], verdicts: Verdicts) -> list[str]:
 
 
 def forward_ceiling(demo: list[Cell]) -> list[str]:
-    """The batch speed-up a decoder costing nothing would reach: forward time per row, batch 1 / batch 16."""
+    """The batch speed-up a decoder costing nothing would reach: forward time per row, batch 1 /
+    batch 16."""
     lines = [
         "Forward time per decoded row (s/forward pass / rows per pass), demo model: the ceiling "
         "of the",
@@ -133,7 +135,8 @@ def forward_ceiling(demo: list[Cell]) -> list[str]:
 
 
 def identical_tokens_beyond_demo(all_cells: dict[str, list[Cell]], verdicts: Verdicts) -> None:
-    """Verdicts only (no table): identical tokens across batch sizes on the models other than the demo."""
+    """Verdicts only (no table): identical tokens across batch sizes on the models other than the
+    demo."""
     for model, cells in all_cells.items():
         if model == "demo":
             continue

@@ -1,5 +1,5 @@
-"""Suite `temporal`: what `strategy=temporal` costs over `single` at the same settings: wall time, on the demo
-and on the real-shape proxy. Writes its own section of BENCHMARKS.md.
+"""Suite `temporal`: what `strategy=temporal` costs over `single` at the same settings: wall time,
+on the demo and on the real-shape proxy. Writes its own section of BENCHMARKS.md.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench temporal       # the full run (about 15 min)
     OMP_NUM_THREADS=1 .venv/bin/python -m bench temporal --quick --out /tmp/B.md   # a smoke run

@@ -64,7 +64,8 @@ def random_llada(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> LLaDAModel:
-    """A LLaDA of `config` with N(0, std) weights, built on `device` in `dtype` (no float32 copy first)."""
+    """A LLaDA of `config` with N(0, std) weights, built on `device` in `dtype` (no float32 copy
+    first)."""
     torch.manual_seed(seed)
     with torch.device("meta"):  # no default initialisation: at LLaDA-8B's width it costs seconds
         model = LLaDAModel(LLaDAConfig.from_dict(config))
