@@ -54,9 +54,9 @@ def add_output_flags(
         )
 
 
-def add_quick_flag(p: argparse.ArgumentParser, help: str = "tiny sizes, for a smoke test") -> None:
-    """`--quick`: each suite's tiny sizes, so that a smoke run takes seconds."""
-    p.add_argument("--quick", action="store_true", help=help)
+def add_quick_flag(p: argparse.ArgumentParser, text: str = "tiny sizes, for a smoke test") -> None:
+    """`--quick`: each suite's tiny sizes, so that a smoke run takes seconds (`text`: its help)."""
+    p.add_argument("--quick", action="store_true", help=text)
 
 
 def add_threads_flag(p: argparse.ArgumentParser, default: int = 1) -> None:
@@ -164,6 +164,7 @@ def cpu_name() -> str:
 
 
 def load_average() -> tuple[float, float, float] | None:
+    """The 1/5/15-minute load averages, or None where the system has none."""
     try:
         return os.getloadavg()
     except OSError:
@@ -230,4 +231,5 @@ def run_facts(command: str, device: str = "cpu") -> Results:
 
 
 def utc_now() -> str:
+    """The date and time of a run, to the minute, in UTC."""
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
