@@ -1,10 +1,14 @@
-"""Fast-dLLM's key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape,
-accuracy and speed on the demo. Writes its own section of BENCHMARKS.md.
+"""Suite `caches`: Fast-dLLM's key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's
+shape, accuracy and speed on the demo. Writes its own section of BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py            # the full run (30-60 min on 2 busy cores)
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --quick --out /tmp/B.md   # a smoke run
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --resume   # go on from --json after a crash
-    OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py --report-only   # rewrite the section from --json
+    # the full run (30-60 min on 2 busy cores)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches
+    # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches --quick --out /tmp/B.md
+    # go on from --json (bench/results/caches_bench.json) after a crash
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches --resume
+    # rewrite the section from --json
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench caches --report-only
 
 Part 1, real shape: a random-weight LLaDA at LLaDA-8B's width (d_model 4096, 32 heads,
 MLP 12,288, vocabulary 126,464) with `--layers` of its 32 layers, one row, prompt 256 +
@@ -39,26 +43,35 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_quick_flag,
+    add_real_shape_arguments,
+    add_threads_flag,
+    args_record,
+    command_line,
+    load_average,
+    load_json,
+    markers,
+    run_facts,
+    save_json,
+    uptime,
+    write_section,
+)
+from bench.timing import TimedModel
+from bench.workloads import real_vocab_workload
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 
-from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
-from bench.workloads import real_vocab_workload  # noqa: E402
-from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 CACHES = ("none", "prefix", "dual")
-START, END = "<!-- caches_bench:start -->", "<!-- caches_bench:end -->"
+START, END = markers("caches_bench")
 FULL_DEPTH = 32  # LLaDA-8B's layers, for the extrapolated column
 ENTROPY_RULE = {"alpha": 0.3, "temperature": 0.6}  # dVoting's defaults
 Results = dict[str, Any]
@@ -100,7 +113,8 @@ class PassCounter(TimedModel):
 
 
 def real_rule(rule: str, gen_length: int) -> dict[str, Any]:
-    """The row settings of a rule: `single`'s fixed schedule (steps = L, greedy) or dVoting's threshold."""
+    """The row settings of a rule: `single`'s fixed schedule (steps = L, greedy) or dVoting's
+    threshold."""
     return {"steps": gen_length, "temperature": 0.0} if rule == "fixed" else dict(ENTROPY_RULE)
 
 
@@ -264,7 +278,8 @@ def demo_inputs(name: str, count: int) -> dict[str, Any]:
 def answer_extractor(
     tokenizer: Any, end_ids: tuple[int, ...]
 ) -> Callable[[torch.Tensor], str | None]:
-    """The harness's reading of a sample: text up to the first end token, its number (task `dvoting_arith`)."""
+    """The harness's reading of a sample: text up to the first end token, its number (task
+    `dvoting_arith`)."""
     from lm_eval_dvoting.core.answers import extract_answer
 
     ends = set(end_ids)
@@ -278,7 +293,8 @@ def answer_extractor(
 
 
 def blocks_decoded(result: Any, gen_length: int, block: int) -> int:
-    """Blocks that had a mask when each sample started (a dVoting remask sample keeps some whole blocks)."""
+    """Blocks that had a mask when each sample started (a dVoting remask sample keeps some whole
+    blocks)."""
     total = 0
     for kept in result.kept:
         kept_set = set(kept or [])
@@ -288,11 +304,18 @@ def blocks_decoded(result: Any, gen_length: int, block: int) -> int:
     return total
 
 
+def demo_accuracy(targets: list[str], out: list[Any]) -> float:
+    """The share of questions whose chosen answer equals the target, as the task scores."""
+    from lm_eval_dvoting.core.answers import answers_equivalent
+
+    chosen = [r.answers[r.chosen] for r in out]
+    return sum(answers_equivalent(t, a, "number") for t, a in zip(targets, chosen)) / len(out)
+
+
 def demo_cell(
     inputs: dict[str, Any], strategy: str, cache: str, seed: int, args: argparse.Namespace
 ) -> Results:
     """One run of a strategy with a cache over the demo questions: accuracy, NFE, wall, passes."""
-    from lm_eval_dvoting.core.answers import answers_equivalent
     from lm_eval_dvoting.core.strategies import run_strategy
 
     model = inputs["model"]
@@ -310,7 +333,6 @@ def demo_cell(
         max_rows=args.max_rows,
     )
     wall = time.perf_counter() - start
-    chosen = [r.answers[r.chosen] for r in out]
     block = args.demo_gen_length // 16  # the strategies' default block length, L/16
     return {
         "strategy": strategy,
@@ -318,10 +340,7 @@ def demo_cell(
         "seed": seed,
         "questions": len(out),
         "wall": wall,
-        "accuracy": sum(
-            answers_equivalent(t, a, "number") for t, a in zip(inputs["targets"], chosen)
-        )
-        / len(out),
+        "accuracy": demo_accuracy(inputs["targets"], out),
         "nfe": sum(r.nfe for r in out) / len(out),
         "forward": model.seconds,
         "calls": dict(model.calls),
@@ -334,7 +353,8 @@ def demo_cell(
 
 
 def run_demo(args: argparse.Namespace, results: Results, save: Callable[[], None]) -> None:
-    """Part 2: each demo model, strategy, seed and cache (caches innermost, so load drifts hit them alike)."""
+    """Part 2: each demo model, strategy, seed and cache (caches innermost, so load drifts hit them
+    alike)."""
     demo = results.setdefault("demo", {})
     for name in args.models:
         inputs = demo_inputs(name, args.questions)
@@ -377,7 +397,8 @@ def mean(values: list[float]) -> float:
 
 
 def fixed_block(real: Results, cache: str, block_index: int, scale: float) -> dict[str, float]:
-    """One block of the fixed schedule: first (full) step, mean reuse step, block total, reuse width.
+    """One block of the fixed schedule: first (full) step, mean reuse step, block total, reuse
+    width.
 
     `scale` multiplies each step's body time (forward pass less the head) to extrapolate
     to another depth: scale 1 is what was measured.
@@ -450,10 +471,11 @@ def fmt(value: float, digits: int = 2) -> str:
 
 
 def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
-    """Per-block step times of `single`'s fixed schedule, then per question and the ratios."""
+    """Per-block step times of `single`'s fixed schedule, then per question and the ratios
+    (`per_question_table`)."""
     lines = [
-        "| cache | block | full step s | reuse step s | reuse pass tokens | mean step s (over the block) | "
-        "head s/step |",
+        "| cache | block | full step s | reuse step s | reuse pass tokens | mean step s (over "
+        "the block) | head s/step |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for cache, block_index in [
@@ -470,11 +492,16 @@ def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
             f"| {cache} | {block_index + 1} of {blocks} | {fmt(b['full'])} | {reuse} | {width} | "
             f"{fmt(b['total'] / max(1, len(steps)))} | {fmt(b['head'])} |"
         )
+    return lines + [""] + per_question_table(real, blocks, layers)
+
+
+def per_question_table(real: Results, blocks: int, layers: int) -> list[str]:
+    """`single`'s fixed schedule per question and per step, measured and extrapolated."""
     scale = FULL_DEPTH / layers
-    lines += [
-        "",
-        f"| cache | s/question (`single`, {blocks} blocks) | mean s/step | none/cache per step | "
-        f"extrapolated to {FULL_DEPTH} layers: s/step | none/cache ({FULL_DEPTH} layers, extrapolated) |",
+    lines = [
+        f"| cache | s/question (`single`, {blocks} blocks) | mean s/step | none/cache per step "
+        f"| extrapolated to {FULL_DEPTH} layers: s/step | none/cache ({FULL_DEPTH} layers, "
+        "extrapolated) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     steps_per_question = blocks * len(real.get("fixed/none/block0/repeat0", [])) or 1
@@ -489,7 +516,8 @@ def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
         )
         lines.append(
             f"| {cache} | {fmt(measured, 1)} | {fmt(measured / steps_per_question)} | "
-            f"{fmt(base / measured)}x | {fmt(deep / steps_per_question)} | {fmt(base_deep / deep)}x |"
+            f"{fmt(base / measured)}x | {fmt(deep / steps_per_question)} | "
+            f"{fmt(base_deep / deep)}x |"
         )
     return lines
 
@@ -497,8 +525,8 @@ def real_fixed_table(real: Results, blocks: int, layers: int) -> list[str]:
 def real_entropy_table(real: Results, demo: Results, llada: str) -> list[str]:
     """The entropy rule's full and later steps, and dVoting's expected step time at this shape."""
     lines = [
-        "| cache | first step of a block s (full) | later step s | dVoting's full-pass share on the demo | "
-        "expected dVoting s/step | none/cache |",
+        "| cache | first step of a block s (full) | later step s | dVoting's full-pass share on "
+        "the demo | expected dVoting s/step | none/cache |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     base = entropy_steps(real, "none")["full"]
@@ -518,9 +546,9 @@ def real_entropy_table(real: Results, demo: Results, llada: str) -> list[str]:
 def demo_table(demo: Results, models: list[str]) -> list[str]:
     """Accuracy, NFE, speed and passes of each demo model, strategy and cache."""
     lines = [
-        "| model | strategy | cache | seeds | accuracy % (mean ± std) | mean NFE | wall s | speed-up vs none | "
-        "full passes (of row-passes) | model calls: full + reuse | steps per block | "
-        "outputs token-identical to none |",
+        "| model | strategy | cache | seeds | accuracy % (mean ± std) | mean NFE | wall s | "
+        "speed-up vs none | full passes (of row-passes) | model calls: full + reuse | steps per "
+        "block | outputs token-identical to none |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name in models:
@@ -555,10 +583,11 @@ def verdicts(results: Results, blocks: int) -> list[str]:
             real, "dual", blocks, deep
         )
         lines.append(
-            f"- **Goal 1, `dual` at least 5x faster per step than `none` for `single` at this length:** "
-            f"{'met' if ratio >= 5 else 'not met'} as measured ({fmt(ratio)}x with "
-            f"{results['args']['layers']} layer(s)); extrapolated to {FULL_DEPTH} layers {fmt(ratio_deep)}x "
-            f"(an estimate from the measured body and head times, not a measurement)."
+            "- **Goal 1, `dual` at least 5x faster per step than `none` for `single` at this "
+            f"length:** {'met' if ratio >= 5 else 'not met'} as measured ({fmt(ratio)}x with "
+            f"{results['args']['layers']} layer(s)); extrapolated to {FULL_DEPTH} layers "
+            f"{fmt(ratio_deep)}x (an estimate from the measured body and head times, not a "
+            "measurement)."
         )
     if demo:
         worst = []
@@ -578,9 +607,9 @@ def verdicts(results: Results, blocks: int) -> list[str]:
             round(gap, 6) <= 1
         )  # accuracies are multiples of 0.2 points: no float noise in the verdict
         lines.append(
-            f"- **Goal 2, demo accuracy within 1 point of `none`:** {'met' if met else 'not met'}; "
-            f"largest gap {fmt(gap, 1)} points ({where}), on {results['args']['questions']} questions "
-            "(one question is "
+            "- **Goal 2, demo accuracy within 1 point of `none`:** "
+            f"{'met' if met else 'not met'}; largest gap {fmt(gap, 1)} points ({where}), on "
+            f"{results['args']['questions']} questions (one question is "
             f"{fmt(100 / results['args']['questions'], 1)} points)."
         )
     return lines
@@ -590,24 +619,39 @@ def intro_lines(results: Results) -> list[str]:
     """What the caches do, what is measured and what is not."""
     a = results["args"]
     return [
-        "## Key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape, accuracy on the demo",
+        "## Key/value caches (`cache=none|prefix|dual`): step time at LLaDA-8B's shape, "
+        "accuracy on the demo",
         "",
-        "Written by `bench/caches_bench.py` (rerun it to refresh this section only; `bench/run.py` writes the rest).",
-        "`none` runs every step over the whole sequence (exact). `prefix` (Fast-dLLM's prefix cache): a row",
-        "entering a block runs one full pass and keeps the keys/values before the block; its later steps in",
-        "the block run over the block and everything after it. `dual` keeps the keys/values after the block",
-        "too; its later steps run over the block only (plus one token for Dream), and with the entropy rule a",
-        "block completed in such a step hands over to the next block at the next step (a full pass).",
+        "Written by `python -m bench caches` (rerun it to refresh this section only; "
+        "`python -m bench throughput` writes the rest).",
+        "`none` runs every step over the whole sequence (exact). `prefix` (Fast-dLLM's prefix "
+        "cache): a row",
+        "entering a block runs one full pass and keeps the keys/values before the block; its "
+        "later steps in",
+        "the block run over the block and everything after it. `dual` keeps the keys/values "
+        "after the block",
+        "too; its later steps run over the block only (plus one token for Dream), and with the "
+        "entropy rule a",
+        "block completed in such a step hands over to the next block at the next step (a full "
+        "pass).",
         "The kept keys/values are stale, so `prefix` and `dual` are approximations.",
         "",
-        f"What it does not show: the real-shape model has random weights and {a['layers']} of LLaDA-8B's 32",
-        "layers, in float32 on a 2-core CPU with one thread, and the machine is shared with other work (load",
-        "below), so the seconds are noisy; at reduced depth the output head (run at the block's masked",
-        "positions, the same for every cache) weighs far more than in the 32-layer model. The extrapolated",
-        "columns scale each step's measured body time (forward pass less the head) to 32 layers: an",
-        "estimate, not a measurement. No GPU was measured: a GPU run (bfloat16, 32 layers, batched rows)",
-        "would give the real ratios. The demo models are tiny (short prompts, 2-token blocks), so their",
-        "wall times say little about the speed-up on a real model; their accuracy says how much the stale",
+        f"What it does not show: the real-shape model has random weights and {a['layers']} of "
+        "LLaDA-8B's 32",
+        "layers, in float32 on a 2-core CPU with one thread, and the machine is shared with "
+        "other work (load",
+        "below), so the seconds are noisy; at reduced depth the output head (run at the block's "
+        "masked",
+        "positions, the same for every cache) weighs far more than in the 32-layer model. The "
+        "extrapolated",
+        "columns scale each step's measured body time (forward pass less the head) to 32 "
+        "layers: an",
+        "estimate, not a measurement. No GPU was measured: a GPU run (bfloat16, 32 layers, "
+        "batched rows)",
+        "would give the real ratios. The demo models are tiny (short prompts, 2-token blocks), "
+        "so their",
+        "wall times say little about the speed-up on a real model; their accuracy says how much "
+        "the stale",
         "keys/values cost.",
         "",
     ]
@@ -623,10 +667,11 @@ def machine_lines(results: Results) -> list[str]:
     lines += [f"- {k}: {v}" for k, v in facts.items()]
     lines += [
         f"- load average (1/5/15 min) before: {results['meta']['load_before']}, after: "
-        f"{results['meta'].get('load_after')} (`uptime`: before `{results['meta']['uptime_before']}`, after "
+        f"{results['meta'].get('load_after')} (`uptime`: before "
+        f"`{results['meta']['uptime_before']}`, after "
         f"`{results['meta'].get('uptime_after', '')}`)",
-        "- other busy processes at the start (the 2 cores are shared with other sessions' tests and "
-        "benchmarks, so timings are noisy):",
+        "- other busy processes at the start (the 2 cores are shared with other sessions' tests "
+        "and benchmarks, so timings are noisy):",
     ]
     lines += [f"  - `{p}`" for p in results["meta"]["busy"]]
     lines.append(
@@ -636,8 +681,8 @@ def machine_lines(results: Results) -> list[str]:
     return lines + [""]
 
 
-def real_lines(results: Results, blocks: int) -> list[str]:
-    """Part 1's description and tables."""
+def real_intro(results: Results, blocks: int) -> list[str]:
+    """Part 1's description: the model, what a full and a reuse step are, the head's share."""
     a, real = results["args"], results["real"]
     shape = (
         f"LLaDA-8B's width, heads, MLP and vocabulary, {a['layers']} of its 32 layers"
@@ -649,39 +694,63 @@ def real_lines(results: Results, blocks: int) -> list[str]:
         median_over_repeats(real, "fixed/none/block0", lambda steps: steps[k]["head"])
         for k in (0, -1)
     ]
+    return [
+        "### Real shape: seconds per decoding step",
+        "",
+        f"{results['real_description']}: {shape}.",
+        f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} "
+        f"blocks); medians over {a['repeats']} repeats; the cells run side by side, one "
+        "step of each in turn, so load",
+        "changes on the shared cores hit them alike. A step is *full* when the model's pass covers",
+        "the whole sequence, *reuse* when it attends to kept keys/values (told apart by "
+        "what `hidden_states`",
+        f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one "
+        "commit each) is timed over",
+        "whole blocks: `none` in the first block (all its passes cover the whole sequence, "
+        "so every block",
+        "costs the same), `prefix` and `dual` in the first and the last block (earlier "
+        "blocks pre-filled).",
+        "*head s/step*: the output head's part of a step (the block's masked positions x "
+        "the vocabulary: the",
+        f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s "
+        f"here, down to 1 at its last, {fmt(head[1])} s).",
+        "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps "
+        "their ratio to",
+        "`none`; in the 32-layer model it is a far smaller part of a step.",
+        "",
+    ]
+
+
+def real_fixed_notes(a: Results, blocks: int) -> list[str]:
+    """How to read the fixed-schedule table, and what the entropy-rule table shows."""
+    L, B = a["gen_length"], a["block"]
+    return [
+        "",
+        f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of "
+        "their first and last",
+        f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly "
+        "with the block index,",
+        f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is "
+        "also the ratio per",
+        "question.",
+        "",
+        "The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first "
+        f"{a['entropy_steps']} steps of the first block. With random weights it commits one "
+        "token per step, so its real steps per block are",
+        "not measurable here: *expected dVoting s/step* weights the full and later steps by "
+        "the share of full",
+        "passes dVoting has on the LLaDA demo (table below).",
+        "",
+    ]
+
+
+def real_lines(results: Results, blocks: int) -> list[str]:
+    """Part 1's description and tables."""
+    a, real = results["args"], results["real"]
     return (
-        [
-            "### Real shape: seconds per decoding step",
-            "",
-            f"{results['real_description']}: {shape}.",
-            f"One row, prompt {a['prompt_length']} + generation {L}, block {B} ({blocks} blocks); "
-            f"medians over {a['repeats']} repeats; the cells run side by side, one step of each in turn, so load",
-            "changes on the shared cores hit them alike. A step is *full* when the model's pass covers",
-            "the whole sequence, *reuse* when it attends to kept keys/values (told apart by what `hidden_states`",
-            f"receives). `single`'s fixed schedule (steps = {L}: {B} steps per block, one commit each) is timed over",
-            "whole blocks: `none` in the first block (all its passes cover the whole sequence, so every block",
-            "costs the same), `prefix` and `dual` in the first and the last block (earlier blocks pre-filled).",
-            "*head s/step*: the output head's part of a step (the block's masked positions x the vocabulary: the",
-            f"same for every cache, {B} positions at a block's first step, {fmt(head[0])} s here, down to 1 at its last, "
-            f"{fmt(head[1])} s).",
-            "At reduced depth it is a large part of a `dual` or late-`prefix` step and caps their ratio to",
-            "`none`; in the 32-layer model it is a far smaller part of a step.",
-            "",
-        ]
+        real_intro(results, blocks)
         + real_fixed_table(real, blocks, a["layers"])
-        + [
-            "",
-            f"*s/question*: `none` {blocks} x its block; `prefix`/`dual` {blocks} x the mean of their first and last",
-            f"block (1 full + {B - 1} reuse steps each; `prefix`'s reuse pass shrinks linearly with the block index,",
-            f"`dual`'s does not). *mean s/step* = s/question / {L}, so *none/cache per step* is also the ratio per",
-            "question.",
-            "",
-            f"The entropy rule (dVoting's, alpha 0.3, temperature 0.6), first {a['entropy_steps']} steps of the first "
-            "block. With random weights it commits one token per step, so its real steps per block are",
-            "not measurable here: *expected dVoting s/step* weights the full and later steps by the share of full",
-            "passes dVoting has on the LLaDA demo (table below).",
-            "",
-        ]
+        + real_fixed_notes(a, blocks)
         + real_entropy_table(real, results.get("demo", {}), a["models"][0])
         + [""]
     )
@@ -695,16 +764,24 @@ def demo_lines(results: Results) -> list[str]:
             "### Demo: accuracy and speed",
             "",
             f"The shipped demo models, the first {a['questions']} of the 500 held-out problems "
-            "(`demo/arith_test.jsonl`), generation 32, block 2 (16 blocks), 16 rows per pass, scored as the task",
-            "`dvoting_arith` scores (text up to the first end token, its number equal to the target). `single` is",
+            "(`demo/arith_test.jsonl`), generation 32, block 2 (16 blocks), 16 rows per pass, "
+            "scored as the task",
+            "`dvoting_arith` scores (text up to the first end token, its number equal to the "
+            "target). `single` is",
             "greedy (temperature 0), so every seed gives the same output: it ran once (seed "
-            f"{a['seeds'][0]}); `dvoting` ran with seeds {', '.join(map(str, a['seeds']))} (std over seeds, n-1).",
-            "*wall s*: one run (mean over seeds); on this shared CPU the same cell has differed by up to 1.5x",
-            "between runs of this script, so read the speed-ups as rough. *full passes*: the share of row-passes",
+            f"{a['seeds'][0]}); `dvoting` ran with seeds {', '.join(map(str, a['seeds']))} (std "
+            "over seeds, n-1).",
+            "*wall s*: one run (mean over seeds); on this shared CPU the same cell has differed "
+            "by up to 1.5x",
+            "between runs of this script, so read the speed-ups as rough. *full passes*: the "
+            "share of row-passes",
             "over the whole sequence.",
-            "*model calls*: `hidden_states` calls per run (a step whose rows mix full and reuse passes makes two).",
-            "*steps per block*: NFE / blocks decoded (a dVoting remask sample skips the blocks it keeps whole).",
-            "*token-identical*: outputs (every sample's tokens) equal to `none`'s at the same seed.",
+            "*model calls*: `hidden_states` calls per run (a step whose rows mix full and reuse "
+            "passes makes two).",
+            "*steps per block*: NFE / blocks decoded (a dVoting remask sample skips the blocks "
+            "it keeps whole).",
+            "*token-identical*: outputs (every sample's tokens) equal to `none`'s at the same "
+            "seed.",
             "",
         ]
         + demo_table(results["demo"], a["models"])
@@ -712,50 +789,80 @@ def demo_lines(results: Results) -> list[str]:
     )
 
 
-def dvoting_lines(results: Results) -> list[str]:
-    """Why dVoting gains less from the caches than `single`, with this run's numbers."""
-    demo, name = results.get("demo", {}), results["args"]["models"][0]
-    if not demo:
-        return []
+def dvoting_numbers(results: Results) -> dict[str, Any]:
+    """The LLaDA demo's dVoting summary per cache (`s`), the steps a block takes once entered,
+    the extra model calls of `dual` and `prefix` (%), and every model's speed-ups over `none`."""
+    demo, name = results["demo"], results["args"]["models"][0]
     s = {c: demo_summary(demo, name, "dvoting", c) for c in CACHES}
-    entered = {
-        c: 1 / s[c]["full_share"] if s[c]["full_share"] else float("nan")
-        for c in ("prefix", "dual")
+    calls = {c: s[c]["calls"]["full"] + s[c]["calls"]["reuse"] for c in CACHES}
+    return {
+        "s": s,
+        "entered": {
+            c: 1 / s[c]["full_share"] if s[c]["full_share"] else float("nan")
+            for c in ("prefix", "dual")
+        },
+        "more_calls": {c: 100 * (calls[c] / calls["none"] - 1) for c in ("prefix", "dual")},
+        "speed": [
+            demo_summary(demo, m, "dvoting", "none")["wall"]
+            / demo_summary(demo, m, "dvoting", c)["wall"]
+            for m in results["args"]["models"]
+            for c in ("prefix", "dual")
+        ],
     }
 
-    def calls(cache: str) -> float:
-        return s[cache]["calls"]["full"] + s[cache]["calls"]["reuse"]
 
-    speed = [
-        demo_summary(demo, m, "dvoting", "none")["wall"]
-        / demo_summary(demo, m, "dvoting", c)["wall"]
-        for m in results["args"]["models"]
-        for c in ("prefix", "dual")
-    ]
+def dvoting_lines(results: Results) -> list[str]:
+    """Why dVoting gains less from the caches than `single`, with this run's numbers."""
+    if not results.get("demo", {}):
+        return []
+    n = dvoting_numbers(results)
+    return dvoting_steps_lines(n) + dvoting_calls_lines(n)
 
+
+def dvoting_steps_lines(n: dict[str, Any]) -> list[str]:
+    """dVoting's steps per block and share of full passes with each cache."""
+    s, entered = n["s"], n["entered"]
     return [
         "### Why dVoting gains less",
         "",
-        "A cache saves only on a block's steps after its first, the block's full pass. On the LLaDA demo",
-        f"dVoting's entropy rule needs {fmt(s['none']['steps_per_block'])} steps per block on average with `none` "
-        f"({fmt(s['prefix']['steps_per_block'])} with `prefix`, {fmt(s['dual']['steps_per_block'])} with `dual`):",
-        "a step usually completes its block and hands the same logits on to the next ones, and a block that",
-        f"starts a step takes {fmt(entered['prefix'])} steps (`prefix`) and {fmt(entered['dual'])} (`dual`) on "
-        "average. So refresh passes dominate:",
-        f"{fmt(100 * s['prefix']['full_share'], 0)}% of its row-passes are full with `prefix` and "
-        f"{fmt(100 * s['dual']['full_share'], 0)}% with `dual`, against 1 in 32 for `single` at the real shape",
-        "(steps = L, block 32) and 1 in 2 for `single` on the demo (2 steps per 2-token block); its steps cost",
-        "about what `none`'s do, and its outputs and accuracy stay close to `none`'s. (With random weights the",
-        "rule commits one token per step, 32 steps per block of 32: the worst case, not dVoting's behaviour.)",
-        "The few reuse passes also cost model calls of their own: the rows of a step that reuse and those",
+        "A cache saves only on a block's steps after its first, the block's full pass. On the "
+        "LLaDA demo",
+        f"dVoting's entropy rule needs {fmt(s['none']['steps_per_block'])} steps per block on "
+        f"average with `none` ({fmt(s['prefix']['steps_per_block'])} with `prefix`, "
+        f"{fmt(s['dual']['steps_per_block'])} with `dual`):",
+        "a step usually completes its block and hands the same logits on to the next ones, and "
+        "a block that",
+        f"starts a step takes {fmt(entered['prefix'])} steps (`prefix`) and "
+        f"{fmt(entered['dual'])} (`dual`) on average. So refresh passes dominate:",
+        f"{fmt(100 * s['prefix']['full_share'], 0)}% of its row-passes are full with `prefix` "
+        f"and {fmt(100 * s['dual']['full_share'], 0)}% with `dual`, against 1 in 32 for "
+        "`single` at the real shape",
+        "(steps = L, block 32) and 1 in 2 for `single` on the demo (2 steps per 2-token block); "
+        "its steps cost",
+        "about what `none`'s do, and its outputs and accuracy stay close to `none`'s. (With "
+        "random weights the",
+        "rule commits one token per step, 32 steps per block of 32: the worst case, not "
+        "dVoting's behaviour.)",
+    ]
+
+
+def dvoting_calls_lines(n: dict[str, Any]) -> list[str]:
+    """The model calls that reuse passes add, and what they cost on the demo."""
+    speed = n["speed"]
+    return [
+        "The few reuse passes also cost model calls of their own: the rows of a step that reuse "
+        "and those",
         "that refresh run in two calls, so on the LLaDA demo dVoting makes "
-        f"{fmt(100 * (calls('dual') / calls('none') - 1), 0)}% more calls with `dual` "
-        f"({fmt(100 * (calls('prefix') / calls('none') - 1), 0)}% with `prefix`) for the",
-        "same row-passes. Where a call's fixed cost dominates, they eat the saving: on the tiny demo model",
-        f"dVoting with a cache runs at {fmt(min(speed))}-{fmt(max(speed))}x `none`'s speed, and on a GPU, "
-        "where a pass over 16",
-        "rows costs little more than over one, the same could happen at the real shape. (On this CPU at",
-        "the real shape the cost follows the rows, and the table above expects about `none`'s speed.)",
+        f"{fmt(n['more_calls']['dual'], 0)}% more calls with `dual` "
+        f"({fmt(n['more_calls']['prefix'], 0)}% with `prefix`) for the",
+        "same row-passes. Where a call's fixed cost dominates, they eat the saving: on the tiny "
+        "demo model",
+        f"dVoting with a cache runs at {fmt(min(speed))}-{fmt(max(speed))}x `none`'s speed, and "
+        "on a GPU, where a pass over 16",
+        "rows costs little more than over one, the same could happen at the real shape. (On "
+        "this CPU at",
+        "the real shape the cost follows the rows, and the table above expects about `none`'s "
+        "speed.)",
         "",
     ]
 
@@ -772,35 +879,7 @@ def section(results: Results) -> list[str]:
     return lines
 
 
-def write_section(path: Path, lines: list[str], start: str = START, end: str = END) -> None:
-    """Replace the text between the markers `start` and `end` (inclusive), or append it;
-    the rest stays as it is."""
-    text = path.read_text() if path.exists() else ""
-    block = "\n".join(lines)
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    path.write_text(text)
-
-
 # ----------------------------------------------------------------- command line
-
-
-def add_real_shape_arguments(
-    p: argparse.ArgumentParser, prompt_length: int, gen_length: int
-) -> None:
-    """The real-shape model's options (LLaDA-8B's width at reduced depth), shared by the benches."""
-    p.add_argument(
-        "--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)"
-    )
-    p.add_argument(
-        "--width", type=int, default=4096, help="d_model of the real-shape model (MLP 3x)"
-    )
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--prompt-length", type=int, default=prompt_length)
-    p.add_argument("--gen-length", type=int, default=gen_length)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -824,11 +903,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo-gen-length", type=int, default=32)
     p.add_argument("--skip-real", action="store_true")
     p.add_argument("--skip-demo", action="store_true")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    add_quick_flag(p)
+    add_threads_flag(p)
     p.add_argument("--resume", action="store_true", help="keep the cells already in --json")
-    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--json", type=Path, default=Path("/tmp/caches_bench.json"))
+    add_output_flags(p, RESULTS / "caches_bench.json")
     args = p.parse_args(argv)
     if args.quick:
         args.width, args.heads, args.prompt_length, args.gen_length = 256, 4, 32, 64
@@ -836,51 +914,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def uptime() -> str:
-    try:
-        return os.popen("uptime").read().strip()
-    except OSError:
-        return ""
-
-
 def start_results(args: argparse.Namespace, argv: list[str]) -> Results:
     """The saved results when resuming, else a fresh record of the machine and the command."""
     if args.resume and args.json.exists():
-        results = json.loads(args.json.read_text())
+        results = load_json(args.json)
         results["meta"]["resumed"] = True
         return results
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/caches_bench.py" + "".join(
-        f" {a}" for a in argv
-    )
-    meta = {
-        "command": command,
-        "facts": machine_description(torch.device("cpu")),
-        "load_before": load_average(),
-        "uptime_before": uptime(),
-        "busy": busy_processes(),
-        "started": time.time(),
-    }
-    return {
-        "meta": meta,
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
+    command = "OMP_NUM_THREADS=1 " + command_line("caches", argv)
+    meta = {**run_facts(command), "started": time.time()}
+    return {"meta": meta, "args": args_record(args)}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    torch.set_num_threads(1)  # the 2 cores are shared
-    if (
-        args.report_only
-    ):  # e.g. after changing the section's text: the numbers and the run's facts stay
-        write_section(args.out, section(json.loads(args.json.read_text())))
+    torch.set_num_threads(args.threads)
+    if args.report_only:
+        # e.g. after changing the section's text: the numbers and the run's facts stay
+        write_section(args.out, section(load_json(args.json)), START, END)
         return 0
     results = start_results(args, argv)
     began = time.perf_counter()
 
     def save() -> None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(strict_json.dumps(results))
+        save_json(args.json, results)
 
     if not args.skip_demo:  # first: the entropy table uses the demo's full-pass share
         run_demo(args, results, save)
@@ -890,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
     meta["elapsed"] = meta.get("elapsed", 0.0) + time.perf_counter() - began
     meta["load_after"], meta["uptime_after"] = load_average(), uptime()
     save()
-    write_section(args.out, section(results))
+    write_section(args.out, section(results), START, END)
     print(
         f"wrote the caches section of {args.out} and {args.json} in {meta['elapsed'] / 60:.1f} min",
         flush=True,

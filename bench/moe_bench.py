@@ -1,10 +1,14 @@
-"""A real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against a dense
-layer with the same active parameters. Writes its own section of BENCHMARKS.md.
+"""Suite `moe`: a real-shape proxy of LLaDA2.0-mini on the CPU: its mixture-of-experts layer against
+a dense layer with the same active parameters. Writes its own section of BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py            # both parts (about 5 + 7 min)
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --parts cache --keep   # one part, keeping the other
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --quick --out /tmp/B.md   # a smoke run
-    OMP_NUM_THREADS=1 .venv/bin/python bench/moe_bench.py --report-only   # rewrite the section from --json
+    # both parts (about 5 + 7 min)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe
+    # one part, keeping the other
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe --parts cache --keep
+    # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe --quick --out /tmp/B.md
+    # rewrite the section from --json (bench/results/moe_bench.json)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench moe --report-only
 
 The model: LLaDA2.0-mini's published shape (`LLADA2_MINI` below: width 2048, 16 query and 4
 key/value heads of 128, 256 experts of intermediate 512, top-8 routing within the best 4 of 8
@@ -56,32 +60,39 @@ The section goes between `<!-- moe_bench:start -->` and `<!-- moe_bench:end -->`
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_quick_flag,
+    add_threads_flag,
+    args_record,
+    busy_processes,
+    command_line,
+    git_commit,
+    load_average,
+    load_json,
+    markers,
+    omp_prefix,
+    run_facts,
+    save_json,
+    utc_now,
+    write_section,
+)
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
+from lm_eval_dvoting.core.decoding.state import BlockDecoding
+from lm_eval_dvoting.models.common import PrefixCache, rotary_tables
+from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model
+from lm_eval_dvoting.models.loading import OFFICIAL_IDS
 
-from bench.caches_bench import uptime, write_section  # noqa: E402
-from bench.timing import busy_processes, load_average, machine_description  # noqa: E402
-from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder  # noqa: E402
-from lm_eval_dvoting.core.decoding.state import BlockDecoding  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
-from lm_eval_dvoting.models.common import PrefixCache, rotary_tables  # noqa: E402
-from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model  # noqa: E402
-from lm_eval_dvoting.models.loading import OFFICIAL_IDS  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-START, END = "<!-- moe_bench:start -->", "<!-- moe_bench:end -->"
+START, END = markers("moe_bench")
 GOAL_RATIO = 1.5  # MoE / dense-active at 16 rows (issue)
 CACHE_GOAL = 5.0  # no cache / block cache, per step at prompt 256 + generation 256 (issue)
 Results = dict[str, Any]
@@ -196,7 +207,8 @@ def fill_random(module: torch.nn.Module, std: float = 0.02) -> None:
 
 @dataclass(frozen=True)
 class Cell:
-    """What one step feeds: `rows` x `tokens` through the MLP or the layer (with `prefix` cached keys)."""
+    """What one step feeds: `rows` x `tokens` through the MLP or the layer (with `prefix` cached
+    keys)."""
 
     kind: str
     rows: int
@@ -223,7 +235,8 @@ def cells_of(args: argparse.Namespace) -> list[Cell]:
 
 
 def step_input(cell: Cell, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """The hidden states of one step: (rows, tokens, width), standard normal (about what a norm gives)."""
+    """The hidden states of one step: (rows, tokens, width), standard normal (about what a norm
+    gives)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(cell.rows, cell.tokens, width, generator=gen).to(dtype)
 
@@ -477,9 +490,10 @@ def run_cache_cell(
 
 @torch.inference_mode()
 def spread_moe(model: LLaDA2Model, args: argparse.Namespace, rows: int, repeats: int) -> Results:
-    """The model's MoE layer on standard-normal inputs (which its router spreads over the experts, as
-    a balanced router spreads distinct tokens; part `moe`'s `step_call`): a mid-block pass of the
-    timed block (its tokens + the cached keys before it) and a pass over the whole sequence, paired."""
+    """The model's MoE layer on standard-normal inputs (which its router spreads over the experts,
+    as a balanced router spreads distinct tokens; part `moe`'s `step_call`): a mid-block pass of the
+    timed block (its tokens + the cached keys before it) and a pass over the whole sequence,
+    paired."""
     cfg, dtype = model.config, next(model.parameters()).dtype
     prefix = args.prompt_length + timed_block(args.gen_length, args.block) * args.block
     cells = {
@@ -527,8 +541,9 @@ def run_cache(args: argparse.Namespace, save: Callable[[Results], None]) -> Resu
         save(part)
         s = cache_summary(cell, "forward", part)
         print(
-            f"  [cache, {rows} row(s)] forward passes, mid-block: none {s['none']['mid']:.1f} ms, block "
-            f"{s['block']['mid']:.1f} ms; first of a block: {s['block']['first']:.1f} ms",
+            f"  [cache, {rows} row(s)] forward passes, mid-block: none {s['none']['mid']:.1f} "
+            f"ms, block {s['block']['mid']:.1f} ms; first of a block: {s['block']['first']:.1f} "
+            "ms",
             flush=True,
         )
     part["meta"].update(
@@ -541,40 +556,15 @@ def run_cache(args: argparse.Namespace, save: Callable[[Results], None]) -> Resu
 # ----------------------------------------------------------------- the machine
 
 
-def git_commit() -> str:
-    """HEAD's short hash, with a note when the working tree has changes."""
-
-    def git(*cmd: str) -> str:
-        return subprocess.run(
-            ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-
-    try:
-        head, dirty = (
-            git("rev-parse", "--short", "HEAD"),
-            git("status", "--porcelain", "--untracked-files=no"),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return f"{head}{' + uncommitted changes' if dirty else ''}"
-
-
 def start_meta(args: argparse.Namespace) -> Results:
     """The command, machine, date, commit and the other processes, at the start of a part."""
-    env = (
-        f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} "
-        if "OMP_NUM_THREADS" in os.environ
-        else ""
-    )
+    command = omp_prefix() + command_line("moe", args.argv)
+    meta = run_facts(command)
     return {
-        "command": f"{env}.venv/bin/python bench/moe_bench.py"
-        + "".join(f" {a}" for a in args.argv),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": meta["command"],
+        "date": utc_now(),
         "commit": git_commit(),
-        "facts": machine_description(torch.device("cpu")),
-        "load_before": load_average(),
-        "uptime_before": uptime(),
-        "busy": busy_processes(),
+        **{k: meta[k] for k in ("facts", "load_before", "uptime_before", "busy")},
     }
 
 
@@ -591,7 +581,8 @@ def ratios(cell: Results) -> list[float]:
 
 
 def mlp_flops(model: Results, cell: Results) -> float:
-    """Multiply-adds x 2 of the dense-active MLP on the cell's tokens (the MoE's too, router aside)."""
+    """Multiply-adds x 2 of the dense-active MLP on the cell's tokens (the MoE's too, router
+    aside)."""
     c = cell["cell"]
     return 2 * 3 * model["config"]["hidden_size"] * model["dense_width"] * c["rows"] * c["tokens"]
 
@@ -615,7 +606,8 @@ def weight_mib(model: Results, cell: Results) -> tuple[float, float]:
 
 
 def cell_row(model: Results, name: str, cell: Results) -> str:
-    """One table row: sizes, weights read, medians, the ratio with its range, GFLOP/s (MLP cells)."""
+    """One table row: sizes, weights read, medians, the ratio with its range, GFLOP/s (MLP
+    cells)."""
     c, r = cell["cell"], ratios(cell)
     moe_w, dense_w = weight_mib(model, cell)
     speed = " | |"
@@ -625,17 +617,18 @@ def cell_row(model: Results, name: str, cell: Results) -> str:
         )
         speed = f" {moe_speed:.0f} | {dense_speed:.0f} |"
     return (
-        f"| {name} | {c['rows'] * c['tokens']} | {cell['experts_used']} | {moe_w:,.0f} / {dense_w:,.0f} | "
-        f"{ms(cell['moe']):.1f} | {ms(cell['dense']):.1f} | {statistics.median(r):.2f} "
-        f"({min(r):.2f}-{max(r):.2f}) |{speed}"
+        f"| {name} | {c['rows'] * c['tokens']} | {cell['experts_used']} | {moe_w:,.0f} / "
+        f"{dense_w:,.0f} | {ms(cell['moe']):.1f} | {ms(cell['dense']):.1f} | "
+        f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f}) |{speed}"
     )
 
 
 def cells_table(part: Results) -> list[str]:
     experts = part["model"]["config"]["num_experts"]
     lines = [
-        f"| cell (rows x tokens) | tokens | experts hit (of {experts}) by the step's input | weights read MiB, "
-        "MoE / dense | MoE ms | dense ms | MoE / dense: median of repeats (range) | MoE GFLOP/s | dense GFLOP/s |",
+        f"| cell (rows x tokens) | tokens | experts hit (of {experts}) by the step's input | "
+        "weights read MiB, MoE / dense | MoE ms | dense ms | MoE / dense: median of repeats "
+        "(range) | MoE GFLOP/s | dense GFLOP/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     return lines + [cell_row(part["model"], name, cell) for name, cell in part["cells"].items()]
@@ -652,8 +645,8 @@ def part_medians(cell: Results) -> dict[str, float]:
 def parts_table(part: Results) -> list[str]:
     """Where the MoE MLP's time goes in the block cells (medians of the repeats)."""
     lines = [
-        "| cell | router ms | routed experts ms | of which the SwiGLUs alone | dispatch: the rest (median "
-        "of repeats) | shared expert ms |",
+        "| cell | router ms | routed experts ms | of which the SwiGLUs alone | dispatch: the "
+        "rest (median of repeats) | shared expert ms |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, cell in part["cells"].items():
@@ -679,7 +672,8 @@ def find_cell(part: Results, kind: str, rows: int, tokens: int) -> Results | Non
 
 
 def goal_lines(part: Results) -> list[str]:
-    """The verdict on the issue's goal: the MoE MLP within 1.5x of dense-active at 16 rows of a block."""
+    """The verdict on the issue's goal: the MoE MLP within 1.5x of dense-active at 16 rows of a
+    block."""
     a = part["args"]
     cell = find_cell(part, "mlp", max(a["rows"]), a["block"])
     if cell is None:
@@ -711,17 +705,20 @@ def why_lines(part: Results) -> list[str]:
         moe_w, dense_w = weight_mib(model, big)
         flops = mlp_flops(model, big)
         lines.append(
-            f"- At {big['cell']['rows']} rows x {big['cell']['tokens']} tokens = {tokens} tokens and top-"
-            f"{cfg['num_experts_per_tok']}, the router makes {tokens * cfg['num_experts_per_tok']} assignments; they "
-            f"hit {big['experts_used']} of the {cfg['num_experts']} experts, about "
-            f"{tokens * cfg['num_experts_per_tok'] / big['experts_used']:.0f} tokens each. Both layers do the same "
-            f"multiply-adds, but the MoE's come as {big['experts_used']} x 3 GEMMs of ~"
-            f"{tokens * cfg['num_experts_per_tok'] // big['experts_used']} rows that read {moe_w:,.0f} MiB of "
-            f"weights, the dense layer's as 3 GEMMs of {tokens} rows over {dense_w:,.0f} MiB. The CPU's GEMM "
-            f"(MKL, one thread) runs at {flops / statistics.median(big['moe']) / 1e9:.0f} GFLOP/s on the MoE and "
-            f"{flops / statistics.median(big['dense']) / 1e9:.0f} on the dense layer: a GEMM of a few rows "
-            f"streams and packs a whole weight matrix for little arithmetic. That nearly every expert is hit is "
-            f"the nature of a {tokens}-token step at top-{cfg['num_experts_per_tok']}, not of this implementation."
+            f"- At {big['cell']['rows']} rows x {big['cell']['tokens']} tokens = {tokens} "
+            f"tokens and top-{cfg['num_experts_per_tok']}, the router makes "
+            f"{tokens * cfg['num_experts_per_tok']} assignments; they hit {big['experts_used']} "
+            f"of the {cfg['num_experts']} experts, about "
+            f"{tokens * cfg['num_experts_per_tok'] / big['experts_used']:.0f} tokens each. Both "
+            f"layers do the same multiply-adds, but the MoE's come as {big['experts_used']} x 3 "
+            f"GEMMs of ~{tokens * cfg['num_experts_per_tok'] // big['experts_used']} rows that "
+            f"read {moe_w:,.0f} MiB of weights, the dense layer's as 3 GEMMs of {tokens} rows "
+            f"over {dense_w:,.0f} MiB. The CPU's GEMM (MKL, one thread) runs at "
+            f"{flops / statistics.median(big['moe']) / 1e9:.0f} GFLOP/s on the MoE and "
+            f"{flops / statistics.median(big['dense']) / 1e9:.0f} on the dense layer: a GEMM of "
+            "a few rows streams and packs a whole weight matrix for little arithmetic. That "
+            f"nearly every expert is hit is the nature of a {tokens}-token step at "
+            f"top-{cfg['num_experts_per_tok']}, not of this implementation."
         )
     lines += dispatch_lines(part) + small_lines(part) + whole_lines(part) + gpu_lines(part)
     return lines
@@ -737,16 +734,17 @@ def dispatch_lines(part: Results) -> list[str]:
     share = f"{dispatch:.0f} ms of the routed experts' {p['experts']:.0f} ms"
     if abs(dispatch) <= 0.05 * p["experts"]:
         share = (
-            f"small: {dispatch:+.0f} ms of the routed experts' {p['experts']:.0f} ms, within the noise of "
-            "timing the two apart"
+            f"small: {dispatch:+.0f} ms of the routed experts' {p['experts']:.0f} ms, within "
+            "the noise of timing the two apart"
         )
     floor = (p["swiglus"] + p["shared"]) / ms(big["dense"])
     return [
-        f"- The dispatch in `Experts.forward` (sorting the assignments, gathering each expert's tokens, "
-        f"weighting and scattering the outputs, the loop over experts) is {share}; the experts' SwiGLUs on "
-        f"inputs gathered beforehand take {p['swiglus']:.0f} ms. "
-        f"Those SwiGLUs and the shared expert alone come to {floor:.2f}x the dense layer's time, so no "
-        f"dispatch could meet the goal with these GEMMs; the router adds {p['router']:.0f} ms."
+        "- The dispatch in `Experts.forward` (sorting the assignments, gathering each expert's "
+        f"tokens, weighting and scattering the outputs, the loop over experts) is {share}; the "
+        f"experts' SwiGLUs on inputs gathered beforehand take {p['swiglus']:.0f} ms. Those "
+        f"SwiGLUs and the shared expert alone come to {floor:.2f}x the dense layer's time, so "
+        f"no dispatch could meet the goal with these GEMMs; the router adds {p['router']:.0f} "
+        "ms."
     ]
 
 
@@ -760,11 +758,11 @@ def small_lines(part: Results) -> list[str]:
     moe_w, dense_w = weight_mib(part["model"], one)
     return [
         f"- At {one['cell']['rows']} row ({tokens} tokens, {assignments} assignments) "
-        f"{one['experts_used']} experts are hit with ~{assignments / one['experts_used']:.1f} tokens each: the "
-        f"step reads {moe_w:,.0f} MiB of weights against {dense_w:,.0f} MiB for the same arithmetic (at "
-        f"{moe_w * 2**20 / statistics.median(one['moe']) / 1e9:.0f} GB/s), so its cost follows the weights it "
-        f"touches, not its arithmetic, and the MoE takes {statistics.median(ratios(one)):.1f}x the dense "
-        "layer's time."
+        f"{one['experts_used']} experts are hit with ~{assignments / one['experts_used']:.1f} "
+        f"tokens each: the step reads {moe_w:,.0f} MiB of weights against {dense_w:,.0f} MiB "
+        f"for the same arithmetic (at {moe_w * 2**20 / statistics.median(one['moe']) / 1e9:.0f} "
+        "GB/s), so its cost follows the weights it touches, not its arithmetic, and the MoE "
+        f"takes {statistics.median(ratios(one)):.1f}x the dense layer's time."
     ]
 
 
@@ -781,9 +779,10 @@ def whole_lines(part: Results) -> list[str]:
     within = "within" if ratio <= GOAL_RATIO else "still outside"
     return [
         f"- Without a cache a step feeds the whole sequence: at {whole['cell']['rows']} rows x "
-        f"{whole['cell']['tokens']} tokens each expert gets ~{per_expert} tokens, and the MoE takes {ratio:.2f}x "
-        f"the dense layer, {within} {GOAL_RATIO}x: the closer a call comes to hundreds of tokens per expert, "
-        "the closer the MoE comes to the cost of its active parameters."
+        f"{whole['cell']['tokens']} tokens each expert gets ~{per_expert} tokens, and the MoE "
+        f"takes {ratio:.2f}x the dense layer, {within} {GOAL_RATIO}x: the closer a call comes "
+        "to hundreds of tokens per expert, the closer the MoE comes to the cost of its active "
+        "parameters."
     ]
 
 
@@ -796,16 +795,18 @@ def gpu_lines(part: Results) -> list[str]:
     dense_mib = 3 * h * model["dense_width"] * 2 / 2**20
     gflop = 2 * 3 * h * model["dense_width"] * tokens / 1e9
     return [
-        f"- On a GPU (not measured: this machine has none) a grouped GEMM would run all experts in one "
-        f"kernel instead of {3 * cfg['num_experts']} small ones, which removes the launch and dispatch "
-        f"overheads but not the weight traffic: a {tokens}-token step still reads every expert, "
-        f"{moe_gib:.2f} GiB in bfloat16 against {dense_mib:.0f} MiB for the dense-active layer, for "
-        f"{gflop:.0f} GFLOP either way. On an H100 (assumed 3.3 TB/s and 500 bf16 TFLOP/s) that is about "
-        f"{moe_gib * 2**30 / 3.3e12 * 1e3:.2f} ms of reads against about {gflop / 500e3 * 1e3:.2f} ms of "
-        f"dense arithmetic (estimates): the ratio there would be further from {GOAL_RATIO}x, not closer. What "
-        "the MoE saves is against a dense model of its *total* size (the arithmetic of 1.4B parameters per "
-        "token instead of 16B); against the dense-active layer it loses whenever a step's tokens spread over "
-        "all experts, since the dense weights serve every token and each expert's only a few."
+        "- On a GPU (not measured: this machine has none) a grouped GEMM would run all experts "
+        f"in one kernel instead of {3 * cfg['num_experts']} small ones, which removes the "
+        f"launch and dispatch overheads but not the weight traffic: a {tokens}-token step still "
+        f"reads every expert, {moe_gib:.2f} GiB in bfloat16 against {dense_mib:.0f} MiB for the "
+        f"dense-active layer, for {gflop:.0f} GFLOP either way. On an H100 (assumed 3.3 TB/s "
+        f"and 500 bf16 TFLOP/s) that is about {moe_gib * 2**30 / 3.3e12 * 1e3:.2f} ms of reads "
+        f"against about {gflop / 500e3 * 1e3:.2f} ms of dense arithmetic (estimates): the ratio "
+        f"there would be further from {GOAL_RATIO}x, not closer. What the MoE saves is against "
+        "a dense model of its *total* size (the arithmetic of 1.4B parameters per token "
+        "instead of 16B); against the dense-active layer it loses whenever a step's tokens "
+        "spread over all experts, since the dense weights serve every token and each expert's "
+        "only a few."
     ]
 
 
@@ -814,7 +815,8 @@ def machine_lines(meta: Results, args: Results, runs: str | None = None) -> list
     load and the other busy processes of a part."""
     runs = (
         runs
-        or f"repeats: {args['repeats']} (paired, the order alternating), one warm-up call per model and cell"
+        or f"repeats: {args['repeats']} (paired, the order alternating), one warm-up call per "
+        "model and cell"
     )
     lines = [
         "Machine and command:",
@@ -825,8 +827,8 @@ def machine_lines(meta: Results, args: Results, runs: str | None = None) -> list
     lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
     lines += [
         f"- threads: {args['threads']}, dtype: {args['dtype']}, {runs}",
-        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; other busy processes "
-        "(1% CPU or more) at the start (the 2 cores are shared):",
+        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; other "
+        "busy processes (1% CPU or more) at the start (the 2 cores are shared):",
     ]
     lines += [f"  - `{b}`" for b in busy(meta["busy"])]
     if meta.get("busy_after"):
@@ -847,13 +849,14 @@ def moe_lines(part: Results) -> list[str]:
     return [
         "### The MoE layer against its dense-active equivalent" + quick,
         "",
-        f"One call per step shape; *MLP* = `LLaDA2SparseMLP` (router, {model['config']['num_experts']} routed "
-        f"experts, shared expert) against a SwiGLU of intermediate {model['dense_width']}; *layer* = the whole "
-        f"`LLaDA2Layer` (norms, attention, MLP) with either MLP; in the block cells of the layer the "
-        f"{a['block']} tokens attend to {a['prompt_length'] + (a['gen_length'] - a['block']) // 2} cached keys "
-        f"as well (prompt {a['prompt_length']} + generation {a['gen_length']}: the mean over the blocks). The "
-        f"MoE's config gives {total / 1e9:.1f}B parameters in all and {active / 1e9:.2f}B active per token "
-        "for the whole model (the published 16B / 1.4B).",
+        "One call per step shape; *MLP* = `LLaDA2SparseMLP` (router, "
+        f"{model['config']['num_experts']} routed experts, shared expert) against a SwiGLU of "
+        f"intermediate {model['dense_width']}; *layer* = the whole `LLaDA2Layer` (norms, "
+        f"attention, MLP) with either MLP; in the block cells of the layer the {a['block']} "
+        f"tokens attend to {a['prompt_length'] + (a['gen_length'] - a['block']) // 2} cached "
+        f"keys as well (prompt {a['prompt_length']} + generation {a['gen_length']}: the mean "
+        f"over the blocks). The MoE's config gives {total / 1e9:.1f}B parameters in all and "
+        f"{active / 1e9:.2f}B active per token for the whole model (the published 16B / 1.4B).",
         "",
         *cells_table(part),
         "",
@@ -898,9 +901,9 @@ def step_kinds(seconds: list[float], block: int) -> dict[str, float]:
 def repeat_seconds(
     cell: Results, metric: str, repeat: int, part: Results
 ) -> dict[str, dict[str, float]]:
-    """One repeat's seconds by cache (`none`, `block`) and step kind. The two are paired by the step's
-    place in the block: no cache's passes are alike, but the head's and the rules' work is not (it
-    follows the block's masked positions)."""
+    """One repeat's seconds by cache (`none`, `block`) and step kind. The two are paired by the
+    step's place in the block: no cache's passes are alike, but the head's and the rules' work is
+    not (it follows the block's masked positions)."""
     a, cfg = part["args"], part["model"]["config"]
     block, extra = (
         timed_block(a["gen_length"], a["block"]),
@@ -915,7 +918,8 @@ def repeat_seconds(
 
 
 def cache_summary(cell: Results, metric: str, part: Results) -> Results:
-    """Medians over the repeats (ms) by cache and step kind, and the per-repeat ratios none / block."""
+    """Medians over the repeats (ms) by cache and step kind, and the per-repeat ratios none /
+    block."""
     runs, kinds = (
         [repeat_seconds(cell, metric, r, part) for r in range(len(cell["none"]))],
         ("first", "mid", "mean"),
@@ -956,8 +960,8 @@ STEP_KINDS = {
 def forward_table(part: Results) -> list[str]:
     """The forward passes at the proxy's depth: none against block, per step kind."""
     lines = [
-        "| rows | step | the pass (rows x tokens + cached keys): no cache / block cache | no cache ms | "
-        "block cache ms | no cache / block cache: median of repeats (range) |",
+        "| rows | step | the pass (rows x tokens + cached keys): no cache / block cache | no "
+        "cache ms | block cache ms | no cache / block cache: median of repeats (range) |",
         "|---:|---|---|---:|---:|---:|",
     ]
     for rows, cell in part["cells"].items():
@@ -1009,12 +1013,12 @@ def spread_rows(rows: str, cell: Results, part: Results) -> list[str]:
     spread, est, cfg = cell["spread"], spread_estimate(cell, part), part["model"]["config"]
     per_repeat = [n / b for n, b in zip(spread["none"], spread["block"])]
     return [
-        f"| {rows} | layer 1 alone on standard-normal inputs ({spread['experts']} of {cfg['num_experts']} "
-        f"experts hit by a block's tokens) | {ms(spread['none']):.1f} | {ms(spread['block']):.1f} | "
-        f"{ratio_text(per_repeat)} | |",
-        f"| {rows} | forward pass of the {cfg['num_hidden_layers']}-layer model, its MoE layers as on those "
-        f"inputs (estimate, from the medians) | {est['none']:.1f} | {est['block']:.1f} | "
-        f"{spread_ratio(cell, part):.2f} | |",
+        f"| {rows} | layer 1 alone on standard-normal inputs ({spread['experts']} of "
+        f"{cfg['num_experts']} experts hit by a block's tokens) | {ms(spread['none']):.1f} | "
+        f"{ms(spread['block']):.1f} | {ratio_text(per_repeat)} | |",
+        f"| {rows} | forward pass of the {cfg['num_hidden_layers']}-layer model, its MoE layers "
+        f"as on those inputs (estimate, from the medians) | {est['none']:.1f} | "
+        f"{est['block']:.1f} | {spread_ratio(cell, part):.2f} | |",
     ]
 
 
@@ -1025,8 +1029,9 @@ def spread_ratio(cell: Results, part: Results) -> float:
 
 
 def spread_estimate(cell: Results, part: Results) -> dict[str, float]:
-    """The full-depth forward pass (ms, mid-block) with every MoE layer at the spread inputs' time: the
-    proxy's forward pass, its MoE layers' time taken out and the full model's MoE layers' put in."""
+    """The full-depth forward pass (ms, mid-block) with every MoE layer at the spread inputs' time:
+    the proxy's forward pass, its MoE layers' time taken out and the full model's MoE layers' put
+    in."""
     cfg, depth = part["model"]["config"], part["model"]["depth"]
     proxy_moe, full_moe = (
         depth - cfg["first_k_dense_replace"],
@@ -1047,21 +1052,24 @@ def cache_model_text(part: Results) -> str:
     blocks, timed = a["gen_length"] // a["block"], timed_block(a["gen_length"], a["block"])
     per_step = a["block"] // a["cache_steps"]
     return (
-        f"`LLaDA2Model` at the proxy's shape with {model['depth']} of its {cfg['num_hidden_layers']} layers "
-        f"(layer 0 dense, a SwiGLU of intermediate {cfg['intermediate_size']}, then MoE layers, as "
-        f"`first_k_dense_replace` = {cfg['first_k_dense_replace']}), the embedding and untied head of "
-        f"{cfg['vocab_size']:,} tokens, random weights as above, {model['dtype']}; decoded by `RowDecoder` "
-        f"(`BlockDecoding(threshold=1.0, steps={a['cache_steps']})`: {per_step} tokens a step, "
-        f"{a['cache_steps']} steps a block) with `cache` `none` or `block`, prompt {a['prompt_length']} + "
-        f"generation {a['gen_length']} (random tokens), block {a['block']}. Timed: block {timed} of {blocks} "
-        f"(0-based: {timed * a['block']} generated tokens before it), the blocks before it pre-filled; the "
-        "block cache's rows start one block earlier, and that block's steps (the first of which runs over "
-        "the whole prefix, as no cache is kept yet) are left out, so that the timed steps find the cache "
-        "decoding would have kept. Per step: `ForwardPass.run` (the decoder's forward pass: embedding, "
-        "layers, final norm, gathering and keeping the cached keys and values; the output head is lazy and "
-        "runs after it), the whole `RowDecoder.step()` (also the head at the block's masked positions and "
-        "the float64 rules) and each layer (forward hooks). The block cache is exact: it decodes the same "
-        "tokens as no cache (tests/test_block_diffusion.py)."
+        f"`LLaDA2Model` at the proxy's shape with {model['depth']} of its "
+        f"{cfg['num_hidden_layers']} layers (layer 0 dense, a SwiGLU of intermediate "
+        f"{cfg['intermediate_size']}, then MoE layers, as `first_k_dense_replace` = "
+        f"{cfg['first_k_dense_replace']}), the embedding and untied head of "
+        f"{cfg['vocab_size']:,} tokens, random weights as above, {model['dtype']}; decoded by "
+        f"`RowDecoder` (`BlockDecoding(threshold=1.0, steps={a['cache_steps']})`: {per_step} "
+        f"tokens a step, {a['cache_steps']} steps a block) with `cache` `none` or `block`, "
+        f"prompt {a['prompt_length']} + generation {a['gen_length']} (random tokens), block "
+        f"{a['block']}. Timed: block {timed} of {blocks} (0-based: {timed * a['block']} "
+        "generated tokens before it), the blocks before it pre-filled; the block cache's rows "
+        "start one block earlier, and that block's steps (the first of which runs over the "
+        "whole prefix, as no cache is kept yet) are left out, so that the timed steps find the "
+        "cache decoding would have kept. Per step: `ForwardPass.run` (the decoder's forward "
+        "pass: embedding, layers, final norm, gathering and keeping the cached keys and "
+        "values; the output head is lazy and runs after it), the whole `RowDecoder.step()` "
+        "(also the head at the block's masked positions and the float64 rules) and each layer "
+        "(forward hooks). The block cache is exact: it decodes the same tokens as no cache "
+        "(tests/test_block_diffusion.py)."
     )
 
 
@@ -1099,10 +1107,11 @@ def cache_goal_lines(part: Results) -> list[str]:
         )
     )
     return [
-        f"- **Goal** (issue): the block cache at least {CACHE_GOAL:.0f}x faster per step than no cache at "
-        f"prompt {a['prompt_length']} + generation {a['gen_length']}, the decoder's forward pass at the "
-        f"proxy's depth: {ratios_text}: **{'met' if met else 'missed'}** on this proxy. The whole step (the "
-        f"output head and the rules, which no cache changes, included), over a block: {whole}.{spread}"
+        f"- **Goal** (issue): the block cache at least {CACHE_GOAL:.0f}x faster per step than "
+        f"no cache at prompt {a['prompt_length']} + generation {a['gen_length']}, the decoder's "
+        f"forward pass at the proxy's depth: {ratios_text}: **{'met' if met else 'missed'}** on "
+        "this proxy. The whole step (the output head and the rules, which no cache changes, "
+        f"included), over a block: {whole}.{spread}"
     ]
 
 
@@ -1122,51 +1131,58 @@ def cache_why_lines(part: Results) -> list[str]:
         shared = step["block"]["mid"] - fwd["block"]["mid"]
         experts = cache_experts(cell, part)
         lines.append(
-            f"- {rows} row(s): a mid-block step feeds {a['prompt_length'] + a['gen_length']} / {a['block']} = "
-            f"{(a['prompt_length'] + a['gen_length']) // a['block']}x fewer tokens through every layer. The dense "
-            f"layer's time falls {statistics.median(dense['ratios']['mid']):.1f}x, the MoE layer's "
-            f"{statistics.median(moe['ratios']['mid']):.1f}x: its router sends the block's tokens to "
-            f"{experts['mid']:.0f} of the {cfg['num_experts']} experts (no cache: {experts['none']:.0f}), and a "
-            f"call of the MoE costs about the expert weights it reads (part `moe` above). The head "
-            f"({cfg['vocab_size']:,} x {cfg['hidden_size']}, at the block's masked positions) and the float64 "
-            f"rules cost the same with either cache, {shared:.0f} ms of the block cache's mid-block step of "
-            f"{step['block']['mid']:.0f} ms: at {part['model']['depth']} layers the whole step is "
-            f"{statistics.median(step['ratios']['mid']):.1f}x, at {cfg['num_hidden_layers']} (estimated) "
-            f"{statistics.median(full['ratios']['mid']):.1f}x faster."
+            f"- {rows} row(s): a mid-block step feeds {a['prompt_length'] + a['gen_length']} / "
+            f"{a['block']} = {(a['prompt_length'] + a['gen_length']) // a['block']}x fewer "
+            "tokens through every layer. The dense layer's time falls "
+            f"{statistics.median(dense['ratios']['mid']):.1f}x, the MoE layer's "
+            f"{statistics.median(moe['ratios']['mid']):.1f}x: its router sends the block's "
+            f"tokens to {experts['mid']:.0f} of the {cfg['num_experts']} experts (no cache: "
+            f"{experts['none']:.0f}), and a call of the MoE costs about the expert weights it "
+            f"reads (part `moe` above). The head ({cfg['vocab_size']:,} x {cfg['hidden_size']}, "
+            "at the block's masked positions) and the float64 rules cost the same with either "
+            f"cache, {shared:.0f} ms of the block cache's mid-block step of "
+            f"{step['block']['mid']:.0f} ms: at {part['model']['depth']} layers the whole step "
+            f"is {statistics.median(step['ratios']['mid']):.1f}x, at {cfg['num_hidden_layers']} "
+            f"(estimated) {statistics.median(full['ratios']['mid']):.1f}x faster."
         )
     return lines + routing_lines(part)
 
 
 def routing_lines(part: Results) -> list[str]:
-    """What the estimates assume, and how the block's mask tokens route (the fewest rows' first decode)."""
+    """What the estimates assume, and how the block's mask tokens route (the fewest rows' first
+    decode)."""
     a, cfg, depth = part["args"], part["model"]["config"], part["model"]["depth"]
     rows, cell = next(iter(part["cells"].items()))
     steps = timed_steps(cell["block"][0], timed_block(a["gen_length"], a["block"]))[1:]
     masks = [a["block"] - (a["block"] // a["cache_steps"]) * s["step"] for s in steps]
     lines = [
-        f"- The {cfg['num_hidden_layers']}-layer estimates add {cfg['num_hidden_layers'] - depth} more MoE "
-        "layers at the time the MoE layer took in the same step: the same shape, but trained weights would "
-        "route otherwise than random ones. Random weights route the block's mask tokens alike: at "
-        f"{rows} row(s) the mid-block steps, with {', '.join(map(str, masks))} masks of {a['block']} tokens, "
-        f"hit {', '.join(str(s['experts']) for s in steps)} experts."
+        f"- The {cfg['num_hidden_layers']}-layer estimates add "
+        f"{cfg['num_hidden_layers'] - depth} more MoE layers at the time the MoE layer took in "
+        "the same step: the same shape, but trained weights would route otherwise than random "
+        f"ones. Random weights route the block's mask tokens alike: at {rows} row(s) the "
+        f"mid-block steps, with {', '.join(map(str, masks))} masks of {a['block']} tokens, hit "
+        f"{', '.join(str(s['experts']) for s in steps)} experts."
     ]
     if "spread" not in cell:
         return lines
     n = cfg["num_experts"]
     picks = int(rows) * a["block"] * cfg["num_experts_per_tok"]
     return lines + [
-        f"- A trained model's routing is not measured here; it may spread a block's tokens further. Standard-normal "
-        f"inputs spread them about as far as they can go ({cell['spread']['experts']} experts for the "
-        f"{int(rows) * a['block']} tokens of a block at {rows} row(s); {picks} uniform picks of {n} hit "
+        "- A trained model's routing is not measured here; it may spread a block's tokens "
+        "further. Standard-normal inputs spread them about as far as they can go "
+        f"({cell['spread']['experts']} experts for the {int(rows) * a['block']} tokens of a "
+        f"block at {rows} row(s); {picks} uniform picks of {n} hit "
         f"{n * (1 - (1 - 1 / n) ** picks):.0f} on average): on them the MoE layer runs "
-        f"{ms(cell['spread']['none']) / ms(cell['spread']['block']):.1f}x faster on the block than on the whole "
-        f"sequence, and the {cfg['num_hidden_layers']}-layer forward pass with every MoE layer so is estimated "
-        f"{spread_ratio(cell, part):.1f}x faster with the block cache: a narrow and a wide case."
+        f"{ms(cell['spread']['none']) / ms(cell['spread']['block']):.1f}x faster on the block "
+        f"than on the whole sequence, and the {cfg['num_hidden_layers']}-layer forward pass "
+        f"with every MoE layer so is estimated {spread_ratio(cell, part):.1f}x faster with the "
+        "block cache: a narrow and a wide case."
     ]
 
 
 def cache_experts(cell: Results, part: Results) -> dict[str, float]:
-    """Median experts hit by the MoE layer's router: no cache's steps and the block cache's mid-block ones."""
+    """Median experts hit by the MoE layer's router: no cache's steps and the block cache's
+    mid-block ones."""
     block = timed_block(part["args"]["gen_length"], part["args"]["block"])
     none = [s["experts"] for d in cell["none"] for s in timed_steps(d, block)]
     mid = [s["experts"] for d in cell["block"] for s in timed_steps(d, block)[1:]]
@@ -1181,18 +1197,19 @@ def cache_lines(part: Results) -> list[str]:
     )
     repeats = ", ".join(f"{len(c['none'])} at {rows} row(s)" for rows, c in part["cells"].items())
     runs = (
-        f"paired decodes (no cache and block cache back to back, the order alternating): {repeats}; per "
-        "repeat the median of its steps of each kind, then the median over the repeats"
+        "paired decodes (no cache and block cache back to back, the order alternating): "
+        f"{repeats}; per repeat the median of its steps of each kind, then the median over the "
+        "repeats"
     )
     return [
         "### The block cache against no cache" + quick,
         "",
         cache_model_text(part),
         "",
-        "The decoder's forward pass per step (medians over the repeats; no cache's steps, all over the whole "
-        "sequence, paired with the block cache's by their place in the block; *mean over a block*: a block "
-        f"decoded one token a step, as `BlockDecoding(threshold=1.0)`, takes 1 first and {a['block'] - 1} "
-        "mid-block steps):",
+        "The decoder's forward pass per step (medians over the repeats; no cache's steps, all "
+        "over the whole sequence, paired with the block cache's by their place in the block; "
+        "*mean over a block*: a block decoded one token a step, as "
+        f"`BlockDecoding(threshold=1.0)`, takes 1 first and {a['block'] - 1} mid-block steps):",
         "",
         *forward_table(part),
         "",
@@ -1223,15 +1240,16 @@ def model_description(model: Results) -> str:
     """The proxy's shape in words, from the config a part ran."""
     c = model["config"]
     return (
-        f"width {c['hidden_size']}, {c['num_attention_heads']} query and {c['num_key_value_heads']} key/value "
-        f"heads of {c['head_dim']}, {c['num_experts']} experts of intermediate {c['moe_intermediate_size']}, "
-        f"top-{c['num_experts_per_tok']} within the best {c['topk_group']} of {c['n_group']} groups, "
-        f"{c['num_shared_experts']} shared expert(s); one layer of its {c['num_hidden_layers']}, random weights "
-        f"(std 0.02, zero expert bias), {model['dtype']}{DTYPE_NOTE.get(model['dtype'], '')}, inputs standard "
-        "normal. The dense-active equivalent "
-        f"is a SwiGLU of intermediate ({c['num_experts_per_tok']} + {c['num_shared_experts']}) x "
-        f"{c['moe_intermediate_size']} = {model['dense_width']}: the MoE MLP's multiply-adds per token, "
-        "router aside"
+        f"width {c['hidden_size']}, {c['num_attention_heads']} query and "
+        f"{c['num_key_value_heads']} key/value heads of {c['head_dim']}, {c['num_experts']} "
+        f"experts of intermediate {c['moe_intermediate_size']}, top-{c['num_experts_per_tok']} "
+        f"within the best {c['topk_group']} of {c['n_group']} groups, {c['num_shared_experts']} "
+        f"shared expert(s); one layer of its {c['num_hidden_layers']}, random weights (std "
+        f"0.02, zero expert bias), {model['dtype']}{DTYPE_NOTE.get(model['dtype'], '')}, inputs "
+        "standard normal. The dense-active equivalent is a SwiGLU of intermediate "
+        f"({c['num_experts_per_tok']} + {c['num_shared_experts']}) x "
+        f"{c['moe_intermediate_size']} = {model['dense_width']}: the MoE MLP's multiply-adds "
+        "per token, router aside"
     )
 
 
@@ -1242,8 +1260,9 @@ def section(results: Results) -> list[str]:
         START,
         "## LLaDA2.0-mini proxy on the CPU",
         "",
-        f"Written by `bench/moe_bench.py` (its docstring says what runs). The model: LLaDA2.0-mini's shape "
-        f"from {CONFIG_SOURCE}: {model_description(model)}.",
+        "Written by `python -m bench moe` (`bench/moe_bench.py`; its docstring says what "
+        f"runs). The model: LLaDA2.0-mini's shape from {CONFIG_SOURCE}: "
+        f"{model_description(model)}.",
         "",
     ]
     for name, (_, part_lines) in PARTS.items():
@@ -1253,6 +1272,30 @@ def section(results: Results) -> list[str]:
 
 
 # ----------------------------------------------------------------- command line
+
+
+def add_cache_part_flags(p: argparse.ArgumentParser) -> None:
+    """Part `cache`'s sizes and repeats."""
+    p.add_argument(
+        "--cache-rows", type=int, nargs="+", default=[1, 16], help="rows per decode (part cache)"
+    )
+    p.add_argument(
+        "--cache-steps",
+        type=int,
+        default=4,
+        help="steps per block (part cache; 32 / 4 tokens a step)",
+    )
+    p.add_argument(
+        "--cache-repeats",
+        type=int,
+        nargs="+",
+        default=[3, 2],
+        help="paired decodes per row count, in --cache-rows' order (the last for the rest; "
+        "part cache)",
+    )
+    p.add_argument(
+        "--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1274,37 +1317,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-whole", action="store_true", help="skip the whole-sequence (no cache) cells"
     )
     p.add_argument("--repeats", type=int, default=7, help="paired timings per cell (medians)")
-    p.add_argument(
-        "--cache-rows", type=int, nargs="+", default=[1, 16], help="rows per decode (part cache)"
-    )
-    p.add_argument(
-        "--cache-steps",
-        type=int,
-        default=4,
-        help="steps per block (part cache; 32 / 4 tokens a step)",
-    )
-    p.add_argument(
-        "--cache-repeats",
-        type=int,
-        nargs="+",
-        default=[3, 2],
-        help="paired decodes per row count, in --cache-rows' order (the last for the rest; part cache)",
-    )
-    p.add_argument(
-        "--depth", type=int, default=2, help="layers of the part cache's model (0 dense, then MoE)"
-    )
-    p.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads (1: the CPU is shared)"
-    )
+    add_cache_part_flags(p)
+    add_threads_flag(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a tiny model and sizes, for a smoke test")
+    add_quick_flag(p, "a tiny model and sizes, for a smoke test")
     p.add_argument(
         "--keep", action="store_true", help="keep the parts found in --json that this run skips"
     )
-    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--json", type=Path, default=Path("/tmp/moe_bench.json"))
+    add_output_flags(p, RESULTS / "moe_bench.json")
     args = p.parse_args(argv)
     args.argv = list(argv or [])
     if args.quick:
@@ -1324,19 +1345,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.report_only:
-        write_section(args.out, section(json.loads(args.json.read_text())), START, END)
+        write_section(args.out, section(load_json(args.json)), START, END)
         return 0
-    kept = json.loads(args.json.read_text())["parts"] if args.keep and args.json.exists() else {}
+    kept = load_json(args.json)["parts"] if args.keep and args.json.exists() else {}
     results: Results = {"parts": {k: v for k, v in kept.items() if k not in args.parts}}
     for name in args.parts:
 
         def save(part: Results, name: str = name) -> None:
-            part["args"] = {
-                k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-            }
+            part["args"] = args_record(args)
             results["parts"][name] = part
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(strict_json.dumps(results))
+            save_json(args.json, results)
 
         PARTS[name][0](args, save)
     write_section(args.out, section(results), START, END)

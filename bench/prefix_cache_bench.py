@@ -64,9 +64,11 @@ def run_prefix_cache(work: Workload, questions: int) -> list[dict[str, Any]]:
 
 
 def prefix_cache_table(rows: list[dict[str, Any]]) -> list[str]:
-    """One Markdown row per run; speed-up and changed answers are relative to the same strategy without the cache."""
+    """One Markdown row per run; speed-up and changed answers are relative to the same strategy
+    without the cache."""
     lines = [
-        "| strategy | prefix cache | questions | accuracy (%) | mean NFE | s/question | speed-up | answers changed |",
+        "| strategy | prefix cache | questions | accuracy (%) | mean NFE | s/question | "
+        "speed-up | answers changed |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     by = {(r["strategy"], r["prefix_cache"]): r for r in rows}
@@ -88,9 +90,12 @@ def prefix_cache_section(rows: list[dict[str, Any]]) -> list[str]:
         [
             "## The prefix cache (`prefix_cache=true`) on the demo",
             "",
-            f"The first {questions} questions of `demo/arith_test.jsonl`, batch 16 rows, each strategy",
-            "without and with Fast-dLLM's prefix key/value cache (see the README). *answers changed*: questions",
-            "whose returned answer differs from the run without the cache. Accuracy is over these questions",
+            f"The first {questions} questions of `demo/arith_test.jsonl`, batch 16 rows, each "
+            "strategy",
+            "without and with Fast-dLLM's prefix key/value cache (see the README). *answers "
+            "changed*: questions",
+            "whose returned answer differs from the run without the cache. Accuracy is over "
+            "these questions",
             f"only (standard error about {100 * (0.25 / questions) ** 0.5:.1f} points).",
             "",
         ]

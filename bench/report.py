@@ -1,4 +1,5 @@
-"""The output of `bench/run.py`: BENCHMARKS.md (`--out`) and the raw numbers (`--json`).
+"""The output of suite `throughput` (`bench/run.py`): BENCHMARKS.md (`--out`) and the raw
+numbers (`--json`).
 
 `RunResults` collects what one run measured; `write_report` lays it out: the machine
 and command, the column legend, one strategies table per model, the prefix-cache and
@@ -8,11 +9,11 @@ one-step sections when they ran, the targets, and what limits the targets on a C
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.common import markers
 from bench.prefix_cache_bench import prefix_cache_section
 from bench.step_bench import measured_noise_note, step_section
 from bench.strategies_bench import Cell, cells_table
@@ -26,6 +27,7 @@ class RunResults:
     facts: dict[str, str]
     load_before: tuple[float, float, float] | None
     busy: list[str]
+    command: str  # how the run was started (`python -m bench throughput ...`)
     cells: dict[str, list[Cell]] = field(default_factory=dict)  # part 1, by model name
     descriptions: dict[str, str] = field(default_factory=dict)  # of each model in `cells`
     cache_rows: list[dict[str, Any]] | None = None
@@ -36,32 +38,43 @@ class RunResults:
 
 # How to read the strategies tables; under "Machine and command".
 COLUMNS = [
-    "Columns: *q/s* questions per second (median wall time); *mean NFE* forward passes per question",
-    "summed over its samples; *rows/pass* mean rows decoded per forward pass; *head calls/pass* output-head",
-    "calls per pass (1 = one call for all rows; more when the entropy rule hands a finished block's step on",
+    "Columns: *q/s* questions per second (median wall time); *mean NFE* forward passes per "
+    "question",
+    "summed over its samples; *rows/pass* mean rows decoded per forward pass; *head calls/pass* "
+    "output-head",
+    "calls per pass (1 = one call for all rows; more when the entropy rule hands a finished "
+    "block's step on",
     "to the next block, which runs the head again for that row); *s/forward pass* time inside",
-    "the model (hidden states + output head) per pass; *decoder share* = (wall - forward) / wall, i.e.",
-    "everything but the forward pass: batching, float64 softmax / entropy / Gumbel noise, commit rules and",
-    "the strategy's bookkeeping (answer extraction included); *peak RSS* the process's resident-set peak",
-    "during the cell (VmHWM reset before each cell; it includes the weights and the Python runtime).",
+    "the model (hidden states + output head) per pass; *decoder share* = (wall - forward) / "
+    "wall, i.e.",
+    "everything but the forward pass: batching, float64 softmax / entropy / Gumbel noise, "
+    "commit rules and",
+    "the strategy's bookkeeping (answer extraction included); *peak RSS* the process's "
+    "resident-set peak",
+    "during the cell (VmHWM reset before each cell; it includes the weights and the Python "
+    "runtime).",
     "Forward time is measured by `bench/timing.py:TimedModel`, a wrapper around the model",
-    "(`time.perf_counter`, and `torch.cuda.synchronize` on CUDA), so the library pays nothing when not measured.",
+    "(`time.perf_counter`, and `torch.cuda.synchronize` on CUDA), so the library pays nothing "
+    "when not measured.",
     "",
 ]
 
 
 def header(results: RunResults) -> list[str]:
     """Title, the machine and command, and the column legend."""
-    command = "python bench/run.py " + " ".join(sys.argv[1:])
     return [
         "# Benchmarks",
         "",
-        "Written by `bench/run.py` (do not edit by hand: rerun it). All numbers of one table come from one run,",
-        "cells interleaved and repeated, medians shown.",
+        "Written by `python -m bench throughput` (do not edit by hand: rerun it). All numbers of "
+        "one table come from one run,",
+        "cells interleaved and repeated, medians shown. Each section's command is the one that",
+        "made its numbers: runs made before the suites became one tool name the old scripts",
+        "(`python bench/caches_bench.py` is now `python -m bench caches`; `python -m bench --help`",
+        "lists the suites).",
         "",
         "## Machine and command",
         "",
-        f"- command: `{command.strip()}` (run from the repository root with `.venv/bin/python`)",
+        f"- command: `{results.command}` (run from the repository root with `.venv/bin/python`)",
         *[f"- {k}: {v}" for k, v in results.facts.items()],
         f"- load average (1/5/15 min) before: {results.load_before}, after: {results.load_after}",
         "- other busy processes at the start (the CPU is shared, so timings are noisy):",
@@ -101,14 +114,19 @@ def write_report(args: argparse.Namespace, results: RunResults, verdict_lines: l
     args.out.write_text("\n".join(lines) + "\n" + kept_sections(args.out))
 
 
-# Sections other scripts (e.g. bench/caches_bench.py) or people (the ablations, made with
+# Sections other suites (e.g. `python -m bench caches`) or people (the ablations, made with
 # `dvoting compare --sweep`) write into BENCHMARKS.md between their own markers: a rerun of
-# bench/run.py keeps them as they are.
-KEPT_MARKERS = (
-    ("<!-- caches_bench:start -->", "<!-- caches_bench:end -->"),
-    ("<!-- ablations:start -->", "<!-- ablations:end -->"),
-    ("<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"),
-    ("<!-- moe_bench:start -->", "<!-- moe_bench:end -->"),
+# suite `throughput` keeps them as they are.
+KEPT_MARKERS = tuple(
+    markers(name)
+    for name in (
+        "caches_bench",
+        "ablations",
+        "temporal_bench",
+        "moe_bench",
+        "gpu_bench",
+        "gpu_bench_h100",
+    )
 )
 
 

@@ -65,7 +65,8 @@ class StepSetup:
 
 
 def make_setup(quick: bool, width: int) -> StepSetup:
-    """A random output head of `width` x the real vocabulary and normalised random hidden states (seeded)."""
+    """A random output head of `width` x the real vocabulary and normalised random hidden states
+    (seeded)."""
     prompt_len, gen_len, block = (144, 256, 32) if not quick else (24, 32, 8)
     torch.manual_seed(3)
     head = torch.nn.Linear(width, LLADA_VOCAB, bias=False)
@@ -120,7 +121,8 @@ def time_naive_step(setup: StepSetup, rule: dict[str, Any], seed: int) -> float:
 
 
 def time_row_decoder_block(setup: StepSetup, rule: dict[str, Any], seed: int) -> list[float]:
-    """The decoder's own seconds of each `RowDecoder.step` until the first block is full (head time subtracted)."""
+    """The decoder's own seconds of each `RowDecoder.step` until the first block is full (head time
+    subtracted)."""
     s = setup
     timed = TimedModel(FixedHidden(s.hidden, s.head, s.mask))
     decoder = RowDecoder(timed)
@@ -185,27 +187,32 @@ def run_step_bench(quick: bool, width: int, repeats: int) -> dict[str, Any]:
         r = out["rules"][name] = time_rule(setup, rule, repeats)
         print(
             f"  [step] {name}: naive {r['naive_s'] * 1e3:.0f} ms, ours first step "
-            f"{r['ours_first_step_s'] * 1e3:.1f} ms, ours block mean {r['ours_block_mean_s'] * 1e3:.1f} ms",
+            f"{r['ours_first_step_s'] * 1e3:.1f} ms, ours block mean "
+            f"{r['ours_block_mean_s'] * 1e3:.1f} ms",
             flush=True,
         )
     return out
 
 
 def step_section(step: dict[str, Any], width: int) -> list[str]:
-    """The report's section on one decoding step: what was timed, the table, what the last column means."""
+    """The report's section on one decoding step: what was timed, the table, what the last column
+    means."""
     lines = [
         "## One decoding step at the real vocabulary: naive full-sequence vs committable positions",
         "",
-        f"Vocabulary {step['vocab']:,}, sequence {step['sequence']} (prompt {step['prompt']} + generation "
-        f"{step['gen']}), block {step['block']}, one row, width {width}. The decoder's own time per",
-        "step, forward pass excluded. *naive*: `bench/naive.py`, the release's step: float64 Gumbel noise,",
+        f"Vocabulary {step['vocab']:,}, sequence {step['sequence']} (prompt {step['prompt']} + "
+        f"generation {step['gen']}), block {step['block']}, one row, width {width}. The "
+        "decoder's own time per",
+        "step, forward pass excluded. *naive*: `bench/naive.py`, the release's step: float64 "
+        "Gumbel noise,",
         "softmax and entropy over all positions x the whole vocabulary, then the block is cut out.",
-        "*ours*: `RowDecoder.step` (output head and float64 work at the masked positions of the committable",
+        "*ours*: `RowDecoder.step` (output head and float64 work at the masked positions of the "
+        "committable",
         "block only; the head's time is subtracted). *first step*: all 32 block positions masked;",
         "*block mean*: mean over the steps of the first block (fewer masks left as it fills).",
         "",
-        "| rule | naive ms/step | ours ms/step (first step) | ratio | ours ms/step (block mean) | ratio "
-        "| of which: drawing the block's float64 noise |",
+        "| rule | naive ms/step | ours ms/step (first step) | ratio | ours ms/step (block mean) "
+        "| ratio | of which: drawing the block's float64 noise |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in step["rules"].items():
@@ -216,17 +223,22 @@ def step_section(step: dict[str, Any], width: int) -> list[str]:
         )
     return lines + [
         "",
-        "The last column is the cost of `torch.rand((32, 126464), float64, generator)` alone, the noise of",
-        "a whole block. The fixed schedule needs it at every masked position of the block (the noisy",
-        "candidates' confidence decides what commits); the entropy rule decides from the un-noised logits",
-        "and draws noise only for the positions it commits, so its first-step cost is mostly the float64",
+        "The last column is the cost of `torch.rand((32, 126464), float64, generator)` alone, "
+        "the noise of",
+        "a whole block. The fixed schedule needs it at every masked position of the block (the "
+        "noisy",
+        "candidates' confidence decides what commits); the entropy rule decides from the "
+        "un-noised logits",
+        "and draws noise only for the positions it commits, so its first-step cost is mostly "
+        "the float64",
         "entropy over the block.",
         "",
     ]
 
 
 def measured_noise_note(step: dict[str, Any] | None) -> str:
-    """' (measured in this run: N ns)' per vocabulary entry of the block's noise draw, or '' without one."""
+    """' (measured in this run: N ns)' per vocabulary entry of the block's noise draw, or '' without
+    one."""
     if step is None:
         return ""
     per_entry = [

@@ -1,4 +1,5 @@
-"""Part 1 of `bench/run.py`: every strategy at every batch size, through `strategies.decode_questions`.
+"""Part 1 of `bench/run.py`: every strategy at every batch size, through
+`strategies.decode_questions`.
 
 A *cell* is one (model, strategy, batch size) combination. Each run of a cell drives
 its questions with `max_rows` = the batch size and records the wall time, the time
@@ -130,7 +131,8 @@ def interleaved_order(cells: list[Cell], repeat: int) -> list[Cell]:
 
 
 def _warm_up(work: Workload, timed: TimedModel) -> None:
-    """One short unrecorded run, so that the allocator and lazy initialisation are not charged to a cell."""
+    """One short unrecorded run, so that the allocator and lazy initialisation are not charged to a
+    cell."""
     decode_questions(
         timed,
         work.prompts[:1],
@@ -183,15 +185,15 @@ def _fmt_mib(value: float | None) -> str:
 def cells_table(cells: list[Cell]) -> list[str]:
     """The Markdown table of one model's cells (medians over the repeats)."""
     lines = [
-        "| strategy | batch | questions | q/s | s/question | mean NFE | rows/pass | head calls/pass | s/forward pass "
-        "| decoder share | peak RSS MiB |",
+        "| strategy | batch | questions | q/s | s/question | mean NFE | rows/pass | head "
+        "calls/pass | s/forward pass | decoder share | peak RSS MiB |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in cells:
         lines.append(
-            f"| {c.strategy} | {c.batch} | {c.questions} | {c.qps:.3f} | {c.seconds_per_question:.3f} | "
-            f"{c.nfe:.1f} | {c.rows_per_pass:.1f} | {c.head_calls / max(1, c.passes):.2f} | "
-            f"{c.seconds_per_pass * 1e3:.2f} ms | "
+            f"| {c.strategy} | {c.batch} | {c.questions} | {c.qps:.3f} | "
+            f"{c.seconds_per_question:.3f} | {c.nfe:.1f} | {c.rows_per_pass:.1f} | "
+            f"{c.head_calls / max(1, c.passes):.2f} | {c.seconds_per_pass * 1e3:.2f} ms | "
             f"{c.decoder_share * 100:.1f}% | {_fmt_mib(c.peak)} |"
         )
     return lines

@@ -58,12 +58,15 @@ def dvoting_vs_majority(all_cells: dict[str, list[Cell]], verdicts: Verdicts) ->
 
 
 def decoder_share(all_cells: dict[str, list[Cell]], verdicts: Verdicts) -> list[str]:
-    """Target 2: the decoder's own share < 10% on `real-shape`; `real-vocab` is shown for reference only."""
+    """Target 2: the decoder's own share < 10% on `real-shape`; `real-vocab` is shown for reference
+    only."""
     lines = [
         "**2. The decoder's own share of a step < 10% at the real vocabulary**",
         "",
-        "The issue's model is the real vocabulary at a *reduced depth*: `real-shape` (LLaDA-8B's width).",
-        "`real-vocab` also reduces the width (to 256), which shrinks the forward pass but not the decoder's",
+        "The issue's model is the real vocabulary at a *reduced depth*: `real-shape` "
+        "(LLaDA-8B's width).",
+        "`real-vocab` also reduces the width (to 256), which shrinks the forward pass but not "
+        "the decoder's",
         "per-position work: shown for reference, not the target's model.",
         "",
         "| model | strategy | batch | decoder share | met |",
@@ -91,9 +94,11 @@ def _batch_1_and_16(demo: list[Cell]) -> list[tuple[str, Cell, Cell]]:
 def batch_speedup(demo: list[Cell], verdicts: Verdicts) -> list[str]:
     """Target 3: batch 16 >= 3x the questions/s of batch 1 on the demo, identical tokens."""
     lines = [
-        "**3. Demo model: batch 16 gives >= 3x the questions/s of batch 1, with identical answers**",
+        "**3. Demo model: batch 16 gives >= 3x the questions/s of batch 1, with identical "
+        "answers**",
         "",
-        "| strategy | q/s batch 1 | q/s batch 16 | speed-up | met | tokens identical across batch sizes |",
+        "| strategy | q/s batch 1 | q/s batch 16 | speed-up | met | tokens identical across "
+        "batch sizes |",
         "|---|---:|---:|---:|---|---|",
     ]
     for s, one, sixteen in _batch_1_and_16(demo):
@@ -102,16 +107,18 @@ def batch_speedup(demo: list[Cell], verdicts: Verdicts) -> list[str]:
         verdicts[f"batch_speedup/demo/{s}"] = speedup >= 3
         verdicts[f"identical_tokens/demo/{s}"] = same
         lines.append(
-            f"| {s} | {one.qps:.3f} | {sixteen.qps:.3f} | {speedup:.2f}x | {'yes' if speedup >= 3 else 'NO'} "
-            f"| {'yes' if same else 'NO'} |"
+            f"| {s} | {one.qps:.3f} | {sixteen.qps:.3f} | {speedup:.2f}x | "
+            f"{'yes' if speedup >= 3 else 'NO'} | {'yes' if same else 'NO'} |"
         )
     return lines + [""]
 
 
 def forward_ceiling(demo: list[Cell]) -> list[str]:
-    """The batch speed-up a decoder costing nothing would reach: forward time per row, batch 1 / batch 16."""
+    """The batch speed-up a decoder costing nothing would reach: forward time per row, batch 1 /
+    batch 16."""
     lines = [
-        "Forward time per decoded row (s/forward pass / rows per pass), demo model: the ceiling of the",
+        "Forward time per decoded row (s/forward pass / rows per pass), demo model: the ceiling "
+        "of the",
         "batch speed-up when the decoder's own time is zero:",
         "",
         "| strategy | forward ms/row, batch 1 | forward ms/row, batch 16 | ceiling |",
@@ -121,13 +128,15 @@ def forward_ceiling(demo: list[Cell]) -> list[str]:
         per_row_1 = one.seconds_per_pass / one.rows_per_pass
         per_row_16 = sixteen.seconds_per_pass / sixteen.rows_per_pass
         lines.append(
-            f"| {s} | {per_row_1 * 1e3:.2f} | {per_row_16 * 1e3:.2f} | {per_row_1 / per_row_16:.2f}x |"
+            f"| {s} | {per_row_1 * 1e3:.2f} | {per_row_16 * 1e3:.2f} | "
+            f"{per_row_1 / per_row_16:.2f}x |"
         )
     return lines + [""]
 
 
 def identical_tokens_beyond_demo(all_cells: dict[str, list[Cell]], verdicts: Verdicts) -> None:
-    """Verdicts only (no table): identical tokens across batch sizes on the models other than the demo."""
+    """Verdicts only (no table): identical tokens across batch sizes on the models other than the
+    demo."""
     for model, cells in all_cells.items():
         if model == "demo":
             continue

@@ -1,8 +1,8 @@
-"""What `strategy=temporal` costs over `single` at the same settings: wall time, on the demo
-and on the real-shape proxy. Writes its own section of BENCHMARKS.md.
+"""Suite `temporal`: what `strategy=temporal` costs over `single` at the same settings: wall time,
+on the demo and on the real-shape proxy. Writes its own section of BENCHMARKS.md.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py            # the full run (about 15 min)
-    OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py --quick --out /tmp/B.md   # a smoke run
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench temporal       # the full run (about 15 min)
+    OMP_NUM_THREADS=1 .venv/bin/python -m bench temporal --quick --out /tmp/B.md   # a smoke run
 
 Both strategies decode with the TSCV paper's settings (fixed schedule, block 32, steps L/2,
 temperature 0), so `temporal` makes exactly `single`'s forward passes and commits (checked
@@ -34,33 +34,35 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-if __package__ in (None, ""):  # run as a script: make `bench` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.caches_bench import (
+from bench.caches_bench import answer_extractor, demo_inputs
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_quick_flag,
     add_real_shape_arguments,
-    answer_extractor,
-    demo_inputs,
-    uptime,  # noqa: E402
+    add_threads_flag,
+    args_record,
+    command_line,
+    load_average,
+    load_json,
+    markers,
+    run_facts,
+    save_json,
     write_section,
 )
-from bench.timing import TimedModel, busy_processes, load_average, machine_description  # noqa: E402
-from bench.workloads import random_llada, real_vocab_config  # noqa: E402
-from lm_eval_dvoting.core.answers import extract_answer  # noqa: E402
-from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions  # noqa: E402
-from lm_eval_dvoting.integration import strict_json  # noqa: E402
+from bench.timing import TimedModel
+from bench.workloads import random_llada, real_vocab_config
+from lm_eval_dvoting.core.answers import extract_answer
+from lm_eval_dvoting.core.strategies import StrategySettings, decode_questions
 
-REPO = Path(__file__).resolve().parents[1]
-START, END = "<!-- temporal_bench:start -->", "<!-- temporal_bench:end -->"
+START, END = markers("temporal_bench")
 STRATEGIES = ("single", "temporal")
 FULL_DEPTH = 32  # LLaDA-8B's layers, for the extrapolated ratio
 Results = dict[str, Any]
@@ -176,9 +178,9 @@ def real_workload(args: argparse.Namespace) -> tuple[str, TimedModel, list[torch
         model,
         [prompt],
         extract,
-        f"random-weight LLaDA, d_model {args.width}, {args.layers} of 32 layers, {args.heads} heads, MLP "
-        f"{3 * args.width}, vocabulary 126,464; one row, prompt {args.prompt_length} + generation "
-        f"{args.gen_length}",
+        f"random-weight LLaDA, d_model {args.width}, {args.layers} of 32 layers, {args.heads} "
+        f"heads, MLP {3 * args.width}, vocabulary 126,464; one row, prompt {args.prompt_length} "
+        f"+ generation {args.gen_length}",
     )
 
 
@@ -206,8 +208,8 @@ def paired_ratios(cell: dict[str, list[dict[str, Any]]]) -> list[float]:
 
 def table(results: Results) -> list[str]:
     lines = [
-        "| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls | NFE / question "
-        "| temporal / single: median of repeats (range) |",
+        "| workload | strategy | runs | wall s (median) | forward s | of it head s | head calls "
+        "| NFE / question | temporal / single: median of repeats (range) |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, cell in results["cells"].items():
@@ -217,8 +219,9 @@ def table(results: Results) -> list[str]:
             runs = cell[strategy]
             lines.append(
                 f"| {name} | {strategy} | {len(runs)} | {medians(runs, 'wall'):.3f} | "
-                f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | {runs[0]['head_calls']} | "
-                f"{runs[0]['nfe']:.1f} | {spread if strategy == 'temporal' else ''} |"
+                f"{medians(runs, 'forward'):.3f} | {medians(runs, 'head'):.3f} | "
+                f"{runs[0]['head_calls']} | {runs[0]['nfe']:.1f} | "
+                f"{spread if strategy == 'temporal' else ''} |"
             )
     return lines
 
@@ -229,46 +232,61 @@ def same_decoding(cell: dict[str, list[dict[str, Any]]]) -> bool:
     return len({(run["nfe"], run["digest"]) for run in runs}) == 1
 
 
-def section(results: Results) -> list[str]:
+def workload_lines(results: Results) -> list[str]:
+    """Per workload: what it is and whether temporal decoded exactly as single; the
+    real shape's ratio extrapolated to the full depth."""
     meta, cells = results["meta"], results["cells"]
     lines = [
-        START,
-        "## `strategy=temporal` against `single`: wall time at the same settings",
-        "",
-        "Written by `bench/temporal_bench.py` (its docstring says what runs). Both strategies decode with "
-        "the TSCV paper's settings (fixed schedule, block 32, steps L/2, temperature 0); `temporal` adds "
-        "the output head over every still-masked position at each step (the rules then reuse those logits), "
-        "the argmax and the answer of each changed prediction. Goal: within 5% of `single`.",
-        "",
-        *table(results),
-        "",
+        f"- {name}: {meta['workloads'][name]}; identical NFE and tokens in every run: "
+        f"{'yes' if same_decoding(cell) else 'NO'}."
+        for name, cell in cells.items()
     ]
-    for name, cell in cells.items():
-        lines.append(
-            f"- {name}: {meta['workloads'][name]}; identical NFE and tokens in every run: "
-            f"{'yes' if same_decoding(cell) else 'NO'}."
-        )
     if "real-shape" in cells:
         layers = results["args"]["layers"]
         lines.append(
-            f"- real shape extrapolated to {FULL_DEPTH} layers (each of the {FULL_DEPTH - layers} missing "
-            f"layers adds single's measured time per layer to both): temporal / single "
-            f"{extrapolated_ratio(cells['real-shape'], layers):.3f} (an estimate, not a measurement)."
+            f"- real shape extrapolated to {FULL_DEPTH} layers (each of the "
+            f"{FULL_DEPTH - layers} missing layers adds single's measured time per layer to "
+            f"both): temporal / single {extrapolated_ratio(cells['real-shape'], layers):.3f} "
+            "(an estimate, not a measurement)."
         )
-    lines += [
+    return lines
+
+
+def machine_lines(meta: Results) -> list[str]:
+    return [
         "",
         "Machine and command:",
         "",
         f"- command: `{meta['command']}` (from the repository root)",
-    ]
-    lines += [f"- {k}: {v}" for k, v in meta["facts"].items()]
-    lines += [
-        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 cores are "
-        "shared with other work, so single runs vary by several percent (see the repeats in the JSON)",
+        *[f"- {k}: {v}" for k, v in meta["facts"].items()],
+        f"- load average before: {meta['load_before']}, after: {meta.get('load_after')}; the 2 "
+        "cores are shared with other work, so single runs vary by several percent (see the "
+        "repeats in the JSON)",
         f"- wall time of the whole run: {meta.get('elapsed', 0) / 60:.1f} min",
-        END,
     ]
-    return lines
+
+
+def section(results: Results) -> list[str]:
+    """The section between the markers: what runs, the table, each workload, the machine."""
+    intro = [
+        "## `strategy=temporal` against `single`: wall time at the same settings",
+        "",
+        "Written by `python -m bench temporal` (`bench/temporal_bench.py`; its docstring says "
+        "what runs). Both strategies decode with the TSCV paper's settings (fixed schedule, "
+        "block 32, steps L/2, temperature 0); `temporal` adds the output head over every "
+        "still-masked position at each step (the rules then reuse those logits), the argmax "
+        "and the answer of each changed prediction. Goal: within 5% of `single`.",
+        "",
+    ]
+    return (
+        [START]
+        + intro
+        + table(results)
+        + [""]
+        + workload_lines(results)
+        + machine_lines(results["meta"])
+        + [END]
+    )
 
 
 # ----------------------------------------------------------------- command line
@@ -290,10 +308,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_real_shape_arguments(p, prompt_length=32, gen_length=64)
     p.add_argument("--skip-real", action="store_true")
-    p.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    p.add_argument("--report-only", action="store_true", help="only write the section from --json")
-    p.add_argument("--out", type=Path, default=REPO / "BENCHMARKS.md")
-    p.add_argument("--json", type=Path, default=Path("/tmp/temporal_bench.json"))
+    add_quick_flag(p)
+    add_threads_flag(p)
+    add_output_flags(p, RESULTS / "temporal_bench.json")
     args = p.parse_args(argv)
     if args.quick:
         args.questions, args.repeats, args.real_repeats = 8, 2, 1
@@ -301,39 +318,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    torch.set_num_threads(1)  # the 2 cores are shared
-    if args.report_only:
-        write_section(args.out, section(json.loads(args.json.read_text())), START, END)
-        return 0
-    command = "OMP_NUM_THREADS=1 .venv/bin/python bench/temporal_bench.py" + "".join(
-        f" {a}" for a in argv
-    )
-    results: Results = {
-        "meta": {
-            "command": command,
-            "facts": machine_description(torch.device("cpu")),
-            "load_before": load_average(),
-            "uptime_before": uptime(),
-            "busy": busy_processes(),
-            "workloads": {},
-        },
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
-    began = time.perf_counter()
+def start_results(args: argparse.Namespace, argv: list[str]) -> Results:
+    """A fresh record of the command, the machine, the flags; workloads are added as they run."""
+    command = "OMP_NUM_THREADS=1 " + command_line("temporal", argv)
+    return {"meta": {**run_facts(command), "workloads": {}}, "args": args_record(args)}
 
-    def save() -> None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(strict_json.dumps(results))
 
+def workloads(args: argparse.Namespace) -> list[tuple[Any, ...]]:
+    """(name, model, prompts, extract, description, gen_length, max_rows, repeats) of each
+    workload the flags ask for: the demo models, then the real-shape proxy."""
     loads = [
         (*load, args.demo_gen_length, args.max_rows, args.repeats) for load in demo_workloads(args)
     ]
     if not args.skip_real:
         loads.append((*real_workload(args), args.gen_length, 1, args.real_repeats))
-    for name, model, prompts, extract, description, gen_length, max_rows, repeats in loads:
+    return loads
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.report_only:
+        write_section(args.out, section(load_json(args.json)), START, END)
+        return 0
+    results = start_results(args, argv)
+    began = time.perf_counter()
+
+    def save() -> None:
+        save_json(args.json, results)
+
+    for name, model, prompts, extract, description, gen_length, max_rows, repeats in workloads(
+        args
+    ):
         results["meta"]["workloads"][name] = description
         run_pair(name, model, prompts, extract, gen_length, max_rows, repeats, results, save)
     results["meta"]["elapsed"] = time.perf_counter() - began

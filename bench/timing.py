@@ -1,4 +1,5 @@
-"""Measuring tools for the benchmarks: a timed model wrapper, peak memory, machine facts.
+"""Measuring tools for the benchmarks: a timed model wrapper and peak memory (the machine
+facts are in `bench/common.py`).
 
 `TimedModel` wraps one of our models (`hidden_states` + `logits_from_hidden`) and
 adds up the seconds spent inside those two calls: the forward pass, output head
@@ -12,10 +13,7 @@ asynchronous kernels are charged to the call that queued them.
 
 from __future__ import annotations
 
-import os
-import platform
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -148,61 +146,3 @@ def _status_mib(field: str) -> float | None:
         return None
     match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
     return int(match.group(1)) / 1024 if match else None
-
-
-# ----------------------------------------------------------------------- machine
-
-
-def machine_description(device: torch.device) -> dict[str, str]:
-    """What the numbers were measured on, for BENCHMARKS.md."""
-    facts: dict[str, str] = {}
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    facts["cpu"] = f"{cpu}, {os.cpu_count()} logical cores visible"
-    try:
-        mem_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
-        facts["memory"] = f"{mem_kb / 2**20:.0f} GiB"
-    except (OSError, AttributeError):
-        pass
-    if device.type == "cuda":
-        facts["gpu"] = torch.cuda.get_device_name(device)
-    facts["torch"] = f"{torch.__version__}, {torch.get_num_threads()} intra-op thread(s)"
-    facts["python"] = platform.python_version()
-    facts["os"] = platform.platform()
-    return facts
-
-
-def load_average() -> tuple[float, float, float] | None:
-    try:
-        return os.getloadavg()
-    except OSError:
-        return None
-
-
-def busy_processes(limit: int = 6) -> list[str]:
-    """The busiest other processes (command, %CPU) as `ps` reports them."""
-    try:
-        out = subprocess.run(
-            ["ps", "-eo", "pid,pcpu,args", "--sort=-pcpu"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.splitlines()[1:]
-    except (OSError, subprocess.SubprocessError):
-        return []
-    mine = os.getpid()
-    rows = []
-    for line in out:
-        pid, pcpu, args = line.strip().split(None, 2)
-        if int(pid) == mine or args.startswith("ps "):
-            continue
-        rows.append(f"{float(pcpu):5.1f}% {args[:90]}")
-        if len(rows) == limit:
-            break
-    return rows

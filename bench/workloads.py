@@ -64,7 +64,8 @@ def random_llada(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> LLaDAModel:
-    """A LLaDA of `config` with N(0, std) weights, built on `device` in `dtype` (no float32 copy first)."""
+    """A LLaDA of `config` with N(0, std) weights, built on `device` in `dtype` (no float32 copy
+    first)."""
     torch.manual_seed(seed)
     with torch.device("meta"):  # no default initialisation: at LLaDA-8B's width it costs seconds
         model = LLaDAModel(LLaDAConfig.from_dict(config))
@@ -78,25 +79,36 @@ def random_llada(
     return _finish(model, config)
 
 
-def demo_workload(path: str, questions: int, gen_length: int = 32) -> Workload:
-    from lm_eval_dvoting.demo.tokenizer import build_tokenizer
+def demo_model(path: str) -> tuple[torch.nn.Module, str]:
+    """The demo checkpoint at `path` (a name or a folder) and its description; a random-weight
+    LLaDA of the demo's shape where no weights are found."""
     from lm_eval_dvoting.models.loading import load_model, resolve_checkpoint
 
-    tokenizer = build_tokenizer()
     try:
         folder = resolve_checkpoint(path)
         has_weights = any(folder.glob("*.safetensors"))
     except Exception:  # noqa: BLE001 - any unreadable folder means: no trained demo yet
         folder, has_weights = Path(path), False
-    if has_weights:
-        model = load_model(str(folder), device="cpu", dtype="float32")
-        trained = (folder / "TRAINING.md").exists() and "placeholder" not in (
-            folder / "TRAINING.md"
-        ).read_text()
-        description = f"demo checkpoint `{path}` ({folder}){'' if trained else ', TRAINING.md still a placeholder'}"
-    else:
-        model = random_llada(demo_config())
+    if not has_weights:
         description = f"random-weight LLaDA of the demo's shape (no weights found at `{path}`)"
+        return random_llada(demo_config()), description
+    model = load_model(str(folder), device="cpu", dtype="float32")
+    notes = folder / "TRAINING.md"
+    trained = notes.exists() and "placeholder" not in notes.read_text()
+    description = (
+        f"demo checkpoint `{path}` "
+        f"({folder}){'' if trained else ', TRAINING.md still a placeholder'}"
+    )
+    return model, description
+
+
+def demo_workload(path: str, questions: int, gen_length: int = 32) -> Workload:
+    """The demo model and the first `questions` test problems, answers read as the
+    `dvoting_arith` task reads them (text up to the end token, then the number)."""
+    from lm_eval_dvoting.demo.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model, description = demo_model(path)
     cfg = model.config
     description += (
         f"; LLaDA d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
@@ -165,8 +177,8 @@ def real_vocab_workload(
         return int(tokens[0])
 
     description = (
-        f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} layers, "
-        f"{n_heads} heads, MLP {3 * d_model}; random prompts of {prompt_length} tokens; answer = first "
-        f"generated token"
+        f"random-weight LLaDA, real vocabulary {LLADA_VOCAB:,}, d_model {d_model}, {n_layers} "
+        f"layers, {n_heads} heads, MLP {3 * d_model}; random prompts of {prompt_length} tokens; "
+        "answer = first generated token"
     )
     return Workload(name, model, prompts, extract, gen_length, description)

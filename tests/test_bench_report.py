@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.report import kept_sections  # noqa: E402
+from bench.report import kept_sections
 
 
 def test_a_rerun_keeps_the_caches_and_ablation_sections(tmp_path):
@@ -36,7 +31,8 @@ def test_the_temporal_bench_writes_its_section_and_checks_that_temporal_decodes_
 
     out = tmp_path / "BENCHMARKS.md"
     out.write_text(
-        "# Benchmarks\nabove\n<!-- temporal_bench:start -->\nold\n<!-- temporal_bench:end -->\nbelow\n"
+        "# Benchmarks\nabove\n<!-- temporal_bench:start -->\nold\n<!-- temporal_bench:end "
+        "-->\nbelow\n"
     )
     assert (
         temporal_bench.main(

@@ -4,20 +4,18 @@ exactly, a part that failed on the GPU says so, and a run without CUDA is refuse
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench import gpu_bench
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from bench import gpu_bench  # noqa: E402
-
-RUN = REPO / "bench" / "gpu_bench_h200.json"
+RUN = REPO / "bench" / "results" / "gpu_bench_h200.json"
 RUNS = [
     (RUN, gpu_bench.SECTION),
-    (REPO / "bench" / "gpu_bench_h100.json", "gpu_bench_h100"),
+    (REPO / "bench" / "results" / "gpu_bench_h100.json", "gpu_bench_h100"),
 ]  # (JSON, section)
 
 
@@ -62,8 +60,8 @@ def test_a_part_that_failed_on_the_gpu_is_reported_as_failed():
     text = "\n".join(gpu_bench.section(results))
     assert "Failed on the GPU: `RuntimeError: CUDA out of memory`" in text
     assert (
-        "### Strategies at the real shape (prompt 32, generation 32, block 2; one repeat)\n\nNot run."
-        in text
+        "### Strategies at the real shape (prompt 32, generation 32, block 2; one "
+        "repeat)\n\nNot run." in text
     )
     assert "**Caches at" not in text and "**Batch 16 against batch 1**" not in text
 

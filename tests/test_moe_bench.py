@@ -3,12 +3,7 @@ section of BENCHMARKS.md in place."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench import moe_bench  # noqa: E402
+from bench import moe_bench
 
 
 def test_the_proxy_has_llada2_mini_shape_and_a_dense_layer_of_its_active_width():
@@ -71,8 +66,10 @@ def test_a_quick_cache_part_times_the_passes_the_block_cache_runs_and_keeps_the_
         len(cell["spread"]["none"]) == len(cell["spread"]["block"]) == 2
     )  # the MoE layer on spread inputs
     assert "layer 1 alone on standard-normal" in text
-    # prompt 8 + generation 8, block 4, 2 steps a block: no cache decodes block 1 over the whole sequence; the
-    # block cache decodes block 0 (its first pass over prompt + block 0, nothing kept yet), then block 1: first
+    # prompt 8 + generation 8, block 4, 2 steps a block: no cache decodes block 1 over the whole
+    # sequence; the
+    # block cache decodes block 0 (its first pass over prompt + block 0, nothing kept yet), then
+    # block 1: first
     # over block 0 + block 1 (8 cached keys), then over block 1 alone (12 cached keys)
     assert [(s["block"], s["step"], s["shape"], s["kept"]) for s in cell["none"][0]] == [
         (1, 0, [1, 16], 0),

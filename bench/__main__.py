@@ -1,0 +1,53 @@
+"""`python -m bench SUITE [flags]`: run one benchmark suite (`python -m bench SUITE --help`
+gives its flags). Run from the repository root, so that `bench` is importable."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# suite name -> (module, what it measures); a module is imported only when its suite runs
+SUITES: dict[str, tuple[str, str]] = {
+    "throughput": (
+        "bench.run",
+        "every strategy's speed and decoder overhead, one decoding step, the targets "
+        "(BENCHMARKS.md's first part)",
+    ),
+    "caches": ("bench.caches_bench", "Fast-dLLM's prefix and dual caches (its own section)"),
+    "gpu": ("bench.gpu_bench", "LLaDA-8B's full shape in bfloat16 on a GPU (its own section)"),
+    "moe": ("bench.moe_bench", "the LLaDA2.0-mini proxy: MoE layer and block cache"),
+    "temporal": ("bench.temporal_bench", "what strategy=temporal costs over single"),
+    "batch-invariance": (
+        "bench.batch_invariance",
+        "accuracy and NFE against --batch_size, per dtype (docs/batch_invariance.md)",
+    ),
+    "selected-tasks": (
+        "bench.selected_tasks",
+        "lm-eval's start-up time up to 'Selected Tasks' (takes lm_eval's arguments)",
+    ),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUITES))
+    rows = [f"  {name:<{width}}  {about}" for name, (_, about) in SUITES.items()]
+    return "usage: python -m bench SUITE [flags]\n\nsuites:\n" + "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite named by the first argument with the rest of the arguments."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] not in SUITES:
+        raise SystemExit(
+            f"python -m bench: unknown suite {argv[0]!r}; choose one of "
+            f"{', '.join(SUITES)} (python -m bench --help says what each measures)"
+        )
+    module = importlib.import_module(SUITES[argv[0]][0])
+    return module.main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

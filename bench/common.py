@@ -1,0 +1,235 @@
+"""What every benchmark suite shares: paths, flags, machine facts, the JSON and section writers.
+
+A suite (`python -m bench SUITE`, listed in `bench/__main__.py`) parses its own sizes and
+builds its parser from the flags here (`--out`, `--json`, `--quick`, `--threads`,
+`--report-only`), so that a flag means the same in every suite; records the machine it ran
+on with `run_facts` (or `machine_description` alone); saves its raw numbers with `save_json`
+under `RESULTS` (bench/results/) unless `--json` says otherwise; and writes its own part of
+BENCHMARKS.md between two marker lines with `write_section`, leaving the rest of the file as
+it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lm_eval_dvoting.integration import strict_json
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"  # every suite's raw numbers (JSON)
+BENCHMARKS_MD = REPO / "BENCHMARKS.md"
+Results = dict[str, Any]
+
+
+# ----------------------------------------------------------------------- flags
+
+
+def add_output_flags(
+    p: argparse.ArgumentParser,
+    json_default: Path | None,
+    out_default: Path = BENCHMARKS_MD,
+    report_only: bool = True,
+) -> None:
+    """`--out` (the Markdown written), `--json` (the raw numbers; required when `json_default`
+    is None) and, unless `report_only` is False, `--report-only` (rewrite `--out` from
+    `--json` without measuring anything)."""
+    p.add_argument("--out", type=Path, default=out_default)
+    if json_default is None:
+        p.add_argument("--json", type=Path, required=True)
+    else:
+        p.add_argument("--json", type=Path, default=json_default)
+    if report_only:
+        p.add_argument(
+            "--report-only", action="store_true", help="only write the section from --json"
+        )
+
+
+def add_quick_flag(p: argparse.ArgumentParser, text: str = "tiny sizes, for a smoke test") -> None:
+    """`--quick`: each suite's tiny sizes, so that a smoke run takes seconds (`text`: its help)."""
+    p.add_argument("--quick", action="store_true", help=text)
+
+
+def add_threads_flag(p: argparse.ArgumentParser, default: int = 1) -> None:
+    """`--threads`: torch's intra-op threads (1 by default: the CPU is shared)."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=default,
+        help="torch intra-op threads (1: the CPU is shared)",
+    )
+
+
+def add_real_shape_arguments(
+    p: argparse.ArgumentParser, prompt_length: int, gen_length: int
+) -> None:
+    """The real-shape model's sizes (LLaDA-8B's width at reduced depth): `--layers`,
+    `--width`, `--heads`, `--prompt-length`, `--gen-length`."""
+    p.add_argument(
+        "--layers", type=int, default=1, help="layers of the real-shape model (LLaDA-8B has 32)"
+    )
+    p.add_argument(
+        "--width", type=int, default=4096, help="d_model of the real-shape model (MLP 3x)"
+    )
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--prompt-length", type=int, default=prompt_length)
+    p.add_argument("--gen-length", type=int, default=gen_length)
+
+
+def args_record(args: argparse.Namespace) -> Results:
+    """The parsed flags as JSON values (paths as strings), to store beside the numbers."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
+def command_line(suite: str, argv: list[str], launcher: str = ".venv/bin/python") -> str:
+    """How the run was started, for the record: `LAUNCHER -m bench SUITE ARGS`."""
+    return f"{launcher} -m bench {suite}" + "".join(f" {a}" for a in argv)
+
+
+def omp_prefix() -> str:
+    """`OMP_NUM_THREADS=N ` when the environment sets it (it changes the timings), else ''."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    return f"OMP_NUM_THREADS={threads} " if threads is not None else ""
+
+
+# ----------------------------------------------------------------------- writing
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The marker lines around a suite's section of BENCHMARKS.md."""
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+
+
+def write_section(path: Path, lines: list[str], start: str, end: str) -> None:
+    """Replace the text between the markers `start` and `end` (inclusive), or append it;
+    the rest stays as it is."""
+    text = path.read_text() if path.exists() else ""
+    block = "\n".join(lines)
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
+    path.write_text(text)
+
+
+def save_json(path: Path, results: Any, **dump_args: Any) -> None:
+    """Write `results` to `path` as strict JSON (no NaN), creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(strict_json.dumps(results, **dump_args))
+
+
+def load_json(path: Path) -> Any:
+    """The results a suite saved at `path`."""
+    return json.loads(path.read_text())
+
+
+# ----------------------------------------------------------------------- machine
+
+
+def machine_description(device: torch.device) -> dict[str, str]:
+    """What the numbers were measured on, for BENCHMARKS.md."""
+    facts: dict[str, str] = {"cpu": f"{cpu_name()}, {os.cpu_count()} logical cores visible"}
+    try:
+        mem_kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+        facts["memory"] = f"{mem_kb / 2**20:.0f} GiB"
+    except (OSError, AttributeError):
+        pass
+    if device.type == "cuda":
+        facts["gpu"] = torch.cuda.get_device_name(device)
+    facts["torch"] = f"{torch.__version__}, {torch.get_num_threads()} intra-op thread(s)"
+    facts["python"] = platform.python_version()
+    facts["os"] = platform.platform()
+    return facts
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1/5/15-minute load averages, or None where the system has none."""
+    try:
+        return os.getloadavg()
+    except OSError:
+        return None
+
+
+def uptime() -> str:
+    """`uptime`'s line (load and logged-in users), or '' where it cannot run."""
+    try:
+        return os.popen("uptime").read().strip()
+    except OSError:
+        return ""
+
+
+def busy_processes(limit: int = 6) -> list[str]:
+    """The busiest other processes (command, %CPU) as `ps` reports them."""
+    try:
+        out = subprocess.run(
+            ["ps", "-eo", "pid,pcpu,args", "--sort=-pcpu"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.splitlines()[1:]
+    except (OSError, subprocess.SubprocessError):
+        return []
+    mine = os.getpid()
+    rows = []
+    for line in out:
+        pid, pcpu, args = line.strip().split(None, 2)
+        if int(pid) == mine or args.startswith("ps "):
+            continue
+        rows.append(f"{float(pcpu):5.1f}% {args[:90]}")
+        if len(rows) == limit:
+            break
+    return rows
+
+
+def git_commit() -> str:
+    """HEAD's short hash, with a note when the working tree has changes."""
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(
+            ["git", *cmd], cwd=REPO, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes' if dirty else ''}"
+
+
+def run_facts(command: str, device: str = "cpu") -> Results:
+    """The record a CPU suite keeps of its start: command, machine, load and the other busy
+    processes (the machine is shared, so they explain noisy timings)."""
+    return {
+        "command": command,
+        "facts": machine_description(torch.device(device)),
+        "load_before": load_average(),
+        "uptime_before": uptime(),
+        "busy": busy_processes(),
+    }
+
+
+def utc_now() -> str:
+    """The date and time of a run, to the minute, in UTC."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

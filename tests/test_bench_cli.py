@@ -1,0 +1,106 @@
+"""bench/ as one tool: `python -m bench SUITE` dispatches to every suite, the shared pieces in
+bench/common.py behave as each suite relied on, and the docs name only suites that exist."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import common, report, run
+from bench.__main__ import SUITES
+from bench.__main__ import main as bench_main
+
+REPO = Path(__file__).resolve().parents[1]
+H100_RUN = REPO / "bench" / "results" / "gpu_bench_h100.json"
+
+
+def test_help_lists_every_suite_and_an_unknown_suite_is_refused_with_the_choices(capsys):
+    assert bench_main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"  {name} " in listed for name in SUITES)
+    with pytest.raises(SystemExit, match="unknown suite 'gpu_bench'; choose one of throughput, "):
+        bench_main(["gpu_bench"])
+
+
+@pytest.mark.parametrize("suite", list(SUITES))
+def test_every_suite_module_has_a_main_that_takes_the_remaining_arguments(suite):
+    module = importlib.import_module(SUITES[suite][0])
+    assert list(module.main.__code__.co_varnames[:1]) == ["argv"]
+
+
+def test_the_suite_gets_the_arguments_after_its_name(tmp_path):
+    """`python -m bench gpu --report-only ...` renders the committed H100 run as the test of
+    bench/gpu_bench.py does: the flags reached the suite."""
+    out = tmp_path / "B.md"
+    argv = ["--report-only", "--json", str(H100_RUN), "--out", str(out)]
+    assert bench_main(["gpu", *argv, "--section", "gpu_bench_h100"]) == 0
+    assert out.read_text().startswith("<!-- gpu_bench_h100:start -->\n## GPU: LLaDA-8B's full")
+
+
+def test_python_dash_m_bench_runs_from_the_repository_root():
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--help"], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "batch-invariance" in done.stdout
+
+
+def test_no_module_puts_itself_on_sys_path():
+    """bench is a package run with -m: no file of bench/ or of the tests edits sys.path."""
+    files = [*(REPO / "bench").glob("*.py"), *(REPO / "tests").glob("test_*bench*.py")]
+    needle = "sys.path" + ".insert"  # spelled apart, so that this file does not match itself
+    assert [f.name for f in files if needle in f.read_text()] == []
+
+
+def test_write_section_replaces_its_own_markers_only_and_appends_when_absent(tmp_path):
+    start, end = common.markers("x_bench")
+    path = tmp_path / "B.md"
+    path.write_text(f"# B\nabove\n{start}\nold\n{end}\nbelow\n")
+    common.write_section(path, [start, "new", end], start, end)
+    assert path.read_text() == f"# B\nabove\n{start}\nnew\n{end}\nbelow\n"
+    other = common.markers("y_bench")
+    common.write_section(path, [other[0], "y", other[1]], *other)
+    assert path.read_text().endswith(f"{end}\nbelow\n\n{other[0]}\ny\n{other[1]}\n")
+
+
+def test_a_rerun_of_throughput_keeps_the_gpu_sections(tmp_path):
+    """BENCHMARKS.md's two GPU sections come from lent machines: a CPU rerun must keep them."""
+    path = tmp_path / "B.md"
+    h200, h100 = (common.markers(n) for n in ("gpu_bench", "gpu_bench_h100"))
+    path.write_text(f"# B\nold\n{h200[0]}\nA\n{h200[1]}\n{h100[0]}\nB\n{h100[1]}\n")
+    assert report.kept_sections(path) == f"\n{h200[0]}\nA\n{h200[1]}\n\n{h100[0]}\nB\n{h100[1]}\n"
+
+
+def test_throughput_refuses_rfg_before_any_model_work(capsys):
+    with pytest.raises(SystemExit):
+        run.parse_args(["--strategies", "single", "rfg"])
+    assert "invalid choice: 'rfg'" in capsys.readouterr().err
+    assert run.parse_args([]).strategies == ["single", "majority", "hex", "dvoting"]
+
+
+@pytest.mark.parametrize("suite", ["throughput", "caches", "moe", "temporal", "batch-invariance"])
+def test_a_suite_keeps_its_raw_numbers_under_bench_results_by_default(suite):
+    args = importlib.import_module(SUITES[suite][0]).parse_args([])
+    assert args.json.parent == REPO / "bench" / "results"
+
+
+def test_a_cpu_suite_records_the_command_that_reruns_it():
+    from bench import caches_bench
+
+    args = caches_bench.parse_args(["--quick"])
+    record = caches_bench.start_results(args, ["--quick"])
+    assert record["meta"]["command"] == "OMP_NUM_THREADS=1 .venv/bin/python -m bench caches --quick"
+    assert record["args"]["json"] == str(REPO / "bench" / "results" / "caches_bench.json")
+
+
+def test_the_docs_run_only_suites_that_exist():
+    """README.md and docs/ run the benchmarks as `python -m bench SUITE`, never a script."""
+    texts = [REPO / "README.md", *(REPO / "docs").glob("*.md")]
+    text = "\n".join(p.read_text() for p in texts)
+    assert not re.findall(r"python3? bench/\w+\.py", text)
+    named = set(re.findall(r"python3? -m bench ([a-z][\w-]*)", text))  # not --help, SUITE
+    assert named and named <= set(SUITES)
