@@ -168,7 +168,8 @@ class Equivalent(NamedTuple):
 
 
 def equivalent_mutants(path: Path | None = None) -> dict[str, Equivalent]:
-    """Mutant name -> its entry, from the ``- `name` [pin]: reason`` lines of the equivalents file."""
+    """Mutant name -> its entry, from the ``- `name` [pin]: reason`` lines of the equivalents
+    file."""
     path = path or EQUIVALENT_FILE
     if not path.exists():
         return {}
@@ -367,8 +368,9 @@ def run_module(
             survivors = _survivors(mutants, module)
             retest = unjudged(survivors, equivalent_mutants(), _mutant_diff(module))
             print(
-                f"Testing the {len(retest)} survivors of {module} again ({len(survivors) - len(retest)} more are "
-                "pinned equivalents at their current diff: not retested)"
+                f"Testing the {len(retest)} survivors of {module} again "
+                f"({len(survivors) - len(retest)} more are pinned equivalents at their current "
+                "diff: not retested)"
             )
             done = (
                 subprocess.run(command + retest, cwd=REPO, env=env)
@@ -403,8 +405,8 @@ def report(summaries: list[dict]) -> int:
     equivalent = equivalent_mutants()
     unexplained = 0
     print(
-        "\nMutation score per module: killed (a test failed, or the mutant hung or crashed) / total; "
-        f"equivalent = survivors listed in {EQUIVALENT_FILE}"
+        "\nMutation score per module: killed (a test failed, or the mutant hung or crashed) / "
+        f"total; equivalent = survivors listed in {EQUIVALENT_FILE}"
     )
     for summary in summaries:
         statuses, diffs = summary["status"], summary["diffs"]
@@ -426,8 +428,8 @@ def report(summaries: list[dict]) -> int:
         crashed = sorted(name for name, status in statuses.items() if status == "segfault")
         if crashed:
             print(
-                f"    counted as caught, but their tests died by a signal (retest each alone to rule out "
-                f"the OOM killer hitting a neighbour): {', '.join(crashed)}"
+                "    counted as caught, but their tests died by a signal (retest each alone to "
+                f"rule out the OOM killer hitting a neighbour): {', '.join(crashed)}"
             )
     for summary in summaries:
         for name in sorted(summary["status"]):
@@ -442,8 +444,9 @@ def report(summaries: list[dict]) -> int:
             print(f"\n--- {name}: {status}")
             if entry is not None:
                 print(
-                    f"(listed as equivalent for the mutation pinned [{entry.pin}], but this mutant's "
-                    f"diff is pinned [{diff_pin(diff)}]: the function changed; re-check the entry)"
+                    f"(listed as equivalent for the mutation pinned [{entry.pin}], but this "
+                    f"mutant's diff is pinned [{diff_pin(diff)}]: the function changed; re-check "
+                    "the entry)"
                 )
             print(diff or "(no diff)")
     print(f"\nSurvivors judged equivalent, one reason each: {EQUIVALENT_FILE}")

@@ -232,10 +232,10 @@ def check_shared_model_args(model_args: Mapping[str, Any]) -> None:
         raise SystemExit("dvoting compare: give strategies with --strategies, not in --model_args")
     if "decoder" in model_args:
         raise SystemExit(
-            f"dvoting compare: decoder={model_args['decoder']!r} in --model_args would apply to every "
-            "row, but each row sets its own decoder; leave it out and name single-entropy or "
-            "majority-entropy in --strategies for the entropy decoder, single-confidence for the "
-            f"confidence decoder (rows: {', '.join(ROWS)}), or --sweep decoder=... over rows "
+            f"dvoting compare: decoder={model_args['decoder']!r} in --model_args would apply to "
+            "every row, but each row sets its own decoder; leave it out and name single-entropy "
+            "or majority-entropy in --strategies for the entropy decoder, single-confidence for "
+            f"the confidence decoder (rows: {', '.join(ROWS)}), or --sweep decoder=... over rows "
             "without a decoder suffix"
         )
 
@@ -245,8 +245,9 @@ def check_rfg_reference(names: Sequence[str], model_args: Mapping[str, Any]) -> 
     if "rfg" in names and not (model_args.get("reference") or model_args.get("peft")):
         raise SystemExit(
             "dvoting compare: the rfg row needs a reference: add reference=<hub id | folder> or "
-            "peft=<adapter> to --model_args (on the demo: pretrained=tiny-arith,peft=tiny-arith-lora); "
-            "the other rows then run the policy (with its adapter)"
+            "peft=<adapter> to --model_args (on the demo: "
+            "pretrained=tiny-arith,peft=tiny-arith-lora); the other rows then run the policy "
+            "(with its adapter)"
         )
 
 
@@ -327,10 +328,10 @@ SWEEP_TYPES: dict[str, type] = {
 _NOT_SWEPT = {
     "strategy": "the rows are chosen with --strategies",
     "seed": "give --seeds K for K sampling seeds",
-    "max_gen_toks": "the generation length is the task's: run compare once per value with --gen_kwargs "
-    "max_gen_toks=V",
-    "gen_length": "the generation length is the task's: run compare once per value with --gen_kwargs "
-    "max_gen_toks=V",
+    "max_gen_toks": "the generation length is the task's: run compare once per value with "
+    "--gen_kwargs max_gen_toks=V",
+    "gen_length": "the generation length is the task's: run compare once per value with "
+    "--gen_kwargs max_gen_toks=V",
     "prefix_cache": "it is the older spelling of cache: --sweep cache=none,prefix",
 }
 _RELOAD = (
@@ -408,8 +409,9 @@ def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
     texts = [text.strip() for text in values_text.split(",")]
     if not any(texts) or not all(texts):
         raise SystemExit(
-            f"dvoting compare: --sweep {spec}: {'no values' if not any(texts) else 'an empty value'}; "
-            f"give comma-separated values, e.g. --sweep {name}=V1,V2,V3"
+            f"dvoting compare: --sweep {spec}: "
+            f"{'no values' if not any(texts) else 'an empty value'}; give comma-separated values, "
+            f"e.g. --sweep {name}=V1,V2,V3"
         )
     values = [_sweep_value(name, text) for text in texts]
     repeated = sorted({str(v) for i, v in enumerate(values) if v in values[:i]})
@@ -548,9 +550,9 @@ def sweep_plan(
             raise SystemExit(f"dvoting compare: --sweep {name}={value}: {err}") from err
         if getattr(base_value, name) != value:
             raise SystemExit(
-                f"dvoting compare: --sweep {name}={value} does not take effect with these --model_args "
-                f"(the settings keep {name}={getattr(base_value, name)!r}); leave the model args that "
-                f"set it (e.g. prefix_cache) out of --model_args"
+                f"dvoting compare: --sweep {name}={value} does not take effect with these "
+                f"--model_args (the settings keep {name}={getattr(base_value, name)!r}); leave "
+                "the model args that set it (e.g. prefix_cache) out of --model_args"
             )
         rows = []
         for row in names:
@@ -559,28 +561,28 @@ def sweep_plan(
                 settings = checked_settings(base_value, lengths, strategy=strategy, **overrides)
             except ValueError as err:
                 raise SystemExit(
-                    f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
-                    "leave the row out of --strategies or the value out of --sweep"
+                    f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: "
+                    f"{err}; leave the row out of --strategies or the value out of --sweep"
                 ) from err
             if name == "guidance" and settings.strategy != "rfg":
                 raise SystemExit(
-                    f"dvoting compare: --sweep guidance={value}: row {row!r} does not use guidance (only "
-                    "rfg does); leave the row out of --strategies"
+                    f"dvoting compare: --sweep guidance={value}: row {row!r} does not use "
+                    "guidance (only rfg does); leave the row out of --strategies"
                 )
             if (
                 name in ("temporal_weight", "temporal_alpha")
                 and settings.resolved_vote != "temporal"
             ):
                 raise SystemExit(
-                    f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} (its "
-                    "vote is plain, one vote per sample): give vote=temporal in --model_args for the "
-                    "voting rows, or leave the row out of --strategies"
+                    f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} "
+                    "(its vote is plain, one vote per sample): give vote=temporal in --model_args "
+                    "for the voting rows, or leave the row out of --strategies"
                 )
             if getattr(settings, name) != value:
                 raise SystemExit(
-                    f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it runs "
-                    f"with {name}={getattr(settings, name)!r} whatever the sweep gives); leave it out "
-                    "of --strategies or sweep another setting"
+                    f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it "
+                    f"runs with {name}={getattr(settings, name)!r} whatever the sweep gives); "
+                    "leave it out of --strategies or sweep another setting"
                 )
             rows.append((row, settings, strategy, {**swept, **overrides}))
         plan.append((value, rows))
@@ -619,7 +621,8 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
     if strategy == "majority":
         # dVoting's temperature (the model arg's, else dVoting's default): majority-entropy then
         # differs from dvoting only in remasking and the early stop
-        # (decoder=None: dVoting's temperature does not depend on it, and dvoting refuses decoder=fixed)
+        # (decoder=None: dVoting's temperature does not depend on it, and dvoting refuses
+        # decoder=fixed)
         # (lengths unchecked: only the temperature is read here)
         dvoting = replace(base, strategy="dvoting", decoder=None, defer_length_checks=True)
         overrides["temperature"] = dvoting.resolved_temperature
@@ -643,14 +646,6 @@ def row_settings(
 def _draws_from_seed(temperature: float, decoder: str | None, remasking: str | None) -> bool:
     """A temperature above 0, or the fixed schedule's random remasking, draws from the seed."""
     return temperature > 0 or (decoder == "fixed" and remasking == "random")
-
-
-def is_sampled(settings: StrategySettings) -> bool:
-    """Whether settings depend on the sampling seed: a temperature above 0, or the fixed
-    schedule's random remasking. Anything else is deterministic."""
-    return _draws_from_seed(
-        settings.resolved_temperature, settings.resolved_decoder, settings.remasking
-    )
 
 
 def ran_sampled(settings_used: Sequence[Mapping[str, Any]]) -> bool:
@@ -797,7 +792,8 @@ def _run(
         )
     return {
         "accuracy": 100 * task_results[key],
-        # per question (document, all its repeats), as the column says; totals' means are per request
+        # per question (document, all its repeats), as the column says; totals' means are per
+        # request
         "nfe": totals["nfe"] / questions,
         "samples": totals["samples"] / questions,
         "seconds": seconds,
@@ -1075,7 +1071,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
     single = next((r for r in rows if r["strategy"] == "single"), None)
     lines = [
-        "| strategy | accuracy (%) | runs | mean NFE | samples / question | seconds | BPC vs single |",
+        "| strategy | accuracy (%) | runs | mean NFE | samples / question | seconds | BPC vs "
+        "single |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -1086,8 +1083,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             )
             bpc = "" if value is None else f"{value:.2f}"
         lines.append(
-            f"| {row['strategy']} | {accuracy_cell(row)} | {runs_cell(row)} | {row['mean_nfe']:.1f} | "
-            f"{row['mean_samples']:.2f} | {row['seconds']:.1f} | {bpc} |"
+            f"| {row['strategy']} | {accuracy_cell(row)} | {runs_cell(row)} | "
+            f"{row['mean_nfe']:.1f} | {row['mean_samples']:.2f} | {row['seconds']:.1f} | {bpc} |"
         )
     if single is not None:
         lines += ["", BPC_NOTE]
@@ -1118,9 +1115,9 @@ def sweep_tables(sweep: Mapping[str, Any]) -> str:
             low, high = pair["ci_points"]
             lines += [
                 "",
-                f"{name}={pair['value']} - {name}={pair['against']}: {pair['mean_points']:+.1f} points, "
-                f"{100 * pair['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] (paired bootstrap over "
-                f"{pair['problems']} problems)",
+                f"{name}={pair['value']} - {name}={pair['against']}: {pair['mean_points']:+.1f} "
+                f"points, {100 * pair['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] (paired "
+                f"bootstrap over {pair['problems']} problems)",
             ]
         parts.append("\n".join(lines))
     parts += [f"{name}={pair['value']}: {paired_line(pair)}" for pair in sweep.get("paired", [])]
@@ -1221,7 +1218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     comparison = compare(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    header = f"{args.model} ({args.model_args}) on {args.tasks}, limit {args.limit}, seeds {comparison['seeds']}"
+    header = (
+        f"{args.model} ({args.model_args}) on {args.tasks}, limit {args.limit}, "
+        f"seeds {comparison['seeds']}"
+    )
     if "sweep" in comparison:
         sweep = comparison["sweep"]
         header += f", {sweep['name']} swept over {sweep['values']}"

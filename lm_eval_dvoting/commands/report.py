@@ -1,7 +1,9 @@
 """`dvoting report`: why dVoting works on *your* model, from your own harness runs.
 
-    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=single  --tasks T --log_samples --output_path out
-    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=dvoting --tasks T --log_samples --output_path out
+    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=single \
+        --tasks T --log_samples --output_path out
+    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=dvoting \
+        --tasks T --log_samples --output_path out
     dvoting report out --out report
 
 reads every run (a `results_*.json` of lm-eval, found in the folders given, or given
@@ -350,8 +352,8 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 
 def markdown(rows: list[Row], baseline: Run | None) -> str:
     lines = [
-        "| run | task | questions | accuracy (%) | mean NFE | samples / question | "
-        f"BPC vs {baseline.label if baseline else '(no baseline)'} | NUPR@2 | NUPR@3 | mean consistency |",
+        "| run | task | questions | accuracy (%) | mean NFE | samples / question | BPC vs "
+        f"{baseline.label if baseline else '(no baseline)'} | NUPR@2 | NUPR@3 | mean consistency |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -363,8 +365,9 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
         lines.append(
             f"| {row.run.label} | {task.name} | {questions} | "
             f"{_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
-            f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | {_fmt(row.nupr2, '.3f')} | "
-            f"{_fmt(row.nupr3, '.3f')} | {_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
+            f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | "
+            f"{_fmt(row.nupr2, '.3f')} | {_fmt(row.nupr3, '.3f')} | "
+            f"{_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
         )
     parts = [
         "## Accuracy, cost and repetition",
@@ -560,8 +563,8 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
     lines = [
         "## The temporal vote: ever-pass, temporal semantic entropy, overturns",
         "",
-        "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE (bits) | "
-        "wrong -> right | right -> wrong |",
+        "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE "
+        "(bits) | wrong -> right | right -> wrong |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -575,9 +578,9 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
     return lines + [
         "",
         "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
-        "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
-        "per-step answers over its answered steps, equal answers grouped, averaged over the question's "
-        "decodes (`lm_eval_dvoting.core.temporal.temporal_entropy`).",
+        "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a "
+        "decode's per-step answers over its answered steps, equal answers grouped, averaged over "
+        "the question's decodes (`lm_eval_dvoting.core.temporal.temporal_entropy`).",
         "",
     ]
 
@@ -752,10 +755,12 @@ def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> 
                 " (kept)" if t in kept else ""
             )
             cells.append(
-                f'<td style="{style}" title="{html.escape(tip)}">{html.escape(names(tokens[i][t]))}</td>'
+                f'<td style="{style}" '
+                f'title="{html.escape(tip)}">{html.escape(names(tokens[i][t]))}</td>'
             )
         rows.append(
-            f"<tr><th>{html.escape(_candidate_label(i, candidate, chosen))}</th>{''.join(cells)}</tr>"
+            f"<tr><th>{html.escape(_candidate_label(i, candidate, chosen))}</th>"
+            f"{''.join(cells)}</tr>"
         )
     legend = "".join(
         f'<span style="background:{_agreement_colour(c, samples)};padding:2px 8px;margin-right:2px;'
@@ -764,7 +769,8 @@ def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> 
     )
     hidden = len(tokens[0]) - shown
     note = (
-        f"<p>{hidden} trailing positions of end-of-text padding, held by every sample, are not shown.</p>"
+        f"<p>{hidden} trailing positions of end-of-text padding, held by every sample, are not "
+        "shown.</p>"
         if hidden
         else ""
     )
@@ -932,8 +938,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--questions",
         default=None,
-        help=f"comma-separated doc ids for token pictures (default: the first {DEFAULT_QUESTIONS}); "
-        "'none' for no pictures",
+        help="comma-separated doc ids for token pictures "
+        f"(default: the first {DEFAULT_QUESTIONS}); 'none' for no pictures",
     )
     parser.add_argument(
         "--tokenizer",
@@ -1006,7 +1012,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "report.md").write_text(report, encoding="utf-8")
     print(table)
     print(
-        f"written: {out / 'report.md'}, {len(pictures)} plots, {len(tokens)} token pictures in {out}"
+        f"written: {out / 'report.md'}, {len(pictures)} plots, {len(tokens)} token pictures in "
+        f"{out}"
     )
     return 0
 

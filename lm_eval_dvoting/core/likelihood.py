@@ -105,7 +105,8 @@ def _as_ids(ids: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:
 def _fit_request(
     model: nn.Module, context: torch.Tensor, continuation: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Truncate the context from the left to fit `model.max_length`; reject what cannot be scored."""
+    """Truncate the context from the left to fit `model.max_length`; reject what cannot be
+    scored."""
     shift = int(model.logits_shift)
     max_length = int(model.max_length)
     if len(continuation) == 0:

@@ -1,6 +1,7 @@
 """Choose the demo checkpoint from the learning curve, on validation problems only.
 
-    python -m lm_eval_dvoting.demo.sweep runs/sweep/snapshots/step-*-model --strategies single dvoting
+    python -m lm_eval_dvoting.demo.sweep runs/sweep/snapshots/step-*-model \
+        --strategies single dvoting
 
 For every checkpoint folder, runs each strategy (temperature, steps and block length as
 the harness defaults: L = 32, blocks of 2) on the validation problems of

@@ -6,8 +6,8 @@
 (The shipped checkpoints' exact commands are in ``demo/tiny-arith*/TRAINING.md``.)
 The model is a LLaDA (`models.llada.LLaDAModel`), or with ``--family dream`` a Dream
 (`models.dream.DreamModel`, whose prediction for position i sits at i-1), trained with
-LLaDA's supervised masked-diffusion objective: per sequence a mask ratio ``t ~ U(eps, 1]`` (stratified
-over the batch), every answer token masked with probability ``t``, the prompt never
+LLaDA's supervised masked-diffusion objective: per sequence a mask ratio ``t ~ U(eps, 1]``
+(stratified over the batch), every answer token masked with probability ``t``, the prompt never
 masked, cross-entropy on the masked positions divided by ``t`` and normalised by the
 answer length. End-of-text padding after the first end-of-text token is down-weighted
 (``--pad-weight``): it is trivially predictable and otherwise hides the digits.
@@ -144,7 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--init-from",
         type=Path,
         default=None,
-        help="start from the weights of this checkpoint folder (a curriculum stage's best/) instead of a random init",
+        help="start from the weights of this checkpoint folder (a curriculum stage's best/) "
+        "instead of a random init",
     )
     p.add_argument(
         "--threads",
@@ -209,7 +210,8 @@ def model_config(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
 
 
 def build_model(config: dict[str, Any]) -> LLaDAModel | DreamModel:
-    """A fresh model for `config`, with the attributes the decoder reads (as `load_model` sets them)."""
+    """A fresh model for `config`, with the attributes the decoder reads (as `load_model` sets
+    them)."""
     if config["model_type"] == "Dream":
         model, shift = DreamModel(DreamConfig.from_dict(config)), 1
     else:
@@ -450,8 +452,9 @@ def load_state(path: Path, device: torch.device) -> dict[str, Any]:
         return torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:
         raise SystemExit(
-            f"{path} holds more than tensors and plain values, so it is not loaded (weights_only=True): "
-            f"it was not written by this script, or was tampered with; delete it to start afresh ({err})"
+            f"{path} holds more than tensors and plain values, so it is not loaded "
+            "(weights_only=True): it was not written by this script, or was tampered with; delete "
+            f"it to start afresh ({err})"
         ) from None
 
 
@@ -509,7 +512,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         state = load_state(last, device)
         if state["args"]["steps"] != args.steps or state["args"]["seed"] != args.seed:
             print(
-                f"warning: {last} was made with different --steps/--seed; continuing with the new ones"
+                f"warning: {last} was made with different --steps/--seed; continuing with the new "
+                "ones"
             )
         model.load_state_dict(state["model"])
         ema.load_state_dict(state["ema"])

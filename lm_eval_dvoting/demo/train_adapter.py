@@ -1,7 +1,8 @@
 """Train the demo's LoRA adapter: `tiny-arith` post-trained on the longest chains, the
 policy of the demo's RFG row (its reference: `tiny-arith` itself, the adapter switched off).
 
-    python -m lm_eval_dvoting.demo.train_adapter --threads 2     # writes lm_eval_dvoting/demo/tiny-arith-lora
+    python -m lm_eval_dvoting.demo.train_adapter --threads 2
+    # writes lm_eval_dvoting/demo/tiny-arith-lora
 
 A PEFT LoRA (rank `--r`, alpha `--alpha`) on `q_proj k_proj v_proj up_proj` of every block,
 trained with the base model's objective (`train.diffusion_loss`: LLaDA's SFT loss) on
@@ -156,10 +157,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 def training_note(note: dict) -> str:
     base, adapter = note["validation"]["base"], note["validation"]["adapter"]
     return (
-        f"# tiny-arith-lora: how this adapter was made\n\n"
-        f"`{note['command'].strip()}` ({note['minutes']} min of training on a 2-core CPU), with the arguments\n"
-        f"`{json.dumps(note['args'])}`. See `lm_eval_dvoting/demo/train_adapter.py` for the recipe.\n\n"
-        f"Greedy accuracy on the 200 validation problems (steps = L = 32, blocks of 2), by chain length:\n\n"
+        f"# tiny-arith-lora: how this adapter was made\n\n`{note['command'].strip()}` "
+        f"({note['minutes']} min of training on a 2-core CPU), with the arguments\n"
+        f"`{json.dumps(note['args'])}`. See `lm_eval_dvoting/demo/train_adapter.py` for the "
+        "recipe.\n\nGreedy accuracy on the 200 validation problems (steps = L = 32, blocks of 2), "
+        "by chain length:\n\n"
         f"| model | all | " + " | ".join(k for k in base if k != "acc") + " |\n"
         "|---|---|" + "---|" * (len(base) - 1) + "\n"
         f"| tiny-arith | {base['acc']:.3f} | "
@@ -168,7 +170,8 @@ def training_note(note: dict) -> str:
         f"| tiny-arith + this adapter | {adapter['acc']:.3f} | "
         + " | ".join(str(v) for k, v in adapter.items() if k != "acc")
         + " |\n\n"
-        'The test set was not read to make it. Its test-set figures are in the README ("The offline demo").\n'
+        'The test set was not read to make it. Its test-set figures are in the README ("The '
+        'offline demo").\n'
     )
 
 
