@@ -10,6 +10,13 @@ import pytest
 
 from lm_eval_dvoting.commands import compare
 from lm_eval_dvoting.core.strategies import StrategySettings
+from lm_eval_dvoting.integration.bookkeeping import settings_entry
+
+
+def ran_sampled(settings: StrategySettings) -> bool:
+    """Whether a request run with `settings` counts as sampled, read as compare reads it: from
+    the `settings_used` entry the harness logs for it."""
+    return compare.ran_sampled([settings_entry(settings, seed=0)])
 
 
 def test_compare_writes_table_json_and_plot(tiny_llada_dir, tmp_path, capsys):
@@ -142,7 +149,8 @@ def test_compare_refuses_bad_command_lines_before_loading_the_model(tmp_path):
         run("--strategies", "dvoting,single,dvoting")
     with pytest.raises(
         SystemExit,
-        match="unknown strategies.*single, single-entropy, single-confidence, majority, majority-entropy",
+        match="unknown strategies.*single, single-entropy, single-confidence, majority, "
+        "majority-entropy",
     ):
         run("--strategies", "hex-entropy")
 
@@ -210,15 +218,15 @@ def test_a_row_the_model_args_do_not_allow_is_named():
 
 def test_only_sampled_settings_draw_from_the_seed():
     base = StrategySettings(gen_length=32)
-    assert not compare.is_sampled(compare.row_settings("single", base))
-    assert not compare.is_sampled(compare.row_settings("single-entropy", base))
-    assert compare.is_sampled(compare.row_settings("dvoting", base))
+    assert not ran_sampled(compare.row_settings("single", base))
+    assert not ran_sampled(compare.row_settings("single-entropy", base))
+    assert ran_sampled(compare.row_settings("dvoting", base))
     greedy_majority = replace(base, strategy="majority", temperature=0.0)
-    assert not compare.is_sampled(greedy_majority)
+    assert not ran_sampled(greedy_majority)
     # random remasking draws from the seed even at temperature 0 (the fixed schedule only)
-    assert compare.is_sampled(replace(greedy_majority, remasking="random"))
+    assert ran_sampled(replace(greedy_majority, remasking="random"))
     greedy_dvoting = replace(base, strategy="dvoting", temperature=0.0, remasking="random")
-    assert not compare.is_sampled(greedy_dvoting)
+    assert not ran_sampled(greedy_dvoting)
 
 
 def test_a_run_sampled_when_any_request_ran_with_a_seeded_draw():
@@ -343,7 +351,8 @@ def test_table_and_paired_line_show_spread_and_runs():
         "problems": 500,
     }
     assert compare.paired_line(paired) == (
-        "dvoting - majority-entropy: +1.2 points, 95% CI [-0.8, +3.1] (paired bootstrap over 500 problems, 3 seeds)"
+        "dvoting - majority-entropy: +1.2 points, 95% CI [-0.8, +3.1] "
+        "(paired bootstrap over 500 problems, 3 seeds)"
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from lm_eval_dvoting.commands import compare
 from lm_eval_dvoting.core.strategies import StrategySettings
+from lm_eval_dvoting.integration.bookkeeping import settings_entry
 
 ENTRY_KEYS = {
     "value",
@@ -30,6 +31,12 @@ ENTRY_KEYS = {
     "decoder",
     "temperature",
 }
+
+
+def ran_sampled(settings: StrategySettings) -> bool:
+    """Whether a request run with `settings` counts as sampled, read as compare reads it: from
+    the `settings_used` entry the harness logs for it."""
+    return compare.ran_sampled([settings_entry(settings, seed=0)])
 
 
 def _run_compare(tmp_path, *argv: str) -> dict:
@@ -99,7 +106,8 @@ def test_threshold_sweep_runs_every_row_at_every_value(tmp_path, capsys):
                 100 * statistics.fmean(v[0] for v in entry["per_document"].values())
             )
     confident = [e["nfe_mean"] for e in sweep["rows"]["single-confidence"]]
-    # blocks of 2 in 32 tokens: at least 16 passes, at most 32; a higher threshold commits less per pass
+    # blocks of 2 in 32 tokens: at least 16 passes, at most 32; a higher threshold commits
+    # less per pass
     assert 16 <= confident[0] <= confident[1] <= confident[2] <= 32 and confident[0] < confident[2]
     single = sweep["rows"]["single"]
     assert [e["nfe_mean"] for e in single] == [32, 32, 32]
@@ -238,7 +246,8 @@ REFUSALS = [
     (["--sweep", "seed=1,2"], r"--sweep seed=1,2: seed cannot be swept; give --seeds K"),
     (
         ["--sweep", "max_gen_toks=32,64"],
-        r"--sweep max_gen_toks=32,64: max_gen_toks cannot be swept; .* once per value with --gen_kwargs",
+        r"--sweep max_gen_toks=32,64: max_gen_toks cannot be swept; "
+        r".* once per value with --gen_kwargs",
     ),
     (
         ["--sweep", "prefix_cache=true"],
@@ -285,14 +294,16 @@ REFUSALS = [
     ),
     (
         ["--sweep", "block_length=16", "--gen_kwargs", "max_gen_toks=40"],
-        r"--sweep block_length=16: row 'single' cannot run with it: max_gen_toks 40 \(task dvoting_arith's "
-        r"generation_kwargs: its YAML or --gen_kwargs\) cannot be decoded: block_length 16 does not divide the "
+        r"--sweep block_length=16: row 'single' cannot run with it: max_gen_toks 40 "
+        r"\(task dvoting_arith's generation_kwargs: its YAML or --gen_kwargs\) "
+        r"cannot be decoded: block_length 16 does not divide the "
         r"generation length 40; give block_length a divisor of 40 \(1, 2, 4, 5, 8, 10, 20, 40\)",
     ),
     # hex reads no block_length, but its own rule (L a multiple of 32) still holds at 48
     (
         ["--sweep", "block_length=3", "--gen_kwargs", "max_gen_toks=48"],
-        r"--sweep block_length=3: row 'hex' cannot run with it: max_gen_toks 48 \(task dvoting_arith's "
+        r"--sweep block_length=3: row 'hex' cannot run with it: max_gen_toks 48 "
+        r"\(task dvoting_arith's "
         r"generation_kwargs.*hex needs a generation length divisible by 32",
     ),
     (["--sweep", "block_length=0"], r"--sweep block_length=0: block_length must be >= 1"),
@@ -309,11 +320,13 @@ REFUSALS = [
     ),
     (
         ["--sweep", "decoder=fixed,entropy", "--strategies", "single,hex"],
-        r"--sweep decoder=entropy: row 'hex' cannot run with it: decoder=entropy does not apply to strategy=hex",
+        r"--sweep decoder=entropy: row 'hex' cannot run with it: "
+        r"decoder=entropy does not apply to strategy=hex",
     ),
     (
         ["--sweep", "decoder=fixed", "--strategies", "single,dvoting"],
-        r"--sweep decoder=fixed: row 'dvoting' cannot run with it: decoder=fixed does not apply to strategy=dvoting",
+        r"--sweep decoder=fixed: row 'dvoting' cannot run with it: "
+        r"decoder=fixed does not apply to strategy=dvoting",
     ),
     (
         ["--sweep", "vote=plain,temporal"],
@@ -322,7 +335,8 @@ REFUSALS = [
     ),
     (
         ["--sweep", "vote=temporal", "--strategies", "single,majority"],
-        r"--sweep vote=temporal: row 'single' cannot run with it: vote=temporal does not apply to strategy=single",
+        r"--sweep vote=temporal: row 'single' cannot run with it: "
+        r"vote=temporal does not apply to strategy=single",
     ),
     (
         [
@@ -341,7 +355,8 @@ REFUSALS = [
     ),
     (
         ["--sweep", "temporal_alpha=5,11", "--strategies", "temporal,majority"],
-        r"--sweep temporal_alpha=5.0: row 'majority' does not use temporal_alpha \(its vote is plain",
+        r"--sweep temporal_alpha=5.0: row 'majority' does not use temporal_alpha "
+        r"\(its vote is plain",
     ),
     (
         [
@@ -350,11 +365,13 @@ REFUSALS = [
             "--sweep",
             "cache=none,prefix",
         ],
-        r"--sweep cache=none does not take effect with these --model_args \(the settings keep cache='prefix'\)",
+        r"--sweep cache=none does not take effect with these --model_args "
+        r"\(the settings keep cache='prefix'\)",
     ),
     (
         ["--model_args", "pretrained=/no/such/checkpoint,threshold=1.5"],
-        r"threshold=1.5 in --model_args: threshold \(confidence decoder\) must be in \(0, 1\], got 1.5",
+        r"threshold=1.5 in --model_args: threshold \(confidence decoder\) "
+        r"must be in \(0, 1\], got 1.5",
     ),
     (
         ["--model_args", "pretrained=/no/such/checkpoint,threshold=abc"],
@@ -411,10 +428,10 @@ def test_single_confidence_is_one_greedy_sample_with_the_confidence_decoder():
         settings.resolved_temperature,
         settings.threshold,
     ) == ("single", "confidence", 0.0, 0.6)
-    assert not compare.is_sampled(settings)  # one run
+    assert not ran_sampled(settings)  # one run
     # the model args' temperature applies to it as to single and single-entropy
     warm = compare.row_settings("single-confidence", replace(base, temperature=0.5))
-    assert warm.resolved_temperature == 0.5 and compare.is_sampled(warm)  # one run per seed
+    assert warm.resolved_temperature == 0.5 and ran_sampled(warm)  # one run per seed
     assert compare.ROWS.index("single-confidence") == compare.ROWS.index("single-entropy") + 1
 
 

@@ -46,7 +46,7 @@ def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path,
         sys.modules, "mutmut.stats", types.SimpleNamespace(status_by_exit_code=statuses)
     )
     run = tmp_path / "mutants"
-    meta = run / "lm_eval_dvoting" / "decoding" / "rules.py.meta"
+    meta = run / "lm_eval_dvoting" / "core" / "decoding" / "rules.py.meta"
     meta.parent.mkdir(parents=True)
     codes = {
         "lm_eval_dvoting.core.decoding.rules.x_f__mutmut_1": 1,
@@ -59,7 +59,7 @@ def test_results_saved_from_a_run_seed_the_next_clones_first_run(tool, tmp_path,
     assert tool.save_state("decoding.rules", run)
     fresh = tmp_path / "fresh"
     tool._seed_from_state("decoding.rules", fresh)
-    seeded = json.loads((fresh / "lm_eval_dvoting" / "decoding" / "rules.py.meta").read_text())
+    seeded = json.loads((fresh / "lm_eval_dvoting/core/decoding/rules.py.meta").read_text())
     assert seeded == _meta(codes)
     # the survivors to test again: recorded and not killed (untested ones are not survivors)
     assert tool._survivors(fresh, "decoding.rules") == [
@@ -75,10 +75,25 @@ def test_the_tracked_results_are_mutmuts_meta_files_of_known_modules():
         name = path.name.removesuffix(".meta.json")
         assert name in module.MODULES, path
         meta = json.loads(path.read_text())
-        prefix = f"lm_eval_dvoting.{name}."
+        # mutmut names a mutant after the mutated file's module: lm_eval_dvoting.core.answers.
+        prefix = module._source(name).removesuffix(".py").replace("/", ".") + "."
         assert meta["exit_code_by_key"] and all(
             key.startswith(prefix) for key in meta["exit_code_by_key"]
         ), path
+
+
+def test_every_module_names_one_file_of_the_package():
+    """The modules are named as before the package's folders (core/, integration/): each
+    must still resolve to its file, or mutmut is pointed at a file that does not exist."""
+    tool = _load_tool()
+    for module in tool.MODULES:
+        source = tool._source(module)
+        assert (REPO_ROOT / source).is_file(), (module, source)
+        assert source.endswith("/" + module.replace(".", "/") + ".py"), (module, source)
+    assert tool._source("harness") == "lm_eval_dvoting/integration/harness.py"
+    assert tool._source("decoding.rules") == "lm_eval_dvoting/core/decoding/rules.py"
+    with pytest.raises(SystemExit, match="'no_such_module': 0 files of lm_eval_dvoting"):
+        tool._source("no_such_module")
 
 
 _DIFF = """--- lm_eval_dvoting/core/strategies.py

@@ -132,31 +132,32 @@ def _row(r: dict[str, Any], labels: list[str]) -> str:
     )
 
 
-def render(records: list[dict[str, Any]]) -> str:
-    """The doc's generated section: summary counts, counts per group, differing rows."""
-    labels = [label for label, _, _ in FILTERS]
+def _summary(records: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """How many rows each reader (ours, then each filter) agrees with the grader on."""
     total = len(records)
+    ours = sum(r["ours_agrees"] for r in records)
     lines = [
         f"Number rows: {total}. Rows whose reading agrees with the grader's:",
         "",
         "| reader | agrees | differs |",
         "|---|---|---|",
+        f"| this project (`extract_answer`) | {ours} | {total - ours} |",
     ]
-    ours = sum(r["ours_agrees"] for r in records)
-    lines.append(f"| this project (`extract_answer`) | {ours} | {total - ours} |")
     for label in labels:
         agree = sum(r[label][1] for r in records)
         lines.append(f"| lm-eval {label} | {agree} | {total - agree} |")
-    lines += [
+    return lines
+
+
+def _per_group(groups: dict[str, list[dict[str, Any]]], labels: list[str]) -> list[str]:
+    """Rows agreeing with the grader, per group of the table and per reader."""
+    lines = [
         "",
         "Agreement per group of the table (rows agreeing / rows):",
         "",
         "| group | rows | ours | " + " | ".join(labels) + " |",
         "|---|---|---|" + "---|" * len(labels),
     ]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        groups.setdefault(record["group"], []).append(record)
     for group, rows in groups.items():
         cells = [str(sum(r[label][1] for r in rows)) for label in labels]
         lines.append(
@@ -164,14 +165,26 @@ def render(records: list[dict[str, Any]]) -> str:
             + " | ".join(cells)
             + " |"
         )
-    lines += [
+    return lines
+
+
+def _rows_header(title: str, labels: list[str]) -> list[str]:
+    return [
         "",
-        f"Rows where flexible-extract differs from the grader, at most {SHOWN} per group "
-        "(strict-match readings beside them):",
+        title,
         "",
         "| group | text | grader | ours | " + " | ".join(labels) + " |",
         "|---|---|---|---|" + "---|" * len(labels),
     ]
+
+
+def _flexible_differs(groups: dict[str, list[dict[str, Any]]], labels: list[str]) -> list[str]:
+    """The rows flexible-extract reads differently from the grader, `SHOWN` per group."""
+    lines = _rows_header(
+        f"Rows where flexible-extract differs from the grader, at most {SHOWN} per group "
+        "(strict-match readings beside them):",
+        labels,
+    )
     for group, rows in groups.items():
         differing = [r for r in rows if not r["flexible-extract"][1]]
         for r in differing[:SHOWN]:
@@ -179,17 +192,34 @@ def render(records: list[dict[str, Any]]) -> str:
         if len(differing) > SHOWN:
             more = len(differing) - SHOWN
             lines.append(f"| {group} | ({more} more) |" + " |" * (2 + len(labels)))
-    lines += [
-        "",
+    return lines
+
+
+def _strict_uncredited(records: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """The rows where a strict-match reads a number that exact_match does not credit."""
+    lines = _rows_header(
         "Rows where a strict-match reads a number and lm-eval's exact_match does not "
         "credit it (a different number, or the same value spelled otherwise):",
-        "",
-        "| group | text | grader | ours | " + " | ".join(labels) + " |",
-        "|---|---|---|---|" + "---|" * len(labels),
-    ]
+        labels,
+    )
     for r in records:
         if any(not r[label][1] and r[label][0] != "[invalid]" for label in labels[:2]):
             lines.append(_row(r, labels))
+    return lines
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    """The doc's generated section: summary counts, counts per group, differing rows."""
+    labels = [label for label, _, _ in FILTERS]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        groups.setdefault(record["group"], []).append(record)
+    lines = (
+        _summary(records, labels)
+        + _per_group(groups, labels)
+        + _flexible_differs(groups, labels)
+        + _strict_uncredited(records, labels)
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -211,6 +241,7 @@ def check(doc_path: Path = DOC) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Print, --write or --check the doc's generated section."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--write", action="store_true", help=f"rewrite the section of {DOC.name}")

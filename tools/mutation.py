@@ -11,7 +11,7 @@ Survivors listed there are reported as such, not as failures; the exit status is
 any other mutant survived.
 
 Why a wrapper rather than a bare `mutmut run` (which also works, with pyproject.toml's
-[tool.mutmut] settings: all six modules against all their tests): mutmut keeps one
+[tool.mutmut] settings: every module of its only_mutate against all their tests): mutmut keeps one
 `mutants/` folder and resets every result when the test selection changes, and a run over
 all modules costs the slowest module's tests for every function. So each module gets its
 own test selection and its own results folder, `.mutation/<module>/`, moved to `mutants/`
@@ -168,7 +168,8 @@ class Equivalent(NamedTuple):
 
 
 def equivalent_mutants(path: Path | None = None) -> dict[str, Equivalent]:
-    """Mutant name -> its entry, from the ``- `name` [pin]: reason`` lines of the equivalents file."""
+    """Mutant name -> its entry, from the ``- `name` [pin]: reason`` lines of the equivalents
+    file."""
     path = path or EQUIVALENT_FILE
     if not path.exists():
         return {}
@@ -227,9 +228,22 @@ def _run_one(module: str, max_children: int, retest: list[str]) -> None:
 
 
 def _source(module: str) -> str:
-    """The file of a module name: `answers` -> lm_eval_dvoting/core/answers.py,
-    `decoding.rules` -> lm_eval_dvoting/core/decoding/rules.py."""
-    return f"{PACKAGE}/{module.replace('.', '/')}.py"
+    """The file of a module name, in whichever folder of the package holds it: `answers` ->
+    lm_eval_dvoting/core/answers.py, `decoding.rules` -> lm_eval_dvoting/core/decoding/rules.py,
+    `models.adapters` -> lm_eval_dvoting/models/adapters.py, `harness` ->
+    lm_eval_dvoting/integration/harness.py."""
+    relative = Path(*module.split(".")).with_suffix(".py")
+    package = REPO / PACKAGE
+    found = [
+        path for path in (package / relative, *package.glob(f"*/{relative}")) if path.is_file()
+    ]
+    if len(found) != 1:
+        raise SystemExit(
+            f"module {module!r}: {len(found)} files of {PACKAGE} are {relative} "
+            f"({', '.join(str(p.relative_to(REPO)) for p in found) or 'none'}); "
+            "name it in MODULES so that exactly one file matches"
+        )
+    return found[0].relative_to(REPO).as_posix()
 
 
 def _tracked(module: str) -> tuple[Path, Path]:
@@ -320,13 +334,9 @@ def _mutant_diff(module: str) -> Callable[[str], str]:
     return diff_of
 
 
-def run_module(
-    module: str, max_children: int, fresh_stats: bool = False, survivors_only: bool = False
-) -> dict:
-    """Run mutmut on `module` in its own results folder and return its summary.
-
-    `survivors_only`: test only the survivors recorded so far, against the tests as they
-    are now (to confirm new kill tests without waiting for the untested mutants)."""
+def _take_results(module: str, fresh_stats: bool) -> tuple[Path, Path, dict | None]:
+    """Move `module`'s kept results (seeded from the tracked state on a first run) into
+    `mutants/` for mutmut; (mutants/, the kept folder, the summary of the run before)."""
     mutants, kept = REPO / "mutants", RESULTS / module
     if mutants.exists():
         raise SystemExit(
@@ -349,106 +359,146 @@ def run_module(
             # "survived"). Fresh stats cost minutes; the per-mutant results are kept (but
             # mutmut then cannot re-test callers of functions changed since the last run).
             (mutants / "mutmut-stats.json").unlink(missing_ok=True)
-    try:
-        # run from the repository root: mutmut reads pyproject.toml and the paths from there
-        command = [sys.executable, __file__, "--one", module, "--max-children", str(max_children)]
+    return mutants, kept, earlier
+
+
+def _mutmut_env() -> dict[str, str]:
+    """The environment of the `--one` child that runs mutmut."""
+    return {
+        **os.environ,
         # the tests run from mutants/, whose parent is the checkout: point them at the
         # benchmark data beside the checkout, or every test that needs them would skip
-        env = {
-            **os.environ,
-            "DVOTING_SHARED_DIR": str(REPO.parent / "shared"),
-            # in one process: mutmut records which tests call each function in its own
-            # process, which pytest-xdist's workers (the suite's `-n 2`) would hide from
-            # it. Set here rather than in [tool.mutmut]'s pytest args, whose change would
-            # make mutmut discard every result it kept.
-            "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip(),
-        }
+        "DVOTING_SHARED_DIR": str(REPO.parent / "shared"),
+        # in one process: mutmut records which tests call each function in its own
+        # process, which pytest-xdist's workers (the suite's `-n 2`) would hide from
+        # it. Set here rather than in [tool.mutmut]'s pytest args, whose change would
+        # make mutmut discard every result it kept.
+        "PYTEST_ADDOPTS": f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip(),
+    }
+
+
+def _retest_survivors(module: str, mutants: Path, run: Callable[[list[str]], object]):
+    """`--survivors-only`: test again the recorded survivors that no pinned equivalents
+    entry excuses at their current diff; the finished child process (a success when none)."""
+    survivors = _survivors(mutants, module)
+    retest = unjudged(survivors, equivalent_mutants(), _mutant_diff(module))
+    print(
+        f"Testing the {len(retest)} survivors of {module} again "
+        f"({len(survivors) - len(retest)} more are pinned equivalents at their current "
+        "diff: not retested)"
+    )
+    return run(retest) if retest else subprocess.CompletedProcess([], 0)
+
+
+def _retest_earlier(module: str, mutants: Path, earlier: dict, run: Callable, done):
+    """After a full run: the earlier run's survivors that still survive, tested again
+    against the tests as they are now; the last finished child process."""
+    retest = [name for name, status in earlier["status"].items() if survived(status)]
+    current = json.loads((mutants / "summary.json").read_text(encoding="utf-8"))["status"]
+    retest = [name for name in retest if current.get(name) not in (None, *DETECTED)]
+    if not retest:
+        return done
+    print(f"Testing the {len(retest)} earlier survivors of {module} again")
+    return run(retest)
+
+
+def run_module(
+    module: str, max_children: int, fresh_stats: bool = False, survivors_only: bool = False
+) -> dict:
+    """Run mutmut on `module` in its own results folder and return its summary.
+
+    `survivors_only`: test only the survivors recorded so far, against the tests as they
+    are now (to confirm new kill tests without waiting for the untested mutants)."""
+    mutants, kept, earlier = _take_results(module, fresh_stats)
+    # run from the repository root: mutmut reads pyproject.toml and the paths from there
+    command = [sys.executable, __file__, "--one", module, "--max-children", str(max_children)]
+    env = _mutmut_env()
+
+    def run(retest: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(command + retest, cwd=REPO, env=env)
+
+    try:
         if survivors_only:
-            survivors = _survivors(mutants, module)
-            retest = unjudged(survivors, equivalent_mutants(), _mutant_diff(module))
-            print(
-                f"Testing the {len(retest)} survivors of {module} again ({len(survivors) - len(retest)} more are "
-                "pinned equivalents at their current diff: not retested)"
-            )
-            done = (
-                subprocess.run(command + retest, cwd=REPO, env=env)
-                if retest
-                else subprocess.CompletedProcess([], 0)
-            )
+            done = _retest_survivors(module, mutants, run)
         else:
             # new mutants (functions changed since) and the ones not reached last time
-            done = subprocess.run(command, cwd=REPO, env=env)
-        if done.returncode == 0 and earlier is not None and not survivors_only:
-            # the earlier survivors, against the tests as they are now
-            retest = [name for name, status in earlier["status"].items() if survived(status)]
-            current = json.loads((mutants / "summary.json").read_text(encoding="utf-8"))["status"]
-            retest = [name for name in retest if current.get(name) not in (None, *DETECTED)]
-            if retest:
-                print(f"Testing the {len(retest)} earlier survivors of {module} again")
-                done = subprocess.run(command + retest, cwd=REPO, env=env)
+            done = run([])
+            if done.returncode == 0 and earlier is not None:
+                done = _retest_earlier(module, mutants, earlier, run, done)
     finally:
         if mutants.exists():
             mutants.rename(kept)
         save_state(module, kept)
-    if done.returncode != 0 or not summary_file.exists():
+    if done.returncode != 0 or not (kept / "summary.json").exists():
         raise SystemExit(
             f"mutmut failed on {module} (exit status {done.returncode}); "
             f"its output is above, its files in {kept}"
         )
-    return json.loads(summary_file.read_text(encoding="utf-8"))
+    return json.loads((kept / "summary.json").read_text(encoding="utf-8"))
+
+
+def _score_lines(summary: dict, equivalent: dict[str, Equivalent]) -> list[str]:
+    """A module's score line, and the line naming its crashed mutants if any."""
+    statuses, diffs = summary["status"], summary["diffs"]
+    # "not checked": the run was interrupted before testing it (a rerun continues)
+    unchecked = sum(status == "not checked" for status in statuses.values())
+    survivors = [name for name, status in statuses.items() if survived(status)]
+    listed = [name for name in survivors if excuses(equivalent.get(name), diffs.get(name))]
+    unpinned = sum(equivalent[name].pin is None for name in listed)
+    total = len(statuses) - unchecked
+    killed = sum(status in DETECTED for status in statuses.values())
+    score = 100.0 * killed / total if total else 100.0
+    lines = [
+        f"  {summary['module']:<11} {killed:>4} / {total:<4} = {score:5.1f} %"
+        f"   survivors: {len(survivors)} ({len(listed)} equivalent"
+        + (f", {unpinned} of them unpinned" if unpinned else "")
+        + ")"
+        + (f"   NOT CHECKED: {unchecked} (interrupted; run again)" if unchecked else "")
+    ]
+    crashed = sorted(name for name, status in statuses.items() if status == "segfault")
+    if crashed:
+        lines.append(
+            "    counted as caught, but their tests died by a signal (retest each alone to "
+            f"rule out the OOM killer hitting a neighbour): {', '.join(crashed)}"
+        )
+    return lines
+
+
+def _unexcused(summaries: list[dict], equivalent: dict[str, Equivalent]) -> list[str]:
+    """One block per survivor that no equivalents entry excuses: its name, status and diff."""
+    blocks = []
+    for summary in summaries:
+        for name in sorted(summary["status"]):
+            status, diff = summary["status"][name], summary["diffs"].get(name)
+            entry = equivalent.get(name)
+            if not survived(status) or excuses(entry, diff):
+                continue
+            block = [f"\n--- {name}: {status}"]
+            if entry is not None:
+                block.append(
+                    f"(listed as equivalent for the mutation pinned [{entry.pin}], but this "
+                    f"mutant's diff is pinned [{diff_pin(diff)}]: the function changed; re-check "
+                    "the entry)"
+                )
+            blocks.append("\n".join(block + [diff or "(no diff)"]))
+    return blocks
 
 
 def report(summaries: list[dict]) -> int:
     """Print scores and survivors; return the number of survivors no equivalents entry excuses."""
     equivalent = equivalent_mutants()
-    unexplained = 0
     print(
-        "\nMutation score per module: killed (a test failed, or the mutant hung or crashed) / total; "
-        f"equivalent = survivors listed in {EQUIVALENT_FILE}"
+        "\nMutation score per module: killed (a test failed, or the mutant hung or crashed) / "
+        f"total; equivalent = survivors listed in {EQUIVALENT_FILE}"
     )
     for summary in summaries:
-        statuses, diffs = summary["status"], summary["diffs"]
-        # "not checked": the run was interrupted before testing it (a rerun continues)
-        unchecked = sum(status == "not checked" for status in statuses.values())
-        survivors = [name for name, status in statuses.items() if survived(status)]
-        listed = [name for name in survivors if excuses(equivalent.get(name), diffs.get(name))]
-        unpinned = sum(equivalent[name].pin is None for name in listed)
-        total = len(statuses) - unchecked
-        killed = sum(status in DETECTED for status in statuses.values())
-        score = 100.0 * killed / total if total else 100.0
-        print(
-            f"  {summary['module']:<11} {killed:>4} / {total:<4} = {score:5.1f} %"
-            f"   survivors: {len(survivors)} ({len(listed)} equivalent"
-            + (f", {unpinned} of them unpinned" if unpinned else "")
-            + ")"
-            + (f"   NOT CHECKED: {unchecked} (interrupted; run again)" if unchecked else "")
-        )
-        crashed = sorted(name for name, status in statuses.items() if status == "segfault")
-        if crashed:
-            print(
-                f"    counted as caught, but their tests died by a signal (retest each alone to rule out "
-                f"the OOM killer hitting a neighbour): {', '.join(crashed)}"
-            )
-    for summary in summaries:
-        for name in sorted(summary["status"]):
-            status, diff, entry = (
-                summary["status"][name],
-                summary["diffs"].get(name),
-                equivalent.get(name),
-            )
-            if not survived(status) or excuses(entry, diff):
-                continue
-            unexplained += 1
-            print(f"\n--- {name}: {status}")
-            if entry is not None:
-                print(
-                    f"(listed as equivalent for the mutation pinned [{entry.pin}], but this mutant's "
-                    f"diff is pinned [{diff_pin(diff)}]: the function changed; re-check the entry)"
-                )
-            print(diff or "(no diff)")
+        print("\n".join(_score_lines(summary, equivalent)))
+    unexcused = _unexcused(summaries, equivalent)
+    for block in unexcused:
+        print(block)
     print(f"\nSurvivors judged equivalent, one reason each: {EQUIVALENT_FILE}")
-    print(f"Survivors not excused there: {unexplained}")
-    return unexplained
+    print(f"Survivors not excused there: {len(unexcused)}")
+    return len(unexcused)
 
 
 def pin_equivalents(summaries: list[dict], path: Path | None = None) -> int:
@@ -472,58 +522,74 @@ def pin_equivalents(summaries: list[dict], path: Path | None = None) -> int:
     return pinned
 
 
-def main(argv: list[str] | None = None) -> int:
+# The command line as data: (flag, argparse keywords), in --help's order.
+FLAGS: tuple[tuple[str, dict], ...] = (
+    (
+        "modules",
+        dict(
+            nargs="*",
+            metavar="MODULE",
+            help=f"modules of {PACKAGE} to mutate (default: all of {', '.join(MODULES)})",
+        ),
+    ),
+    (
+        "--max-children",
+        dict(type=int, default=1, help="mutants tested at once (default 1: the machine is shared)"),
+    ),
+    (
+        "--fresh-stats",
+        dict(
+            action="store_true",
+            help="collect mutmut's function-to-tests map afresh (after code moved between "
+            "functions or modules: a stale map reports false survivors)",
+        ),
+    ),
+    (
+        "--report-only",
+        dict(action="store_true", help="print the scores of the last runs without running mutmut"),
+    ),
+    (
+        "--survivors-only",
+        dict(
+            action="store_true",
+            help="test only the survivors recorded so far, against the current tests (confirms "
+            "new kill tests; the untested mutants stay untested); survivors that a pinned "
+            "equivalents entry excuses at their current diff are not retested",
+        ),
+    ),
+    (
+        "--save-state",
+        dict(
+            action="store_true",
+            help=f"copy the results tested so far (of a run in progress too) into "
+            f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut",
+        ),
+    ),
+    (
+        "--pin-equivalents",
+        dict(
+            action="store_true",
+            help=f"after checking the listed survivors' reasons against their diffs, pin each "
+            f"unpinned entry of {EQUIVALENT_FILE.relative_to(REPO)} to its mutant's current "
+            "diff (a pinned entry stops excusing its mutant once the mutation changes)",
+        ),
+    ),
+    ("--one", dict(help=argparse.SUPPRESS)),
+)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line (`FLAGS`)."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "modules",
-        nargs="*",
-        metavar="MODULE",
-        help=f"modules of {PACKAGE} to mutate (default: all of {', '.join(MODULES)})",
-    )
-    parser.add_argument(
-        "--max-children",
-        type=int,
-        default=1,
-        help="mutants tested at once (default 1: the machine is shared)",
-    )
-    parser.add_argument(
-        "--fresh-stats",
-        action="store_true",
-        help="collect mutmut's function-to-tests map afresh (after code moved between "
-        "functions or modules: a stale map reports false survivors)",
-    )
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="print the scores of the last runs without running mutmut",
-    )
-    parser.add_argument(
-        "--survivors-only",
-        action="store_true",
-        help="test only the survivors recorded so far, against the current tests (confirms "
-        "new kill tests; the untested mutants stay untested); survivors that a pinned "
-        "equivalents entry excuses at their current diff are not retested",
-    )
-    parser.add_argument(
-        "--save-state",
-        action="store_true",
-        help=f"copy the results tested so far (of a run in progress too) into "
-        f"{STATE.relative_to(REPO)}/, tracked in git, without running mutmut",
-    )
-    parser.add_argument(
-        "--pin-equivalents",
-        action="store_true",
-        help=f"after checking the listed survivors' reasons against their diffs, pin each "
-        f"unpinned entry of {EQUIVALENT_FILE.relative_to(REPO)} to its mutant's current "
-        "diff (a pinned entry stops excusing its mutant once the mutation changes)",
-    )
-    parser.add_argument("--one", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.one:
-        _run_one(args.one, args.max_children, args.modules)  # here: mutant names to retest
-        return 0
+    for flag, keywords in FLAGS:
+        parser.add_argument(flag, **keywords)
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse unknown modules, a --max-children below 1 and a missing mutmut."""
     unknown = [m for m in args.modules if m not in MODULES]
     if unknown:
         parser.error(f"unknown module(s) {', '.join(unknown)}; choose from {', '.join(MODULES)}")
@@ -534,27 +600,46 @@ def main(argv: list[str] | None = None) -> int:
             import mutmut  # noqa: F401
         except ImportError:
             parser.error("mutmut is not installed: pip install -e '.[mutation]'")
-    os.chdir(REPO)
-    summaries = []
-    for module in args.modules or list(MODULES):
-        if args.save_state:
-            # a run in progress works in mutants/; a finished or stopped one is in .mutation/
-            for folder in (REPO / "mutants", RESULTS / module):
-                if save_state(module, folder):
-                    print(f"{module}: results of {folder} saved in {STATE.relative_to(REPO)}/")
-                    break
-            continue
-        if args.report_only or args.pin_equivalents:
-            for summary_file in (RESULTS / module / "summary.json", _tracked(module)[1]):
-                if summary_file.exists():
-                    summaries.append(json.loads(summary_file.read_text(encoding="utf-8")))
-                    break
-            continue
-        summaries.append(
-            run_module(module, args.max_children, args.fresh_stats, args.survivors_only)
-        )
-    if args.save_state:
+
+
+def save_module_state(module: str) -> None:
+    """`--save-state` for one module: from a run in progress (mutants/) or a finished or
+    stopped one (.mutation/<module>/)."""
+    for folder in (REPO / "mutants", RESULTS / module):
+        if save_state(module, folder):
+            print(f"{module}: results of {folder} saved in {STATE.relative_to(REPO)}/")
+            return
+
+
+def last_summary(module: str) -> dict | None:
+    """The summary of `module`'s last run in this checkout, else its tracked one, else None."""
+    for summary_file in (RESULTS / module / "summary.json", _tracked(module)[1]):
+        if summary_file.exists():
+            return json.loads(summary_file.read_text(encoding="utf-8"))
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run (or report, pin, save) the modules asked for; 1 when a survivor is not excused."""
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.one:
+        _run_one(args.one, args.max_children, args.modules)  # here: mutant names to retest
         return 0
+    check_args(parser, args)
+    os.chdir(REPO)
+    modules = args.modules or list(MODULES)
+    if args.save_state:
+        for module in modules:
+            save_module_state(module)
+        return 0
+    if args.report_only or args.pin_equivalents:
+        summaries = [s for s in map(last_summary, modules) if s is not None]
+    else:
+        summaries = [
+            run_module(module, args.max_children, args.fresh_stats, args.survivors_only)
+            for module in modules
+        ]
     if args.pin_equivalents:
         print(f"{pin_equivalents(summaries)} entries of {EQUIVALENT_FILE.relative_to(REPO)} pinned")
     return 1 if report(summaries) else 0

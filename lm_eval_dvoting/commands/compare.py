@@ -91,6 +91,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=",".join(DEFAULT_ROWS),
         help=f"comma-separated rows, from {', '.join(ROWS)}",
     )
+    _add_seed_flags(parser)
+    _add_run_flags(parser)
+    return parser.parse_args(argv)
+
+
+def _add_seed_flags(parser: argparse.ArgumentParser) -> None:
+    """How many sampling seeds each row runs with."""
     parser.add_argument(
         "--seeds",
         type=int,
@@ -105,6 +112,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seeds for the named rows instead of --seeds, e.g. hex=1 "
         "(HEX, 480 passes per question, is the slow row)",
     )
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of how the rows run and where the results go (limit, batch size, device,
+    generation kwargs, output folder, sweep)."""
     parser.add_argument(
         "--limit", type=float, default=None, help="documents per task (as lm_eval --limit)"
     )
@@ -129,7 +141,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run every row at every value of one setting, e.g. threshold=0.7,0.8,0.9 "
         f"(settings: {', '.join(SWEEP_TYPES)}); a value here wins over --model_args",
     )
-    return parser.parse_args(argv)
 
 
 def _parse_model_args(text: str) -> dict[str, Any]:
@@ -232,10 +243,10 @@ def check_shared_model_args(model_args: Mapping[str, Any]) -> None:
         raise SystemExit("dvoting compare: give strategies with --strategies, not in --model_args")
     if "decoder" in model_args:
         raise SystemExit(
-            f"dvoting compare: decoder={model_args['decoder']!r} in --model_args would apply to every "
-            "row, but each row sets its own decoder; leave it out and name single-entropy or "
-            "majority-entropy in --strategies for the entropy decoder, single-confidence for the "
-            f"confidence decoder (rows: {', '.join(ROWS)}), or --sweep decoder=... over rows "
+            f"dvoting compare: decoder={model_args['decoder']!r} in --model_args would apply to "
+            "every row, but each row sets its own decoder; leave it out and name single-entropy "
+            "or majority-entropy in --strategies for the entropy decoder, single-confidence for "
+            f"the confidence decoder (rows: {', '.join(ROWS)}), or --sweep decoder=... over rows "
             "without a decoder suffix"
         )
 
@@ -245,8 +256,9 @@ def check_rfg_reference(names: Sequence[str], model_args: Mapping[str, Any]) -> 
     if "rfg" in names and not (model_args.get("reference") or model_args.get("peft")):
         raise SystemExit(
             "dvoting compare: the rfg row needs a reference: add reference=<hub id | folder> or "
-            "peft=<adapter> to --model_args (on the demo: pretrained=tiny-arith,peft=tiny-arith-lora); "
-            "the other rows then run the policy (with its adapter)"
+            "peft=<adapter> to --model_args (on the demo: "
+            "pretrained=tiny-arith,peft=tiny-arith-lora); the other rows then run the policy "
+            "(with its adapter)"
         )
 
 
@@ -327,10 +339,10 @@ SWEEP_TYPES: dict[str, type] = {
 _NOT_SWEPT = {
     "strategy": "the rows are chosen with --strategies",
     "seed": "give --seeds K for K sampling seeds",
-    "max_gen_toks": "the generation length is the task's: run compare once per value with --gen_kwargs "
-    "max_gen_toks=V",
-    "gen_length": "the generation length is the task's: run compare once per value with --gen_kwargs "
-    "max_gen_toks=V",
+    "max_gen_toks": "the generation length is the task's: run compare once per value with "
+    "--gen_kwargs max_gen_toks=V",
+    "gen_length": "the generation length is the task's: run compare once per value with "
+    "--gen_kwargs max_gen_toks=V",
     "prefix_cache": "it is the older spelling of cache: --sweep cache=none,prefix",
 }
 _RELOAD = (
@@ -368,21 +380,8 @@ def _sweep_value(name: str, text: str) -> Any:
         ) from None
 
 
-def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
-    """`--sweep NAME=V1,V2,...` as (NAME, values of NAME's type); None without one.
-
-    SystemExit for more than one --sweep, a missing `=`, an unknown name, a model arg
-    that cannot change on a loaded model, an empty or repeated value, or a value of the
-    wrong type (range checks are `check_sweep`'s)."""
-    if not specs:
-        return None
-    if len(specs) > 1:
-        raise SystemExit(
-            f"dvoting compare: --sweep given {len(specs)} times ({', '.join(specs)}); sweep one "
-            "setting per run"
-        )
-    spec = specs[0]
-    name, equals, values_text = (part.strip() for part in spec.partition("="))
+def _check_sweep_name(spec: str, name: str, equals: str) -> None:
+    """SystemExit unless `--sweep spec` names (with `=`) a setting `--sweep` may vary."""
     allowed = ", ".join(SWEEP_TYPES)
     if not equals:
         raise SystemExit(
@@ -405,11 +404,17 @@ def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
             f"dvoting compare: --sweep {spec}: unknown setting {name!r}; sweepable settings: "
             f"{allowed}"
         )
+
+
+def _sweep_values(spec: str, name: str, values_text: str) -> list[Any]:
+    """The comma-separated values of `--sweep spec`, each of `name`'s type, none empty or
+    repeated (SystemExit otherwise)."""
     texts = [text.strip() for text in values_text.split(",")]
     if not any(texts) or not all(texts):
         raise SystemExit(
-            f"dvoting compare: --sweep {spec}: {'no values' if not any(texts) else 'an empty value'}; "
-            f"give comma-separated values, e.g. --sweep {name}=V1,V2,V3"
+            f"dvoting compare: --sweep {spec}: "
+            f"{'no values' if not any(texts) else 'an empty value'}; give comma-separated values, "
+            f"e.g. --sweep {name}=V1,V2,V3"
         )
     values = [_sweep_value(name, text) for text in texts]
     repeated = sorted({str(v) for i, v in enumerate(values) if v in values[:i]})
@@ -418,7 +423,26 @@ def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
             f"dvoting compare: --sweep {spec}: {', '.join(repeated)} given more than once; "
             "give each value once (use --seeds K to repeat sampled rows)"
         )
-    return name, values
+    return values
+
+
+def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
+    """`--sweep NAME=V1,V2,...` as (NAME, values of NAME's type); None without one.
+
+    SystemExit for more than one --sweep, a missing `=`, an unknown name, a model arg
+    that cannot change on a loaded model, an empty or repeated value, or a value of the
+    wrong type (range checks are `check_sweep`'s)."""
+    if not specs:
+        return None
+    if len(specs) > 1:
+        raise SystemExit(
+            f"dvoting compare: --sweep given {len(specs)} times ({', '.join(specs)}); sweep one "
+            "setting per run"
+        )
+    spec = specs[0]
+    name, equals, values_text = (part.strip() for part in spec.partition("="))
+    _check_sweep_name(spec, name, equals)
+    return name, _sweep_values(spec, name, values_text)
 
 
 def probe_settings(model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> StrategySettings:
@@ -516,6 +540,74 @@ def check_generation_task(task: str) -> None:
     )
 
 
+def _sweep_base(
+    base: StrategySettings, name: str, value: Any, swept: Mapping[str, Any]
+) -> StrategySettings:
+    """`base` with the swept value (and the extras): SystemExit naming --sweep and the value
+    when StrategySettings refuses it or when the model args keep it from taking effect."""
+    try:
+        # as `single` (which takes every decoder), or for `vote` as `majority` (single has no
+        # vote); each row's own strategy is checked by `_sweep_row`
+        base_value = replace(
+            base,
+            strategy="majority" if name == "vote" else "single",
+            defer_length_checks=True,
+            **swept,
+        )
+    except ValueError as err:
+        raise SystemExit(f"dvoting compare: --sweep {name}={value}: {err}") from err
+    if getattr(base_value, name) != value:
+        raise SystemExit(
+            f"dvoting compare: --sweep {name}={value} does not take effect with these "
+            f"--model_args (the settings keep {name}={getattr(base_value, name)!r}); leave "
+            "the model args that set it (e.g. prefix_cache) out of --model_args"
+        )
+    return base_value
+
+
+def _check_row_uses(row: str, settings: StrategySettings, name: str, value: Any) -> None:
+    """SystemExit when row `row` (with `settings`) would not run with the swept value: it
+    does not read the setting, or sets it itself."""
+    if name == "guidance" and settings.strategy != "rfg":
+        raise SystemExit(
+            f"dvoting compare: --sweep guidance={value}: row {row!r} does not use "
+            "guidance (only rfg does); leave the row out of --strategies"
+        )
+    if name in ("temporal_weight", "temporal_alpha") and settings.resolved_vote != "temporal":
+        raise SystemExit(
+            f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} "
+            "(its vote is plain, one vote per sample): give vote=temporal in --model_args "
+            "for the voting rows, or leave the row out of --strategies"
+        )
+    if getattr(settings, name) != value:
+        raise SystemExit(
+            f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it "
+            f"runs with {name}={getattr(settings, name)!r} whatever the sweep gives); "
+            "leave it out of --strategies or sweep another setting"
+        )
+
+
+def _sweep_row(
+    row: str,
+    base_value: StrategySettings,
+    name: str,
+    value: Any,
+    swept: Mapping[str, Any],
+    lengths: Mapping[str, Mapping[str, Any]] | None,
+) -> tuple[str, StrategySettings, str, dict[str, Any]]:
+    """Row `row` at one swept value: (name, settings, strategy, use_strategy overrides)."""
+    try:
+        strategy, overrides = row_overrides(row, base_value)
+        settings = checked_settings(base_value, lengths, strategy=strategy, **overrides)
+    except ValueError as err:
+        raise SystemExit(
+            f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: "
+            f"{err}; leave the row out of --strategies or the value out of --sweep"
+        ) from err
+    _check_row_uses(row, settings, name, value)
+    return row, settings, strategy, {**swept, **overrides}
+
+
 def sweep_plan(
     names: Sequence[str],
     base: StrategySettings,
@@ -535,54 +627,8 @@ def sweep_plan(
     plan = []
     for value in values:
         swept = {**extras, name: value}  # the sweep wins over the model args (and over extras)
-        try:
-            # as `single` (which takes every decoder), or for `vote` as `majority` (single has no
-            # vote); each row's own strategy is checked below
-            base_value = replace(
-                base,
-                strategy="majority" if name == "vote" else "single",
-                defer_length_checks=True,
-                **swept,
-            )
-        except ValueError as err:
-            raise SystemExit(f"dvoting compare: --sweep {name}={value}: {err}") from err
-        if getattr(base_value, name) != value:
-            raise SystemExit(
-                f"dvoting compare: --sweep {name}={value} does not take effect with these --model_args "
-                f"(the settings keep {name}={getattr(base_value, name)!r}); leave the model args that "
-                f"set it (e.g. prefix_cache) out of --model_args"
-            )
-        rows = []
-        for row in names:
-            try:
-                strategy, overrides = row_overrides(row, base_value)
-                settings = checked_settings(base_value, lengths, strategy=strategy, **overrides)
-            except ValueError as err:
-                raise SystemExit(
-                    f"dvoting compare: --sweep {name}={value}: row {row!r} cannot run with it: {err}; "
-                    "leave the row out of --strategies or the value out of --sweep"
-                ) from err
-            if name == "guidance" and settings.strategy != "rfg":
-                raise SystemExit(
-                    f"dvoting compare: --sweep guidance={value}: row {row!r} does not use guidance (only "
-                    "rfg does); leave the row out of --strategies"
-                )
-            if (
-                name in ("temporal_weight", "temporal_alpha")
-                and settings.resolved_vote != "temporal"
-            ):
-                raise SystemExit(
-                    f"dvoting compare: --sweep {name}={value}: row {row!r} does not use {name} (its "
-                    "vote is plain, one vote per sample): give vote=temporal in --model_args for the "
-                    "voting rows, or leave the row out of --strategies"
-                )
-            if getattr(settings, name) != value:
-                raise SystemExit(
-                    f"dvoting compare: --sweep {name}={value}: row {row!r} sets {name} itself (it runs "
-                    f"with {name}={getattr(settings, name)!r} whatever the sweep gives); leave it out "
-                    "of --strategies or sweep another setting"
-                )
-            rows.append((row, settings, strategy, {**swept, **overrides}))
+        base_value = _sweep_base(base, name, value, swept)
+        rows = [_sweep_row(row, base_value, name, value, swept, lengths) for row in names]
         plan.append((value, rows))
     return plan
 
@@ -619,7 +665,8 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
     if strategy == "majority":
         # dVoting's temperature (the model arg's, else dVoting's default): majority-entropy then
         # differs from dvoting only in remasking and the early stop
-        # (decoder=None: dVoting's temperature does not depend on it, and dvoting refuses decoder=fixed)
+        # (decoder=None: dVoting's temperature does not depend on it, and dvoting refuses
+        # decoder=fixed)
         # (lengths unchecked: only the temperature is read here)
         dvoting = replace(base, strategy="dvoting", decoder=None, defer_length_checks=True)
         overrides["temperature"] = dvoting.resolved_temperature
@@ -643,14 +690,6 @@ def row_settings(
 def _draws_from_seed(temperature: float, decoder: str | None, remasking: str | None) -> bool:
     """A temperature above 0, or the fixed schedule's random remasking, draws from the seed."""
     return temperature > 0 or (decoder == "fixed" and remasking == "random")
-
-
-def is_sampled(settings: StrategySettings) -> bool:
-    """Whether settings depend on the sampling seed: a temperature above 0, or the fixed
-    schedule's random remasking. Anything else is deterministic."""
-    return _draws_from_seed(
-        settings.resolved_temperature, settings.resolved_decoder, settings.remasking
-    )
 
 
 def ran_sampled(settings_used: Sequence[Mapping[str, Any]]) -> bool:
@@ -690,6 +729,41 @@ def mean_and_std(values: Sequence[float]) -> tuple[float, float | None]:
 # -------------------------------------------------------------- paired bootstrap
 
 
+def _check_paired(
+    first: Mapping[int, Any], second: Mapping[int, Any], resamples: int, confidence: float
+) -> None:
+    """ValueError unless both rows scored the same, non-empty set of problems and the
+    bootstrap's parameters are in range."""
+    if set(first) != set(second):
+        only_first, only_second = len(set(first) - set(second)), len(set(second) - set(first))
+        raise ValueError(
+            f"the two rows were scored on different problems ({only_first} only in the first, "
+            f"{only_second} only in the second): run them on the same documents"
+        )
+    if not first:
+        raise ValueError("no problems to compare: the rows have no per-document scores")
+    if resamples < 1 or not 0 < confidence < 1:
+        raise ValueError(
+            f"need resamples >= 1 and 0 < confidence < 1, got {resamples} and {confidence}"
+        )
+
+
+def _bootstrap_means(diffs: Any, resamples: int, rng_seed: int) -> Any:
+    """The means of `resamples` resamples (with replacement) of `diffs`, drawn from a numpy
+    generator seeded `rng_seed`, a bounded number of rows at a time."""
+    import numpy as np
+
+    rng = np.random.default_rng(rng_seed)
+    means = np.empty(resamples)
+    chunk = max(1, 2_000_000 // len(diffs))  # bounded memory for large tasks
+    for start in range(0, resamples, chunk):
+        size = min(chunk, resamples - start)
+        means[start : start + size] = diffs[
+            rng.integers(0, len(diffs), size=(size, len(diffs)))
+        ].mean(1)
+    return means
+
+
 def paired_bootstrap(
     first: Mapping[int, Sequence[float]],
     second: Mapping[int, Sequence[float]],
@@ -707,30 +781,12 @@ def paired_bootstrap(
     """
     import numpy as np
 
-    if set(first) != set(second):
-        only_first, only_second = len(set(first) - set(second)), len(set(second) - set(first))
-        raise ValueError(
-            f"the two rows were scored on different problems ({only_first} only in the first, "
-            f"{only_second} only in the second): run them on the same documents"
-        )
-    if not first:
-        raise ValueError("no problems to compare: the rows have no per-document scores")
-    if resamples < 1 or not 0 < confidence < 1:
-        raise ValueError(
-            f"need resamples >= 1 and 0 < confidence < 1, got {resamples} and {confidence}"
-        )
+    _check_paired(first, second, resamples, confidence)
     problems = sorted(first)  # a fixed order, so the same seed draws the same resamples
     diffs = 100 * np.array(
         [statistics.fmean(first[p]) - statistics.fmean(second[p]) for p in problems]
     )
-    rng = np.random.default_rng(rng_seed)
-    means = np.empty(resamples)
-    chunk = max(1, 2_000_000 // len(diffs))  # bounded memory for large tasks
-    for start in range(0, resamples, chunk):
-        size = min(chunk, resamples - start)
-        means[start : start + size] = diffs[
-            rng.integers(0, len(diffs), size=(size, len(diffs)))
-        ].mean(1)
+    means = _bootstrap_means(diffs, resamples, rng_seed)
     low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
     return {
         "mean_points": float(diffs.mean()),
@@ -797,7 +853,8 @@ def _run(
         )
     return {
         "accuracy": 100 * task_results[key],
-        # per question (document, all its repeats), as the column says; totals' means are per request
+        # per question (document, all its repeats), as the column says; totals' means are per
+        # request
         "nfe": totals["nfe"] / questions,
         "samples": totals["samples"] / questions,
         "seconds": seconds,
@@ -850,16 +907,12 @@ def summarize_row(
     }
 
 
-def compare(args: argparse.Namespace) -> dict[str, Any]:
-    """Evaluate each row with its seeds: {"rows": [...], "paired": {...} or None, "seeds": [...]};
-    with --sweep {"sweep": {...}, "seeds": [...]} (`sweep_summary`)."""
-    from lm_eval_dvoting.integration.harness import DreamEvalModel, LLaDAEvalModel
-    from lm_eval_dvoting.integration.plugin import register
-
-    register()
-    model_class = LLaDAEvalModel if args.model == "dvoting-llada" else DreamEvalModel
-    model_args = _parse_model_args(args.model_args)
-    # every check on the command line before the model is loaded
+def checked_plan(
+    args: argparse.Namespace, model_args: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str], dict[str, int], tuple[str, list[Any]] | None, dict]:
+    """Every check of the command line that needs no model, before the model is loaded:
+    (extras for use_strategy, row names, seeds per row, the sweep or None, each task's
+    request lengths)."""
     check_shared_model_args(model_args)
     threshold = take_threshold(model_args)  # applied with use_strategy, not given to the model
     extras = {} if threshold is None else {"threshold": threshold}
@@ -876,6 +929,35 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         for name in names:
             row_settings(name, probe, lengths)
     check_generation_task(args.tasks)
+    return extras, names, counts, sweep, lengths
+
+
+def planned_rows(
+    names: Sequence[str],
+    base: StrategySettings,
+    extras: Mapping[str, Any],
+    lengths: Mapping[str, Mapping[str, Any]],
+) -> list[tuple[str, StrategySettings, str, dict[str, Any]]]:
+    """Each row's (name, settings, strategy, use_strategy overrides) on the model args'
+    settings `base`, every row's settings checked before any evaluation."""
+    planned = []
+    for name in names:
+        strategy, overrides = row_overrides(name, base)
+        planned.append((name, row_settings(name, base, lengths), strategy, {**extras, **overrides}))
+    return planned
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate each row with its seeds: {"rows": [...], "paired": {...} or None, "seeds": [...]};
+    with --sweep {"sweep": {...}, "seeds": [...]} (`sweep_summary`)."""
+    from lm_eval_dvoting.integration.harness import DreamEvalModel, LLaDAEvalModel
+    from lm_eval_dvoting.integration.plugin import register
+
+    register()
+    model_class = LLaDAEvalModel if args.model == "dvoting-llada" else DreamEvalModel
+    model_args = _parse_model_args(args.model_args)
+    # every check on the command line before the model is loaded
+    extras, names, counts, sweep, lengths = checked_plan(args, model_args)
     lm = model_class(**model_kwargs(model_args, args))
     first_seed = lm.seed  # the model arg seed, else lm-eval's default
     seeds = [first_seed + i for i in range(args.seeds)]
@@ -889,14 +971,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
             ]
             return {"sweep": sweep_summary(sweep[0], results), "seeds": seeds}
         # the model args' settings; every row's are derived from these
-        base = replace(lm.settings, **extras)
-        # each row's settings checked before any evaluation
-        planned = []
-        for name in names:
-            strategy, overrides = row_overrides(name, base)
-            planned.append(
-                (name, row_settings(name, base, lengths), strategy, {**extras, **overrides})
-            )
+        planned = planned_rows(names, replace(lm.settings, **extras), extras, lengths)
         rows = run_rows(lm, args, planned, first_seed, counts)
     return {"rows": rows, "paired": paired_comparison(rows), "seeds": seeds}
 
@@ -1075,7 +1150,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
     single = next((r for r in rows if r["strategy"] == "single"), None)
     lines = [
-        "| strategy | accuracy (%) | runs | mean NFE | samples / question | seconds | BPC vs single |",
+        "| strategy | accuracy (%) | runs | mean NFE | samples / question | seconds | BPC vs "
+        "single |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -1086,8 +1162,8 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             )
             bpc = "" if value is None else f"{value:.2f}"
         lines.append(
-            f"| {row['strategy']} | {accuracy_cell(row)} | {runs_cell(row)} | {row['mean_nfe']:.1f} | "
-            f"{row['mean_samples']:.2f} | {row['seconds']:.1f} | {bpc} |"
+            f"| {row['strategy']} | {accuracy_cell(row)} | {runs_cell(row)} | "
+            f"{row['mean_nfe']:.1f} | {row['mean_samples']:.2f} | {row['seconds']:.1f} | {bpc} |"
         )
     if single is not None:
         lines += ["", BPC_NOTE]
@@ -1118,9 +1194,9 @@ def sweep_tables(sweep: Mapping[str, Any]) -> str:
             low, high = pair["ci_points"]
             lines += [
                 "",
-                f"{name}={pair['value']} - {name}={pair['against']}: {pair['mean_points']:+.1f} points, "
-                f"{100 * pair['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] (paired bootstrap over "
-                f"{pair['problems']} problems)",
+                f"{name}={pair['value']} - {name}={pair['against']}: {pair['mean_points']:+.1f} "
+                f"points, {100 * pair['confidence']:.0f}% CI [{low:+.1f}, {high:+.1f}] (paired "
+                f"bootstrap over {pair['problems']} problems)",
             ]
         parts.append("\n".join(lines))
     parts += [f"{name}={pair['value']}: {paired_line(pair)}" for pair in sweep.get("paired", [])]
@@ -1170,6 +1246,27 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _label_values(
+    ax: Any, entries: Sequence[Mapping[str, Any]], nfes, accuracies, lift: int, colour: str
+) -> None:
+    """Each point of a row's line labelled with its swept value(s).
+
+    Values that land on one point share a label; each row's labels are in its colour, at
+    its own height (`lift` points up), so labels of rows that meet do not cover each other."""
+    labels: dict[tuple[float, float], list[str]] = {}
+    for entry, x, y in zip(entries, nfes, accuracies):
+        labels.setdefault((x, y), []).append(str(entry["value"]))
+    for (x, y), values in labels.items():
+        ax.annotate(
+            ", ".join(values),
+            (x, y),
+            textcoords="offset points",
+            xytext=(5, lift),
+            fontsize=7,
+            color=colour,
+        )
+
+
 def plot_sweep(sweep: Mapping[str, Any], path: Path, title: str) -> None:
     """Accuracy against mean NFE, one line per row through its swept values (in the order
     given), each point labelled with its value (mean over seeds, ±std bars)."""
@@ -1193,20 +1290,7 @@ def plot_sweep(sweep: Mapping[str, Any], path: Path, title: str) -> None:
             markersize=6,
             label=row,
         )
-        # values that land on one point share a label; each row's labels in its colour, at
-        # its own height, so labels of rows that meet do not cover each other
-        labels: dict[tuple[float, float], list[str]] = {}
-        for entry, x, y in zip(entries, nfes, accuracies):
-            labels.setdefault((x, y), []).append(str(entry["value"]))
-        for (x, y), values in labels.items():
-            ax.annotate(
-                ", ".join(values),
-                (x, y),
-                textcoords="offset points",
-                xytext=(5, 5 - 9 * (i % 4)),
-                fontsize=7,
-                color=line[0].get_color(),
-            )
+        _label_values(ax, entries, nfes, accuracies, 5 - 9 * (i % 4), line[0].get_color())
     _nfe_axis(ax)
     ax.legend(fontsize=8, loc="best", title=f"points: {sweep['name']}", title_fontsize=8)
     ax.set_title(title)
@@ -1221,7 +1305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     comparison = compare(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    header = f"{args.model} ({args.model_args}) on {args.tasks}, limit {args.limit}, seeds {comparison['seeds']}"
+    header = (
+        f"{args.model} ({args.model_args}) on {args.tasks}, limit {args.limit}, "
+        f"seeds {comparison['seeds']}"
+    )
     if "sweep" in comparison:
         sweep = comparison["sweep"]
         header += f", {sweep['name']} swept over {sweep['values']}"

@@ -1,7 +1,9 @@
 """`dvoting report`: why dVoting works on *your* model, from your own harness runs.
 
-    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=single  --tasks T --log_samples --output_path out
-    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=dvoting --tasks T --log_samples --output_path out
+    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=single \
+        --tasks T --log_samples --output_path out
+    lm_eval --model dvoting-llada --model_args pretrained=M,strategy=dvoting \
+        --tasks T --log_samples --output_path out
     dvoting report out --out report
 
 reads every run (a `results_*.json` of lm-eval, found in the folders given, or given
@@ -348,28 +350,54 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
 
-def markdown(rows: list[Row], baseline: Run | None) -> str:
-    lines = [
-        "| run | task | questions | accuracy (%) | mean NFE | samples / question | "
-        f"BPC vs {baseline.label if baseline else '(no baseline)'} | NUPR@2 | NUPR@3 | mean consistency |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+def _summary_row(row: Row, baseline: Run | None) -> str:
+    """One run and task's line of the accuracy, cost and repetition table."""
+    task = row.task
+    # with one sample per question the level is trivially 1 (or 0): not shown
+    levels = [level for level, _ in row.consistency] if _max_samples(row) > 1 else []
+    questions = task.questions or "–"  # documents, not logged lines (one per filter)
+    bpc = "baseline" if row.run is baseline else _fmt(row.bpc)
+    return (
+        f"| {row.run.label} | {task.name} | {questions} | "
+        f"{_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
+        f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | "
+        f"{_fmt(row.nupr2, '.3f')} | {_fmt(row.nupr3, '.3f')} | "
+        f"{_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
+    )
+
+
+def _consistency_sections(rows: list[Row]) -> list[str]:
+    """The consistency-level tables of the runs that voted over several samples."""
+    voting = [row for row in rows if row.consistency and _max_samples(row) > 1]
+    if not voting:
+        return []
+    parts = [
+        "## Voting consistency level, correct vs incorrect questions",
+        "",
+        "Share of the correct (incorrect) questions at each level; level = votes for the "
+        "most frequent answer / samples drawn.",
+        "",
     ]
-    for row in rows:
-        task = row.task
-        # with one sample per question the level is trivially 1 (or 0): not shown
-        levels = [level for level, _ in row.consistency] if _max_samples(row) > 1 else []
-        questions = task.questions or "–"  # documents, not logged lines (one per filter)
-        bpc = "baseline" if row.run is baseline else _fmt(row.bpc)
-        lines.append(
-            f"| {row.run.label} | {task.name} | {questions} | "
-            f"{_fmt(None if task.accuracy is None else 100 * task.accuracy)} | "
-            f"{_fmt(task.mean_nfe, '.1f')} | {_fmt(task.mean_samples)} | {bpc} | {_fmt(row.nupr2, '.3f')} | "
-            f"{_fmt(row.nupr3, '.3f')} | {_fmt(sum(levels) / len(levels) if levels else None, '.3f')} |"
-        )
+    for row in voting:
+        parts += [
+            f"### {row.run.label} · {row.task.name}",
+            "",
+            *consistency_table(row.consistency),
+            "",
+        ]
+    return parts
+
+
+def markdown(rows: list[Row], baseline: Run | None) -> str:
+    """The report's tables: accuracy, cost and repetition per run and task, then the
+    consistency levels of the voting runs."""
     parts = [
         "## Accuracy, cost and repetition",
         "",
-        *lines,
+        "| run | task | questions | accuracy (%) | mean NFE | samples / question | BPC vs "
+        f"{baseline.label if baseline else '(no baseline)'} | NUPR@2 | NUPR@3 | mean consistency |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(_summary_row(row, baseline) for row in rows),
         "",
         "NUPR@k: share of generation positions (end-of-text padding included) where at least k "
         "samples hold the same token, averaged over questions with at least k samples. A dVoting "
@@ -377,23 +405,7 @@ def markdown(rows: list[Row], baseline: Run | None) -> str:
         "samples (a majority run).",
         "",
     ]
-    voting = [row for row in rows if row.consistency and _max_samples(row) > 1]
-    if voting:
-        parts += [
-            "## Voting consistency level, correct vs incorrect questions",
-            "",
-            "Share of the correct (incorrect) questions at each level; level = votes for the "
-            "most frequent answer / samples drawn.",
-            "",
-        ]
-        for row in voting:
-            parts += [
-                f"### {row.run.label} · {row.task.name}",
-                "",
-                *consistency_table(row.consistency),
-                "",
-            ]
-    return "\n".join(parts)
+    return "\n".join(parts + _consistency_sections(rows))
 
 
 def _max_samples(row: Row) -> int:
@@ -560,8 +572,8 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
     lines = [
         "## The temporal vote: ever-pass, temporal semantic entropy, overturns",
         "",
-        "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE (bits) | "
-        "wrong -> right | right -> wrong |",
+        "| run | task | questions | plain vote (%) | temporal vote (%) | ever-pass (%) | mean TSE "
+        "(bits) | wrong -> right | right -> wrong |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -575,9 +587,9 @@ def step_markdown(rows: list[StepRow]) -> list[str]:
     return lines + [
         "",
         "Plain vote: one vote per sample's final answer (for one decode, its final answer). "
-        "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a decode's "
-        "per-step answers over its answered steps, equal answers grouped, averaged over the question's "
-        "decodes (`lm_eval_dvoting.core.temporal.temporal_entropy`).",
+        "Ever-pass: some step of some sample (or a final answer) was right. TSE: entropy of a "
+        "decode's per-step answers over its answered steps, equal answers grouped, averaged over "
+        "the question's decodes (`lm_eval_dvoting.core.temporal.temporal_entropy`).",
         "",
     ]
 
@@ -731,40 +743,79 @@ def _candidate_label(i: int, candidate: dict[str, Any], chosen: int | None) -> s
     return " · ".join(parts)
 
 
-def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> str:
-    tokens = _question_tokens(trace)
-    assert tokens is not None
-    agreement = token_agreement(tokens)
-    samples, shown = len(tokens), names.shown_length(tokens)
-    chosen = trace.get("chosen")
-    votes = strict_json.dumps(trace.get("votes", {}))
+@dataclass
+class TokenGrid:
+    """One question's candidates as a grid of tokens, each with how many samples hold the
+    same token at its position: what both token pictures draw."""
+
+    trace: dict[str, Any]
+    names: TokenNames
+    tokens: list[list[int]]
+    agreement: list[list[int]]
+
+    @classmethod
+    def of(cls, trace: dict[str, Any], names: TokenNames) -> TokenGrid:
+        tokens = _question_tokens(trace)
+        assert tokens is not None
+        return cls(trace, names, tokens, token_agreement(tokens))
+
+    @property
+    def samples(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def shown(self) -> int:
+        """Positions drawn: the trailing end-of-text padding every sample holds is left out."""
+        return self.names.shown_length(self.tokens)
+
+    def kept(self, i: int) -> set[int]:
+        """The positions candidate `i` kept from earlier samples (not remasked)."""
+        return set(self.trace["candidates"][i].get("kept_positions") or [])
+
+    def label(self, i: int) -> str:
+        return _candidate_label(i, self.trace["candidates"][i], self.trace.get("chosen"))
+
+    def dark(self, count: int) -> bool:
+        """Whether a cell held by `count` samples is dark enough for white text."""
+        return count > 0.75 * self.samples
+
+
+def _html_cell(grid: TokenGrid, i: int, t: int, kept: set[int]) -> str:
+    count, token = grid.agreement[i][t], grid.tokens[i][t]
+    style = f"background:{_agreement_colour(count, grid.samples)}"
+    if grid.dark(count):
+        style += ";color:#fff"
+    if t in kept:
+        style += ";outline:2px solid #d62728;outline-offset:-2px"
+    tip = f"position {t}: {count}/{grid.samples} samples; token id {token}" + (
+        " (kept)" if t in kept else ""
+    )
+    return f'<td style="{style}" title="{html.escape(tip)}">{html.escape(grid.names(token))}</td>'
+
+
+def _html_rows(grid: TokenGrid) -> list[str]:
     rows = []
-    for i, candidate in enumerate(trace["candidates"]):
-        kept = set(candidate.get("kept_positions") or [])
-        cells = []
-        for t in range(shown):
-            style = f"background:{_agreement_colour(agreement[i][t], samples)}"
-            if agreement[i][t] > 0.75 * samples:  # dark cells: white text
-                style += ";color:#fff"
-            if t in kept:
-                style += ";outline:2px solid #d62728;outline-offset:-2px"
-            tip = f"position {t}: {agreement[i][t]}/{samples} samples; token id {tokens[i][t]}" + (
-                " (kept)" if t in kept else ""
-            )
-            cells.append(
-                f'<td style="{style}" title="{html.escape(tip)}">{html.escape(names(tokens[i][t]))}</td>'
-            )
-        rows.append(
-            f"<tr><th>{html.escape(_candidate_label(i, candidate, chosen))}</th>{''.join(cells)}</tr>"
-        )
+    for i in range(grid.samples):
+        kept = grid.kept(i)
+        cells = "".join(_html_cell(grid, i, t, kept) for t in range(grid.shown))
+        rows.append(f"<tr><th>{html.escape(grid.label(i))}</th>{cells}</tr>")
+    return rows
+
+
+def token_picture_html(title: str, trace: dict[str, Any], names: TokenNames) -> str:
+    """A question's token picture as an HTML page (hover a cell for its counts)."""
+    grid = TokenGrid.of(trace, names)
+    samples = grid.samples
+    votes = strict_json.dumps(trace.get("votes", {}))
     legend = "".join(
         f'<span style="background:{_agreement_colour(c, samples)};padding:2px 8px;margin-right:2px;'
-        f'{"color:#fff" if c > 0.75 * samples else ""}">{c}</span>'
+        f'{"color:#fff" if grid.dark(c) else ""}">{c}</span>'
         for c in range(1, samples + 1)
     )
-    hidden = len(tokens[0]) - shown
+    hidden = len(grid.tokens[0]) - grid.shown
     note = (
-        f"<p>{hidden} trailing positions of end-of-text padding, held by every sample, are not shown.</p>"
+        f"<p>{hidden} trailing positions of end-of-text padding, held by every sample, are not "
+        "shown.</p>"
         if hidden
         else ""
     )
@@ -777,20 +828,53 @@ th{{text-align:left;font-weight:normal;padding-right:8px;white-space:nowrap}}</s
 <p>Each generated token is coloured by how many of the {samples} samples hold the same token at
 that position: {legend}. Framed cells were kept from earlier samples (not remasked);
 ★ marks the sample returned to the harness. Votes: {html.escape(votes)}.</p>
-{note}<table>{"".join(rows)}</table></body></html>
+{note}<table>{"".join(_html_rows(grid))}</table></body></html>
 """
 
 
-def token_picture_png(title: str, trace: dict[str, Any], names: TokenNames, path: Path) -> None:
-    plt = _pyplot()
-    from matplotlib.colors import BoundaryNorm, ListedColormap
+def _png_cell(ax, grid: TokenGrid, i: int, t: int, xy: tuple[int, int], face) -> None:
+    """One token's square (framed red if kept) and its text, at grid cell `xy`."""
     from matplotlib.patches import Rectangle
 
-    tokens = _question_tokens(trace)
-    assert tokens is not None
-    agreement = token_agreement(tokens)
-    samples, shown = len(tokens), names.shown_length(tokens)
-    chosen = trace.get("chosen")
+    kept, count = t in grid.kept(i), grid.agreement[i][t]
+    edge, line = ("#d62728", 1.5) if kept else ("white", 0.5)
+    ax.add_patch(Rectangle(xy, 1, 1, facecolor=face, edgecolor=edge, linewidth=line))
+    text = grid.names(grid.tokens[i][t])[:5]
+    ax.text(
+        xy[0] + 0.5,
+        xy[1] + 0.55,
+        text,
+        ha="center",
+        va="center",
+        fontsize=7 if len(text) < 4 else 5,
+        family="monospace",
+        color="white" if grid.dark(count) else "black",
+    )
+
+
+def _png_chunk(ax, grid: TokenGrid, chunk: int, width: int, chunks: int, face) -> None:
+    """Positions `chunk * width` onwards of every candidate, one line each, labelled."""
+    for i in range(grid.samples):
+        y = chunk * (grid.samples + 1) + i
+        for col in range(min(width, grid.shown - chunk * width)):
+            t = chunk * width + col
+            _png_cell(ax, grid, i, t, (col, y), face(grid.agreement[i][t]))
+        label = grid.label(i) if chunk == 0 else f"#{i + 1}"
+        ax.text(-0.3, y + 0.5, label, ha="right", va="center", fontsize=7)
+    if chunks > 1:
+        last = min(grid.shown, (chunk + 1) * width) - 1
+        y = chunk * (grid.samples + 1) - 0.3
+        where = f"positions {chunk * width}–{last}"
+        ax.text(-0.3, y, where, ha="right", va="bottom", fontsize=6, color="grey")
+
+
+def token_picture_png(title: str, trace: dict[str, Any], names: TokenNames, path: Path) -> None:
+    """A question's token picture as a PNG, `PICTURE_WIDTH` positions a line."""
+    plt = _pyplot()
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    grid = TokenGrid.of(trace, names)
+    samples, shown = grid.samples, grid.shown
     width = min(PICTURE_WIDTH, shown)
     chunks = -(-shown // width)
     grid_rows = chunks * (samples + 1) - 1  # a blank row between chunks
@@ -799,64 +883,17 @@ def token_picture_png(title: str, trace: dict[str, Any], names: TokenNames, path
     colours = ListedColormap([_agreement_colour(c, samples) for c in range(1, samples + 1)])
     norm = BoundaryNorm([c + 0.5 for c in range(0, samples + 1)], samples)
     for chunk in range(chunks):
-        for i, candidate in enumerate(trace["candidates"]):
-            y = chunk * (samples + 1) + i
-            kept = set(candidate.get("kept_positions") or [])
-            for col in range(width):
-                t = chunk * width + col
-                if t >= shown:
-                    break
-                count = agreement[i][t]
-                ax.add_patch(
-                    Rectangle(
-                        (col, y),
-                        1,
-                        1,
-                        facecolor=colours(norm(count)),
-                        edgecolor="#d62728" if t in kept else "white",
-                        linewidth=1.5 if t in kept else 0.5,
-                    )
-                )
-                shown_text = names(tokens[i][t])[:5]
-                ax.text(
-                    col + 0.5,
-                    y + 0.55,
-                    shown_text,
-                    ha="center",
-                    va="center",
-                    fontsize=7 if len(shown_text) < 4 else 5,
-                    family="monospace",
-                    color="white" if count > 0.75 * samples else "black",
-                )
-            ax.text(
-                -0.3,
-                y + 0.5,
-                _candidate_label(i, candidate, chosen) if chunk == 0 else f"#{i + 1}",
-                ha="right",
-                va="center",
-                fontsize=7,
-            )
-        if chunks > 1:
-            ax.text(
-                -0.3,
-                chunk * (samples + 1) - 0.3,
-                f"positions {chunk * width}–{min(shown, (chunk + 1) * width) - 1}",
-                ha="right",
-                va="bottom",
-                fontsize=6,
-                color="grey",
-            )
+        _png_chunk(ax, grid, chunk, width, chunks, lambda count: colours(norm(count)))
     ax.set_xlim(0, width)
     ax.set_ylim(grid_rows, -0.5)
     ax.set_axis_off()
     mappable = plt.cm.ScalarMappable(norm=norm, cmap=colours)
     bar = fig.colorbar(mappable, ax=ax, ticks=range(1, samples + 1), fraction=0.03, pad=0.01)
     bar.set_label("samples holding the same token", fontsize=8)
-    ax.set_title(
-        title
-        + ("" if shown == len(tokens[0]) else f" (end padding from position {shown} not shown)"),
-        fontsize=9,
+    hidden = (
+        "" if shown == len(grid.tokens[0]) else f" (end padding from position {shown} not shown)"
     )
+    ax.set_title(title + hidden, fontsize=9)
     fig.subplots_adjust(left=min(0.45, 2.4 / fig_w), right=0.95)
     fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
@@ -932,8 +969,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--questions",
         default=None,
-        help=f"comma-separated doc ids for token pictures (default: the first {DEFAULT_QUESTIONS}); "
-        "'none' for no pictures",
+        help="comma-separated doc ids for token pictures "
+        f"(default: the first {DEFAULT_QUESTIONS}); 'none' for no pictures",
     )
     parser.add_argument(
         "--tokenizer",
@@ -957,7 +994,47 @@ def _parse_questions(text: str | None) -> list[int] | None:
         ) from None
 
 
+def write_plots(rows: list[Row], step_rows: list[StepRow], baseline: Run | None, out: Path):
+    """The report's plots that have something to show; their file names."""
+    plots = (
+        ("accuracy_vs_nfe.png", lambda path: plot_accuracy_vs_nfe(rows, baseline, path)),
+        ("consistency.png", lambda path: plot_consistency(rows, path)),
+        ("accuracy_by_step.png", lambda path: plot_accuracy_by_step(step_rows, path)),
+    )
+    return [name for name, plot in plots if plot(out / name)]
+
+
+def _notes(rows: list[Row]) -> str:
+    """The paragraph under the tables: definitions, and the runs logged without samples."""
+    notes = [
+        "Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.core.metrics`); BPC in percentage "
+        "points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
+        "dividing by a cost ratio below 1 would magnify its accuracy difference rather than "
+        "charge for cost). Questions: documents scored; a task with several filters has one "
+        "row per filter."
+    ]
+    missing = [f"{r.run.label} · {r.task.name}" for r in rows if not r.task.records]
+    if missing:
+        notes.append(
+            "No `--log_samples` records (NUPR and consistency unavailable) for: "
+            + ", ".join(missing)
+            + "."
+        )
+    return " ".join(notes)
+
+
+def report_text(runs: list[Run], table: str, notes: str, pictures: list[str], tokens) -> str:
+    """report.md: the runs, the tables and notes, the plots and links to the token pictures."""
+    runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
+    figures = "\n".join(f"![{name}]({name})" for name in pictures)
+    token_links = "\n".join(f"- [{p.name}]({p.name})" for p in tokens if p.suffix == ".html")
+    return f"# dVoting report\n\nRuns:\n\n{runs_list}\n\n{table}\n{notes}\n\n{figures}\n" + (
+        f"\n## Token consistency\n\n{token_links}\n" if token_links else ""
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Write report.md, the plots and the token pictures into --out; print the tables."""
     args = parse_args(argv)
     try:
         files = find_results(args.paths)
@@ -970,43 +1047,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = build_rows(runs, baseline, args.metric)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    pictures = []
-    if plot_accuracy_vs_nfe(rows, baseline, out / "accuracy_vs_nfe.png"):
-        pictures.append("accuracy_vs_nfe.png")
-    if plot_consistency(rows, out / "consistency.png"):
-        pictures.append("consistency.png")
     step_rows = build_step_rows(runs, args.metric)
-    if plot_accuracy_by_step(step_rows, out / "accuracy_by_step.png"):
-        pictures.append("accuracy_by_step.png")
+    pictures = write_plots(rows, step_rows, baseline, out)
     tokens = write_token_pictures(runs, _parse_questions(args.questions), out, args.tokenizer)
-
-    runs_list = "\n".join(f"{i}. **{run.label}**: `{run.path}`" for i, run in enumerate(runs, 1))
     table = "\n".join([markdown(rows, baseline), *step_markdown(step_rows)])
-    missing = [f"{r.run.label} · {r.task.name}" for r in rows if not r.task.records]
-    notes = [
-        "Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.core.metrics`); BPC in percentage "
-        "points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
-        "dividing by a cost ratio below 1 would magnify its accuracy difference rather than "
-        "charge for cost). Questions: documents scored; a task with several filters has one "
-        "row per filter."
-    ]
-    if missing:
-        notes.append(
-            "No `--log_samples` records (NUPR and consistency unavailable) for: "
-            + ", ".join(missing)
-            + "."
-        )
-    figures = "\n".join(f"![{name}]({name})" for name in pictures)
-    token_links = "\n".join(f"- [{p.name}]({p.name})" for p in tokens if p.suffix == ".html")
-    report = (
-        f"# dVoting report\n\nRuns:\n\n{runs_list}\n\n{table}\n{' '.join(notes)}\n\n{figures}\n"
-        + (f"\n## Token consistency\n\n{token_links}\n" if token_links else "")
-    )
+    report = report_text(runs, table, _notes(rows), pictures, tokens)
     (out / "report.md").write_text(report, encoding="utf-8")
     print(table)
     print(
-        f"written: {out / 'report.md'}, {len(pictures)} plots, {len(tokens)} token pictures in {out}"
+        f"written: {out / 'report.md'}, {len(pictures)} plots, {len(tokens)} token pictures in "
+        f"{out}"
     )
     return 0
 

@@ -41,8 +41,9 @@ class GuidedModel(torch.nn.Module):
         super().__init__()
         if reference is None and not lora_layers(policy):
             raise ValueError(
-                "RFG needs a reference model: give reference=<hub id | folder> (a second model), or a "
-                "policy with a LoRA adapter (peft=...), whose base with the adapter off is the reference"
+                "RFG needs a reference model: give reference=<hub id | folder> (a second model), "
+                "or a policy with a LoRA adapter (peft=...), whose base with the adapter off is "
+                "the reference"
             )
         self.policy, self.reference, self.guidance = policy, reference, float(guidance)
         check_pair(policy, reference or policy)
@@ -117,7 +118,8 @@ def check_pair(policy: torch.nn.Module, reference: torch.nn.Module) -> None:
         problems.append(f"vocabulary size {sizes[0]} vs {sizes[1]}")
     if problems:
         raise ValueError(
-            "the RFG policy and reference must share their tokenizer and mask token, but they differ: "
+            "the RFG policy and reference must share their tokenizer and mask token, but they "
+            "differ: "
             + "; ".join(problems)
             + ". Give a reference of the policy's family and tokenizer"
         )

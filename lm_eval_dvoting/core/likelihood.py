@@ -105,7 +105,8 @@ def _as_ids(ids: torch.Tensor | Sequence[int], name: str) -> torch.Tensor:
 def _fit_request(
     model: nn.Module, context: torch.Tensor, continuation: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Truncate the context from the left to fit `model.max_length`; reject what cannot be scored."""
+    """Truncate the context from the left to fit `model.max_length`; reject what cannot be
+    scored."""
     shift = int(model.logits_shift)
     max_length = int(model.max_length)
     if len(continuation) == 0:
@@ -302,6 +303,49 @@ def _prepare(
 
 
 @torch.inference_mode()
+def _finisher(
+    results: list[tuple[float, bool] | None],
+    greedy: bool,
+    progress: Callable[[int], None] | None,
+) -> Callable[[Sequence[_Request]], None]:
+    """What records finished requests: each one's (estimate, is_greedy) into `results` at its
+    index, then `progress(n)`."""
+
+    def finish(reqs: Sequence[_Request]) -> None:
+        for req in reqs:
+            estimate = -float(req.draw_values.mean()) if len(req.continuation) else 0.0
+            results[req.index] = (estimate, req.greedy if greedy else False)
+        if progress is not None and reqs:
+            progress(len(reqs))
+
+    return finish
+
+
+def _score_group(
+    model: nn.Module,
+    group: Sequence[_Request],
+    mc_num: int,
+    batch_size: int,
+    stratified: bool,
+    greedy: bool,
+    finish: Callable[[Sequence[_Request]], None],
+) -> None:
+    """One group of requests: their Monte-Carlo draws, then (if `greedy`) their greedy
+    checks; each request is `finish`ed once decided."""
+    for req in group:
+        req.masks = _draw_masks(len(req.continuation), mc_num, req.seed, stratified)
+        req.draw_values = torch.zeros(mc_num, dtype=torch.float64)
+    for segments in _draw_batches(group, mc_num, batch_size):
+        _score_draws(model, segments)
+        if not greedy:
+            finish([req for req, _, end in segments if end == mc_num])
+    if not greedy:
+        return
+    _greedy_checks(model, group, on_decided=finish)
+    for req in group:  # free the per-draw state of finished requests
+        req.masks = req.decoded = req.still_masked = None
+
+
 def score_requests(
     model: nn.Module,
     requests: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -328,31 +372,13 @@ def score_requests(
         raise ValueError(f"mc_num and batch_size must be at least 1, got {mc_num} and {batch_size}")
     prepared = _prepare(model, requests, seeds)
     results: list[tuple[float, bool] | None] = [None] * len(prepared)
-
-    def finish(reqs: Sequence[_Request]) -> None:
-        for req in reqs:
-            estimate = -float(req.draw_values.mean()) if len(req.continuation) else 0.0
-            results[req.index] = (estimate, req.greedy if greedy else False)
-        if progress is not None and reqs:
-            progress(len(reqs))
-
+    finish = _finisher(results, greedy, progress)
     empty = [req for req in prepared if len(req.continuation) == 0]
     finish(empty)  # log p(empty) = 0, and the empty continuation is trivially greedy
     scored = sorted((req for req in prepared if len(req.continuation)), key=lambda r: -r.length)
     for start in range(0, len(scored), batch_size):
         group = scored[start : start + batch_size]
-        for req in group:
-            req.masks = _draw_masks(len(req.continuation), mc_num, req.seed, stratified)
-            req.draw_values = torch.zeros(mc_num, dtype=torch.float64)
-        for segments in _draw_batches(group, mc_num, batch_size):
-            _score_draws(model, segments)
-            if not greedy:
-                finish([req for req, _, end in segments if end == mc_num])
-        if not greedy:
-            continue
-        _greedy_checks(model, group, on_decided=finish)
-        for req in group:  # free the per-draw state of finished requests
-            req.masks = req.decoded = req.still_masked = None
+        _score_group(model, group, mc_num, batch_size, stratified, greedy, finish)
     return results  # type: ignore[return-value]
 
 

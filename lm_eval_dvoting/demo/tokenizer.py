@@ -17,7 +17,6 @@ remote code.
 from __future__ import annotations
 
 import string
-from pathlib import Path
 
 from lm_eval_dvoting.demo.arith import INSTRUCTION
 
@@ -55,10 +54,4 @@ def build_tokenizer():
         model_max_length=512,
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
-
-
-def save_tokenizer(folder: str | Path):
-    tokenizer = build_tokenizer()
-    tokenizer.save_pretrained(str(folder))
     return tokenizer

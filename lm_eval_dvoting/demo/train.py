@@ -6,8 +6,8 @@
 (The shipped checkpoints' exact commands are in ``demo/tiny-arith*/TRAINING.md``.)
 The model is a LLaDA (`models.llada.LLaDAModel`), or with ``--family dream`` a Dream
 (`models.dream.DreamModel`, whose prediction for position i sits at i-1), trained with
-LLaDA's supervised masked-diffusion objective: per sequence a mask ratio ``t ~ U(eps, 1]`` (stratified
-over the batch), every answer token masked with probability ``t``, the prompt never
+LLaDA's supervised masked-diffusion objective: per sequence a mask ratio ``t ~ U(eps, 1]``
+(stratified over the batch), every answer token masked with probability ``t``, the prompt never
 masked, cross-entropy on the masked positions divided by ``t`` and normalised by the
 answer length. End-of-text padding after the first end-of-text token is down-weighted
 (``--pad-weight``): it is trivially predictable and otherwise hides the digits.
@@ -46,121 +46,155 @@ from lm_eval_dvoting.integration import strict_json
 from lm_eval_dvoting.models.dream import DreamConfig, DreamModel
 from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
 
+# The command line as data: (flag, argparse keywords), in --help's order. --device's default
+# (cuda when there is one) is filled in by parse_args, when the flags are read.
+FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "--out",
+        dict(
+            type=Path,
+            default=Path("runs/tiny-arith"),
+            help="working folder (checkpoints, log, best/)",
+        ),
+    ),
+    ("--seed", dict(type=int, default=0)),
+    (
+        "--steps",
+        dict(type=int, default=6000, help="total optimisation steps (sets the LR schedule)"),
+    ),
+    ("--batch-size", dict(type=int, default=64)),
+    ("--lr", dict(type=float, default=2e-3)),
+    ("--warmup", dict(type=int, default=200)),
+    (
+        "--min-lr-ratio",
+        dict(type=float, default=0.05, help="final LR as a fraction of --lr (cosine)"),
+    ),
+    ("--weight-decay", dict(type=float, default=0.1)),
+    ("--ema", dict(type=float, default=0.995, help="decay of the weight moving average (0: off)")),
+    (
+        "--pad-weight",
+        dict(type=float, default=0.2, help="loss weight of padding after the first EOS"),
+    ),
+    (
+        "--family",
+        dict(
+            choices=("llada", "dream"),
+            default="llada",
+            help="checkpoint format: LLaDA, or Dream (Qwen2 parameter names; the prediction for "
+            "position i is read from the logits at i-1, so the loss is too)",
+        ),
+    ),
+    ("--d-model", dict(type=int, default=128)),
+    ("--n-layers", dict(type=int, default=4)),
+    ("--n-heads", dict(type=int, default=4)),
+    ("--mlp", dict(type=int, default=352)),
+    ("--gen-length", dict(type=int, default=32, help="answer length L (EOS-padded)")),
+    ("--train-min-steps", dict(type=int, default=1, help="shortest chain in training")),
+    ("--train-max-steps", dict(type=int, default=arith.TEST_DIFFICULTY.max_steps)),
+    ("--max-operand", dict(type=int, default=arith.TEST_DIFFICULTY.max_operand)),
+    ("--max-value", dict(type=int, default=arith.TEST_DIFFICULTY.max_value)),
+    ("--min-start", dict(type=int, default=arith.TEST_DIFFICULTY.min_start)),
+    ("--operations", dict(default="".join(arith.TEST_DIFFICULTY.operations))),
+    (
+        "--solution-order",
+        dict(
+            choices=("question", "any", "commuted", "aligned"),
+            default="question",
+            help="worked solutions in the question's order; in any valid order of its terms "
+            "(arith.solution_orders): several reasoning paths per problem; 'commuted': "
+            "any order, and each addition written either way round (arith.commute_additions); "
+            "'aligned': the question's order, each addition either way round (paths that "
+            "differ only inside steps, position by position)",
+        ),
+    ),
+    ("--eval-every", dict(type=int, default=500)),
+    (
+        "--valid-size",
+        dict(
+            type=int,
+            default=arith.VALID_SIZE,
+            help="validation problems held out of training (the first of them are evaluated)",
+        ),
+    ),
+    ("--eval-size", dict(type=int, default=200, help="validation problems per evaluation")),
+    (
+        "--eval-strategies",
+        dict(
+            nargs="*",
+            default=[],
+            metavar="STRATEGY",
+            help="strategies also scored on the validation problems at each evaluation "
+            "(e.g. dvoting majority): how much voting adds, along the learning curve",
+        ),
+    ),
+    ("--ckpt-every", dict(type=int, default=200)),
+    (
+        "--snapshot-every",
+        dict(
+            type=int,
+            default=0,
+            help="also export the raw and moving-average weights to "
+            "OUT/snapshots/step-N-{model,ema} every N steps (0: off), to pick a checkpoint from "
+            "the learning curve later",
+        ),
+    ),
+    (
+        "--snapshot-from",
+        dict(type=int, default=0, help="first step at which --snapshot-every exports"),
+    ),
+    (
+        "--max-minutes",
+        dict(type=float, default=None, help="end this sitting after so many minutes"),
+    ),
+    (
+        "--stop-at",
+        dict(
+            type=int,
+            default=None,
+            help="end this sitting at this step (the LR schedule still follows --steps)",
+        ),
+    ),
+    (
+        "--init-from",
+        dict(
+            type=Path,
+            default=None,
+            help="start from the weights of this checkpoint folder (a curriculum stage's best/) "
+            "instead of a random init",
+        ),
+    ),
+    (
+        "--threads",
+        dict(
+            type=int, default=1, help="torch threads (1 is fastest on a CPU shared with other work)"
+        ),
+    ),
+    ("--device", dict(default=None)),
+    (
+        "--evaluate",
+        dict(
+            metavar="CHECKPOINT",
+            default=None,
+            help="train nothing: print the greedy accuracy of CHECKPOINT (a folder or "
+            "'tiny-arith') on the 500 test problems",
+        ),
+    ),
+)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    """The training command's arguments (`FLAGS`); --device defaults to cuda when present."""
+    parser = argparse.ArgumentParser(
         prog="python -m lm_eval_dvoting.demo.train",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=Path("runs/tiny-arith"),
-        help="working folder (checkpoints, log, best/)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--steps", type=int, default=6000, help="total optimisation steps (sets the LR schedule)"
-    )
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=200)
-    p.add_argument(
-        "--min-lr-ratio", type=float, default=0.05, help="final LR as a fraction of --lr (cosine)"
-    )
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument(
-        "--ema", type=float, default=0.995, help="decay of the weight moving average (0: off)"
-    )
-    p.add_argument(
-        "--pad-weight", type=float, default=0.2, help="loss weight of padding after the first EOS"
-    )
-    p.add_argument(
-        "--family",
-        choices=("llada", "dream"),
-        default="llada",
-        help="checkpoint format: LLaDA, or Dream (Qwen2 parameter names; the prediction for "
-        "position i is read from the logits at i-1, so the loss is too)",
-    )
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--n-layers", type=int, default=4)
-    p.add_argument("--n-heads", type=int, default=4)
-    p.add_argument("--mlp", type=int, default=352)
-    p.add_argument("--gen-length", type=int, default=32, help="answer length L (EOS-padded)")
-    p.add_argument("--train-min-steps", type=int, default=1, help="shortest chain in training")
-    p.add_argument("--train-max-steps", type=int, default=arith.TEST_DIFFICULTY.max_steps)
-    p.add_argument("--max-operand", type=int, default=arith.TEST_DIFFICULTY.max_operand)
-    p.add_argument("--max-value", type=int, default=arith.TEST_DIFFICULTY.max_value)
-    p.add_argument("--min-start", type=int, default=arith.TEST_DIFFICULTY.min_start)
-    p.add_argument("--operations", default="".join(arith.TEST_DIFFICULTY.operations))
-    p.add_argument(
-        "--solution-order",
-        choices=("question", "any", "commuted", "aligned"),
-        default="question",
-        help="worked solutions in the question's order; in any valid order of its terms "
-        "(arith.solution_orders): several reasoning paths per problem; 'commuted': "
-        "any order, and each addition written either way round (arith.commute_additions); "
-        "'aligned': the question's order, each addition either way round (paths that "
-        "differ only inside steps, position by position)",
-    )
-    p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument(
-        "--valid-size",
-        type=int,
-        default=arith.VALID_SIZE,
-        help="validation problems held out of training (the first of them are evaluated)",
-    )
-    p.add_argument("--eval-size", type=int, default=200, help="validation problems per evaluation")
-    p.add_argument(
-        "--eval-strategies",
-        nargs="*",
-        default=[],
-        metavar="STRATEGY",
-        help="strategies also scored on the validation problems at each evaluation "
-        "(e.g. dvoting majority): how much voting adds, along the learning curve",
-    )
-    p.add_argument("--ckpt-every", type=int, default=200)
-    p.add_argument(
-        "--snapshot-every",
-        type=int,
-        default=0,
-        help="also export the raw and moving-average weights to OUT/snapshots/step-N-{model,ema} "
-        "every N steps (0: off), to pick a checkpoint from the learning curve later",
-    )
-    p.add_argument(
-        "--snapshot-from", type=int, default=0, help="first step at which --snapshot-every exports"
-    )
-    p.add_argument(
-        "--max-minutes", type=float, default=None, help="end this sitting after so many minutes"
-    )
-    p.add_argument(
-        "--stop-at",
-        type=int,
-        default=None,
-        help="end this sitting at this step (the LR schedule still follows --steps)",
-    )
-    p.add_argument(
-        "--init-from",
-        type=Path,
-        default=None,
-        help="start from the weights of this checkpoint folder (a curriculum stage's best/) instead of a random init",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (1 is fastest on a CPU shared with other work)",
-    )
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument(
-        "--evaluate",
-        metavar="CHECKPOINT",
-        default=None,
-        help="train nothing: print the greedy accuracy of CHECKPOINT (a folder or 'tiny-arith') "
-        "on the 500 test problems",
-    )
-    return p.parse_args(argv)
+    for flag, keywords in FLAGS:
+        parser.add_argument(flag, **keywords)
+    args = parser.parse_args(argv)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    return args
 
 
 # --------------------------------------------------------------------------- data
@@ -209,7 +243,8 @@ def model_config(args: argparse.Namespace, tokenizer) -> dict[str, Any]:
 
 
 def build_model(config: dict[str, Any]) -> LLaDAModel | DreamModel:
-    """A fresh model for `config`, with the attributes the decoder reads (as `load_model` sets them)."""
+    """A fresh model for `config`, with the attributes the decoder reads (as `load_model` sets
+    them)."""
     if config["model_type"] == "Dream":
         model, shift = DreamModel(DreamConfig.from_dict(config)), 1
     else:
@@ -450,8 +485,9 @@ def load_state(path: Path, device: torch.device) -> dict[str, Any]:
         return torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as err:
         raise SystemExit(
-            f"{path} holds more than tensors and plain values, so it is not loaded (weights_only=True): "
-            f"it was not written by this script, or was tampered with; delete it to start afresh ({err})"
+            f"{path} holds more than tensors and plain values, so it is not loaded "
+            "(weights_only=True): it was not written by this script, or was tampered with; delete "
+            f"it to start afresh ({err})"
         ) from None
 
 
@@ -470,32 +506,45 @@ def evaluate(checkpoint: str, args: argparse.Namespace) -> dict[str, float]:
     return scores
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if args.evaluate:
-        return evaluate(args.evaluate, args)
-    device = torch.device(args.device)
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    config = model_config(args, tokenizer)
-    mask_id = config["mask_token_id"]
+@dataclasses.dataclass
+class Training:
+    """One training run's parts: what the loop, the evaluations and the checkpoints share.
 
-    held_out, valid = held_out_problems(args)
+    `step` and `best` (the best validation accuracy so far, its step and which weights,
+    "model" or "ema") change as the run goes; the rest is fixed once the run is built.
+    """
 
-    torch.manual_seed(args.seed)
-    model = build_model(config)
-    init_weights(model, args.n_layers)
-    model.to(device).train()
-    ema = build_model(config).to(device)
-    ema.load_state_dict(model.state_dict())
-    ema.requires_grad_(False)
+    args: argparse.Namespace
+    device: torch.device
+    tokenizer: Any
+    config: dict[str, Any]
+    model: LLaDAModel | DreamModel
+    ema: LLaDAModel | DreamModel
+    optimizer: torch.optim.Optimizer
+    held_out: set[tuple[str, ...]]
+    valid: list[arith.Problem]
+    step: int = 0
+    best: dict[str, Any] = dataclasses.field(
+        default_factory=lambda: {"acc": -1.0, "step": None, "which": None}
+    )
+
+    @property
+    def last(self) -> Path:
+        """The resumable state's file."""
+        return self.args.out / "last.pt"
+
+    def nets(self) -> list[tuple[str, LLaDAModel | DreamModel]]:
+        """The weights evaluated and exported: the raw model, and its moving average if on."""
+        return [("model", self.model)] + ([("ema", self.ema)] if self.args.ema > 0 else [])
+
+
+def make_optimizer(model: LLaDAModel | DreamModel, args: argparse.Namespace) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only (not on embeddings, norms or biases)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         is_embedding = "wte" in name or "embed_tokens" in name
         (decay if param.dim() == 2 and not is_embedding else no_decay).append(param)
-    optimizer = torch.optim.AdamW(
+    return torch.optim.AdamW(
         [
             {"params": decay, "weight_decay": args.weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
@@ -503,119 +552,212 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         lr=args.lr,
         betas=(0.9, 0.98),
     )
-    step, best = 0, {"acc": -1.0, "step": None, "which": None}
-    last = out / "last.pt"
-    if last.exists():
-        state = load_state(last, device)
+
+
+def build_training(args: argparse.Namespace) -> Training:
+    """A fresh run: seeded random init, its moving average, the optimiser, the data split.
+    (The order of the random draws is the checkpoints': do not reorder.)"""
+    device = torch.device(args.device)
+    tokenizer = build_tokenizer()
+    config = model_config(args, tokenizer)
+    held_out, valid = held_out_problems(args)
+    torch.manual_seed(args.seed)
+    model = build_model(config)
+    init_weights(model, args.n_layers)
+    model.to(device).train()
+    ema = build_model(config).to(device)
+    ema.load_state_dict(model.state_dict())
+    ema.requires_grad_(False)
+    optimizer = make_optimizer(model, args)
+    return Training(args, device, tokenizer, config, model, ema, optimizer, held_out, valid)
+
+
+def resume(run: Training) -> None:
+    """Continue from `last.pt` if this run was begun before, else start from --init-from's
+    weights if given."""
+    args = run.args
+    if run.last.exists():
+        state = load_state(run.last, run.device)
         if state["args"]["steps"] != args.steps or state["args"]["seed"] != args.seed:
             print(
-                f"warning: {last} was made with different --steps/--seed; continuing with the new ones"
+                f"warning: {run.last} was made with different --steps/--seed; continuing with "
+                "the new ones"
             )
-        model.load_state_dict(state["model"])
-        ema.load_state_dict(state["ema"])
-        optimizer.load_state_dict(state["optimizer"])
+        run.model.load_state_dict(state["model"])
+        run.ema.load_state_dict(state["ema"])
+        run.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
-        step, best = state["step"], state["best"]
-        print(f"resumed from {last} at step {step}")
+        run.step, run.best = state["step"], state["best"]
+        print(f"resumed from {run.last} at step {run.step}")
     elif args.init_from is not None:
         from safetensors.torch import load_file
 
         weights = load_file(str(args.init_from / "model.safetensors"))
-        model.load_state_dict(weights)
-        ema.load_state_dict(weights)
+        run.model.load_state_dict(weights)
+        run.ema.load_state_dict(weights)
         print(f"initialised from {args.init_from}")
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.2f} M parameters; training to step {args.steps}; out {out}")
 
-    def checkpoint() -> None:
-        save_state(
-            last,
-            model=model.state_dict(),
-            ema=ema.state_dict(),
-            optimizer=optimizer.state_dict(),
-            torch_rng=torch.get_rng_state(),
-            step=step,
-            best=best,
-            args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+
+def checkpoint(run: Training) -> None:
+    """Write `last.pt`: everything a later sitting needs to go on as if never stopped."""
+    save_state(
+        run.last,
+        model=run.model.state_dict(),
+        ema=run.ema.state_dict(),
+        optimizer=run.optimizer.state_dict(),
+        torch_rng=torch.get_rng_state(),
+        step=run.step,
+        best=run.best,
+        args={k: str(v) if isinstance(v, Path) else v for k, v in vars(run.args).items()},
+    )
+
+
+def train_step(run: Training) -> float:
+    """One optimisation step on batch `run.step`, the moving average following; its loss."""
+    args = run.args
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_at(run.step, args)
+    batch = training_batch(run.step, args, run.tokenizer, run.held_out)
+    mask_id = run.config["mask_token_id"]
+    loss = diffusion_loss(run.model, batch, run.step, args, mask_id, run.device)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+    run.optimizer.step()
+    with torch.no_grad():
+        d = args.ema if args.ema > 0 else 0.0
+        for pe, pm in zip(run.ema.parameters(), run.model.parameters()):
+            pe.lerp_(pm, 1 - d)
+    run.step += 1
+    return loss.item()
+
+
+def validation_scores(run: Training, net: LLaDAModel | DreamModel, which: str) -> dict[str, Any]:
+    """`net`'s greedy validation accuracy (overall and by chain length) and, with
+    --eval-strategies, each strategy's, as log fields named for `which` weights."""
+    scores = greedy_accuracy(net, run.tokenizer, run.valid, run.args.gen_length, run.device)
+    record = {
+        f"valid_acc_{which}": scores["acc"],
+        f"valid_by_steps_{which}": {k: v for k, v in scores.items() if k != "acc"},
+    }
+    if run.args.eval_strategies:
+        net.eval()
+        record[f"valid_strategies_{which}"] = score_strategies(
+            net,
+            run.tokenizer,
+            run.args.eval_strategies,
+            run.valid,
+            max_rows=len(run.valid) if run.device.type == "cuda" else 64,
         )
+        net.train()
+    return record
 
-    log = (out / "log.jsonl").open("a")
-    began, window_t, window_loss, window_n = time.time(), time.time(), 0.0, 0
-    loss_value = float("nan")
-    while step < args.steps:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, args)
-        batch = training_batch(step, args, tokenizer, held_out)
-        loss = diffusion_loss(model, batch, step, args, mask_id, device)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        with torch.no_grad():
-            d = args.ema if args.ema > 0 else 0.0
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - d)
-        step += 1
-        loss_value = loss.item()
-        window_loss, window_n = window_loss + loss_value, window_n + 1
-        if step % args.eval_every == 0 or step == args.steps:
-            record = {
-                "step": step,
-                "loss": round(window_loss / window_n, 4),
-                "lr": lr_at(step - 1, args),
-                "seq_per_s": round(window_n * args.batch_size / (time.time() - window_t), 1),
-            }
-            for which, net in (("model", model), ("ema", ema)):
-                if which == "ema" and args.ema <= 0:
-                    continue
-                scores = greedy_accuracy(net, tokenizer, valid, args.gen_length, device)
-                acc = scores["acc"]
-                record[f"valid_acc_{which}"] = acc
-                record[f"valid_by_steps_{which}"] = {k: v for k, v in scores.items() if k != "acc"}
-                if args.eval_strategies:
-                    net.eval()
-                    record[f"valid_strategies_{which}"] = score_strategies(
-                        net,
-                        tokenizer,
-                        args.eval_strategies,
-                        valid,
-                        max_rows=len(valid) if device.type == "cuda" else 64,
-                    )
-                    net.train()
-                if acc > best["acc"]:
-                    best = {"acc": acc, "step": step, "which": which}
-                    export_checkpoint(
-                        net,
-                        config,
-                        tokenizer,
-                        out / "best",
-                        {"step": step, "weights": which, "valid_acc": acc, "args": vars(args)},
-                    )
-            record["best"] = best
-            record["elapsed_min"] = round((time.time() - began) / 60, 2)
-            print(json.dumps(record), flush=True)
-            log.write(strict_json.dumps(record) + "\n")  # a NaN loss: null
-            log.flush()
-            window_t, window_loss, window_n = time.time(), 0.0, 0
-        if args.snapshot_every and step >= args.snapshot_from and step % args.snapshot_every == 0:
-            for which, net in (("model", model), ("ema", ema)):
-                export_checkpoint(
-                    net,
-                    config,
-                    tokenizer,
-                    out / "snapshots" / f"step-{step}-{which}",
-                    {"step": step, "weights": which, "args": vars(args)},
-                )
-        if step % args.ckpt_every == 0 or step == args.steps:
-            checkpoint()
-        if (
-            args.max_minutes is not None and time.time() - began > args.max_minutes * 60
-        ) or step == args.stop_at:
-            checkpoint()
-            print(f"sitting over at step {step}; rerun the same command to resume")
+
+def evaluate_and_export(run: Training) -> dict[str, Any]:
+    """Score every net on the validation problems; export to OUT/best/ each that beats the
+    best so far. The log fields."""
+    record: dict[str, Any] = {}
+    for which, net in run.nets():
+        record |= validation_scores(run, net, which)
+        acc = record[f"valid_acc_{which}"]
+        if acc > run.best["acc"]:
+            run.best = {"acc": acc, "step": run.step, "which": which}
+            note = {"step": run.step, "weights": which, "valid_acc": acc, "args": vars(run.args)}
+            export_checkpoint(net, run.config, run.tokenizer, run.args.out / "best", note)
+    return record
+
+
+def export_snapshots(run: Training) -> None:
+    """Both weights (raw and moving average) as checkpoint folders under OUT/snapshots/."""
+    for which, net in (("model", run.model), ("ema", run.ema)):
+        folder = run.args.out / "snapshots" / f"step-{run.step}-{which}"
+        note = {"step": run.step, "weights": which, "args": vars(run.args)}
+        export_checkpoint(net, run.config, run.tokenizer, folder, note)
+
+
+class LossWindow:
+    """The losses and time since the last log line: its mean loss and throughput."""
+
+    def __init__(self) -> None:
+        self.began, self.total, self.n = time.time(), 0.0, 0
+
+    def add(self, loss: float) -> None:
+        self.total, self.n = self.total + loss, self.n + 1
+
+    def fields(self, run: Training) -> dict[str, Any]:
+        """The log line's step, mean loss, learning rate and sequences per second."""
+        seconds = time.time() - self.began
+        return {
+            "step": run.step,
+            "loss": round(self.total / self.n, 4),
+            "lr": lr_at(run.step - 1, run.args),
+            "seq_per_s": round(self.n * run.args.batch_size / seconds, 1),
+        }
+
+
+def log_evaluation(run: Training, window: LossWindow, began: float, log) -> None:
+    """Evaluate, export the best, and write the log line (stdout and OUT/log.jsonl)."""
+    record = window.fields(run) | evaluate_and_export(run)
+    record["best"] = run.best
+    record["elapsed_min"] = round((time.time() - began) / 60, 2)
+    print(json.dumps(record), flush=True)
+    log.write(strict_json.dumps(record) + "\n")  # a NaN loss: null
+    log.flush()
+
+
+def sitting_over(run: Training, began: float) -> bool:
+    """Whether --max-minutes or --stop-at ends this sitting now."""
+    args = run.args
+    out_of_time = args.max_minutes is not None and time.time() - began > args.max_minutes * 60
+    return out_of_time or run.step == args.stop_at
+
+
+def train_loop(run: Training, log) -> float:
+    """Train until --steps or the sitting's end, evaluating, snapshotting and checkpointing
+    on schedule; the last step's loss (NaN if no step ran)."""
+    args = run.args
+    began, window, loss_value = time.time(), LossWindow(), float("nan")
+    while run.step < args.steps:
+        loss_value = train_step(run)
+        window.add(loss_value)
+        if run.step % args.eval_every == 0 or run.step == args.steps:
+            log_evaluation(run, window, began, log)
+            window = LossWindow()
+        at_snapshot = args.snapshot_every and run.step % args.snapshot_every == 0
+        if at_snapshot and run.step >= args.snapshot_from:
+            export_snapshots(run)
+        if run.step % args.ckpt_every == 0 or run.step == args.steps:
+            checkpoint(run)
+        if sitting_over(run, began):
+            checkpoint(run)
+            print(f"sitting over at step {run.step}; rerun the same command to resume")
             break
-    log.close()
-    return {"step": step, "loss": loss_value, "best": best, "model": model, "ema": ema}
+    return loss_value
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train (or resume, or with --evaluate only score a checkpoint); the run's final step,
+    loss, best validation figures and both weights."""
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.evaluate:
+        return evaluate(args.evaluate, args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run = build_training(args)
+    resume(run)
+    n_params = sum(p.numel() for p in run.model.parameters())
+    print(
+        f"model: {n_params / 1e6:.2f} M parameters; training to step {args.steps}; out {args.out}"
+    )
+    with (args.out / "log.jsonl").open("a") as log:
+        loss_value = train_loop(run, log)
+    return {
+        "step": run.step,
+        "loss": loss_value,
+        "best": run.best,
+        "model": run.model,
+        "ema": run.ema,
+    }
 
 
 if __name__ == "__main__":

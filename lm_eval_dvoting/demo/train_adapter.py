@@ -1,7 +1,8 @@
 """Train the demo's LoRA adapter: `tiny-arith` post-trained on the longest chains, the
 policy of the demo's RFG row (its reference: `tiny-arith` itself, the adapter switched off).
 
-    python -m lm_eval_dvoting.demo.train_adapter --threads 2     # writes lm_eval_dvoting/demo/tiny-arith-lora
+    python -m lm_eval_dvoting.demo.train_adapter --threads 2
+    # writes lm_eval_dvoting/demo/tiny-arith-lora
 
 A PEFT LoRA (rank `--r`, alpha `--alpha`) on `q_proj k_proj v_proj up_proj` of every block,
 trained with the base model's objective (`train.diffusion_loss`: LLaDA's SFT loss) on
@@ -89,9 +90,58 @@ def validation_accuracy(model: torch.nn.Module, tokenizer, valid) -> dict[str, f
     return train.greedy_accuracy(model, tokenizer, valid, 32, torch.device("cpu"))
 
 
-def main(argv: list[str] | None = None) -> dict[str, object]:
+def lora_policy(model: torch.nn.Module, args: argparse.Namespace) -> torch.nn.Module:
+    """`model` wrapped in a fresh PEFT LoRA of rank --r, alpha --alpha on `TARGETS`."""
     from peft import LoraConfig, get_peft_model
 
+    config = LoraConfig(
+        r=args.r, lora_alpha=args.alpha, target_modules=list(TARGETS), lora_dropout=0.0
+    )
+    return get_peft_model(model, config)
+
+
+def train_policy(policy: torch.nn.Module, targs: argparse.Namespace, tokenizer, began: float):
+    """--steps steps of the base model's objective on the adapter's weights only, the loss
+    printed every 50 steps."""
+    optimizer = torch.optim.AdamW(
+        [p for p in policy.parameters() if p.requires_grad],
+        lr=targs.lr,
+        betas=(0.9, 0.98),
+        weight_decay=0.0,
+    )
+    held_out, _ = train.held_out_problems(targs)
+    mask_id = policy.get_base_model().mask_token_id
+    policy.train()
+    losses = []
+    for step in range(targs.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = train.lr_at(step, targs)
+        batch = train.training_batch(step, targs, tokenizer, held_out)
+        loss = train.diffusion_loss(policy, batch, step, targs, mask_id, torch.device("cpu"))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if (step + 1) % 50 == 0:
+            mean = sum(losses[-50:]) / 50
+            print(f"step {step + 1}: loss {mean:.4f} ({time.time() - began:.0f} s)", flush=True)
+    policy.eval()
+
+
+def save_adapter(policy: torch.nn.Module, note: dict, out: Path) -> None:
+    """The adapter's weights and config, and TRAINING.md from `note` (PEFT's model-card stub,
+    which says nothing about this adapter, removed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    policy.save_pretrained(str(out))
+    (out / "README.md").unlink(missing_ok=True)
+    (out / "TRAINING.md").write_text(training_note(note))
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    """Train the adapter, write it to --out with its TRAINING.md; the note (command, arguments,
+    minutes, validation accuracy of the base and of base + adapter)."""
+    from lm_eval_dvoting.demo.arith import held_out_sets
     from lm_eval_dvoting.models.loading import load_model
 
     argv = sys.argv[1:] if argv is None else argv
@@ -100,55 +150,20 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     torch.manual_seed(args.seed)
     targs = data_args(args)
     tokenizer = build_tokenizer()
-    held_out, _ = train.held_out_problems(targs)
-    from lm_eval_dvoting.demo.arith import held_out_sets
-
     _, valid = held_out_sets()
     model = load_model(args.base, device="cpu", dtype="float32")
     base_valid = validation_accuracy(model, tokenizer, valid)
-    policy = get_peft_model(
-        model,
-        LoraConfig(r=args.r, lora_alpha=args.alpha, target_modules=list(TARGETS), lora_dropout=0.0),
-    )
-    optimizer = torch.optim.AdamW(
-        [p for p in policy.parameters() if p.requires_grad],
-        lr=args.lr,
-        betas=(0.9, 0.98),
-        weight_decay=0.0,
-    )
-    policy.train()
-    began, losses = time.time(), []
-    for step in range(args.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = train.lr_at(step, targs)
-        batch = train.training_batch(step, targs, tokenizer, held_out)
-        loss = train.diffusion_loss(
-            policy, batch, step, targs, model.mask_token_id, torch.device("cpu")
-        )
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if (step + 1) % 50 == 0:
-            print(
-                f"step {step + 1}: loss {sum(losses[-50:]) / 50:.4f} ({time.time() - began:.0f} s)",
-                flush=True,
-            )
-    policy.eval()
+    policy = lora_policy(model, args)
+    began = time.time()
+    train_policy(policy, targs, tokenizer, began)
     adapter_valid = validation_accuracy(policy, tokenizer, valid)
-    args.out.mkdir(parents=True, exist_ok=True)
-    policy.save_pretrained(str(args.out))
-    (args.out / "README.md").unlink(
-        missing_ok=True
-    )  # PEFT's model-card stub says nothing about this adapter
     note = {
         "command": "python -m lm_eval_dvoting.demo.train_adapter " + " ".join(argv),
         "args": {k: v for k, v in vars(args).items() if k != "out"},
         "minutes": round((time.time() - began) / 60, 1),
         "validation": {"base": base_valid, "adapter": adapter_valid},
     }
-    (args.out / "TRAINING.md").write_text(training_note(note))
+    save_adapter(policy, note, args.out)
     print(json.dumps(note["validation"]), flush=True)
     return note
 
@@ -156,10 +171,11 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 def training_note(note: dict) -> str:
     base, adapter = note["validation"]["base"], note["validation"]["adapter"]
     return (
-        f"# tiny-arith-lora: how this adapter was made\n\n"
-        f"`{note['command'].strip()}` ({note['minutes']} min of training on a 2-core CPU), with the arguments\n"
-        f"`{json.dumps(note['args'])}`. See `lm_eval_dvoting/demo/train_adapter.py` for the recipe.\n\n"
-        f"Greedy accuracy on the 200 validation problems (steps = L = 32, blocks of 2), by chain length:\n\n"
+        f"# tiny-arith-lora: how this adapter was made\n\n`{note['command'].strip()}` "
+        f"({note['minutes']} min of training on a 2-core CPU), with the arguments\n"
+        f"`{json.dumps(note['args'])}`. See `lm_eval_dvoting/demo/train_adapter.py` for the "
+        "recipe.\n\nGreedy accuracy on the 200 validation problems (steps = L = 32, blocks of 2), "
+        "by chain length:\n\n"
         f"| model | all | " + " | ".join(k for k in base if k != "acc") + " |\n"
         "|---|---|" + "---|" * (len(base) - 1) + "\n"
         f"| tiny-arith | {base['acc']:.3f} | "
@@ -168,7 +184,8 @@ def training_note(note: dict) -> str:
         f"| tiny-arith + this adapter | {adapter['acc']:.3f} | "
         + " | ".join(str(v) for k, v in adapter.items() if k != "acc")
         + " |\n\n"
-        'The test set was not read to make it. Its test-set figures are in the README ("The offline demo").\n'
+        'The test set was not read to make it. Its test-set figures are in the README ("The '
+        'offline demo").\n'
     )
 
 
