@@ -291,7 +291,9 @@ def patch(
 
     Idempotent: a target that already carries this purpose's mark (set on every wrapper
     here; `functools.wraps` copies it onto any wrapper put around it later) is left as it is.
-    Raises `LmEvalHookMoved` (`resolve`) rather than leave lm-eval unpatched.
+    `wrap` must return a `functools.wraps` wrapper, so that the next check still reads the
+    original's parameters. Raises `LmEvalHookMoved` (`resolve`) rather than leave lm-eval
+    unpatched.
     """
     owner, current = resolve(key, module)
     mark = _MARK_PREFIX + purpose
