@@ -257,11 +257,13 @@ def test_patch_instance_wraps_one_object_once() -> None:
             return {"acc": "mean"}
 
     one, other = Stub(), Stub()
+
+    def counting(aggregation: Any) -> Any:
+        return lambda: {**aggregation(), "wrapped": aggregation().get("wrapped", 0) + 1}
+
     for _ in range(2):
-        lm_eval_seam.patch_instance(
-            one, "task_aggregation", "t", lambda f: lambda: {**f(), "nfe": 1}
-        )
-    assert one.aggregation() == {"acc": "mean", "nfe": 1}
+        lm_eval_seam.patch_instance(one, "task_aggregation", "t", counting)
+    assert one.aggregation() == {"acc": "mean", "wrapped": 1}
     assert other.aggregation() == {"acc": "mean"}
     assert "aggregation" in vars(Task)  # the hook point checked against lm-eval's Task
 
