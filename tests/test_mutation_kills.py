@@ -1905,7 +1905,7 @@ def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog,
     from lm_eval_dvoting.integration.requests import sanitise_requests
 
     monkeypatch.setattr(
-        request_module._encodable, "warned", False
+        request_module.encodable, "warned", False
     )  # the per-process warning, as in a fresh run
     caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.requests")
     requests = [

@@ -98,6 +98,7 @@ from lm_eval_dvoting.integration.lm_eval_seam import (
 )
 from lm_eval_dvoting.integration.request_planning import RequestPlanner, generated_text, task_length
 from lm_eval_dvoting.integration.requests import (
+    encodable,
     generation_key_args,
     repeat_indices,
     sanitise_requests,
@@ -581,7 +582,7 @@ class DVotingEvalModel(TemplateLM):
     def tok_encode(
         self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
     ) -> list[int]:
-        ids = self.tokenizer.encode(_encodable(string), add_special_tokens=bool(add_special_tokens))
+        ids = self.tokenizer.encode(encodable(string), add_special_tokens=bool(add_special_tokens))
         # add_bos_token (HFLM's model arg) applies when the caller does not decide, and never
         # doubles a BOS that the text (e.g. a chat template) already starts with
         bos = self.tokenizer.bos_token_id

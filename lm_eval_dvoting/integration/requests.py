@@ -16,7 +16,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def _encodable(text: str) -> str:
+def encodable(text: str) -> str:
     """`text` with lone surrogates (from broken data; no tokenizer accepts them) as U+FFFD.
 
     Surrogate pairs become the character they encode; valid text is returned as it is.
@@ -25,13 +25,13 @@ def _encodable(text: str) -> str:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        if not _encodable.warned:
+        if not encodable.warned:
             log.warning("text with lone surrogates (invalid unicode): they are replaced by U+FFFD")
-            _encodable.warned = True
+            encodable.warned = True
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-_encodable.warned = False
+encodable.warned = False
 
 
 def sanitise_requests(requests: list[Any]) -> None:
@@ -47,7 +47,7 @@ def sanitise_requests(requests: list[Any]) -> None:
     rewritten = []
     for req in requests:
         args = req.args
-        clean = tuple(_encodable(a) if isinstance(a, str) else a for a in args)
+        clean = tuple(encodable(a) if isinstance(a, str) else a for a in args)
         if clean != args:
             arguments = getattr(req, "arguments", None)
             if arguments is None:  # a stand-in for lm-eval's Instance with a plain `args`
