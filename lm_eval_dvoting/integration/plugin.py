@@ -16,8 +16,11 @@ It also adjusts three things of lm-eval's, each documented at its function:
 - with `DVOTING_DATA_DIR` set, stock tasks on GSM8K, MATH-500, ARC-Challenge and MMLU read
   the local files instead of the hub (`patch_stock_datasets`, `local_data.py`).
 
-It runs either from the start-up hook (`_lm_eval_dvoting_startup`, automatic) or
-from an explicit `register()` call (the `dvoting eval` wrapper does that).
+It runs either from the start-up hook (`_lm_eval_dvoting_startup`, automatic:
+`on_lm_eval_imported`) or from an explicit `register()` call (the `dvoting eval` wrapper does
+that). What each patch does is written here; which lm-eval object it replaces, and how, is
+lm_eval_seam.py's, which refuses a hook point that moved (`LmEvalHookMoved`) rather than
+leave lm-eval unpatched.
 
 Importing this module is cheap: lm_eval is imported only inside the functions.
 """
