@@ -48,9 +48,8 @@ def generation_kwargs_of(task_dict: Any) -> dict[str, dict[str, Any] | None]:
     tasks = task_dict.get("tasks") if isinstance(task_dict, dict) and "tasks" in task_dict else None
     if tasks is None:
         try:  # the older nested {name: task or {group: ...}} form, as `evaluate` reads it
-            from lm_eval.evaluator_utils import _handle_back_comp
-
-            _, tasks = _handle_back_comp(task_dict)
+            _, handle_back_comp = lm_eval_seam.resolve("nested_task_dict")
+            _, tasks = handle_back_comp(task_dict)
         except Exception:
             return {}  # a form we do not know: the per-request check still runs
     found = {}

@@ -32,6 +32,7 @@ import inspect
 import logging
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
@@ -195,6 +196,13 @@ HOOKS: dict[str, HookPoint] = {
             ("lm", "cache_db"),
             "binds --use_cache to the run's settings (the CachingLM is found on the stack)",
         ),
+        "nested_task_dict": (
+            "lm_eval.evaluator_utils",
+            None,
+            "_handle_back_comp",
+            ("nested_dict",),
+            "reads the generation tasks of `evaluate`'s nested task dict for the length checks",
+        ),
         "caching_lm_requests": (
             "lm_eval.api.model",
             "CachingLM",
@@ -330,6 +338,47 @@ def answer_for_caching_lm(caching_lm: Any, answers: dict[str, Callable[..., Any]
     resolve("caching_lm_requests")
     for request_type, answer in answers.items():
         setattr(caching_lm, request_type, answer)
+
+
+@functools.lru_cache(maxsize=1)
+def native_discovery() -> bool:
+    """Whether the installed lm-eval discovers plugin entry points by itself.
+
+    0.4.13 does not; later versions may read the `lm_eval.models` / `lm_eval.tasks`
+    entry-point groups that our pyproject already declares. Registering twice would
+    make lm-eval's own loader fail with "already registered", so we step aside then.
+    Detected from lm-eval's source, without importing anything new.
+    """
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec("lm_eval.plugins") is not None:
+            return True
+        spec = importlib.util.find_spec("lm_eval")
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        root = Path(next(iter(spec.submodule_search_locations)))
+        for relative in (
+            "api/registry.py",
+            "models/__init__.py",
+            "tasks/manager.py",
+            "tasks/__init__.py",
+            "_cli/run.py",
+        ):
+            path = root / relative
+            if not path.is_file():
+                continue
+            source = path.read_text(encoding="utf-8", errors="replace")
+            if "entry_points" in source and (
+                '"lm_eval.models"' in source
+                or "'lm_eval.models'" in source
+                or '"lm_eval.tasks"' in source
+                or "'lm_eval.tasks'" in source
+            ):
+                return True
+    except Exception:
+        return False
+    return False
 
 
 # ------------------------------------------------------------------ frames read

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from lm_eval_dvoting.integration import lm_eval_seam
 from lm_eval_dvoting.integration.length_checks import install_early
+from lm_eval_dvoting.integration.lm_eval_seam import native_discovery
 
 if TYPE_CHECKING:
     from lm_eval_dvoting.integration.local_data import SplitNeeds
@@ -91,47 +92,6 @@ def __getattr__(name: str) -> Any:
     if name == "TASK_DIR":
         return str(task_dir())
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.lru_cache(maxsize=1)
-def native_discovery() -> bool:
-    """Whether the installed lm-eval discovers plugin entry points by itself.
-
-    0.4.13 does not; later versions read the `lm_eval.models` / `lm_eval.tasks`
-    entry-point groups that our pyproject already declares. Registering twice would
-    make lm-eval's own loader fail with "already registered", so we step aside then.
-    Detected from lm-eval's source, without importing anything new.
-    """
-    try:
-        import importlib.util
-
-        if importlib.util.find_spec("lm_eval.plugins") is not None:
-            return True
-        spec = importlib.util.find_spec("lm_eval")
-        if spec is None or not spec.submodule_search_locations:
-            return False
-        root = Path(next(iter(spec.submodule_search_locations)))
-        for relative in (
-            "api/registry.py",
-            "models/__init__.py",
-            "tasks/manager.py",
-            "tasks/__init__.py",
-            "_cli/run.py",
-        ):
-            path = root / relative
-            if not path.is_file():
-                continue
-            source = path.read_text(encoding="utf-8", errors="replace")
-            if "entry_points" in source and (
-                '"lm_eval.models"' in source
-                or "'lm_eval.models'" in source
-                or '"lm_eval.tasks"' in source
-                or "'lm_eval.tasks'" in source
-            ):
-                return True
-    except Exception:
-        return False
-    return False
 
 
 def register_models(registry: ModuleType | None = None) -> list[str]:
