@@ -24,13 +24,15 @@ import sys
 
 DISABLE_ENV = "LM_EVAL_DVOTING_DISABLE_HOOK"
 
-# module lm-eval imports -> function in lm_eval_dvoting.integration.plugin run right after it executed
-_WATCHED = {
-    "lm_eval.api.registry": "on_registry_imported",
-    "lm_eval.config.evaluate_config": "on_evaluate_config_imported",
-    "lm_eval.tasks.manager": "on_task_manager_imported",
-    "lm_eval.evaluator": "on_evaluator_imported",
-}
+# the lm-eval modules patched right after they executed (`plugin.on_lm_eval_imported`); a copy
+# of `lm_eval_dvoting.integration.lm_eval_seam.STARTUP_MODULES`, which names every lm-eval
+# internal the plugin depends on (this module may import nothing; a test keeps them equal)
+_WATCHED = (
+    "lm_eval.api.registry",
+    "lm_eval.config.evaluate_config",
+    "lm_eval.tasks.manager",
+    "lm_eval.evaluator",
+)
 
 
 def _report(message: str) -> None:
@@ -70,7 +72,7 @@ class _LmEvalWatcher:
     """Meta-path finder that only ever answers for the watched lm-eval modules."""
 
     def __init__(self) -> None:
-        self._pending = dict(_WATCHED)
+        self._pending = set(_WATCHED)
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         if fullname not in self._pending:
@@ -98,18 +100,18 @@ class _LmEvalWatcher:
 
     def fired(self, fullname: str, module: object) -> None:
         """Run the plugin's patch for `module`; drop the finder once nothing is left."""
-        action = self._pending.pop(fullname, None)
+        if fullname not in self._pending:
+            return
+        self._pending.discard(fullname)
         if not self._pending:
             try:
                 sys.meta_path.remove(self)
             except ValueError:
                 pass
-        if action is None:
-            return
         try:
             from lm_eval_dvoting.integration import plugin
 
-            getattr(plugin, action)(module)
+            plugin.on_lm_eval_imported(fullname, module)
         except Exception as exc:
             _report(f"{fullname}: {type(exc).__name__}: {exc}")
 
@@ -131,7 +133,7 @@ def install() -> bool:
             return True
         for name in list(_FINDER._pending):
             if name in sys.modules:  # too late to watch this one
-                del _FINDER._pending[name]
+                _FINDER._pending.discard(name)
         if not _FINDER._pending:
             return False
         sys.meta_path.insert(0, _FINDER)

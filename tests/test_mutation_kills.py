@@ -1062,10 +1062,10 @@ def test_flags_typed_on_the_command_line(argv, typed, monkeypatch):
     """`merge_run_args` tells lm-eval's defaults from values the user typed by this test."""
     import sys
 
-    from lm_eval_dvoting.integration.harness import _on_command_line
+    from lm_eval_dvoting.integration.lm_eval_seam import typed_on_command_line
 
     monkeypatch.setattr(sys, "argv", argv)
-    assert _on_command_line(("--device", "-b")) is typed
+    assert typed_on_command_line(("--device", "-b")) is typed
 
 
 class _FakeAccelerator:
@@ -1901,13 +1901,13 @@ def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog,
     import logging
     from types import SimpleNamespace
 
-    from lm_eval_dvoting.integration import harness
-    from lm_eval_dvoting.integration.harness import sanitise_requests
+    from lm_eval_dvoting.integration import requests as request_module
+    from lm_eval_dvoting.integration.requests import sanitise_requests
 
     monkeypatch.setattr(
-        harness._encodable, "warned", False
+        request_module.encodable, "warned", False
     )  # the per-process warning, as in a fresh run
-    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.harness")
+    caplog.set_level(logging.WARNING, logger="lm_eval_dvoting.integration.requests")
     requests = [
         SimpleNamespace(args=(f"q{i} \ud800", {"until": ["\n"]}), task_name="t", doc_id=i)
         for i in range(7)

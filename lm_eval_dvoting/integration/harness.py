@@ -1,14 +1,18 @@
-"""The lm-eval LM classes `dvoting-llada` and `dvoting-dream`.
+"""The lm-eval LM classes `dvoting-llada`, `dvoting-dream`, `dvoting-llada2`, `dvoting-llada21`.
 
-This is the only module that imports lm_eval (besides result_cache.py, which binds
-`--use_cache` to the run's settings, and task_costs.py, which makes every task report
-its cost per question; installed when this module is imported). It parses model args,
-tokenizes (with the chat template when `--apply_chat_template` is given), hands token
-ids to a strategy (strategies.py), and returns each voted text as a `CostedText` carrying
-the request's cost and settings (`nfe`, `n_samples`, `votes`, `trace`, `settings`). Registration with lm-eval
-is done by the plugin hook (plugin.py), by "module:Class" string. What each request asks
-for (settings, stop strings, answer kind, prompt ids, seed) is planned by request_planning.py;
-what the requests cost and which settings they ran with is kept by bookkeeping.py.
+The lm-eval adapter: it subclasses lm-eval's `TemplateLM`, parses model args, tokenizes
+(with the chat template when `--apply_chat_template` is given), hands token ids to a
+strategy (strategies.py), and returns each voted text as a `CostedText` carrying the
+request's cost and settings (`nfe`, `n_samples`, `votes`, `trace`, `settings`).
+Importing it installs the plugin's patches to lm-eval (task_costs.py: every task reports its
+cost per question; length_checks.py: task lengths checked before any model work;
+strict_json.py: standard JSON files), each through lm_eval_seam.py, the one module that
+knows which lm-eval internals the plugin touches. Registration with lm-eval is done by the
+plugin hook (plugin.py), by "module:Class" string. What each request asks for (settings,
+stop strings, answer kind, prompt ids, seed) is planned by request_planning.py; requests are
+cleaned and numbered by requests.py (shared with result_cache.py, which binds `--use_cache`
+to the run's settings); what the requests cost and which settings they ran with is kept by
+bookkeeping.py.
 
 Choices a user of the harness should know (also in the README):
 * `--batch_size N` is the number of *rows* decoded per forward pass; a row is one
@@ -67,7 +71,6 @@ import inspect
 import logging
 import os
 import re
-import sys
 from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable
@@ -89,14 +92,18 @@ from lm_eval_dvoting.integration.arg_parsing import flag, real_number, whole_num
 from lm_eval_dvoting.integration.bookkeeping import CostBook, costed_text, settings_entry
 from lm_eval_dvoting.integration.costs import CostedText
 from lm_eval_dvoting.integration.length_checks import install as _install_length_checks
-from lm_eval_dvoting.integration.request_planning import RequestPlanner, generated_text, task_length
-from lm_eval_dvoting.integration.result_cache import (
-    bind as bind_result_cache,
+from lm_eval_dvoting.integration.lm_eval_seam import (
+    is_untyped_cli_default,
+    simple_evaluate_torch_seed,
 )
-from lm_eval_dvoting.integration.result_cache import (
+from lm_eval_dvoting.integration.request_planning import RequestPlanner, generated_text, task_length
+from lm_eval_dvoting.integration.requests import (
+    encodable,
     generation_key_args,
     repeat_indices,
+    sanitise_requests,
 )
+from lm_eval_dvoting.integration.result_cache import bind as bind_result_cache
 from lm_eval_dvoting.integration.strict_json import install as _install_strict_json
 from lm_eval_dvoting.integration.task_costs import RunCosts
 from lm_eval_dvoting.integration.task_costs import install as _install_task_costs
@@ -575,7 +582,7 @@ class DVotingEvalModel(TemplateLM):
     def tok_encode(
         self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
     ) -> list[int]:
-        ids = self.tokenizer.encode(_encodable(string), add_special_tokens=bool(add_special_tokens))
+        ids = self.tokenizer.encode(encodable(string), add_special_tokens=bool(add_special_tokens))
         # add_bos_token (HFLM's model arg) applies when the caller does not decide, and never
         # doubles a BOS that the text (e.g. a chat template) already starts with
         bos = self.tokenizer.bos_token_id
@@ -912,53 +919,10 @@ def sampling_seed(seed: int | str | None) -> tuple[int, str]:
     """
     if seed is not None:
         return whole_number("seed", seed), "model_args"
-    harness_seed = _lm_eval_torch_seed()
+    harness_seed = simple_evaluate_torch_seed()
     if harness_seed is not None:
         return harness_seed, "lm-eval --seed"
     return DEFAULT_SEED, "default"
-
-
-def _lm_eval_torch_seed() -> int | None:
-    """The torch seed lm-eval's `simple_evaluate` set, when this model is built inside it.
-
-    `simple_evaluate` seeds torch (`set_torch_seed(torch_random_seed)`) and then creates the
-    model from its name, so while the model is built its frame is on the stack with the
-    seed it used as the local `torch_random_seed` (None: torch was left unseeded). The
-    value is read there rather than from `torch.initial_seed()`, which anything run in
-    between (a task's own code) could have reseeded.
-    """
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if (
-            code.co_name == "simple_evaluate"
-            and frame.f_globals.get("__name__") == "lm_eval.evaluator"
-        ):
-            seed = frame.f_locals.get("torch_random_seed")
-            return None if seed is None else int(seed)
-        frame = frame.f_back
-    return None
-
-
-# What lm-eval's CLI hands every model (`create_from_arg_*`'s additional config) when the
-# flag is not on the command line, and the flag's spellings.
-_CLI_DEFAULTS: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "device": ("cuda:0", ("--device",)),
-    "batch_size": (1, ("--batch_size", "-b")),
-}
-
-
-def _on_command_line(flags: tuple[str, ...]) -> bool:
-    """Whether one of `flags` was typed on this process's command line (`--flag v`, `--flag=v`)."""
-    for arg in sys.argv[1:]:
-        for flag in flags:
-            if (
-                arg == flag
-                or arg.startswith(flag + "=")
-                or (len(flag) == 2 and arg.startswith(flag))
-            ):
-                return True
-    return False
 
 
 def merge_run_args(model_args: dict[str, Any], run_args: dict[str, Any]) -> dict[str, Any]:
@@ -978,8 +942,7 @@ def merge_run_args(model_args: dict[str, Any], run_args: dict[str, Any]) -> dict
     for key, value in run_args.items():
         if value is None:
             continue
-        default, flags = _CLI_DEFAULTS.get(key, (None, ()))
-        is_default = flags != () and str(value) == str(default) and not _on_command_line(flags)
+        is_default = is_untyped_cli_default(key, value)
         if key not in merged:
             if not (key == "device" and is_default):
                 merged[key] = value
@@ -1117,54 +1080,6 @@ def _bos_setting(add_bos: bool, tokenizer: Any, source: Any) -> bool:
             "(prompts are encoded without special tokens; a chat template adds its own)"
         )
     return add_bos
-
-
-def _encodable(text: str) -> str:
-    """`text` with lone surrogates (from broken data; no tokenizer accepts them) as U+FFFD.
-
-    Surrogate pairs become the character they encode; valid text is returned as it is.
-    """
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        if not _encodable.warned:
-            log.warning("text with lone surrogates (invalid unicode): they are replaced by U+FFFD")
-            _encodable.warned = True
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-_encodable.warned = False
-
-
-def sanitise_requests(requests: list[Any]) -> None:
-    """Lone surrogates in a request's text become U+FFFD in the request itself, before any model work.
-
-    lm-eval 0.4.13 hashes each request's context for `--log_samples` (`prompt_hash`,
-    utf-8 without error handling) and writes it to the samples file only after every
-    request has been answered, so text no encoder accepts (a prompt function or template
-    that emits a lone surrogate) would lose the whole run there. Rewritten here, the
-    request is scored, hashed, cached and logged as the text the model really saw.
-    """
-    rewritten = []
-    for req in requests:
-        args = req.args
-        clean = tuple(_encodable(a) if isinstance(a, str) else a for a in args)
-        if clean != args:
-            arguments = getattr(req, "arguments", None)
-            if arguments is None:  # a stand-in for lm-eval's Instance with a plain `args`
-                req.args = clean
-            else:  # Instance: `args` is a read-only view of `arguments`
-                req.arguments = clean if isinstance(arguments, tuple) else clean[0]
-            rewritten.append(f"task {req.task_name}, document {req.doc_id}")
-    if rewritten:  # one warning per call, not one per document: a broken template hits them all
-        shown = "; ".join(rewritten[:5]) + ("; ..." if len(rewritten) > 5 else "")
-        log.warning(
-            "%d request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the "
-            "model runs: %s",
-            len(rewritten),
-            shown,
-        )
 
 
 def _same_answer(a: tuple[str, str], b: tuple[str, str]) -> bool:

@@ -33,11 +33,12 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from types import ModuleType
 from typing import Any, Callable, Mapping
 
+from lm_eval_dvoting.integration import lm_eval_seam
 from lm_eval_dvoting.integration.task_costs import _costed_model
 
-_PATCH_MARK = "_lm_eval_dvoting_lengths"
 log = logging.getLogger(__name__)
 
 
@@ -47,9 +48,8 @@ def generation_kwargs_of(task_dict: Any) -> dict[str, dict[str, Any] | None]:
     tasks = task_dict.get("tasks") if isinstance(task_dict, dict) and "tasks" in task_dict else None
     if tasks is None:
         try:  # the older nested {name: task or {group: ...}} form, as `evaluate` reads it
-            from lm_eval.evaluator_utils import _handle_back_comp
-
-            _, tasks = _handle_back_comp(task_dict)
+            _, handle_back_comp = lm_eval_seam.resolve("nested_task_dict")
+            _, tasks = handle_back_comp(task_dict)
         except Exception:
             return {}  # a form we do not know: the per-request check still runs
     found = {}
@@ -73,19 +73,14 @@ def _wrap_evaluate(original: Callable[..., Any]) -> Callable[..., Any]:
             model.check_task_lengths(generation_kwargs_of(task_dict))
         return original(*args, **kwargs)
 
-    setattr(evaluate, _PATCH_MARK, True)
     return evaluate
 
 
 def install() -> None:
     """Patch lm-eval's `evaluate` (idempotent) to check the generation tasks' lengths first,
     and `simple_evaluate` (`install_early`) to check them before the weights where it can."""
-    import lm_eval.evaluator as evaluator
-
-    current = evaluator.evaluate
-    if not getattr(current, _PATCH_MARK, False):
-        evaluator.evaluate = _wrap_evaluate(current)
-    install_early(evaluator)
+    lm_eval_seam.patch("evaluate", "lengths", _wrap_evaluate)
+    install_early()
 
 
 # ------------------------------------------------- before the weights: simple_evaluate
@@ -140,17 +135,20 @@ def indexed_generation_kwargs(
 
 
 def _our_model_class(model: Any) -> Any:
-    """The dvoting model class `simple_evaluate`'s `model` names, else None."""
-    from lm_eval_dvoting.integration.plugin import MODELS
+    """The dvoting model class `simple_evaluate`'s `model` names, else None.
 
-    if not isinstance(model, str) or model not in MODELS:
+    Asked of lm-eval's registry, as `simple_evaluate` asks it next; a name it refuses is
+    left to `simple_evaluate` to refuse, in its own order."""
+    if not isinstance(model, str):
         return None
     import lm_eval.api.registry as registry
 
-    from lm_eval_dvoting.integration.harness import DVotingEvalModel
-
-    found = registry.get_model(model)
-    return found if isinstance(found, type) and issubclass(found, DVotingEvalModel) else None
+    try:
+        found = registry.get_model(model)
+    except Exception:
+        return None
+    ours = isinstance(found, type) and found.__module__.startswith("lm_eval_dvoting.")
+    return found if ours and hasattr(found, "check_lengths_before_loading") else None
 
 
 def _model_args(bound: inspect.BoundArguments) -> dict[str, Any]:
@@ -220,15 +218,10 @@ def _wrap_simple_evaluate(original: Callable[..., Any]) -> Callable[..., Any]:
         check_before_loading(bound)
         return original(*bound.args, **bound.kwargs)
 
-    setattr(simple_evaluate, _PATCH_MARK, True)
     return simple_evaluate
 
 
-def install_early(evaluator: Any = None) -> None:
-    """Patch lm-eval's `simple_evaluate` (idempotent) to check lengths before the weights."""
-    if evaluator is None:
-        import lm_eval.evaluator as evaluator
-
-    current = evaluator.simple_evaluate
-    if not getattr(current, _PATCH_MARK, False):
-        evaluator.simple_evaluate = _wrap_simple_evaluate(current)
+def install_early(evaluator: ModuleType | None = None) -> bool:
+    """Patch lm-eval's `simple_evaluate` (idempotent) to check lengths before the weights;
+    `evaluator` is `lm_eval.evaluator` when the caller holds it (the start-up hook)."""
+    return lm_eval_seam.patch("simple_evaluate", "lengths", _wrap_simple_evaluate, evaluator)

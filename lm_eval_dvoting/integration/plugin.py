@@ -16,8 +16,11 @@ It also adjusts three things of lm-eval's, each documented at its function:
 - with `DVOTING_DATA_DIR` set, stock tasks on GSM8K, MATH-500, ARC-Challenge and MMLU read
   the local files instead of the hub (`patch_stock_datasets`, `local_data.py`).
 
-It runs either from the start-up hook (`_lm_eval_dvoting_startup`, automatic) or
-from an explicit `register()` call (the `dvoting eval` wrapper does that).
+It runs either from the start-up hook (`_lm_eval_dvoting_startup`, automatic:
+`on_lm_eval_imported`) or from an explicit `register()` call (the `dvoting eval` wrapper does
+that). What each patch does is written here; which lm-eval object it replaces, and how, is
+lm_eval_seam.py's, which refuses a hook point that moved (`LmEvalHookMoved`) rather than
+leave lm-eval unpatched.
 
 Importing this module is cheap: lm_eval is imported only inside the functions.
 """
@@ -31,7 +34,11 @@ import logging
 import re
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+from lm_eval_dvoting.integration import lm_eval_seam
+from lm_eval_dvoting.integration.length_checks import install_early
+from lm_eval_dvoting.integration.lm_eval_seam import native_discovery
 
 if TYPE_CHECKING:
     from lm_eval_dvoting.integration.local_data import SplitNeeds
@@ -50,8 +57,6 @@ _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # A wheel carries the YAMLs inside the package (pyproject force-include); an editable
 # install or a plain checkout has them in the top-level folder of the source tree.
 _TASK_DIR_CANDIDATES = (_PACKAGE_DIR / "task_configs", _PACKAGE_DIR.parent / "task_configs")
-
-_PATCH_MARK = "_lm_eval_dvoting_patched"
 
 log = logging.getLogger(__name__)
 
@@ -89,47 +94,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-@functools.lru_cache(maxsize=1)
-def native_discovery() -> bool:
-    """Whether the installed lm-eval discovers plugin entry points by itself.
-
-    0.4.13 does not; later versions read the `lm_eval.models` / `lm_eval.tasks`
-    entry-point groups that our pyproject already declares. Registering twice would
-    make lm-eval's own loader fail with "already registered", so we step aside then.
-    Detected from lm-eval's source, without importing anything new.
-    """
-    try:
-        import importlib.util
-
-        if importlib.util.find_spec("lm_eval.plugins") is not None:
-            return True
-        spec = importlib.util.find_spec("lm_eval")
-        if spec is None or not spec.submodule_search_locations:
-            return False
-        root = Path(next(iter(spec.submodule_search_locations)))
-        for relative in (
-            "api/registry.py",
-            "models/__init__.py",
-            "tasks/manager.py",
-            "tasks/__init__.py",
-            "_cli/run.py",
-        ):
-            path = root / relative
-            if not path.is_file():
-                continue
-            source = path.read_text(encoding="utf-8", errors="replace")
-            if "entry_points" in source and (
-                '"lm_eval.models"' in source
-                or "'lm_eval.models'" in source
-                or '"lm_eval.tasks"' in source
-                or "'lm_eval.tasks'" in source
-            ):
-                return True
-    except Exception:
-        return False
-    return False
-
-
 def register_models(registry: ModuleType | None = None) -> list[str]:
     """Add the dvoting models to lm-eval's model registry; returns the names added.
 
@@ -139,11 +103,9 @@ def register_models(registry: ModuleType | None = None) -> list[str]:
     """
     if native_discovery():
         return []
-    if registry is None:
-        import lm_eval.api.registry as registry
+    model_registry, _ = lm_eval_seam.resolve("model_registry", registry)
     import lm_eval.models  # noqa: F401  (fills the built-in placeholders)
 
-    model_registry = registry.model_registry
     added = []
     for name, target in MODELS.items():
         if name not in model_registry:  # a user's or native registration wins
@@ -179,15 +141,11 @@ def patch_task_manager(manager_module: ModuleType | None = None) -> bool:
     """
     if native_discovery():
         return False
-    if manager_module is None:
-        import lm_eval.tasks.manager as manager_module
-    cls = manager_module.TaskManager
-    original = cls.__init__
-    if getattr(original, _PATCH_MARK, False):
-        return True
+    return lm_eval_seam.patch("task_manager", "tasks", _wrap_task_manager_init, manager_module)
+
+
+def _wrap_task_manager_init(original: Callable[..., None]) -> Callable[..., None]:
     signature = inspect.signature(original)
-    if "include_path" not in signature.parameters:
-        return False  # an lm-eval we do not understand: leave it alone
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -196,7 +154,7 @@ def patch_task_manager(manager_module: ModuleType | None = None) -> bool:
             bound.arguments["include_path"] = _with_our_tasks(
                 bound.arguments.get("include_path"), task_dir()
             )
-            if _ONLY_OURS.get() and "include_defaults" in signature.parameters:
+            if _ONLY_OURS.get():
                 bound.arguments["include_defaults"] = False
                 log.info("only dvoting tasks asked for: lm-eval's own task folder not indexed")
             args, kwargs = bound.args[1:], bound.kwargs
@@ -204,9 +162,7 @@ def patch_task_manager(manager_module: ModuleType | None = None) -> bool:
             pass  # bad call or no task folder: let lm-eval behave (and complain) as usual
         original(self, *args, **kwargs)
 
-    setattr(__init__, _PATCH_MARK, True)
-    cls.__init__ = __init__
-    return True
+    return __init__
 
 
 def our_task_names() -> frozenset[str]:
@@ -240,15 +196,10 @@ def patch_process_tasks(config_module: ModuleType | None = None) -> bool:
     (a stock name, a path, a glob, a tag) gets lm-eval's full index as before.
     Returns whether `EvaluatorConfig.process_tasks` is patched.
     """
-    if config_module is None:
-        import lm_eval.config.evaluate_config as config_module
-    cls = getattr(config_module, "EvaluatorConfig", None)
-    original = getattr(cls, "process_tasks", None)
-    if original is None:
-        return False  # an lm-eval we do not understand: leave it alone
-    if getattr(original, _PATCH_MARK, False):
-        return True
+    return lm_eval_seam.patch("process_tasks", "tasks", _wrap_process_tasks, config_module)
 
+
+def _wrap_process_tasks(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def process_tasks(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -261,9 +212,7 @@ def patch_process_tasks(config_module: ModuleType | None = None) -> bool:
         finally:
             _ONLY_OURS.reset(token)
 
-    setattr(process_tasks, _PATCH_MARK, True)
-    cls.process_tasks = process_tasks
-    return True
+    return process_tasks
 
 
 def _shown_metrics(metrics: Any) -> Any:
@@ -286,14 +235,10 @@ def patch_results_table(utils_module: ModuleType | None = None) -> bool:
     The results JSON keeps it: only the printed table (`lm_eval.utils.make_table`, which
     the CLI looks up when it prints) leaves it out.
     """
-    if utils_module is None:
-        import lm_eval.utils as utils_module
-    original = getattr(utils_module, "make_table", None)
-    if original is None:
-        return False
-    if getattr(original, _PATCH_MARK, False):
-        return True
+    return lm_eval_seam.patch("make_table", "table", _wrap_make_table, utils_module)
 
+
+def _wrap_make_table(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def make_table(result_dict: Any, column: str = "results", *args: Any, **kwargs: Any) -> Any:
         try:
@@ -305,9 +250,7 @@ def patch_results_table(utils_module: ModuleType | None = None) -> bool:
             shown = result_dict  # a shape we do not know: print it as lm-eval would
         return original(shown, column, *args, **kwargs)
 
-    setattr(make_table, _PATCH_MARK, True)
-    utils_module.make_table = make_table
-    return True
+    return make_table
 
 
 def _split_needs(task: Any) -> SplitNeeds:
@@ -368,23 +311,16 @@ def patch_stock_datasets(task_module: ModuleType | None = None) -> bool:
     every other task, and every task without the folder, loads as lm-eval loads it.
     Each redirected task logs which files it reads.
     """
-    if task_module is None:
-        import lm_eval.api.task as task_module
-    cls = getattr(task_module, "ConfigurableTask", None)
-    original = getattr(cls, "download", None)
-    if original is None:
-        return False
-    if getattr(original, _PATCH_MARK, False):
-        return True
+    return lm_eval_seam.patch("download", "local_data", _wrap_download, task_module)
 
+
+def _wrap_download(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def download(self: Any, dataset_kwargs: Any = None, **kwargs: Any) -> None:
         if not _read_local_stock_data(self):
             original(self, dataset_kwargs, **kwargs)
 
-    setattr(download, _PATCH_MARK, True)
-    cls.download = download
-    return True
+    return download
 
 
 def patch_lm_eval(manager_module: ModuleType | None = None) -> None:
@@ -400,33 +336,24 @@ def register() -> None:
     """Register models and tasks explicitly (for use after lm_eval was imported)."""
     register_models()
     patch_lm_eval()
-    from lm_eval_dvoting.integration.length_checks import install_early
-
     install_early()
 
 
-# ---- called by the start-up hook right after lm-eval executed these modules ----------
+# ---- called by the start-up hook right after lm-eval executed one of its modules ------
 
 
-def on_registry_imported(module: ModuleType) -> None:
-    """Hook target for `lm_eval.api.registry`."""
-    register_models(module)
-
-
-def on_evaluate_config_imported(module: ModuleType) -> None:
-    """Hook target for `lm_eval.config.evaluate_config`: patched on its own, before any
-    `process_tasks` can run (the task manager may be imported only inside that call)."""
-    patch_process_tasks(module)
-
-
-def on_evaluator_imported(module: ModuleType) -> None:
-    """Hook target for `lm_eval.evaluator`: task lengths checked before the weights load
-    when `simple_evaluate` (or the CLI) is given a dvoting model's name (length_checks.py)."""
-    from lm_eval_dvoting.integration.length_checks import install_early
-
-    install_early(module)
-
-
-def on_task_manager_imported(module: ModuleType) -> None:
-    """Hook target for `lm_eval.tasks.manager`."""
-    patch_lm_eval(module)
+def on_lm_eval_imported(fullname: str, module: ModuleType) -> None:
+    """Start-up hook target: patch `module` (lm-eval's `fullname`, one of
+    `lm_eval_seam.STARTUP_MODULES`) right after lm-eval executed it."""
+    if fullname == lm_eval_seam.HOOKS["model_registry"].module:
+        register_models(module)
+    elif fullname == lm_eval_seam.HOOKS["process_tasks"].module:
+        # patched on its own, before any `process_tasks` can run (the task manager may be
+        # imported only inside that call)
+        patch_process_tasks(module)
+    elif fullname == lm_eval_seam.HOOKS["task_manager"].module:
+        patch_lm_eval(module)
+    elif fullname == lm_eval_seam.HOOKS["simple_evaluate"].module:
+        # task lengths checked before the weights load when `simple_evaluate` (or the CLI)
+        # is given a dvoting model's name (length_checks.py)
+        install_early(module)

@@ -38,7 +38,7 @@ class GenerationJob:
     """One request to decode: one repeat of one lm-eval instance."""
 
     position: int  # its index in the requests `generate_until` was given
-    repeat: int  # its repeat index (result_cache.repeat_indices), part of its seed and cache key
+    repeat: int  # its repeat index (requests.repeat_indices), part of its seed and cache key
     prompt: torch.Tensor
     settings: StrategySettings
     until: list[str]

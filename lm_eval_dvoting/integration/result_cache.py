@@ -1,4 +1,5 @@
-"""`--use_cache` made exact: entries bound to the run's configuration and to each (document, repeat).
+"""`--use_cache` made exact: entries bound to the run's configuration and to each
+(document, repeat).
 
 lm-eval's `CachingLM` (0.4.13) keys a result on the request alone, ``(context, gen_kwargs)``,
 and reads the cache before it calls the model. For this plugin that gave two kinds of
@@ -44,7 +45,8 @@ request itself (the prompt, few-shot examples, chat template output, `--gen_kwar
 
 Weight files are hashed for real (sha256 of the bytes, streamed once: 0.7 GB/s on the 2-core
 development CPU, about 20 s for the 16 GB of an 8B checkpoint) rather than by header, size and
-time: a fine-tuned checkpoint has the header and size of its base, and copies keep times. The digest is remembered in the cache file by path, size,
+time: a fine-tuned checkpoint has the header and size of its base, and copies keep times.
+The digest is remembered in the cache file by path, size,
 modification and change time and inode, so later runs with an unchanged file do not read it
 again, and any rewrite of the file (which updates its change time) hashes it anew.
 
@@ -62,14 +64,19 @@ import hashlib
 import json
 import logging
 import os
-import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 from lm_eval_dvoting import __version__
 from lm_eval_dvoting.core.strategies import unused_settings
+from lm_eval_dvoting.integration.lm_eval_seam import answer_for_caching_lm, calling_caching_lm
+from lm_eval_dvoting.integration.requests import (
+    generation_key_args,
+    repeat_indices,
+    sanitise_requests,
+)
 from lm_eval_dvoting.models.loading import TOKENIZER_FILES, hub_revision, weight_files
 
 log = logging.getLogger(__name__)
@@ -88,35 +95,6 @@ _DIGESTS: dict[tuple[str, tuple[int, ...]], str] = {}
 
 
 # ------------------------------------------------------------------ request keys
-
-
-def repeat_indices(requests: list[Any]) -> list[int]:
-    """The repeat index of each request, as `generate_until` numbers them.
-
-    lm-eval sends an instance with `repeats: N` N times in a row; with several processes it
-    pads a rank by sending its last instance `repeats` times more, which repeat the first N.
-    """
-    seen: Counter[int] = Counter()
-    indices = []
-    for req in requests:
-        repeat = seen[id(req)]
-        seen[id(req)] += 1
-        if getattr(req, "repeats", None):
-            repeat %= req.repeats
-        indices.append(repeat)
-    return indices
-
-
-def generation_key_args(request: Any, repeat: int) -> tuple[Any, ...]:
-    """What decides a generation besides the run's settings: request, task, document, repeat."""
-    context, gen_kwargs = request.args
-    return (
-        context,
-        gen_kwargs,
-        getattr(request, "task_name", None),
-        getattr(request, "doc_id", None),
-        repeat,
-    )
 
 
 def entry_key(fingerprint_id: str, attr: str, args: Any) -> str:
@@ -226,7 +204,8 @@ def _parameters_digest(model: Any) -> str:
 
 
 def tokenizer_identity(tokenizer: Any, memo: dict[str, Any] | None = None) -> str:
-    """sha256 over the tokenizer's data files (vocabulary, merges, special tokens, chat template)."""
+    """sha256 over the tokenizer's data files (vocabulary, merges, special tokens, chat
+    template)."""
     folder = Path(str(getattr(tokenizer, "name_or_path", "")))
     if folder.is_dir():
         files = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
@@ -345,7 +324,8 @@ class ResultCache:
         self._known: dict[
             str, str
         ] = {}  # fingerprint json -> id, for configurations already registered
-        self.current_id()  # fingerprint (hashing the weights if needed) and report, before any request
+        # fingerprint (hashing the weights if needed) and report, before any request
+        self.current_id()
 
     @contextlib.contextmanager
     def _meta(self) -> Iterator[Any]:
@@ -396,8 +376,9 @@ class ResultCache:
                 others, key=lambda other: len(differences(other["fingerprint"], identity))
             )
             log.warning(
-                "result cache %s holds results of %d other configuration(s), none of this one, so every "
-                "request is computed (their entries are kept apart and never used); the closest was made "
+                "result cache %s holds results of %d other configuration(s), none of this one, "
+                "so every request is computed (their entries are kept apart and never used); "
+                "the closest was made "
                 "with pretrained=%s and differs in %s",
                 self.path,
                 len(others),
@@ -412,8 +393,6 @@ class ResultCache:
 
     def serve(self, attr: str, requests: list[Any], **kwargs: Any) -> list[Any]:
         """lm-eval's call for one request type: cached results, the rest computed by the model."""
-        from lm_eval_dvoting.integration.harness import sanitise_requests
-
         # before the keys: a request answered from the cache never reaches the model, and its
         # text must still be what lm-eval's --log_samples hashing can encode
         sanitise_requests(requests)
@@ -472,23 +451,24 @@ def bind(lm: Any, hook: Any) -> Any:
     calls `set_cache_hook` from `CachingLM.__init__`)."""
     if getattr(hook, "dbdict", None) is None:
         return hook
-    wrapper = _calling_caching_lm(lm, hook)
+    wrapper = calling_caching_lm(lm, hook)
     if wrapper is None:
         raise RuntimeError(
-            "--use_cache: lm-eval's CachingLM that made this cache hook was not found, so cached results "
-            "could not be bound to this run's settings (an lm-eval other than 0.4.x?); run without --use_cache"
+            "--use_cache: lm-eval's CachingLM that made this cache hook was not found, so "
+            "cached results could not be bound to this run's settings (an lm-eval other than "
+            "0.4.x?); run without --use_cache"
         )
     cache = ResultCache(lm, hook.dbdict)
     if batch_dependent(lm):
         log.warning(
             "--use_cache in %s on %s: a resumed run may differ from an uninterrupted one at "
             "near-tie decisions, as a change of --batch_size may (the requests sharing a forward "
-            "pass differ); each stored result is exact for its configuration (README, Reproducibility)",
+            "pass differ); each stored result is exact for its configuration (README, "
+            "Reproducibility)",
             lm.dtype_name,
             lm.device.type,
         )
-    for attr in REQUEST_TYPES:
-        setattr(wrapper, attr, _server(cache, attr))
+    answer_for_caching_lm(wrapper, {attr: _server(cache, attr) for attr in REQUEST_TYPES})
     return cache
 
 
@@ -498,21 +478,3 @@ def _server(cache: ResultCache, attr: str) -> Callable[..., list[Any]]:
 
     serve.__name__ = attr
     return serve
-
-
-def _calling_caching_lm(lm: Any, hook: Any) -> Any:
-    from lm_eval.api.model import CachingLM
-
-    frame = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            break
-        owner = frame.f_locals.get("self")
-        if (
-            isinstance(owner, CachingLM)
-            and owner.lm is lm
-            and getattr(owner, "dbdict", None) is hook.dbdict
-        ):
-            return owner
-        frame = frame.f_back
-    return None

@@ -24,9 +24,10 @@ import json
 import math
 from typing import Any, Callable
 
+from lm_eval_dvoting.integration import lm_eval_seam
+
 # the encodings of the non-finite floats (NaN: None, written as null)
 INFINITY, NEGATIVE_INFINITY = "inf", "-inf"
-_PATCH_MARK = "_dvoting_strict_json"
 
 
 def json_safe(value: Any) -> Any:
@@ -89,7 +90,6 @@ def _wrap_aggregated(original: Callable[..., Any]) -> Callable[..., Any]:
                 results[key] = safe[key]
         return saved
 
-    setattr(save_results_aggregated, _PATCH_MARK, True)
     return save_results_aggregated
 
 
@@ -106,19 +106,11 @@ def _wrap_samples(original: Callable[..., Any]) -> Callable[..., Any]:
             samples = json_safe(samples)
         return original(self, task_name=task_name, samples=samples)
 
-    setattr(save_results_samples, _PATCH_MARK, True)
     return save_results_samples
 
 
 def install() -> None:
     """Patch lm-eval's `EvaluationTracker` (idempotent) so that a dvoting model's results JSON
     and samples JSONL hold standard JSON (`json_safe`)."""
-    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
-
-    for name, wrap in (
-        ("save_results_aggregated", _wrap_aggregated),
-        ("save_results_samples", _wrap_samples),
-    ):
-        current = EvaluationTracker.__dict__.get(name)
-        if current is not None and not getattr(current, _PATCH_MARK, False):
-            setattr(EvaluationTracker, name, wrap(current))
+    lm_eval_seam.patch("save_results", "strict_json", _wrap_aggregated)
+    lm_eval_seam.patch("save_samples", "strict_json", _wrap_samples)

@@ -46,6 +46,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from lm_eval_dvoting.integration import lm_eval_seam
 from lm_eval_dvoting.integration.costs import CostedText
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 COST_METRICS = ("nfe", "n_samples")
 # per-question figure -> the response attribute summed into it
 _FIGURES = {"nfe": "nfe", "n_samples": "n_samples"}
-_PATCH_MARK = "_lm_eval_dvoting_costs"
-_TASK_MARK = "_dvoting_cost_metrics"
 
 # the cost ledger of the evaluation running now (set by the patched `evaluate`)
 _ACTIVE: contextvars.ContextVar[RunCosts | None] = contextvars.ContextVar(
@@ -186,11 +185,6 @@ class RunCosts:
         return [self.settings[key] for key in sorted(self.settings)]
 
 
-def active_run() -> RunCosts | None:
-    """The ledger of the evaluation running now, if its model keeps one."""
-    return _ACTIVE.get()
-
-
 # ----------------------------------------------------------------- lm-eval patches
 
 
@@ -238,14 +232,12 @@ def _after_filters(task: Any) -> None:
 def _add_cost_metrics(task: Any) -> None:
     """Make `task` report ``nfe``/``n_samples`` per question (wrapping its own methods, on
     this task object only, so any Task subclass works and no other task is touched)."""
-    if task.__dict__.get(_TASK_MARK):
-        return
-    process_results, aggregation, higher_is_better = (
-        task.process_results,
-        task.aggregation,
-        task.higher_is_better,
-    )
+    lm_eval_seam.patch_instance(task, "task_results", "costs", _with_cost_figures)
+    lm_eval_seam.patch_instance(task, "task_aggregation", "costs", _with_cost_aggregation)
+    lm_eval_seam.patch_instance(task, "task_higher_is_better", "costs", _with_cost_direction)
 
+
+def _with_cost_figures(process_results: Callable[..., Any]) -> Callable[..., Any]:
     def process_results_with_cost(doc: Any, results: Any) -> dict[str, Any]:
         metrics = process_results(doc, results)
         figures = question_metrics(results)
@@ -254,18 +246,23 @@ def _add_cost_metrics(task: Any) -> None:
         # per question, all repeats summed: replaces a per-response figure a task may report
         return {**metrics, **figures}
 
+    return process_results_with_cost
+
+
+def _with_cost_aggregation(aggregation: Callable[[], Any]) -> Callable[[], Any]:
     def aggregation_with_cost() -> dict[str, Any]:
         from lm_eval.api.metrics import mean
 
         return {**aggregation(), **{metric: mean for metric in COST_METRICS}}
 
+    return aggregation_with_cost
+
+
+def _with_cost_direction(higher_is_better: Callable[[], Any]) -> Callable[[], Any]:
     def higher_is_better_with_cost() -> dict[str, Any]:
         return {**higher_is_better(), **{metric: False for metric in COST_METRICS}}
 
-    task.process_results = process_results_with_cost
-    task.aggregation = aggregation_with_cost
-    task.higher_is_better = higher_is_better_with_cost
-    setattr(task, _TASK_MARK, True)
+    return higher_is_better_with_cost
 
 
 def _wrap_apply_filters(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -275,7 +272,6 @@ def _wrap_apply_filters(original: Callable[..., Any]) -> Callable[..., Any]:
         _after_filters(self)
         return out
 
-    setattr(apply_filters, _PATCH_MARK, True)
     return apply_filters
 
 
@@ -313,7 +309,6 @@ def _wrap_group_aggregate(original: Callable[..., Any]) -> Callable[..., Any]:
             result.update(_group_cost(self, task_metrics))
         return result
 
-    setattr(aggregate, _PATCH_MARK, True)
     return aggregate
 
 
@@ -329,7 +324,6 @@ def _wrap_evaluate(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             _ACTIVE.reset(token)
 
-    setattr(evaluate, _PATCH_MARK, True)
     return evaluate
 
 
@@ -342,20 +336,12 @@ def _costed_model(lm: Any) -> Any:
     return None
 
 
-def _patch(owner: Any, name: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-    current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    if current is None or getattr(current, _PATCH_MARK, False):
-        return
-    setattr(owner, name, wrap(current))
-
-
 def install() -> None:
-    """Patch lm-eval (idempotent): tasks report cost, groups aggregate it, runs keep a ledger."""
-    import lm_eval.api.group as group_module
-    import lm_eval.api.task as task_module
-    import lm_eval.evaluator as evaluator
+    """Patch lm-eval (idempotent): tasks report cost, groups aggregate it, runs keep a ledger.
 
-    for cls in (task_module.Task, task_module.ConfigurableTask):
-        _patch(cls, "apply_filters", _wrap_apply_filters)
-    _patch(group_module.Group, "aggregate", _wrap_group_aggregate)
-    _patch(evaluator, "evaluate", _wrap_evaluate)
+    `Task.apply_filters` is patched for task classes that do not override it, and
+    `ConfigurableTask`'s own override beside it."""
+    lm_eval_seam.patch("task_filters", "costs", _wrap_apply_filters)
+    lm_eval_seam.patch("configurable_task_filters", "costs", _wrap_apply_filters)
+    lm_eval_seam.patch("group_aggregate", "costs", _wrap_group_aggregate)
+    lm_eval_seam.patch("evaluate", "costs", _wrap_evaluate)
