@@ -133,3 +133,37 @@ def test_a_new_family_is_one_record(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     layers = ("DreamConfig", "DreamModel", "DreamMLP")
     monkeypatch.setitem(FAMILIES, "toy", dataclasses.replace(toy, classes=layers))
     assert placement.layer_class(model).__name__ == "DreamMLP"
+
+
+_LLADA2_NAMES = "dvoting-llada2 (LLaDA2.0) or dvoting-llada21 (LLaDA2.1)"
+
+
+@pytest.mark.parametrize(
+    "model, family, pretrained, expected",
+    [
+        ("dvoting-llada", "llada", "x", None),
+        ("dvoting-llada", "dream", "x", None),  # decoded, with a warning
+        ("dvoting-dream", "llada_moe", "x", None),
+        ("dvoting-llada", "llada2", "x", _LLADA2_NAMES),
+        ("dvoting-llada2", "llada", "x", "dvoting-llada"),
+        ("dvoting-llada21", "dream", "x", "dvoting-dream"),
+        ("dvoting-llada2", "llada2", "org/LLaDA2.0-mini", None),
+        ("dvoting-llada2", "llada2", "org/LLaDA2.1-mini", "dvoting-llada21"),
+        ("dvoting-llada21", "llada2", "/ckpt/llada-2.0", "dvoting-llada2"),
+        ("dvoting-llada21", "llada2", "my-checkpoint", None),
+    ],
+)
+def test_other_model_for(model: str, family: str, pretrained: str, expected: str | None) -> None:
+    found = families.other_model_for(MODEL_NAMES[model], FAMILIES[family], pretrained)
+    assert found == expected
+
+
+def test_a_block_diffusion_name_decodes_its_own_family_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unlike the bidirectional names, which read each other's checkpoints."""
+    toy_name = dataclasses.replace(MODEL_NAMES["dvoting-llada2"], name="dvoting-toy")
+    monkeypatch.setitem(MODEL_NAMES, "dvoting-toy", toy_name)
+    toy = dataclasses.replace(FAMILIES["llada2"], name="toy", decoded_by=("dvoting-toy",))
+    assert families.other_model_for(MODEL_NAMES["dvoting-llada2"], toy, "x") == "dvoting-toy"
+    assert families.other_model_for(toy_name, toy, "x") is None

@@ -66,7 +66,6 @@ import difflib
 import inspect
 import logging
 import os
-import re
 import sys
 from collections import Counter
 from dataclasses import replace
@@ -102,13 +101,7 @@ from lm_eval_dvoting.integration.task_costs import RunCosts
 from lm_eval_dvoting.integration.task_costs import install as _install_task_costs
 from lm_eval_dvoting.models.adapters import attach as attach_adapter
 from lm_eval_dvoting.models.adapters import read_adapter
-from lm_eval_dvoting.models.families import (
-    FAMILIES,
-    MODEL_NAMES,
-    Family,
-    ModelName,
-    suggested_models,
-)
+from lm_eval_dvoting.models.families import FAMILIES, MODEL_NAMES, ModelName, other_model_for
 from lm_eval_dvoting.models.loading import (
     checkpoint_facts,
     config_max_length,
@@ -253,30 +246,12 @@ class DVotingEvalModel(TemplateLM):
         """Refuse, before any weights are read, a checkpoint that this model name would decode
         with another family's semantics; name the model that decodes it."""
         family = FAMILIES[model_family(read_config(folder), folder / "config.json")]
-        right = self._other_model_for(family)
+        right = other_model_for(self.spec, family, str(self.pretrained))
         if right is not None:
             raise ValueError(
                 f"pretrained={self.pretrained} is a {family.display} checkpoint, which "
                 f"--model {self.model_name} does not decode: use --model {right}"
             )
-
-    def _other_model_for(self, family: Family) -> str | None:
-        """None when this `--model` name decodes `self.pretrained`, a checkpoint of `family`;
-        else the name(s) to use. A bidirectional name decodes every bidirectional family (another
-        family's checkpoint with a warning, at loading); a block-diffusion name decodes its own
-        family, unless the checkpoint's name says it is another release of it (LLaDA2.0 or
-        2.1, each with its own name)."""
-        assert self.spec is not None
-        if family.block_causal != (self.spec.block_decoding is not None):
-            return suggested_models(family)
-        if self.spec.name not in family.decoded_by:
-            return None
-        for name in family.decoded_by:
-            pattern = MODEL_NAMES[name].pretrained_pattern
-            named = pattern and re.search(pattern, str(self.pretrained), re.IGNORECASE)
-            if name != self.spec.name and named:
-                return name
-        return None
 
     def _setup_processes(self, device: str | None) -> None:
         """One process, or one rank of `torchrun`/`accelerate launch` (data parallel)."""

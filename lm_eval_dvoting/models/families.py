@@ -19,6 +19,7 @@ pyproject.toml's entry points: tests/test_families.py checks both).
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,3 +231,20 @@ def supported_list() -> str:
     """The families an unknown config is told about: "A, B, C or D"."""
     named = [family.supported_as for family in FAMILIES.values()]
     return ", ".join(named[:-1]) + " or " + named[-1]
+
+
+def other_model_for(model: ModelName, family: Family, pretrained: str) -> str | None:
+    """None when `--model model.name` decodes the checkpoint `pretrained` of `family`; else
+    the name(s) to use instead. A bidirectional name decodes every bidirectional family (the
+    harness warns when it is not the name's own); a block-diffusion name decodes its own
+    family only, and not a checkpoint whose name says it is another release of it (LLaDA2.0
+    or 2.1, each with its own name and decoding)."""
+    if family.block_causal != (model.block_decoding is not None):
+        return suggested_models(family)
+    if model.name not in family.decoded_by:
+        return suggested_models(family) if family.block_causal else None
+    for name in family.decoded_by:
+        pattern = MODEL_NAMES[name].pretrained_pattern
+        if name != model.name and pattern and re.search(pattern, pretrained, re.IGNORECASE):
+            return name
+    return None
