@@ -7,8 +7,8 @@ length), models/placement.py (the layer class placed whole), integration/harness
 table) and commands/compare.py.
 
 This module imports nothing heavy (no torch): lm-eval's start-up hook reads the `--model`
-names through integration/plugin.py. A family's classes are named as text ("module:Class")
-and imported when first asked for (`Family.config_class()`, ...).
+names through integration/plugin.py. A family's classes are named as text (its module and
+their names) and imported when first asked for (`Family.config_class()`, ...).
 
 Adding a family: its network in a module of models/ (config dataclass with `FromConfigDict`,
 model class on `HeadedLM`, its layer class), and here one `Family` in `FAMILIES` (plus a
