@@ -89,8 +89,8 @@ from bench.common import (
 from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 from lm_eval_dvoting.core.decoding.state import BlockDecoding
 from lm_eval_dvoting.models.common import PrefixCache, rotary_tables
+from lm_eval_dvoting.models.families import FAMILIES
 from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Layer, LLaDA2Model
-from lm_eval_dvoting.models.loading import OFFICIAL_IDS
 
 START, END = markers("moe_bench")
 GOAL_RATIO = 1.5  # MoE / dense-active at 16 rows (issue)
@@ -372,7 +372,7 @@ def random_model(cfg: LLaDA2Config, depth: int, dtype: torch.dtype, seed: int) -
         model = LLaDA2Model(LLaDA2Config.from_dict({**asdict(cfg), "num_hidden_layers": depth}))
     model = model.to_empty(device="cpu").to(dtype).eval().requires_grad_(False)
     fill_random(model)
-    model.mask_token_id = min(OFFICIAL_IDS["llada2"]["mask"], cfg.vocab_size - 1)
+    model.mask_token_id = min(FAMILIES["llada2"].ids.mask, cfg.vocab_size - 1)
     model.end_token_ids = ()
     model.max_length = cfg.max_position_embeddings
     return model

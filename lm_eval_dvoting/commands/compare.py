@@ -50,6 +50,7 @@ from lm_eval_dvoting.core.strategies import StrategySettings
 from lm_eval_dvoting.integration.length_checks import index_leaves, indexed_generation_kwargs
 from lm_eval_dvoting.integration.request_planning import task_length
 from lm_eval_dvoting.integration.strict_json import dumps as strict_dumps
+from lm_eval_dvoting.models.families import MODEL_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +72,16 @@ DEFAULT_ROWS = tuple(row for row in ROWS if row != "rfg")
 # The paired comparison: dVoting against the row that has its decoder, temperature and
 # n samples but neither remasking nor the early stop.
 PAIRED = ("dvoting", "majority-entropy")
+# The `--model` names compare runs: the bidirectional ones (its rows are their strategies;
+# block diffusion's names are left out)
+COMPARED_MODELS = [name for name, model in MODEL_NAMES.items() if model.block_decoding is None]
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # fixed, so the interval of a given compare.json repeats exactly
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="dvoting compare", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model", default="dvoting-llada", choices=["dvoting-llada", "dvoting-dream"]
-    )
+    parser.add_argument("--model", default="dvoting-llada", choices=COMPARED_MODELS)
     parser.add_argument(
         "--model_args",
         default="pretrained=tiny-arith",
@@ -950,11 +952,11 @@ def planned_rows(
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate each row with its seeds: {"rows": [...], "paired": {...} or None, "seeds": [...]};
     with --sweep {"sweep": {...}, "seeds": [...]} (`sweep_summary`)."""
-    from lm_eval_dvoting.integration.harness import DreamEvalModel, LLaDAEvalModel
+    from lm_eval_dvoting.integration.harness import EVAL_MODELS
     from lm_eval_dvoting.integration.plugin import register
 
     register()
-    model_class = LLaDAEvalModel if args.model == "dvoting-llada" else DreamEvalModel
+    model_class = EVAL_MODELS[args.model]
     model_args = _parse_model_args(args.model_args)
     # every check on the command line before the model is loaded
     extras, names, counts, sweep, lengths = checked_plan(args, model_args)

@@ -70,7 +70,6 @@ import difflib
 import inspect
 import logging
 import os
-import re
 from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable
@@ -109,6 +108,7 @@ from lm_eval_dvoting.integration.task_costs import RunCosts
 from lm_eval_dvoting.integration.task_costs import install as _install_task_costs
 from lm_eval_dvoting.models.adapters import attach as attach_adapter
 from lm_eval_dvoting.models.adapters import read_adapter
+from lm_eval_dvoting.models.families import FAMILIES, MODEL_NAMES, ModelName, other_model_for
 from lm_eval_dvoting.models.loading import (
     checkpoint_facts,
     config_max_length,
@@ -225,10 +225,12 @@ class DVotingEvalModel(TemplateLM):
 
     # ---------------------------------------------------------------- set-up
 
+    # The `--model` name's record (models/families.py; the classes at the bottom of this
+    # module are built from them): the family it is named for, and `block_decoding`: None for
+    # bidirectional decoding, else block diffusion's default (strategies.BLOCK_DECODINGS).
+    # None: a bare DVotingEvalModel, which decodes any checkpoint unchecked.
+    spec: ModelName | None = None
     family = ""
-    # the checkpoint families this name decodes (model_family's names); `block_decoding`:
-    # None for the bidirectional families, else block diffusion's default (strategies.BLOCK_DECODINGS)
-    families: tuple[str, ...] = ()
     block_decoding: str | None = None
 
     @classmethod
@@ -236,7 +238,7 @@ class DVotingEvalModel(TemplateLM):
         """The block-diffusion rule of this model name, with LLaDA2.1's `editing` preset."""
         if editing is None:
             return cls.block_decoding
-        if cls.block_decoding not in ("quality", "speed"):
+        if cls.spec is None or not cls.spec.editing:
             raise ValueError(
                 f"editing={editing!r} is LLaDA2.1's (joint threshold decoding): use --model "
                 "dvoting-llada21, or leave editing out"
@@ -250,23 +252,11 @@ class DVotingEvalModel(TemplateLM):
     def _check_family(self, folder: Any) -> None:
         """Refuse, before any weights are read, a checkpoint that this model name would decode
         with another family's semantics; name the model that decodes it."""
-        family = model_family(read_config(folder), folder / "config.json")
-        named_21 = re.search(r"llada-?2\.1", str(self.pretrained), re.IGNORECASE) is not None
-        named_20 = re.search(r"llada-?2\.0", str(self.pretrained), re.IGNORECASE) is not None
-        right = MODEL_FOR_FAMILY[family]
-        if family == "llada2" and (named_21 and self.block_decoding == "threshold"):
-            right = "dvoting-llada21"
-        elif family == "llada2" and named_20 and self.block_decoding in ("quality", "speed"):
-            right = "dvoting-llada2"
-        elif family == "llada2" and self.block_decoding is not None:
-            return
-        if (
-            family not in self.families
-            or right != MODEL_FOR_FAMILY[family]
-            or ((family == "llada2") != (self.block_decoding is not None))
-        ):
+        family = FAMILIES[model_family(read_config(folder), folder / "config.json")]
+        right = other_model_for(self.spec, family, str(self.pretrained))
+        if right is not None:
             raise ValueError(
-                f"pretrained={self.pretrained} is a {FAMILY_NAMES[family]} checkpoint, which "
+                f"pretrained={self.pretrained} is a {family.display} checkpoint, which "
                 f"--model {self.model_name} does not decode: use --model {right}"
             )
 
@@ -319,20 +309,13 @@ class DVotingEvalModel(TemplateLM):
     ) -> None:
         """The tokenizer and the weights of `self.pretrained` (hub id, folder or packaged name),
         with the LoRA adapter `peft` (hub id or folder; models/adapters.py) on it, unmerged."""
-        # the adapter's files and the reference's folder first: bad ones are refused before any weights are read
-        self.adapter = None if peft is None else read_adapter(peft)
-        self.reference = reference
-        reference_folder = None if reference is None else resolve_checkpoint(reference)
-        if self.settings.strategy == "rfg" and reference is None and self.adapter is None:
-            raise ValueError(
-                "strategy=rfg needs a reference: give reference=<hub id | folder> (a second model of "
-                "the policy's family) or peft=<adapter> (the reference is then the base model with "
-                "the adapter switched off)"
-            )
+        # the adapter's files and the reference's folder first: bad ones are refused before
+        # any weights are read
+        reference_folder = self._read_adapter_and_reference(peft, reference)
         # one resolution of the checkpoint, so config, weights and tokenizer come from the
         # same snapshot (a hub branch that moves between two look-ups cannot mix them)
         folder = resolve_checkpoint(self.pretrained, revision=revision, subfolder=subfolder)
-        if self.families:
+        if self.spec is not None:
             self._check_family(folder)
         self.revision = hub_revision(folder)  # the hub commit loaded; None for a local folder
         self.subfolder = subfolder or None
@@ -344,6 +327,33 @@ class DVotingEvalModel(TemplateLM):
         )
         if reference_folder is not None:
             _check_reference(folder, self.tokenizer, reference_folder, reference)
+        self._load_weights(folder, dtype)
+        self._load_reference(reference_folder, dtype)
+        if self.model.family != self.family:
+            log.warning(
+                "checkpoint %s is a %s model, loaded by dvoting-%s",
+                self.pretrained,
+                self.model.family,
+                self.family,
+            )
+
+    def _read_adapter_and_reference(self, peft: str | None, reference: str | None) -> Any:
+        """Read the adapter `peft` and find the folder of the RFG `reference` (None: none),
+        refusing strategy=rfg with neither."""
+        self.adapter = None if peft is None else read_adapter(peft)
+        self.reference = reference
+        reference_folder = None if reference is None else resolve_checkpoint(reference)
+        if self.settings.strategy == "rfg" and reference is None and self.adapter is None:
+            raise ValueError(
+                "strategy=rfg needs a reference: give reference=<hub id | folder> (a second model "
+                "of the policy's family) or peft=<adapter> (the reference is then the base model "
+                "with the adapter switched off)"
+            )
+        return reference_folder
+
+    def _load_weights(self, folder: Any, dtype: str | None) -> None:
+        """`self.model` from `folder`, on this process's device or, with parallelize=True,
+        spread over the GPUs; the adapter attached."""
         max_memory = getattr(self, "_max_memory", None)
         if max_memory is None:
             self.model = load_model(folder, device=self._device, dtype=dtype)
@@ -356,19 +366,14 @@ class DVotingEvalModel(TemplateLM):
             # with the adapter switched off), and no weight is rounded twice by merging and
             # unmerging; the LoRA products cost r * (in + out) per token and layer.
             attach_adapter(self.model, self.adapter)
+
+    def _load_reference(self, reference_folder: Any, dtype: str | None) -> None:
+        """`self.reference_model`, RFG's reference read from `reference_folder` (None: none)."""
         self.reference_model = None
         if reference_folder is not None:
             self.reference_model = load_model(reference_folder, device=self._device, dtype=dtype)
-            GuidedModel(
-                self.model, self.reference_model
-            )  # refuses a pair with other mask or end ids
-        if self.model.family != self.family:
-            log.warning(
-                "checkpoint %s is a %s model, loaded by dvoting-%s",
-                self.pretrained,
-                self.model.family,
-                self.family,
-            )
+            # refuses a pair with other mask or end ids
+            GuidedModel(self.model, self.reference_model)
 
     def _checked_max_length(self, max_length: int | None) -> int:
         """The model arg `max_length` (prompt plus generation), else the model's own maximum
@@ -1087,61 +1092,26 @@ def _same_answer(a: tuple[str, str], b: tuple[str, str]) -> bool:
     return a[0] == b[0] and answers_equivalent(a[1], b[1], a[0])
 
 
-class LLaDAEvalModel(DVotingEvalModel):
-    """`--model dvoting-llada`: LLaDA-8B-Instruct / LLaDA-1.5 and LLaDA-MoE-7B-A1B (or any
-    folder in their formats): bidirectional semi-autoregressive decoding."""
-
-    family = "llada"
-    families = (
-        "llada",
-        "llada_moe",
-        "dream",
-    )  # a Dream checkpoint is decoded (with a warning), as before
-    model_name = "dvoting-llada"
-    default_pretrained = "GSAI-ML/LLaDA-8B-Instruct"
-
-
-class DreamEvalModel(DVotingEvalModel):
-    """`--model dvoting-dream`: Dream-v0-Instruct-7B (or any Dream-format folder)."""
-
-    family = "dream"
-    families = ("dream", "llada", "llada_moe")
-    model_name = "dvoting-dream"
-    default_pretrained = "Dream-org/Dream-v0-Instruct-7B"
+def _eval_model_class(spec: ModelName) -> type[DVotingEvalModel]:
+    """The lm-eval class of a `--model` name, built from its record (models/families.py)."""
+    attributes = {
+        "__doc__": spec.doc,
+        "__module__": __name__,
+        "__qualname__": spec.class_name,
+        "spec": spec,
+        "family": spec.family,
+        "model_name": spec.name,
+        "block_decoding": spec.block_decoding,
+        "default_pretrained": spec.default_pretrained,
+    }
+    return type(spec.class_name, (DVotingEvalModel,), attributes)
 
 
-class LLaDA2EvalModel(DVotingEvalModel):
-    """`--model dvoting-llada2`: LLaDA2.0-mini / -flash: block diffusion, LLaDA2.0's threshold
-    decoding (threshold 0.95, block 32, the block cache)."""
-
-    family = "llada2"
-    families = ("llada2",)
-    model_name = "dvoting-llada2"
-    block_decoding = "threshold"
-    default_pretrained = "inclusionAI/LLaDA2.0-mini"
-
-
-class LLaDA21EvalModel(DVotingEvalModel):
-    """`--model dvoting-llada21`: LLaDA2.1-mini / -flash: block diffusion with token editing
-    (joint threshold decoding), `editing=quality` (default) or `speed`."""
-
-    family = "llada2"
-    families = ("llada2",)
-    model_name = "dvoting-llada21"
-    block_decoding = "quality"
-    default_pretrained = "inclusionAI/LLaDA2.1-mini"
-
-
-# which model name decodes a family, and the family's name in messages
-MODEL_FOR_FAMILY = {
-    "llada": "dvoting-llada",
-    "llada_moe": "dvoting-llada",
-    "dream": "dvoting-dream",
-    "llada2": "dvoting-llada2 (LLaDA2.0) or dvoting-llada21 (LLaDA2.1)",
+# One class per `--model` name, named as pyproject's entry points and plugin.MODELS name them
+# (`ModelName.class_name`): LLaDAEvalModel (dvoting-llada), DreamEvalModel (dvoting-dream),
+# LLaDA2EvalModel (dvoting-llada2), LLaDA21EvalModel (dvoting-llada21). Built, not written out,
+# so that a new name is one record in models/families.py.
+EVAL_MODELS: dict[str, type[DVotingEvalModel]] = {
+    name: _eval_model_class(spec) for name, spec in MODEL_NAMES.items()
 }
-FAMILY_NAMES = {
-    "llada": "LLaDA",
-    "llada_moe": "LLaDA-MoE",
-    "dream": "Dream",
-    "llada2": "LLaDA2 (block diffusion)",
-}
+globals().update({model.__name__: model for model in EVAL_MODELS.values()})

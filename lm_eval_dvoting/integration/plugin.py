@@ -40,18 +40,15 @@ from lm_eval_dvoting.integration import lm_eval_seam
 from lm_eval_dvoting.integration.length_checks import install_early
 from lm_eval_dvoting.integration.lm_eval_seam import native_discovery
 
+from lm_eval_dvoting.models.families import MODEL_NAMES
+
 if TYPE_CHECKING:
     from lm_eval_dvoting.integration.local_data import SplitNeeds
 
-# lm-eval model name -> "module:Class" of the module that *defines* the class.
-# Keep in sync with [project.entry-points."lm_eval.models"] in pyproject.toml
-# (tests/test_plugin_hook.py checks this).
-MODELS: dict[str, str] = {
-    "dvoting-llada": "lm_eval_dvoting.integration.harness:LLaDAEvalModel",
-    "dvoting-dream": "lm_eval_dvoting.integration.harness:DreamEvalModel",
-    "dvoting-llada2": "lm_eval_dvoting.integration.harness:LLaDA2EvalModel",
-    "dvoting-llada21": "lm_eval_dvoting.integration.harness:LLaDA21EvalModel",
-}
+# lm-eval model name -> "module:Class" of the module that *defines* the class, from the
+# `--model` names' records (models/families.py, which imports nothing heavy). pyproject.toml's
+# [project.entry-points."lm_eval.models"] is static: tests/test_families.py checks it matches.
+MODELS: dict[str, str] = {name: model.target for name, model in MODEL_NAMES.items()}
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 # A wheel carries the YAMLs inside the package (pyproject force-include); an editable

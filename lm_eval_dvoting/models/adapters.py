@@ -123,11 +123,19 @@ def resolve_adapter(source: str | Path, revision: str | None = None) -> Path:
 
 def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
     """The adapter's config and weights, checked for what this loader supports."""
-    from safetensors.torch import load
-
     folder = resolve_adapter(source, revision)
     raw = {name: (folder / name).read_bytes() for name in ADAPTER_FILES}
     config = json.loads(raw["adapter_config.json"])
+    _check_config(source, config)
+    parts = _lora_pairs(source, raw["adapter_model.safetensors"])
+    digest = hashlib.sha256(b"".join(raw[name] for name in ADAPTER_FILES)).hexdigest()[:16]
+    return Adapter(
+        str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())}, digest
+    )
+
+
+def _check_config(source: str | Path, config: dict[str, Any]) -> None:
+    """Refuse an adapter_config.json of anything but a plain LoRA with positive r and alpha."""
     if config.get("peft_type") != "LORA":
         raise AdapterError(
             f"peft={source!s}: adapter_config.json says peft_type={config.get('peft_type')!r}; "
@@ -136,24 +144,31 @@ def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
     for name, value in sorted(config.items()):
         if name not in _PLAIN_KEYS and value not in (None, False, "none", [], {}):
             raise AdapterError(
-                f"peft={source!s}: adapter_config.json sets {name}={value!r}, which this loader does "
-                "not support (it applies W + scale * B A to the saved modules only); use a plain "
-                f"LoRA adapter, with {name} unset"
+                f"peft={source!s}: adapter_config.json sets {name}={value!r}, which this loader "
+                "does not support (it applies W + scale * B A to the saved modules only); use a "
+                f"plain LoRA adapter, with {name} unset"
             )
     for name in ("r", "lora_alpha"):
         value = config.get(name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise AdapterError(
-                f"peft={source!s}: adapter_config.json has {name}={value!r}; a LoRA adapter needs a "
-                f"positive {name}"
+                f"peft={source!s}: adapter_config.json has {name}={value!r}; a LoRA adapter "
+                f"needs a positive {name}"
             )
+
+
+def _lora_pairs(source: str | Path, weights: bytes) -> dict[str, dict[str, torch.Tensor]]:
+    """module -> {"A": lora_A, "B": lora_B} of adapter_model.safetensors' bytes, refused
+    when a tensor is no LoRA weight, a module lacks one of its pair, or none is there."""
+    from safetensors.torch import load
+
     parts: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in load(raw["adapter_model.safetensors"]).items():
+    for key, tensor in load(weights).items():
         match = _KEY.match(key)
         if match is None:
             raise AdapterError(
-                f"peft={source!s}: adapter_model.safetensors holds {key!r}, which is no LoRA weight "
-                "(expected <module>.lora_A.weight / <module>.lora_B.weight)"
+                f"peft={source!s}: adapter_model.safetensors holds {key!r}, which is no LoRA "
+                "weight (expected <module>.lora_A.weight / <module>.lora_B.weight)"
             )
         parts.setdefault(match["module"], {})[match["part"]] = tensor
     unpaired = sorted(module for module, found in parts.items() if set(found) != {"A", "B"})
@@ -166,10 +181,7 @@ def read_adapter(source: str | Path, revision: str | None = None) -> Adapter:
                 else "holds no LoRA weights"
             )
         )
-    digest = hashlib.sha256(b"".join(raw[name] for name in ADAPTER_FILES)).hexdigest()[:16]
-    return Adapter(
-        str(source), folder, config, {m: (p["A"], p["B"]) for m, p in sorted(parts.items())}, digest
-    )
+    return parts
 
 
 def check_targets(model: torch.nn.Module, adapter: Adapter) -> None:
@@ -221,9 +233,8 @@ def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
     for name, (lora_a, lora_b) in adapter.weights.items():
         module = modules.get(name)
         if not isinstance(module, torch.nn.Linear):
-            problems.append(
-                f"{name}: {'no such module' if module is None else type(module).__name__} in the model"
-            )
+            kind = "no such module" if module is None else type(module).__name__
+            problems.append(f"{name}: {kind} in the model")
             continue
         want_a, want_b = (rank, module.in_features), (module.out_features, rank)
         if tuple(lora_a.shape) != want_a or tuple(lora_b.shape) != want_b:

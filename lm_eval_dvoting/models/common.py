@@ -1,9 +1,9 @@
-"""Building blocks both architectures share: RMSNorm, rotary embeddings, attention.
+"""Building blocks every family shares: RMSNorm, rotary embeddings, attention, the output head.
 
-Both LLaDA (an OLMo-style LLaMA block) and Dream (Qwen2) are pre-norm transformers with
-RMSNorm, half-split rotary embeddings, SwiGLU MLPs and *bidirectional* attention. The
-numerics follow the upstream code: norms and rotary tables in float32, the rest in
-the weights' dtype.
+LLaDA (an OLMo-style LLaMA block), Dream (Qwen2), LLaDA-MoE and LLaDA2 are pre-norm
+transformers with RMSNorm, half-split rotary embeddings, SwiGLU MLPs and bidirectional (for
+LLaDA2, block-causal) attention. The numerics follow the upstream code: norms and rotary
+tables in float32, the rest in the weights' dtype.
 """
 
 from __future__ import annotations
@@ -179,18 +179,22 @@ class FromConfigDict:
 
 
 class HeadedLM(nn.Module):
-    """The output head and `forward` of the Qwen/Ling-style models (Dream, LLaDA-MoE, LLaDA2):
-    an `lm_head`, or the input embedding when `config.tie_word_embeddings`. A subclass
+    """The output head and `forward` of every family's model: `output_head()` (an `lm_head`
+    by default), or the input embedding when `config.tie_word_embeddings`. A subclass
     defines `hidden_states` and `input_embedding()`."""
 
     def input_embedding(self) -> nn.Embedding:
         raise NotImplementedError
 
+    def output_head(self) -> nn.Module:
+        """The untied output projection (LLaDA names it `transformer.ff_out`)."""
+        return self.lm_head
+
     def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """The output head alone, so a sampler can apply it to the positions it needs."""
         if self.config.tie_word_embeddings:
             return F.linear(hidden, self.input_embedding().weight)
-        return self.lm_head(hidden)
+        return self.output_head()(hidden)
 
     def forward(
         self,

@@ -9,13 +9,14 @@ the sampler to read them one position to the left.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lm_eval_dvoting.models.common import (
+    FromConfigDict,
+    HeadedLM,
     PrefixCache,
     RMSNorm,
     apply_rotary,
@@ -27,7 +28,7 @@ from lm_eval_dvoting.models.common import (
 
 
 @dataclass(frozen=True)
-class DreamConfig:
+class DreamConfig(FromConfigDict):
     """The fields of Dream's `config.json` that the forward pass needs."""
 
     hidden_size: int
@@ -40,11 +41,6 @@ class DreamConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "DreamConfig":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: raw[k] for k in fields if k in raw and raw[k] is not None})
 
 
 class DreamAttention(nn.Module):
@@ -125,7 +121,7 @@ class DreamBackbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class DreamModel(nn.Module):
+class DreamModel(HeadedLM):
     """Dream's mask predictor: `forward(input_ids, attention_mask) -> raw logits`."""
 
     logits_shift = 1
@@ -166,16 +162,5 @@ class DreamModel(nn.Module):
             x = layer(x, rotary, bias, query_keep, cache, index)
         return self.model.norm(x)
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The output head alone, so a sampler can apply it to the positions it needs."""
-        if self.config.tie_word_embeddings:
-            return F.linear(hidden, self.model.embed_tokens.weight)
-        return self.lm_head(hidden)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids))
+    def input_embedding(self) -> nn.Embedding:
+        return self.model.embed_tokens

@@ -8,13 +8,14 @@ pre-norm, rotary, SwiGLU with `ff_proj` as the gated branch, bidirectional atten
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lm_eval_dvoting.models.common import (
+    FromConfigDict,
+    HeadedLM,
     PrefixCache,
     RMSNorm,
     apply_rotary,
@@ -26,7 +27,7 @@ from lm_eval_dvoting.models.common import (
 
 
 @dataclass(frozen=True)
-class LLaDAConfig:
+class LLaDAConfig(FromConfigDict):
     """The fields of LLaDA's `config.json` that the forward pass needs."""
 
     d_model: int
@@ -43,10 +44,10 @@ class LLaDAConfig:
     include_qkv_bias: bool = False
     max_sequence_length: int = 4096
 
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "LLaDAConfig":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: raw[k] for k in fields if k in raw and raw[k] is not None})
+    @property
+    def tie_word_embeddings(self) -> bool:
+        """`weight_tying`, under the name `HeadedLM` reads."""
+        return self.weight_tying
 
     @property
     def kv_heads(self) -> int:
@@ -116,7 +117,7 @@ class _Root(nn.Module):
         self.transformer = LLaDATransformer(cfg)
 
 
-class LLaDAModel(nn.Module):
+class LLaDAModel(HeadedLM):
     """LLaDA's mask predictor: `forward(input_ids, attention_mask) -> logits`.
 
     Logits have shape (batch, length, padded vocabulary) and are in the upstream
@@ -154,17 +155,8 @@ class LLaDAModel(nn.Module):
             x = block(x, rotary, bias, cache, layer)
         return transformer.ln_f(x)
 
-    def logits_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The output head alone, so a sampler can apply it to the positions it needs."""
-        transformer = self.model.transformer
-        if self.config.weight_tying:
-            return F.linear(hidden, transformer.wte.weight)
-        return transformer.ff_out(hidden)
+    def input_embedding(self) -> nn.Embedding:
+        return self.model.transformer.wte
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.logits_from_hidden(self.hidden_states(input_ids, attention_mask, position_ids))
+    def output_head(self) -> nn.Module:
+        return self.model.transformer.ff_out

@@ -1,14 +1,15 @@
-"""Load an official LLaDA or Dream checkpoint (hub id or local folder) without remote code.
+"""Load an official checkpoint of any family in models/families.py (LLaDA, Dream, LLaDA-MoE,
+LLaDA2) from a hub id or a local folder, without remote code.
 
-`load_model` reads `config.json`, builds our own module (models/llada.py or
-models/dream.py), and fills it from `model.safetensors` or the shards listed in
-`model.safetensors.index.json`. The module is built on the meta device and the
-weights are assigned in the target dtype, so an 8B checkpoint never exists in
-float32 on the host.
+`load_model` reads `config.json`, tells its family (`model_family`), builds that family's
+own module (models/llada.py, dream.py, llada_moe.py or llada2.py), and fills it from
+`model.safetensors` or the shards listed in `model.safetensors.index.json`. The module is
+built on the meta device and the weights are assigned in the target dtype, so an 8B
+checkpoint never exists in float32 on the host.
 
 The returned module exposes what the sampler needs:
 `mask_token_id`, `end_token_ids` (end-of-text and end-of-turn), `logits_shift`
-(0 for LLaDA, 1 for Dream), `max_length` and `source` (the folder it came from).
+(1 for Dream, else 0), `max_length`, `family` and `source` (the folder it came from).
 With `device_map`, one model is spread over several GPUs, each weight read straight onto
 its own (models/placement.py).
 """
@@ -28,37 +29,13 @@ from safetensors.torch import load_file
 from torch import nn
 
 from lm_eval_dvoting.models import placement
-from lm_eval_dvoting.models.dream import DreamConfig, DreamModel
-from lm_eval_dvoting.models.llada import LLaDAConfig, LLaDAModel
-from lm_eval_dvoting.models.llada2 import LLaDA2Config, LLaDA2Model
-from lm_eval_dvoting.models.llada_moe import LLaDAMoEConfig, LLaDAMoEModel
-
-# Official ids, used when a config does not name them (the real checkpoints' values).
-# LLaDA-MoE and LLaDA2.x share inclusionAI's tokenizer: mask 156895 and end of text 156892
-# (the defaults of LLaDA2's generate() and dInfer; LLaDA-MoE's published examples use the
-# same mask id); their end of turn is read from the checkpoint's generation_config.json.
-OFFICIAL_IDS = {
-    "llada": {"vocab_size": 126464, "mask": 126336, "eos": 126081, "end_of_turn": 126348},
-    "dream": {"vocab_size": 152064, "mask": 151666, "eos": 151643, "end_of_turn": 151645},
-    "llada_moe": {"vocab_size": 157184, "mask": 156895, "eos": 156892, "end_of_turn": None},
-    "llada2": {"vocab_size": 157184, "mask": 156895, "eos": 156892, "end_of_turn": None},
-}
-# family -> (config class, model class); the family comes from `architectures` (model_family)
-ARCHITECTURES = {
-    "llada": (LLaDAConfig, LLaDAModel),
-    "dream": (DreamConfig, DreamModel),
-    "llada_moe": (LLaDAMoEConfig, LLaDAMoEModel),
-    "llada2": (LLaDA2Config, LLaDA2Model),
-}
-# upstream class names in config.json's `architectures`
-# model_type -> the families it may name (LLaDA-MoE's checkpoints say 'llada', as dense LLaDA's do)
-_MODEL_TYPES = {"llada": ("llada", "llada_moe"), "dream": ("dream",), "llada2_moe": ("llada2",)}
-_ARCHITECTURE_NAMES = {
-    "LLaDAModelLM": "llada",
-    "DreamModel": "dream",
-    "LLaDAMoEModelLM": "llada_moe",
-    "LLaDA2MoeModelLM": "llada2",
-}
+from lm_eval_dvoting.models.families import (
+    FAMILIES,
+    Family,
+    families_of_type,
+    family_of_architecture,
+    supported_list,
+)
 
 _DEMO = Path(__file__).resolve().parents[1] / "demo"
 # The demo checkpoints shipped inside the package: `pretrained=tiny-arith` (LLaDA format) and
@@ -129,34 +106,48 @@ def resolve_checkpoint(
     """
     key = str(name_or_path)
     path = Path(key).expanduser()
-    is_local = key in PACKAGED_CHECKPOINTS or path.is_dir()
-    if is_local and revision:
+    if key in PACKAGED_CHECKPOINTS or path.is_dir():
+        _refuse_hub_options(key, revision, subfolder)
+        return _packaged(key) if key in PACKAGED_CHECKPOINTS else path
+    looks_local = key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1
+    if looks_local:
+        raise CheckpointError(
+            f"no checkpoint folder at {key!r}: give an existing folder holding config.json and "
+            "model.safetensors, a hub id such as 'GSAI-ML/LLaDA-8B-Instruct', or 'tiny-arith' "
+            "/ 'tiny-arith-dream'"
+        )
+    return _from_hub(key, revision, subfolder)
+
+
+def _refuse_hub_options(key: str, revision: str | None, subfolder: str | None) -> None:
+    """Refuse `revision`/`subfolder` for a packaged checkpoint or local folder `key`."""
+    if revision:
+        kind = "packaged checkpoint" if key in PACKAGED_CHECKPOINTS else "local folder"
         raise CheckpointError(
             f"revision={revision!r} applies to hub ids only, but pretrained={key!r} is a "
-            f"{'packaged checkpoint' if key in PACKAGED_CHECKPOINTS else 'local folder'}, which has no "
-            "revisions: drop revision, or check that revision out into a folder and pass the folder"
+            f"{kind}, which has no revisions: drop revision, or check that revision out into a "
+            "folder and pass the folder"
         )
-    if is_local and subfolder:
+    if subfolder:
         raise CheckpointError(
             f"subfolder={subfolder!r} applies to hub ids only, but pretrained={key!r} is a local "
             f"folder or packaged checkpoint: drop subfolder and pass the folder itself "
             f"(pretrained={key.rstrip('/')}/{subfolder.strip('/')})"
         )
-    if key in PACKAGED_CHECKPOINTS:
-        folder = PACKAGED_CHECKPOINTS[key]
-        if not (folder / "config.json").exists():
-            raise CheckpointError(
-                f"the packaged checkpoint {key!r} is missing from {folder}; reinstall the package"
-            )
-        return folder
-    if path.is_dir():
-        return path
-    looks_local = key.startswith((".", "/", "~")) or path.suffix or key.count("/") != 1
-    if looks_local:
+
+
+def _packaged(key: str) -> Path:
+    """The folder of the packaged checkpoint `key`, refused when the install lacks it."""
+    folder = PACKAGED_CHECKPOINTS[key]
+    if not (folder / "config.json").exists():
         raise CheckpointError(
-            f"no checkpoint folder at {key!r}: give an existing folder holding config.json and "
-            "model.safetensors, a hub id such as 'GSAI-ML/LLaDA-8B-Instruct', or 'tiny-arith' / 'tiny-arith-dream'"
+            f"the packaged checkpoint {key!r} is missing from {folder}; reinstall the package"
         )
+    return folder
+
+
+def _from_hub(key: str, revision: str | None, subfolder: str | None) -> Path:
+    """The hub id `key`'s data files at `revision`, fetched (or found in the hub cache)."""
     from huggingface_hub import snapshot_download
 
     at = f" at revision {revision!r}" if revision else ""
@@ -168,8 +159,8 @@ def resolve_checkpoint(
         )
     except Exception as err:  # network, auth, offline mode: all end the same way for a user
         raise CheckpointError(
-            f"could not fetch {key!r}{at} from the Hugging Face hub ({type(err).__name__}: {err}); "
-            "check the id, the revision and your network, or pass a local folder"
+            f"could not fetch {key!r}{at} from the Hugging Face hub ({type(err).__name__}: "
+            f"{err}); check the id, the revision and your network, or pass a local folder"
         ) from err
     if not subfolder:
         return snapshot
@@ -196,6 +187,7 @@ def hub_revision(folder: str | Path) -> str | None:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
+    """The object in `folder`'s config.json, refused when it is missing or not an object."""
     config_file = folder / "config.json"
     if not config_file.exists():
         raise CheckpointError(
@@ -207,15 +199,17 @@ def read_config(folder: Path) -> dict[str, Any]:
         raise CheckpointError(f"{config_file} is not valid JSON: {err}") from err
     if not isinstance(config, dict):
         raise CheckpointError(
-            f"{config_file} holds a JSON {type(config).__name__} ({json.dumps(config)[:40]}), not an object: a "
-            "checkpoint config is an object with model_type, vocab_size and the layer sizes; download it again"
+            f"{config_file} holds a JSON {type(config).__name__} ({json.dumps(config)[:40]}), "
+            "not an object: a checkpoint config is an object with model_type, vocab_size and "
+            "the layer sizes; download it again"
         )
     return config
 
 
 def check_config_fields(family: str, config: dict[str, Any], config_file: Path) -> None:
-    """Refuse a config without the sizes the architecture needs (named), before any weight is read."""
-    config_class = ARCHITECTURES[family][0]
+    """Refuse a config without the sizes the architecture needs (named), before any weight
+    is read."""
+    config_class = FAMILIES[family].config_class()
     required = [
         f.name
         for f in dataclasses.fields(config_class)
@@ -241,39 +235,36 @@ def check_config_fields(family: str, config: dict[str, Any], config_file: Path) 
 
 
 def model_family(config: dict[str, Any], config_file: Path) -> str:
-    """'llada', 'dream', 'llada_moe' or 'llada2', from `architectures` and the MoE fields.
+    """The name of the family (models/families.py) of a config, from its `model_type`,
+    `architectures` and MoE fields.
 
     `model_type` alone cannot tell them apart: LLaDA-MoE's is 'llada', like dense LLaDA's.
     A config whose `architectures` and fields disagree (a dense name with experts, or the
     reverse) is refused rather than read as either.
     """
     model_type = str(config.get("model_type", ""))
-    named = [
-        _ARCHITECTURE_NAMES[a]
-        for a in config.get("architectures") or []
-        if a in _ARCHITECTURE_NAMES
-    ]
+    architectures = config.get("architectures")
+    named = [family_of_architecture(a) for a in architectures or []]
+    named = [family for family in named if family is not None]
     has_experts = config.get("num_experts") is not None
-    families = _MODEL_TYPES.get(model_type.lower(), ())
+    families = families_of_type(model_type)
     if not families or (named and named[0] not in families):
         raise CheckpointError(
-            f"{config_file}: model_type {model_type!r} (architectures {config.get('architectures')!r}) is not "
-            "supported; expected LLaDA (model_type 'llada', LLaDAModelLM: LLaDA-8B-Instruct, LLaDA-1.5), Dream "
-            "('Dream', Dream-v0-Instruct-7B), LLaDA-MoE ('llada', LLaDAMoEModelLM) or LLaDA2.0/2.1 ('llada2_moe', "
-            "LLaDA2MoeModelLM)"
+            f"{config_file}: model_type {model_type!r} (architectures {architectures!r}) is not "
+            f"supported; expected {supported_list()}"
         )
     if named:
         family = named[0]
-    else:
-        family = families[-1] if has_experts else families[0]
-    if has_experts != (family in ("llada_moe", "llada2")):
+    else:  # the family of this model_type with (or without) experts, as the config has them
+        family = next((f for f in families if f.moe == has_experts), families[0])
+    if has_experts != family.moe:
         raise CheckpointError(
-            f"{config_file}: architectures {config.get('architectures')!r} names a "
-            f"{'dense' if not has_experts else 'mixture-of-experts'} model but the config "
-            f"{'has' if has_experts else 'lacks'} num_experts; the file was edited or mixed up with another "
-            "checkpoint's: use the checkpoint's original config.json"
+            f"{config_file}: architectures {architectures!r} names a "
+            f"{'mixture-of-experts' if family.moe else 'dense'} model but the config "
+            f"{'has' if has_experts else 'lacks'} num_experts; the file was edited or mixed up "
+            "with another checkpoint's: use the checkpoint's original config.json"
         )
-    return family
+    return family.name
 
 
 def checkpoint_facts(folder: Path) -> dict[str, Any]:
@@ -281,7 +272,7 @@ def checkpoint_facts(folder: Path) -> dict[str, Any]:
     weights: family, mask id, end-of-text ids and vocabulary size."""
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
-    mask_id, end_ids = _special_ids(family, config, folder)
+    mask_id, end_ids = _special_ids(FAMILIES[family], config, folder)
     return {
         "family": family,
         "mask_token_id": mask_id,
@@ -290,19 +281,27 @@ def checkpoint_facts(folder: Path) -> dict[str, Any]:
     }
 
 
-def _max_length(family: str, cfg: Any) -> int:
-    """The longest sequence (prompt plus generation) a model of this config reads: LLaDA's
-    `max_sequence_length`, the other families' `max_position_embeddings`."""
-    return int(cfg.max_sequence_length if family == "llada" else cfg.max_position_embeddings)
+def _max_length(family: Family, cfg: Any) -> int:
+    """The longest sequence (prompt plus generation) a model of this config reads: the
+    family's `max_length_field` (LLaDA's `max_sequence_length`, the others'
+    `max_position_embeddings`)."""
+    return int(getattr(cfg, family.max_length_field))
 
 
 def config_max_length(folder: Path) -> int:
     """The maximum length of the checkpoint in `folder`, from its config.json alone (the
     `max_length` that `load_model` gives the model), refusing a config `load_model` refuses."""
+    family, config = _checked_config(folder)
+    return _max_length(family, family.config_class().from_dict(config))
+
+
+def _checked_config(folder: Path) -> tuple[Family, dict[str, Any]]:
+    """The family and config.json of the checkpoint in `folder`, refused when the config
+    names no family or lacks a size its architecture needs."""
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
     check_config_fields(family, config, folder / "config.json")
-    return _max_length(family, ARCHITECTURES[family][0].from_dict(config))
+    return FAMILIES[family], config
 
 
 def local_checkpoint(
@@ -328,40 +327,38 @@ def local_checkpoint(
     return Path(found).parent if isinstance(found, str) else None
 
 
-def _first_id(value: Any) -> int | None:
-    if isinstance(value, list):
-        return value[0] if value else None
-    return value
-
-
-def _special_ids(family: str, config: dict[str, Any], folder: Path) -> tuple[int, tuple[int, ...]]:
-    """The mask id and the end-of-text/end-of-turn ids for this checkpoint."""
-    official = OFFICIAL_IDS[family]
+def _special_ids(
+    family: Family, config: dict[str, Any], folder: Path
+) -> tuple[int, tuple[int, ...]]:
+    """The mask id and the end-of-text/end-of-turn ids for this checkpoint: its config's
+    and generation_config.json's, and the family's official ones when its vocabulary is
+    the official one (a smaller vocabulary is a custom tokenizer's)."""
+    official = family.ids
     vocab_size = int(config.get("embedding_size") or config["vocab_size"])
-    is_official_vocab = vocab_size >= official["vocab_size"]
+    is_official_vocab = vocab_size >= official.vocab_size
     mask_id = config.get("mask_token_id")
     if mask_id is None:
         if not is_official_vocab:
             raise CheckpointError(
                 f"{folder / 'config.json'} has no mask_token_id and the official default "
-                f"{official['mask']} lies outside its vocabulary of {vocab_size}: "
+                f"{official.mask} lies outside its vocabulary of {vocab_size}: "
                 'add "mask_token_id" to config.json'
             )
-        mask_id = official["mask"]
-    end_ids: list[int] = []
-    eos = config.get("eos_token_id")
-    end_ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+        mask_id = official.mask
+    end_ids = _id_list(config.get("eos_token_id"))
     generation_config = folder / "generation_config.json"
     if generation_config.exists():
-        gen_eos = json.loads(generation_config.read_text()).get("eos_token_id")
-        end_ids += (
-            gen_eos if isinstance(gen_eos, list) else ([gen_eos] if gen_eos is not None else [])
-        )
+        end_ids += _id_list(json.loads(generation_config.read_text()).get("eos_token_id"))
     if is_official_vocab:
-        end_ids += [i for i in (official["eos"], official["end_of_turn"]) if i is not None]
+        end_ids += [i for i in (official.eos, official.end_of_turn) if i is not None]
     if not end_ids:
-        end_ids = [official["eos"]]
+        end_ids = [official.eos]
     return int(mask_id), tuple(dict.fromkeys(int(i) for i in end_ids if int(i) != int(mask_id)))
+
+
+def _id_list(value: Any) -> list[Any]:
+    """A config's `eos_token_id` (one id, a list of them, or none) as a list."""
+    return list(value) if isinstance(value, list) else ([value] if value is not None else [])
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -397,7 +394,8 @@ def check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
     """Fail early, with a clear message, when the device cannot run this dtype."""
     if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
         raise ValueError(
-            f"{torch.cuda.get_device_name(device)} does not support bfloat16; use dtype=float16 or float32"
+            f"{torch.cuda.get_device_name(device)} does not support bfloat16; use dtype=float16 "
+            "or float32"
         )
     try:
         probe = torch.ones(2, 2, dtype=dtype, device=device)
@@ -428,12 +426,7 @@ def _read_weights(
     # safetensors accepts "cpu" but not "cpu:0" (what a CPU rank of torchrun/accelerate gets)
     where = "cpu" if device.type == "cpu" else str(device)
     for file in files:
-        try:
-            tensors = load_file(str(file), device=where)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-            raise CheckpointError(
-                f"cannot read weight file {file} ({err}); it is corrupt or truncated: download it again"
-            ) from err
+        tensors = _corrupt_file_refused(file, functools.partial(load_file, str(file), device=where))
         for name, tensor in tensors.items():
             state[name] = _checked(file, name, tensor, tensor.device, dtype)
     return state
@@ -493,16 +486,18 @@ def _all_finite(tensor: torch.Tensor) -> bool:
 def _refuse_non_finite(
     file: Path, name: str, stored: torch.Tensor, loaded: torch.Tensor, dtype: torch.dtype
 ) -> None:
-    """The error for a weight tensor holding NaN/inf: corrupt in the file, or overflowing `dtype`."""
+    """The error for a weight tensor holding NaN/inf: corrupt in the file, or overflowing
+    `dtype`."""
     bad = int((~torch.isfinite(loaded)).sum())
     if stored.is_floating_point() and bool(torch.isfinite(stored).all()):
         raise CheckpointError(
-            f"weight file {file}: tensor {name!r} overflows {dtype} ({bad} of {loaded.numel()} values become "
-            f"inf; largest magnitude {float(stored.abs().max()):.4g}): load it with dtype=bfloat16 or float32"
+            f"weight file {file}: tensor {name!r} overflows {dtype} ({bad} of {loaded.numel()} "
+            f"values become inf; largest magnitude {float(stored.abs().max()):.4g}): load it "
+            "with dtype=bfloat16 or float32"
         )
     raise CheckpointError(
-        f"weight file {file}: tensor {name!r} holds {bad} NaN/inf value(s) of {stored.numel()}; the file is "
-        "corrupt: download it again"
+        f"weight file {file}: tensor {name!r} holds {bad} NaN/inf value(s) of "
+        f"{stored.numel()}; the file is corrupt: download it again"
     )
 
 
@@ -515,75 +510,89 @@ def load_model(
     device_map: str | dict[str, Any] | None = None,
     max_memory: dict[Any, Any] | None = None,
 ) -> nn.Module:
-    """Load LLaDA or Dream from a hub id, a local folder, or a packaged demo name (`PACKAGED_CHECKPOINTS`).
+    """Load a model of any family (models/families.py) from a hub id, a local folder, or a
+    packaged demo name (`PACKAGED_CHECKPOINTS`); `revision`/`subfolder` as `resolve_checkpoint`.
 
-    `revision`/`subfolder` select a hub id's branch, tag or commit and folder inside the
-    repo (see `resolve_checkpoint`). Returns an eval-mode `torch.nn.Module` whose
-    `forward(input_ids, attention_mask=None)` gives raw logits (batch, length, vocab); it
-    carries `mask_token_id`, `end_token_ids`, `logits_shift`, `max_length`, `family` and
-    `source` (the folder it was read from).
+    An eval-mode module whose `forward(input_ids, attention_mask=None)` gives raw logits
+    (batch, length, vocab), carrying `mask_token_id`, `end_token_ids`, `logits_shift`,
+    `max_length`, `family` and `source` (the folder it was read from).
 
-    `device_map` spreads the model over several devices instead of `device` (models/placement.py):
-    "auto" computes the map from `max_memory` (GPU index or "cpu" -> bytes or "80GiB"; default
-    every visible GPU's free memory), or give a dict of module name -> GPU index or "cpu" ('' for
-    the whole model; a layer is never split). Each weight is read straight onto its device;
-    the model then carries `device_map` (one entry per layer and module) and `main_device`.
-    """
+    `device_map` spreads it over several devices instead of `device` (models/placement.py):
+    "auto" (the map computed from `max_memory`: GPU index or "cpu" -> bytes or "80GiB", by
+    default every GPU's free memory), or a dict of module name -> GPU index or "cpu" (''
+    for the whole model; a layer is never split). Each weight is read straight onto its
+    device; the model then carries `device_map` (one entry per unit) and `main_device`."""
     folder = resolve_checkpoint(name_or_path, revision=revision, subfolder=subfolder)
-    config = read_config(folder)
-    family = model_family(config, folder / "config.json")
-    check_config_fields(family, config, folder / "config.json")
+    family, config = _checked_config(folder)
+    target, max_memory = _target_device(device, device_map, max_memory)
+    torch_dtype = parse_dtype(dtype, target)
+    check_device_dtype(target, torch_dtype)
+    mask_id, end_ids = _special_ids(family, config, folder)
+    files = weight_files(folder)
+    with torch.device("meta"):
+        model: nn.Module = family.model_class()(family.config_class().from_dict(config))
+    placed = (
+        None if device_map is None else _planned_map(model, device_map, max_memory, torch_dtype)
+    )
+    state = _read_state(files, target, placed, torch_dtype)
+    _fill(model, state, f"the weights in {folder} do not fit a {family.name} model")
+    if placed is not None:
+        placement.dispatch(model, placed)
+    model.mask_token_id, model.end_token_ids, model.family = mask_id, end_ids, family.name
+    model.max_length, model.source = _max_length(family, model.config), str(folder)
+    return model
+
+
+def _target_device(
+    device: str | torch.device | None,
+    device_map: str | dict[str, Any] | None,
+    max_memory: dict[Any, Any] | None,
+) -> tuple[torch.device, dict[Any, Any] | None]:
+    """The device whose dtype default and checks apply (with a device map, the first GPU it
+    names), and the memory budget (`device_map="auto"` without one: every GPU's free
+    memory); `device` with a device map, or `max_memory` without one, are refused."""
     if device_map is None:
         if max_memory is not None:
             raise ValueError(
                 "max_memory applies with device_map='auto' only: give device_map='auto' or drop "
                 "max_memory"
             )
-        target = resolve_device(device)
-    else:
-        if device is not None:
-            raise ValueError(
-                f"device={device!r} and device_map: give one (device_map places every module itself)"
-            )
-        max_memory = (
-            placement.gpu_budget() if device_map == "auto" and max_memory is None else max_memory
+        return resolve_device(device), None
+    if device is not None:
+        raise ValueError(
+            f"device={device!r} and device_map: give one (device_map places every module itself)"
         )
-        target = placement.named_device(device_map, max_memory)
-    torch_dtype = parse_dtype(dtype, target)
-    check_device_dtype(target, torch_dtype)
-    mask_id, end_ids = _special_ids(family, config, folder)
-    files = weight_files(folder)
+    if device_map == "auto" and max_memory is None:
+        max_memory = placement.gpu_budget()
+    return placement.named_device(device_map, max_memory), max_memory
 
-    config_class, model_class = ARCHITECTURES[family]
-    with torch.device("meta"):
-        cfg = config_class.from_dict(config)
-        model: nn.Module = model_class(cfg)
-    max_length = _max_length(family, cfg)
-    placed = (
-        None if device_map is None else _planned_map(model, device_map, max_memory, torch_dtype)
-    )
+
+def _read_state(
+    files: list[Path],
+    target: torch.device,
+    placed: dict[str, placement.Device] | None,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """The weights of `files` in `dtype`: on `target`, or each on its unit's device of the
+    expanded map `placed`."""
     if placed is None:
-        state = _read_weights(files, target, torch_dtype)
-    else:
-        state = _read_weights_placed(files, placement.weight_device(placed), torch_dtype)
+        return _read_weights(files, target, dtype)
+    return _read_weights_placed(files, placement.weight_device(placed), dtype)
+
+
+def _fill(model: nn.Module, state: dict[str, torch.Tensor], misfit: str) -> None:
+    """Assign `state` to the meta-device `model` (eval mode, no gradients), refused with
+    `misfit` and the names when its tensors are not exactly the model's."""
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise CheckpointError(
-            f"the weights in {folder} do not fit a {family} model of this config: "
+            f"{misfit} of this config: "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
     model.load_state_dict(state, assign=True)
     model.eval().requires_grad_(False)
-    if placed is not None:
-        placement.dispatch(model, placed)
-    model.mask_token_id = mask_id
-    model.end_token_ids = end_ids
-    model.max_length = int(max_length)
-    model.family = family
-    model.source = str(folder)
-    return model
 
 
 def _planned_map(
@@ -592,7 +601,8 @@ def _planned_map(
     max_memory: dict[Any, Any] | None,
     dtype: torch.dtype,
 ) -> dict[str, placement.Device]:
-    """The expanded map (one entry per layer and module) of `device_map` for the meta-device `model`."""
+    """The expanded map (one entry per layer and module) of `device_map` for the
+    meta-device `model`."""
     if device_map == "auto":
         return placement.auto_device_map(model, max_memory or {}, dtype)
     if not isinstance(device_map, dict):
@@ -628,23 +638,29 @@ def load_tokenizer(
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     except (ValueError, OSError, KeyError, AttributeError) as err:
-        tokenizer_config = folder / "tokenizer_config.json"
-        named = json.loads(tokenizer_config.read_text()) if tokenizer_config.exists() else {}
-        if (
-            "dream" not in json.dumps(named).lower()
-            and model_family(read_config(folder), folder) != "dream"
-        ):
-            raise CheckpointError(f"cannot load the tokenizer in {folder}: {err}") from err
-        if not (folder / "tokenizer.json").exists() and not (
-            (folder / "vocab.json").exists() and (folder / "merges.txt").exists()
-        ):
-            # without these Qwen2Tokenizer still "loads", as an empty tokenizer
-            raise CheckpointError(
-                f"cannot load the tokenizer in {folder}: it holds neither tokenizer.json nor "
-                f"vocab.json + merges.txt ({err})"
-            ) from err
-        from transformers import Qwen2Tokenizer
-
-        return Qwen2Tokenizer.from_pretrained(str(folder))
+        return _dream_tokenizer(folder, err)
     finally:
         transformers_logging.set_verbosity(verbosity)
+
+
+def _dream_tokenizer(folder: Path, err: Exception) -> Any:
+    """Dream's tokenizer, read by the Qwen2 tokenizer class when transformers cannot build
+    the class its tokenizer config names (`err`); another family's failure is refused."""
+    tokenizer_config = folder / "tokenizer_config.json"
+    named = json.loads(tokenizer_config.read_text()) if tokenizer_config.exists() else {}
+    if (
+        "dream" not in json.dumps(named).lower()
+        and model_family(read_config(folder), folder) != "dream"
+    ):
+        raise CheckpointError(f"cannot load the tokenizer in {folder}: {err}") from err
+    if not (folder / "tokenizer.json").exists() and not (
+        (folder / "vocab.json").exists() and (folder / "merges.txt").exists()
+    ):
+        # without these Qwen2Tokenizer still "loads", as an empty tokenizer
+        raise CheckpointError(
+            f"cannot load the tokenizer in {folder}: it holds neither tokenizer.json nor "
+            f"vocab.json + merges.txt ({err})"
+        ) from err
+    from transformers import Qwen2Tokenizer
+
+    return Qwen2Tokenizer.from_pretrained(str(folder))

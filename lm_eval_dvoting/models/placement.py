@@ -31,21 +31,10 @@ from typing import Any, Callable, Union
 import torch
 from torch import nn
 
-from lm_eval_dvoting.models.dream import DreamLayer, DreamModel
-from lm_eval_dvoting.models.llada import LLaDABlock, LLaDAModel
-from lm_eval_dvoting.models.llada2 import LLaDA2Layer, LLaDA2Model
-from lm_eval_dvoting.models.llada_moe import LLaDAMoELayer, LLaDAMoEModel
+from lm_eval_dvoting.models.families import FAMILIES
 
-Device = Union[
-    int, str
-]  # a GPU index or "cpu" ("disk" only inside auto_device_map, where it is refused)
-# model class -> its transformer layer class (the unit accelerate must never split)
-_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
-    LLaDAModel: LLaDABlock,
-    DreamModel: DreamLayer,
-    LLaDAMoEModel: LLaDAMoELayer,
-    LLaDA2Model: LLaDA2Layer,
-}
+# a GPU index or "cpu" ("disk" only inside auto_device_map, where it is refused)
+Device = Union[int, str]
 _GIB = 1 << 30
 
 
@@ -54,14 +43,16 @@ class PlacementError(ValueError):
 
 
 def layer_class(model: nn.Module) -> type[nn.Module]:
-    """The transformer layer class of one of this package's models."""
-    try:
-        return _LAYERS[type(model)]
-    except KeyError:
-        raise PlacementError(
-            f"{type(model).__name__} is not one of this package's models "
-            f"({', '.join(m.__name__ for m in _LAYERS)}): only those can be placed"
-        ) from None
+    """The transformer layer class of one of this package's models (its family's record in
+    models/families.py): the unit accelerate must never split."""
+    for family in FAMILIES.values():
+        if type(model) is family.model_class():
+            return family.layer_class()
+    raise PlacementError(
+        f"{type(model).__name__} is not one of this package's models "
+        f"({', '.join(f.model_class().__name__ for f in FAMILIES.values())}): only those can "
+        "be placed"
+    )
 
 
 def placement_units(model: nn.Module) -> list[str]:
@@ -112,14 +103,15 @@ def _expand(model: nn.Module, device_map: dict[str, Any], allow_disk: bool) -> d
     for key in device_map:
         if key not in modules:
             raise PlacementError(
-                f"device_map names {key!r}, which is no module of this {type(model).__name__}: keys "
-                f"are module names such as {units[0]!r} or {units[1]!r}, or '' for the whole model"
+                f"device_map names {key!r}, which is no module of this {type(model).__name__}: "
+                f"keys are module names such as {units[0]!r} or {units[1]!r}, or '' for the whole "
+                "model"
             )
         inside = next((unit for unit in units if key.startswith(unit + ".")), None)
         if inside is not None:
             raise PlacementError(
-                f"device_map entry {key!r} lies inside {inside!r}, which is placed whole (a layer is "
-                f"never split across devices): map {inside!r} itself"
+                f"device_map entry {key!r} lies inside {inside!r}, which is placed whole (a layer "
+                f"is never split across devices): map {inside!r} itself"
             )
     expanded: dict[str, Device] = {}
     for unit in units:
@@ -212,7 +204,8 @@ def weight_device(device_map: dict[str, Device]) -> Callable[[str], torch.device
 
 
 def parse_size(name: str, value: Any) -> int:
-    """A memory size in bytes from an int or text as accelerate reads it ("80GiB", "500MB", 10**9)."""
+    """A memory size in bytes from an int or text as accelerate reads it ("80GiB", "500MB",
+    10**9)."""
     from accelerate.utils import convert_file_size_to_int
 
     number = value  # bytes may come as 8e10 or "80000000000" from lm-eval's model args text
@@ -302,10 +295,10 @@ def _does_not_fit(
     return (
         f"the model does not fit: its weights need {sizes[''] / _GIB:.1f} GiB in "
         f"{str(dtype).removeprefix('torch.')}, the memory budget ({shown}) holds "
-        f"{sum(budget.values()) / _GIB:.1f} GiB, of which GPU 0 keeps {largest / _GIB:.1f} GiB free (one layer) "
-        f"and layers are never split; {len(spilled)} of {units} modules would go to the disk, which is not "
-        "supported. Use more GPUs, a larger max_memory_per_gpu, or offload the rest to the CPU with "
-        f"max_cpu_memory={-(-cpu_needed // _GIB)}GiB"
+        f"{sum(budget.values()) / _GIB:.1f} GiB, of which GPU 0 keeps {largest / _GIB:.1f} GiB "
+        f"free (one layer) and layers are never split; {len(spilled)} of {units} modules would "
+        "go to the disk, which is not supported. Use more GPUs, a larger max_memory_per_gpu, or "
+        f"offload the rest to the CPU with max_cpu_memory={-(-cpu_needed // _GIB)}GiB"
     )
 
 
@@ -337,8 +330,7 @@ def dispatch(
     each pass; otherwise they run on the CPU. The embedding is never offloaded (token ids
     enter there, and a tied head reads its weight directly).
     """
-    from accelerate.hooks import AlignDevicesHook, add_hook_to_module, attach_align_device_hook
-    from accelerate.utils import OffloadedWeightsLoader, extract_submodules_state_dict
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module
 
     main = main_device(device_map)
     offload_cpu = main.type != "cpu" if offload_cpu is None else offload_cpu
@@ -348,27 +340,12 @@ def dispatch(
         for unit, device in device_map.items()
         if device == "cpu" and offload_cpu and unit != embedding
     ]
-    # the offloaded weights live on in this map only (the modules' own become meta): never twice in host memory
-    weights = (
-        OffloadedWeightsLoader(
-            state_dict=extract_submodules_state_dict(model.state_dict(), offloaded)
-        )
-        if offloaded
-        else None
-    )
+    weights = _offloaded_weights(model, offloaded)
     for unit, device in device_map.items():
         module = model.get_submodule(unit)
         if unit in offloaded:
-            attach_align_device_hook(
-                module, execution_device=main, offload=True, weights_map=weights, module_name=unit
-            )
-        if unit in offloaded and not hasattr(
-            module, "_hf_hook"
-        ):  # a layer holds no weight itself: move its inputs
-            add_hook_to_module(module, AlignDevicesHook(execution_device=main))
-        elif (
-            unit not in offloaded
-        ):  # resident: its weights are already there; the hook moves its inputs
+            _hook_offloaded(module, unit, main, weights)
+        else:  # resident: its weights are already there; the hook moves its inputs
             add_hook_to_module(
                 module,
                 AlignDevicesHook(execution_device=_torch_device(device), place_submodules=True),
@@ -378,6 +355,31 @@ def dispatch(
     _results_on(model, main)
     model.device_map = dict(device_map)
     model.main_device = main
+
+
+def _offloaded_weights(model: nn.Module, offloaded: list[str]) -> Any:
+    """The weights of the `offloaded` units, in accelerate's loader (None: none offloaded).
+    They live on there only (the modules' own become meta): never twice in host memory."""
+    from accelerate.utils import OffloadedWeightsLoader, extract_submodules_state_dict
+
+    if not offloaded:
+        return None
+    return OffloadedWeightsLoader(
+        state_dict=extract_submodules_state_dict(model.state_dict(), offloaded)
+    )
+
+
+def _hook_offloaded(module: nn.Module, unit: str, main: torch.device, weights: Any) -> None:
+    """accelerate's offload hooks on `module`: its weights streamed from `weights` to the
+    `main` device submodule by submodule; a unit holding no weight itself (a layer) gets
+    one more hook that moves its inputs."""
+    from accelerate.hooks import AlignDevicesHook, add_hook_to_module, attach_align_device_hook
+
+    attach_align_device_hook(
+        module, execution_device=main, offload=True, weights_map=weights, module_name=unit
+    )
+    if not hasattr(module, "_hf_hook"):
+        add_hook_to_module(module, AlignDevicesHook(execution_device=main))
 
 
 def _results_on(model: nn.Module, main: torch.device) -> None:
@@ -402,38 +404,17 @@ def _results_on(model: nn.Module, main: torch.device) -> None:
 
 
 def gpu_budget(max_memory_per_gpu: Any = None, max_cpu_memory: Any = None) -> dict[Device, int]:
-    """The `max_memory` of `parallelize=true`, as lm-eval's HFLM builds it (`_get_accelerate_args`).
+    """The `max_memory` of `parallelize=true`, as lm-eval's HFLM builds it
+    (`_get_accelerate_args`).
 
-    This process's GPUs: all visible ones, or under `accelerate launch`/`torchrun` with
-    several processes on a machine, those whose index modulo the local process count is
-    the local rank (HFLM splits them so; unlike HFLM, also when `max_memory_per_gpu` is
-    given, so two processes never share a GPU). Each gets `max_memory_per_gpu`, else its
-    free memory; `max_cpu_memory`, when given, is the CPU offload budget (none by default).
+    This process's GPUs (`_own_gpus`), each with `max_memory_per_gpu`, else its free memory;
+    `max_cpu_memory`, when given, is the CPU offload budget (none by default).
     """
     per_gpu = (
         None if max_memory_per_gpu is None else parse_size("max_memory_per_gpu", max_memory_per_gpu)
     )
     cpu = None if max_cpu_memory is None else parse_size("max_cpu_memory", max_cpu_memory)
-    local_rank, local_world = (
-        int(os.environ.get("LOCAL_RANK", 0)),
-        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-    )
-    count = torch.cuda.device_count()
-    gpus = [index for index in range(count) if index % local_world == local_rank]
-    if not gpus:
-        why = (
-            "CUDA sees none"
-            if count == 0
-            else (
-                f"none of the {count} visible falls to local process {local_rank} of {local_world} (process r takes "
-                f"the GPUs whose index modulo {local_world} is r)"
-            )
-        )
-        raise PlacementError(
-            f"parallelize=True spreads the model over GPUs, but {why}: drop parallelize (one model "
-            "per device), or for several processes run data parallel (accelerate launch / "
-            "torchrun) with at most one process per GPU"
-        )
+    gpus = _own_gpus()
     # free memory read on this process's GPUs only (accelerate's get_max_memory, which HFLM
     # calls, opens a CUDA context on every visible GPU, other processes' too)
     budget: dict[Device, int] = {
@@ -443,6 +424,32 @@ def gpu_budget(max_memory_per_gpu: Any = None, max_cpu_memory: Any = None) -> di
     if cpu is not None:
         budget["cpu"] = cpu
     return budget
+
+
+def _own_gpus() -> list[int]:
+    """This process's GPUs: all visible ones, or under `accelerate launch`/`torchrun` with
+    several processes on a machine, those whose index modulo the local process count is
+    the local rank (HFLM splits them so; unlike HFLM, also when `max_memory_per_gpu` is
+    given, so two processes never share a GPU). None is refused."""
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    count = torch.cuda.device_count()
+    gpus = [index for index in range(count) if index % local_world == local_rank]
+    if not gpus:
+        why = (
+            "CUDA sees none"
+            if count == 0
+            else (
+                f"none of the {count} visible falls to local process {local_rank} of "
+                f"{local_world} (process r takes the GPUs whose index modulo {local_world} is r)"
+            )
+        )
+        raise PlacementError(
+            f"parallelize=True spreads the model over GPUs, but {why}: drop parallelize (one model "
+            "per device), or for several processes run data parallel (accelerate launch / "
+            "torchrun) with at most one process per GPU"
+        )
+    return gpus
 
 
 def describe(device_map: dict[str, Device]) -> str:
