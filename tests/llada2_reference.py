@@ -32,7 +32,8 @@ def upstream_generate(
     editing_threshold: float | None = None,
     max_post_steps: int = 16,
 ) -> tuple[list[int], int]:
-    """(answer tokens, forward passes) of greedy LLaDA2.0 (`editing_threshold` None) or 2.1 decoding."""
+    """(answer tokens, forward passes) of greedy LLaDA2.0 (`editing_threshold` None) or 2.1
+    decoding."""
     mask, ends = model.mask_token_id, set(model.end_token_ids)
     total = -(-(len(prompt) + gen_length) // block) * block
     x = torch.full((total,), mask, dtype=torch.long)

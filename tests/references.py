@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 from torch import nn
 
 from lm_eval_dvoting.models.loading import load_model
+
+if TYPE_CHECKING:  # the annotation's name only; decoding is imported where used
+    from lm_eval_dvoting.core.decoding import DecodeRow
 
 
 @functools.lru_cache(maxsize=None)

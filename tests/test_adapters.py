@@ -210,8 +210,9 @@ def test_a_hub_id_fetches_only_the_two_adapter_files_at_the_revision(tmp_path, m
         with pytest.raises(AdapterError) as refused:
             adapters.resolve_adapter(local)
         assert str(refused.value) == (
-            f"peft={local!r}: no such folder; give a folder holding adapter_config.json and adapter_model.safetensors, "
-            "a hub id such as 'org/adapter-name', or one of ['tiny-arith-lora']"
+            f"peft={local!r}: no such folder; give a folder holding adapter_config.json and "
+            "adapter_model.safetensors, a hub id such as 'org/adapter-name', or one of "
+            "['tiny-arith-lora']"
         )
     assert len(calls) == 1
 
@@ -223,8 +224,9 @@ def test_the_folder_checks_say_which_file_is_missing_and_what_a_folder_holds(tmp
     with pytest.raises(AdapterError) as refused:
         adapters.resolve_adapter(folder)
     assert str(refused.value) == (
-        f"peft={str(folder)!r}: the folder has no adapter_config.json or adapter_model.safetensors; a PEFT LoRA "
-        "adapter folder holds adapter_config.json and adapter_model.safetensors (as written by save_pretrained)"
+        f"peft={str(folder)!r}: the folder has no adapter_config.json or "
+        "adapter_model.safetensors; a PEFT LoRA adapter folder holds adapter_config.json and "
+        "adapter_model.safetensors (as written by save_pretrained)"
     )
 
 

@@ -93,7 +93,8 @@ def test_default_steps_are_upstreams_32_capped_at_the_answer_length(model, gen_l
 
 
 def test_the_cases_are_not_vacuous(model):
-    """Editing changes answers, the threshold changes answers, and some decodes stop at an end token."""
+    """Editing changes answers, the threshold changes answers, and some decodes stop at an end
+    token."""
     prompts, ends = _prompts(), set(model.end_token_ids)
     outputs = {
         name: [

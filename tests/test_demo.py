@@ -74,8 +74,8 @@ def test_prompt_is_the_papers_gsm8k_prompt():
     )
     task_yaml = (TASK_DIR / "dvoting_arith.yaml").read_text()
     assert (
-        'doc_to_text: "Please answer the question step by step and put the answer in \\\\boxed{}. {{question}}"'
-        in task_yaml
+        'doc_to_text: "Please answer the question step by step and put the answer in \\\\boxed{}. '
+        '{{question}}"' in task_yaml
     )
 
 
@@ -411,7 +411,8 @@ def test_training_logs_voting_strategies_along_the_curve(tmp_path, monkeypatch):
     ]
     train.main(argv)
     record = json.loads((tmp_path / "log.jsonl").read_text().splitlines()[-1])
-    # one evaluation (step 1, the model's weights), on the run's 3 validation problems, logged as scored
+    # one evaluation (step 1, the model's weights), on the run's 3 validation problems, logged
+    # as scored
     _, valid = train.held_out_problems(train.parse_args(argv))
     [(strategies, questions, scores)] = calls
     assert (
@@ -489,8 +490,8 @@ def test_sweep_scores_the_ablation_rows(capsys):
 
 def test_shipped_model_shows_what_the_readme_says(tmp_path):
     """The README's first command, without HEX and majority (the slow rows): the rows it
-    prints for single, single-entropy, single-confidence, majority-entropy, dvoting and temporal are reproduced
-    exactly (accuracy, spread and NFE), and what the README reads from them holds:
+    prints for single, single-entropy, single-confidence, majority-entropy, dvoting and temporal
+    are reproduced exactly (accuracy, spread and NFE), and what the README reads from them holds:
     dVoting's decoder saves passes, dVoting costs at most 0.6x majority-entropy, and no
     sampled row beats one greedy sample on average."""
     from lm_eval_dvoting.commands import compare

@@ -64,7 +64,8 @@ def test_each_strategy_runs_through_the_harness(tiny_llada_dir, strategy, sample
     assert info["settings"]["gen_length"] == 256
     [used] = info["settings_used"]
     assert used["strategy"] == strategy and used["gen_length"] == 32
-    # hex decodes with its own block lengths, L/32 .. L/2: no block_length is recorded for it (issue 38)
+    # hex decodes with its own block lengths, L/32 .. L/2: no block_length is recorded for it
+    # (issue 38)
     assert used.get("block_length") == (None if strategy == "hex" else 2)
     if nfe is not None and strategy != "hex":
         assert used["steps"] * samples == nfe

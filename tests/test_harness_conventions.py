@@ -255,7 +255,9 @@ import datasets
 
 def load(**kwargs):
     """Three documents with the same question, then another one."""
-    docs = [{"question": "9-6+4-2+1=?", "target": "6"}] * 3 + [{"question": "5+2-4+6=?", "target": "9"}]
+    docs = [{"question": "9-6+4-2+1=?", "target": "6"}] * 3 + [
+        {"question": "5+2-4+6=?", "target": "9"}
+    ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 '''
 

@@ -337,7 +337,8 @@ def demo_model() -> torch.nn.Module:
 BAD_IDS = [
     (
         torch.tensor([5, 6, 7]),
-        r"input_ids must be 2-D \(batch, length\), got shape \(3,\): for one prompt pass input_ids\[None\]",
+        r"input_ids must be 2-D \(batch, length\), got shape \(3,\): for one prompt pass "
+        r"input_ids\[None\]",
     ),
     (
         torch.tensor([[5.7, 6.2, 7.0]]),
@@ -432,14 +433,22 @@ import datasets
 
 
 def load(**kwargs):
-    rows = [json.loads(line) for line in (Path(__file__).parent / "odd.jsonl").read_text().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in (Path(__file__).parent / "odd.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
 
 
 def to_text(doc):
     # a prompt function that emits broken text: JSON's "\\\\ud800" escape decodes to a lone
     # surrogate, which the Arrow-backed dataset itself cannot hold
-    question = doc["question"].replace("<lone>", json.loads('"\\\\ud800"')).replace("<low>", json.loads('"\\\\udfff"'))
+    question = (
+        doc["question"]
+        .replace("<lone>", json.loads('"\\\\ud800"'))
+        .replace("<low>", json.loads('"\\\\udfff"'))
+    )
     return "Please answer the question step by step and put the answer in \\\\boxed{}. " + question
 """
 

@@ -123,6 +123,7 @@ def test_log_likelihood_is_refused(tiny_llada2_dir: Path):
     with pytest.raises(ValueError) as refused:
         model.loglikelihood([])
     assert str(refused.value) == (
-        "--model dvoting-llada2 has no log-likelihood path: the Monte-Carlo estimate (likelihood.py) assumes a "
-        "bidirectional mask predictor, and LLaDA2 is block diffusion; run generation tasks (generate_until) with it"
+        "--model dvoting-llada2 has no log-likelihood path: the Monte-Carlo estimate "
+        "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block diffusion; "
+        "run generation tasks (generate_until) with it"
     )

@@ -560,7 +560,8 @@ def test_infinite_temperature_is_refused():
         ),
         (
             {"n": True},
-            "n (samples per question) must be a whole number >= 1, got True: e.g. n=5 (the default)",
+            "n (samples per question) must be a whole number >= 1, got True: e.g. n=5 (the "
+            "default)",
         ),
         (
             {"gen_length": 2.5},
@@ -569,7 +570,8 @@ def test_infinite_temperature_is_refused():
         ),
         (
             {"alpha": "0.3"},
-            "alpha (entropy threshold) must be a number (>= 0), got '0.3': e.g. alpha=0.3 (the default)",
+            "alpha (entropy threshold) must be a number (>= 0), got '0.3': e.g. alpha=0.3 (the "
+            "default)",
         ),
         (
             {"tau": True},
@@ -667,7 +669,8 @@ _TAU_FIX = "e.g. tau=1.0 (the default: keep a position only when every earlier s
     [
         (
             {"strategy": "foo"},
-            "strategy must be one of ('single', 'majority', 'hex', 'dvoting', 'temporal', 'rfg'), got 'foo'",
+            "strategy must be one of ('single', 'majority', 'hex', 'dvoting', 'temporal', 'rfg'), "
+            "got 'foo'",
         ),
         ({"gen_length": 0}, f"gen_length must be positive, got 0: {_GEN_FIX}"),
         ({"gen_length": -3}, f"gen_length must be positive, got -3: {_GEN_FIX}"),
@@ -689,9 +692,9 @@ _TAU_FIX = "e.g. tau=1.0 (the default: keep a position only when every earlier s
         ({"n": 0}, "n (samples per question) must be >= 1, got 0: e.g. n=5 (the default)"),
         (
             {"steps": "2"},
-            "steps must be a whole number >= 1, got '2': leave it out (default: gen_length for single, "
-            "gen_length/2 for majority and hex; LLaDA2: 32 per block) or give the forward passes per "
-            "sample (LLaDA2: per block)",
+            "steps must be a whole number >= 1, got '2': leave it out (default: gen_length for "
+            "single, gen_length/2 for majority and hex; LLaDA2: 32 per block) or give the forward "
+            "passes per sample (LLaDA2: per block)",
         ),
         (
             {"alpha": -0.1},
@@ -705,8 +708,8 @@ _TAU_FIX = "e.g. tau=1.0 (the default: keep a position only when every earlier s
         ({"tau": 1.5}, f"tau (position-consistency share) must be in (0, 1], got 1.5: {_TAU_FIX}"),
         (
             {"temperature": -1},
-            "temperature must be >= 0, got -1: use 0 for greedy decoding or e.g. 0.6-1.0 to sample; "
-            "leave it out for the strategy's default",
+            "temperature must be >= 0, got -1: use 0 for greedy decoding or e.g. 0.6-1.0 to "
+            "sample; leave it out for the strategy's default",
         ),
         ({"remasking": "x"}, "remasking must be one of ('low_confidence', 'random'), got 'x'"),
         (
@@ -764,16 +767,16 @@ _TEMPORAL_NEEDS = (
     "the vote needs every step's whole prediction; use cache=none (the default) or cache=prefix"
 )
 _NOT_LLADA2 = (
-    "editing_threshold and cache=block are LLaDA2's (block diffusion): use --model dvoting-llada2 or "
-    "dvoting-llada21 with a LLaDA2 checkpoint"
+    "editing_threshold and cache=block are LLaDA2's (block diffusion): use --model dvoting-llada2 "
+    "or dvoting-llada21 with a LLaDA2 checkpoint"
 )
 _BLOCK_TEMPORAL = (
     "the temporal vote needs every step's whole prediction, which cache=block does not compute (a "
     "pass covers the current block): use cache=none with it"
 )
 _HEX_DECODER = (
-    "does not apply to strategy=hex: HEX is defined by its fixed schedules over block sizes L/32..L/2; "
-    "leave decoder out for hex"
+    "does not apply to strategy=hex: HEX is defined by its fixed schedules over block sizes "
+    "L/32..L/2; leave decoder out for hex"
 )
 _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over one decode's steps"
 
@@ -799,7 +802,8 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"threshold": "0.9"},
-            f"threshold (confidence decoder) must be a number (in (0, 1]), got '0.9': {_FASTDLLM_TAU}",
+            "threshold (confidence decoder) must be a number (in (0, 1]), got '0.9': "
+            f"{_FASTDLLM_TAU}",
         ),
         (
             {"threshold": float("inf")},
@@ -807,17 +811,19 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"block_decoding": "threshold", "threshold": 0},
-            "threshold (block diffusion) must be in (0, 1], got 0: e.g. threshold=0.95 (LLaDA2.0's default)",
+            "threshold (block diffusion) must be in (0, 1], got 0: e.g. threshold=0.95 (LLaDA2.0's "
+            "default)",
         ),
         (
             {"block_decoding": "threshold", "threshold": 1.5},
-            "threshold (block diffusion) must be in (0, 1], got 1.5: e.g. threshold=0.95 (LLaDA2.0's default)",
+            "threshold (block diffusion) must be in (0, 1], got 1.5: e.g. threshold=0.95 "
+            "(LLaDA2.0's default)",
         ),
         (
             {"strategy": "dvoting", "decoder": "fixed"},
-            "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its entropy threshold (alpha) or, "
-            "with decoder=confidence, Fast-dLLM's rule; leave decoder out for dvoting, or compare with "
-            "strategy=majority,decoder=entropy",
+            "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its entropy "
+            "threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave decoder out "
+            "for dvoting, or compare with strategy=majority,decoder=entropy",
         ),
         # the key/value caches (_check_cache)
         (
@@ -843,8 +849,8 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"vote": "foo"},
-            "vote must be one of ('plain', 'temporal'), got 'foo': plain (one vote per sample) or temporal "
-            "(each sample's per-step answers), or leave it out for the strategy's own",
+            "vote must be one of ('plain', 'temporal'), got 'foo': plain (one vote per sample) or "
+            "temporal (each sample's per-step answers), or leave it out for the strategy's own",
         ),
         (
             {"strategy": "single", "vote": "temporal"},
@@ -866,14 +872,14 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"strategy": "majority", "vote": "temporal", "cache": "dual"},
-            f"cache=dual does not apply to vote=temporal: the dual cache computes no prediction beyond the current block, "
-            f"and {_TEMPORAL_NEEDS}",
+            "cache=dual does not apply to vote=temporal: the dual cache computes no prediction "
+            f"beyond the current block, and {_TEMPORAL_NEEDS}",
         ),
         # RFG (_check_guidance)
         (
             {"guidance": -1},
-            "guidance (RFG strength w) must be >= 0, got -1: e.g. guidance=1.0 (the default); 0 decodes "
-            "the policy alone",
+            "guidance (RFG strength w) must be >= 0, got -1: e.g. guidance=1.0 (the default); 0 "
+            "decodes the policy alone",
         ),
         (
             {"strategy": "rfg", "cache": "prefix"},
@@ -885,7 +891,8 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
             "cache=dual does not apply to strategy=rfg: its two models would need "
             "a cache each; use cache=none (the default)",
         ),
-        # block diffusion (_check_block_decoding): its settings elsewhere, the others' settings on it
+        # block diffusion (_check_block_decoding): its settings elsewhere, the others' settings
+        # on it
         ({"editing_threshold": 0.5}, _NOT_LLADA2),
         ({"editing_threshold": 0.0}, _NOT_LLADA2),
         ({"cache": "block"}, _NOT_LLADA2),
@@ -896,20 +903,23 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"block_decoding": "threshold", "remasking": "random"},
-            "remasking=random does not apply to LLaDA2: its threshold rule commits by confidence; leave remasking out",
+            "remasking=random does not apply to LLaDA2: its threshold rule commits by confidence; "
+            "leave remasking out",
         ),
         (
             {"block_decoding": "threshold", "strategy": "majority", "decoder": "fixed"},
-            "decoder=fixed does not apply to LLaDA2 (block diffusion decodes with its threshold rule): leave decoder out; "
-            "threshold= and steps= tune it",
+            "decoder=fixed does not apply to LLaDA2 (block diffusion decodes with its threshold "
+            "rule): leave decoder out; threshold= and steps= tune it",
         ),
         (
             {"block_decoding": "threshold", "cache": "prefix"},
-            "cache=prefix does not apply to LLaDA2: use cache=block (exact, the default) or cache=none",
+            "cache=prefix does not apply to LLaDA2: use cache=block (exact, the default) or "
+            "cache=none",
         ),
         (
             {"block_decoding": "threshold", "strategy": "rfg"},
-            "strategy=rfg is not available for LLaDA2 models yet: use single, majority, hex, dvoting or temporal",
+            "strategy=rfg is not available for LLaDA2 models yet: use single, majority, hex, "
+            "dvoting or temporal",
         ),
         (
             {"block_decoding": "threshold", "strategy": "temporal", "cache": "block"},
@@ -926,8 +936,8 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"block_decoding": "quality", "steps": 4},
-            "steps does not apply to LLaDA2.1's joint threshold decoding (editing=quality), which commits at least one "
-            "token per step as upstream; leave steps out",
+            "steps does not apply to LLaDA2.1's joint threshold decoding (editing=quality), which "
+            "commits at least one token per step as upstream; leave steps out",
         ),
         (
             {"block_decoding": "threshold", "editing_threshold": 0.5},
@@ -935,11 +945,13 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"block_decoding": "threshold", "max_post_steps": 8},
-            "max_post_steps=8 is LLaDA2.1's (post-fill editing steps): use --model dvoting-llada21, or leave it out",
+            "max_post_steps=8 is LLaDA2.1's (post-fill editing steps): use --model "
+            "dvoting-llada21, or leave it out",
         ),
         (
             {"block_decoding": "quality", "editing_threshold": 1.5},
-            "editing_threshold must be in [0, 1], got 1.5: e.g. 0.5 (LLaDA2.1's quality mode) or 0.0 (speed mode)",
+            "editing_threshold must be in [0, 1], got 1.5: e.g. 0.5 (LLaDA2.1's quality mode) or "
+            "0.0 (speed mode)",
         ),
         (
             {"block_decoding": "quality", "max_post_steps": -1},
@@ -947,8 +959,8 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         ),
         (
             {"gen_length": 2.5},
-            "gen_length must be a whole number, got 2.5: set max_gen_toks (model arg or --gen_kwargs) "
-            "to the answer length in tokens, e.g. 256",
+            "gen_length must be a whole number, got 2.5: set max_gen_toks (model arg or "
+            "--gen_kwargs) to the answer length in tokens, e.g. 256",
         ),
     ],
 )
@@ -1217,8 +1229,8 @@ def test_threshold_refusal_says_what_is_allowed_and_one_is_allowed():
     [
         (
             dict(cache="full"),
-            "cache must be one of ('none', 'prefix', 'dual', 'block'), got 'full': none (exact, the default), "
-            "prefix or dual (Fast-dLLM's approximate key/value caches)",
+            "cache must be one of ('none', 'prefix', 'dual', 'block'), got 'full': none (exact, "
+            "the default), prefix or dual (Fast-dLLM's approximate key/value caches)",
         ),
         (dict(prefix_cache="yes"), "prefix_cache must be true or false, got 'yes'"),
         (
@@ -1255,7 +1267,8 @@ def test_cache_and_prefix_cache_are_one_setting():
             {"strategy": "single"},
             {"temperature": 0.5},
             "WARNING",
-            "strategy=single samples only with do_sample=true (as HF generate does), so it runs at temperature 0.0",
+            "strategy=single samples only with do_sample=true (as HF generate does), so it runs at "
+            "temperature 0.0",
         ),
         (
             {"strategy": "single"},
@@ -1295,7 +1308,8 @@ def test_unused_task_sampling_is_reported_with_the_reason_and_the_fix(
     fix += ", or pass do_sample=true with the temperature" if model["strategy"] == "single" else ""
     assert (record.levelname, record.getMessage()) == (
         level,
-        f"generation kwargs {asked} (task probe: its YAML or --gen_kwargs) are not used: {why}{fix}",
+        f"generation kwargs {asked} (task probe: its YAML or --gen_kwargs) are not used: "
+        f"{why}{fix}",
     )
 
 
@@ -1332,7 +1346,7 @@ def test_lm_evals_other_run_args_and_its_default_batch_size_are_passed_on(monkey
     ) == {"n": 3, "max_batch_size": 64, "batch_size": 1}
 
 
-# ------------------------------------------------------------- the model a run decodes (strategies._model_for)
+# -------------------------------------------------- the model a run decodes (strategies._model_for)
 
 
 def test_the_model_for_a_run_is_the_guided_one_only_for_rfg():
@@ -1431,7 +1445,10 @@ def test_the_model_info_of_a_fresh_model_is_exactly_its_settings_and_sources():
     }
 
 
-_ON_PARALLELIZE = "applies with parallelize=True only (one model spread over the GPUs): add parallelize=True, or drop"
+_ON_PARALLELIZE = (
+    "applies with parallelize=True only (one model spread over the GPUs): add parallelize=True, "
+    "or drop"
+)
 
 
 @pytest.mark.parametrize(
@@ -1452,8 +1469,9 @@ _ON_PARALLELIZE = "applies with parallelize=True only (one model spread over the
             "parallelize=True,device_map=balanced",
             {},
             "device_map='balanced': parallelize=True places the model with "
-            "device_map='auto' (balanced over the GPUs, as lm-eval's hf model does), the only map supported here: drop "
-            "device_map (in Python, load_model(device_map=...) also takes a dict)",
+            "device_map='auto' (balanced over the GPUs, as lm-eval's hf model does), the only map "
+            "supported here: drop device_map (in Python, load_model(device_map=...) also takes a "
+            "dict)",
         ),
         (
             "parallelize=True,device=cpu",
@@ -1465,39 +1483,43 @@ _ON_PARALLELIZE = "applies with parallelize=True only (one model spread over the
             "parallelize=True,reference=tiny-arith",
             {},
             "reference='tiny-arith' with parallelize=True: RFG's second model "
-            "is not spread over the GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop "
-            "parallelize",
+            "is not spread over the GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one "
+            "model), or drop parallelize",
         ),
         (
             "parallelize=True,peft=/x,max_cpu_memory=1GiB",
             {},
             "peft='/x' with max_cpu_memory='1GiB': a LoRA adapter "
-            "cannot sit on layers offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) or peft",
+            "cannot sit on layers offloaded to the CPU; drop max_cpu_memory (the model must then "
+            "fit the GPUs) or peft",
         ),
         (
             "offload_folder=./offload",
             {"device": "cpu"},
             "model arg offload_folder='./offload': offloading to disk is not "
-            "supported: with parallelize=True the model must fit the GPUs (max_memory_per_gpu) plus the CPU "
-            "(max_cpu_memory); drop offload_folder",
+            "supported: with parallelize=True the model must fit the GPUs (max_memory_per_gpu) "
+            "plus the CPU (max_cpu_memory); drop offload_folder",
         ),
         (
             "delta=some/delta",
             {"device": "cpu"},
             "model arg delta='some/delta': delta weights are not supported; add them "
-            "to the base weights, save the result as safetensors beside config.json and pass that folder as pretrained",
+            "to the base weights, save the result as safetensors beside config.json and pass that "
+            "folder as pretrained",
         ),
         (
             "use_fast_tokenizer=False",
             {"device": "cpu"},
             "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) "
-            "tokenizers, so a slow one cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the same files)",
+            "tokenizers, so a slow one cannot be chosen; drop use_fast_tokenizer (the fast "
+            "tokenizer reads the same files)",
         ),
         (
             "add_bos_token=True",
             {"device": "cpu"},
             "add_bos_token=True, but the tokenizer of tiny-arith has no BOS token: "
-            "drop add_bos_token (prompts are encoded without special tokens; a chat template adds its own)",
+            "drop add_bos_token (prompts are encoded without special tokens; a chat template adds "
+            "its own)",
         ),
         (
             "batch_size=abc",
@@ -1688,7 +1710,8 @@ _DEFAULT_SETTINGS = dict(
     ],
 )
 def test_every_strategy_model_arg_reaches_its_own_setting(args, changed):
-    """`_strategy_settings`: each model arg lands in its own field, parsed, and nothing else moves."""
+    """`_strategy_settings`: each model arg lands in its own field, parsed,
+    and nothing else moves."""
     import dataclasses
 
     from lm_eval_dvoting.integration.harness import LLaDAEvalModel
@@ -1718,7 +1741,10 @@ def test_llada2s_cache_defaults_to_block_unless_the_temporal_vote_needs_every_st
     assert lm.settings.cache == cache and lm.settings.block_decoding == "threshold"
 
 
-_WHOLE = "{name} must be a whole number, got 'x': give {name} as such a number, or leave it out for its default"
+_WHOLE = (
+    "{name} must be a whole number, got 'x': give {name} as such a number, or leave it out for "
+    "its default"
+)
 _REAL = (
     "{name} must be a number, got 'x': give e.g. {name}=0.5, or leave {name} out for its default"
 )
@@ -1742,18 +1768,18 @@ _REAL = (
         ("editing_threshold", _REAL),
         (
             "hex_samples",
-            "hex_samples must be 25 or 5, got 'x': give hex_samples as such a number, or leave it out for "
-            "its default",
+            "hex_samples must be 25 or 5, got 'x': give hex_samples as such a number, or leave it "
+            "out for its default",
         ),
         (
             "mc_num",
-            "mc_num must be a whole number >= 1, got 'x': give mc_num as such a number, or leave it out for its "
-            "default",
+            "mc_num must be a whole number >= 1, got 'x': give mc_num as such a number, or leave "
+            "it out for its default",
         ),
         (
             "max_length",
-            "max_length must be a whole number >= 1, got 'x': give max_length as such a number, or leave it "
-            "out for its default",
+            "max_length must be a whole number >= 1, got 'x': give max_length as such a number, or "
+            "leave it out for its default",
         ),
     ],
 )
@@ -1767,7 +1793,8 @@ def test_a_model_arg_that_is_no_number_is_refused_by_its_own_name(name, template
 
 @pytest.mark.parametrize("value", ["", "false", "False", "none", "None", "0"])
 def test_a_refused_hflm_arg_left_empty_or_off_is_accepted(value):
-    """`offload_folder`/`delta` set to an "off" value (what a recipe passes to mean none) are not refused."""
+    """`offload_folder`/`delta` set to an "off" value (what a recipe passes to mean none)
+    are not refused."""
     from lm_eval_dvoting.integration.harness import LLaDAEvalModel
 
     lm = LLaDAEvalModel.create_from_arg_string(
@@ -1887,8 +1914,8 @@ def test_trust_remote_code_is_accepted_with_one_whole_warning(caplog):
         "pretrained=tiny-arith,trust_remote_code=True", {"device": "cpu"}
     )
     assert [r.getMessage() for r in caplog.records if "trust_remote_code" in r.getMessage()] == [
-        "trust_remote_code=True has no effect: dvoting models are built by this plugin's own code from the "
-        "checkpoint's config and weights; no downloaded code is ever run"
+        "trust_remote_code=True has no effect: dvoting models are built by this plugin's own code "
+        "from the checkpoint's config and weights; no downloaded code is ever run"
     ]
     caplog.clear()
     LLaDAEvalModel.create_from_arg_string(
@@ -1917,8 +1944,9 @@ def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog,
     assert [r.args[0] for r in requests] == [f"q{i} \ufffd" for i in range(7)] + ["fine"]
     assert [r.getMessage() for r in caplog.records] == [
         "text with lone surrogates (invalid unicode): they are replaced by U+FFFD",
-        "7 request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: "
-        "task t, document 0; task t, document 1; task t, document 2; task t, document 3; task t, document 4; ...",
+        "7 request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model "
+        "runs: task t, document 0; task t, document 1; task t, document 2; task t, document 3; "
+        "task t, document 4; ...",
     ]
     caplog.clear()
     sanitise_requests(requests[:2])  # already clean: nothing to say
@@ -1927,13 +1955,14 @@ def test_lone_surrogates_are_reported_once_naming_at_most_five_documents(caplog,
         [SimpleNamespace(args=("again \udfff",), task_name="u", doc_id=9)]
     )  # the text warning was said
     assert [r.getMessage() for r in caplog.records] == [
-        "1 request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: task u, "
-        "document 9"
+        "1 request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model "
+        "runs: task u, document 9"
     ]
 
 
 def test_the_model_info_names_the_adapter_by_source_and_digest():
-    """`config.dvoting.peft` with the shipped adapter: its source as given and the digest of its files."""
+    """`config.dvoting.peft` with the shipped adapter: its source as given and the digest
+    of its files."""
     from lm_eval_dvoting.integration.harness import LLaDAEvalModel
     from lm_eval_dvoting.models import adapters
 
@@ -2026,8 +2055,8 @@ def test_under_a_launcher_each_rank_takes_accelerates_device_and_rank(monkeypatc
     with pytest.raises(ValueError) as refused:
         LLaDAEvalModel(pretrained="tiny-arith", device="cuda:0")
     assert str(refused.value) == (
-        "device 'cuda:0' was asked for, but under torchrun/accelerate each rank runs on the device accelerate gives "
-        "it (cpu): drop --device/device=, or for the CPU set ACCELERATE_USE_CPU=1"
+        "device 'cuda:0' was asked for, but under torchrun/accelerate each rank runs on the device "
+        "accelerate gives it (cpu): drop --device/device=, or for the CPU set ACCELERATE_USE_CPU=1"
     )
     monkeypatch.setenv("WORLD_SIZE", "1")
     alone = LLaDAEvalModel(pretrained="tiny-arith", device="cpu")
@@ -2351,8 +2380,8 @@ def test_the_surrogate_warning_lists_five_documents_and_marks_only_more(count, l
         [SimpleNamespace(args=(f"q{i} \ud800",), task_name="t", doc_id=i) for i in range(count)]
     )
     assert caplog.records[-1].getMessage() == (
-        f"{count} request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the model runs: "
-        + listed
+        f"{count} request(s) hold lone surrogates (invalid unicode), replaced by U+FFFD before the "
+        "model runs: " + listed
     )
 
 
@@ -2455,7 +2484,8 @@ def test_a_tokenizer_flag_that_is_no_flag_is_refused_by_its_name(name):
 def test_parallelize_accepts_each_compatible_combination(
     device_map, device, peft, max_cpu_memory, monkeypatch
 ):
-    """`_parallel_budget`'s accepted edges: each returns the GPU budget (stood in for: no GPU here)."""
+    """`_parallel_budget`'s accepted edges: each returns the GPU budget
+    (stood in for: no GPU here)."""
     from lm_eval_dvoting.integration import harness
 
     budget, asked = {0: 1, "cpu": 2}, []
@@ -2749,8 +2779,8 @@ def test_dream_needs_a_context_token_before_a_continuation_but_not_before_an_emp
     with pytest.raises(ValueError) as refused:
         score_requests(dream, [(empty, _ids(2, 1))], mc_num=2, seeds=[0])
     assert str(refused.value) == (
-        "this model predicts token i from position i-1 (Dream), so a continuation needs at least one context "
-        "token before it; prepend a BOS token to the empty context"
+        "this model predicts token i from position i-1 (Dream), so a continuation needs at least "
+        "one context token before it; prepend a BOS token to the empty context"
     )
 
 

@@ -252,7 +252,10 @@ def _lm(strategy: str, batch_rows: int) -> LLaDAEvalModel:
 
 def _instance(question: int, length: int, task: int, doc_id: int) -> Instance:
     gen_kwargs = {"until": [], "max_gen_toks": length}
-    context = f"Please answer the question step by step and put the answer in \\boxed{{}}. {QUESTIONS[question]}"
+    context = (
+        "Please answer the question step by step and put the answer in \\boxed{}. "
+        f"{QUESTIONS[question]}"
+    )
     return Instance(
         "generate_until", {}, (context, gen_kwargs), idx=0, metadata=(TASKS[task], doc_id, 1)
     )

@@ -45,7 +45,9 @@ import datasets
 
 
 def load(**kwargs):
-    docs = [{"question": "9-6+4-2+1=?", "target": "6"}] * 3 + [{"question": "5+2-4+6=?", "target": "9"}]
+    docs = [{"question": "9-6+4-2+1=?", "target": "6"}] * 3 + [
+        {"question": "5+2-4+6=?", "target": "9"}
+    ]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 """
 
@@ -80,7 +82,8 @@ def _evaluate(
     task_dirs: tuple[Path, ...] = (),
     pretrained: str = "tiny-arith",
 ) -> dict[str, Any]:
-    """One harness run, as `lm_eval --model dvoting-llada --use_cache PATH --log_samples` makes it."""
+    """One harness run, as `lm_eval --model dvoting-llada --use_cache PATH --log_samples`
+    makes it."""
     manager = TaskManager(include_path=[str(TASKS), *map(str, task_dirs)], include_defaults=False)
     return lm_eval.simple_evaluate(
         model="dvoting-llada",

@@ -176,8 +176,9 @@ def test_the_harness_refuses_rfg_without_a_reference_before_reading_weights(monk
             pretrained="tiny-arith", strategy="rfg", reference="tiny-arith-dream", device="cpu"
         )
     assert str(refused.value) == (
-        "reference='tiny-arith-dream' does not read the policy's token ids (family 'llada' vs 'dream'): RFG compares "
-        "the two models' probabilities of the same tokens; give a reference of the policy's family and tokenizer"
+        "reference='tiny-arith-dream' does not read the policy's token ids (family 'llada' vs "
+        "'dream'): RFG compares the two models' probabilities of the same tokens; give a reference "
+        "of the policy's family and tokenizer"
     )
 
 
@@ -413,15 +414,15 @@ def test_every_mismatch_of_the_pair_is_named_in_one_message(reference_folder):
     with pytest.raises(ValueError) as refused:
         GuidedModel(policy, reference)
     assert str(refused.value) == (
-        "the RFG policy and reference must share their tokenizer and mask token, but they differ: mask_token_id "
-        f"{policy.mask_token_id!r} vs 3; end_token_ids {policy.end_token_ids!r} vs (1, 2); vocabulary size 104 vs "
-        "110. Give a reference of the policy's family and tokenizer"
+        "the RFG policy and reference must share their tokenizer and mask token, but they differ: "
+        f"mask_token_id {policy.mask_token_id!r} vs 3; end_token_ids {policy.end_token_ids!r} vs "
+        "(1, 2); vocabulary size 104 vs 110. Give a reference of the policy's family and tokenizer"
     )
     with pytest.raises(ValueError) as no_reference:
         GuidedModel(policy)
     assert str(no_reference.value) == (
-        "RFG needs a reference model: give reference=<hub id | folder> (a second model), or a policy with a LoRA "
-        "adapter (peft=...), whose base with the adapter off is the reference"
+        "RFG needs a reference model: give reference=<hub id | folder> (a second model), or a "
+        "policy with a LoRA adapter (peft=...), whose base with the adapter off is the reference"
     )
 
 
@@ -440,7 +441,7 @@ def test_a_reference_of_another_family_and_vocabulary_is_refused_with_both_diffe
             pretrained="tiny-arith", strategy="rfg", reference=str(folder), device="cpu"
         )
     assert str(refused.value) == (
-        f"reference={str(folder)!r} does not read the policy's token ids (family 'llada' vs 'dream'; the tokenizers' "
-        "vocabularies): RFG compares the two models' probabilities of the same tokens; give a reference of the "
-        "policy's family and tokenizer"
+        f"reference={str(folder)!r} does not read the policy's token ids (family 'llada' vs "
+        "'dream'; the tokenizers' vocabularies): RFG compares the two models' probabilities of the "
+        "same tokens; give a reference of the policy's family and tokenizer"
     )

@@ -538,7 +538,10 @@ def test_derive_seed_is_stable():
     import subprocess
     import sys
 
-    code = "from lm_eval_dvoting.core.strategies import derive_seed; print(derive_seed(0, 1), derive_seed('x', 3, None))"
+    code = (
+        "from lm_eval_dvoting.core.strategies import derive_seed; "
+        "print(derive_seed(0, 1), derive_seed('x', 3, None))"
+    )
     runs = [
         subprocess.run(
             [sys.executable, "-c", code],
@@ -665,7 +668,8 @@ def test_majority_with_the_entropy_decoder_starts_with_dvotings_fresh_samples(de
 
 def test_greedy_single_with_the_entropy_decoder_follows_alpha(demo):
     loose = _run(demo, strategy="single", decoder="entropy", alpha=float("inf"))
-    # every entropy is below inf: one pass commits all of a block, and hands its logits on to the next
+    # every entropy is below inf: one pass commits all of a block, and hands its logits on to
+    # the next
     assert all(r.nfe == 1 for r in loose)
     strict = _run(demo, strategy="single", decoder="entropy", alpha=0.0)
     assert all(r.nfe == GEN_LENGTH for r in strict)  # one token per pass
@@ -725,8 +729,8 @@ def test_settings_report_the_decoder_and_no_schedule():
         (
             "majority",
             "",
-            "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the strategy's "
-            "own), got ''",
+            "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
+            "strategy's own), got ''",
         ),
     ],
 )

@@ -191,8 +191,8 @@ def test_gpqa_option_order_is_the_same_in_every_process(utils: Any) -> None:
     import sys
 
     code = (
-        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('u', sys.argv[1]); "
-        "u = importlib.util.module_from_spec(spec); spec.loader.exec_module(u); "
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('u', "
+        "sys.argv[1]); u = importlib.util.module_from_spec(spec); spec.loader.exec_module(u); "
         "print([u.gpqa_option_order(f'rec{i}') for i in range(8)])"
     )
     here = str([utils.gpqa_option_order(f"rec{i}") for i in range(8)])

@@ -397,7 +397,7 @@ def test_temporal_follows_the_tasks_sampling_as_single_does():
     )
 
 
-# ------------------------------------------------------------- vote=temporal on the voting strategies
+# ----------------------------------------------------------- vote=temporal on the voting strategies
 
 
 def test_majority_with_the_temporal_vote_returns_the_carriers_prediction_when_no_final_answer_won():
@@ -477,7 +477,8 @@ def test_the_temporal_vote_groups_answers_with_same_answer():
 
 
 def test_run_strategy_hands_every_setting_to_the_strategy(monkeypatch):
-    """run_strategy's keywords reach StrategySettings as given, and its defaults are the settings'."""
+    """run_strategy's keywords reach StrategySettings as given, and its defaults are the
+    settings'."""
     from lm_eval_dvoting.core import strategies
 
     seen = []
@@ -617,9 +618,14 @@ def test_the_vote_defaults_to_the_strategys_own():
 # ------------------------------------------------------------- sample logs and figures
 
 from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
-from lm_eval_dvoting.core.temporal import answer_runs, expand_runs, step_figures, temporal_entropy  # noqa: E402
+from lm_eval_dvoting.core.temporal import (  # noqa: E402
+    answer_runs,
+    expand_runs,
+    step_figures,
+    temporal_entropy,
+)
 
 
 def test_runs_keep_the_steps_without_an_answer():
