@@ -145,8 +145,10 @@ class ForwardPass:
     def check(self, row: DecodeRow) -> None:
         if row.cache != "none" and not self.can_cache:
             raise ValueError(
-                f"cache={row.cache} (or prefix_cache) needs one of this package's LLaDA/Dream models (hidden_states "
-                f"with a cache); {type(self.model).__name__} has none: run with cache=none (the default)"
+                f"cache={row.cache} (or prefix_cache) needs one of this package's LLaDA/Dream "
+                "models (hidden_states "
+                f"with a cache); {type(self.model).__name__} has none: run with cache=none (the "
+                "default)"
             )
 
     def run(
@@ -209,7 +211,8 @@ class ForwardPass:
         starts: Sequence[int],
         logits: StepLogits,
     ) -> None:
-        """Block diffusion's cache: the rows that keep nothing yet in one pass, the others in another."""
+        """Block diffusion's cache: the rows that keep nothing yet in one pass, the others in
+        another."""
         fresh = [i for i in members if rows[i].kept is None]
         for group in (fresh, [i for i in members if rows[i].kept is not None]):
             if group:

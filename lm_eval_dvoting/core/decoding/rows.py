@@ -86,14 +86,16 @@ class RowDecoder:
         self.forward.check(row)
         if self.forward.shift and row.prompt.numel() == 0:
             raise ValueError(
-                "this model reads predictions one position to the left: the prompt must not be empty"
+                "this model reads predictions one position to the left: the prompt must not be "
+                "empty"
             )
         total = row.prompt.numel() + row.gen_length
         if row.block is not None:
             total += -total % row.block_length  # the last block is decoded whole
         if self.max_length is not None and total > self.max_length:
             raise ValueError(
-                f"prompt ({row.prompt.numel()} tokens) + generation ({row.gen_length}) = {total} tokens "
+                f"prompt ({row.prompt.numel()} tokens) + generation ({row.gen_length}) = {total} "
+                "tokens "
                 f"exceeds the model's maximum length {self.max_length}"
             )
         row.prompt = row.prompt.to(self.device)
@@ -105,7 +107,8 @@ class RowDecoder:
             self.active.append(row)
 
     def _check_family(self, row: DecodeRow) -> None:
-        """Block diffusion rows for a block-causal model (LLaDA2), the other rules for the others."""
+        """Block diffusion rows for a block-causal model (LLaDA2), the other rules for the
+        others."""
         if self.block_causal and row.block is None:
             raise ValueError(
                 "this model is block diffusion (LLaDA2): decode it with block=BlockDecoding(...) "
@@ -293,19 +296,11 @@ def generate(
     least) and `cache` "block" (exact, the default) or "none"; `gen_length` need not be a
     multiple of `block_length` there (the last block is decoded whole, then cut).
     """
-    if (
-        getattr(model, "block_causal", False)
-        and block is None
-        and steps is None
-        and alpha is None
-        and threshold is None
-    ):
+    no_rule = all(setting is None for setting in (block, steps, alpha, threshold))
+    if getattr(model, "block_causal", False) and no_rule:
         block = BlockDecoding()
-    cache = (
-        _cache_setting("block" if block is not None else "none", prefix_cache)
-        if cache is None
-        else _cache_setting(cache, prefix_cache)
-    )
+    default = "block" if block is not None else "none"  # the exact cache of the row's kind
+    cache = _cache_setting(default if cache is None else cache, prefix_cache)
     validate_row_settings(
         gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold, block
     )
@@ -317,23 +312,25 @@ def generate(
         raise ValueError(
             f"init_tokens must have shape {(batch, gen_length)}, got {tuple(init_tokens.shape)}"
         )
-    decoder = RowDecoder(model)
+    rule = dict(steps=steps, alpha=alpha, threshold=threshold, block=block)
     rows = [
         DecodeRow(
             prompt=input_ids[i][attention_mask[i].bool()],
             tokens=init_tokens[i],
             block_length=block_length,
-            steps=steps,
-            alpha=alpha,
-            threshold=threshold,
             temperature=temperature,
             remasking=remasking,
             generator=g,
             cache=cache,
-            block=block,
+            **rule,
         )
         for i, g in enumerate(_as_generators(generator, batch))
     ]
+    return _decode_all(RowDecoder(model), rows)
+
+
+def _decode_all(decoder: RowDecoder, rows: list[DecodeRow]) -> DecodeResult:
+    """Decode `rows` side by side to the end; their answers and forward passes."""
     for row in rows:
         decoder.add(row)
     while decoder.active:
