@@ -314,19 +314,15 @@ def run_strategy(
 ) -> list[StrategyResult]:
     """Run a strategy on every (left-padded) prompt row of `input_ids`; no harness needed.
 
-    `settings` are `StrategySettings`' fields by name (`strategy="dvoting"`, `n`, `alpha`,
-    `temperature`, `decoder`, `cache`, `vote`, ...; `core/settings.py` declares each with
-    its default), `gen_length` the answer length. `cache` left out is the model kind's
-    (`parts.default_cache`: none, exact; for a block-causal model (LLaDA2) block, exact too);
-    such a model decodes by block diffusion, `block_decoding` "threshold" (LLaDA2.0, the
-    default there), "quality" or "speed" (LLaDA2.1's presets). `strategy="rfg"` needs
-    `model` to be a `guidance.GuidedModel` (its NFE counts both models' passes).
-    `extract` maps one sample's generated ids (1-D) to a hashable answer or None;
-    `same_answer` optionally groups answers (default `==`). Each row's samples are seeded
-    from `row_seeds[i]` (default: derived from `seed` and the row index). `max_rows` caps
-    the rows decoded per forward pass; `on_done(i, result)` is called as each question
-    finishes. A setting given a value other than its default that the strategy, its commit
-    rule and its vote do not read (`unused_settings`) is reported in a warning.
+    `settings`: `StrategySettings`' fields by name (`strategy="dvoting"`, `n`, `decoder`,
+    `cache`, `vote`, ...), each with its declared default; `cache` and, for a block-causal
+    model (LLaDA2), `block_decoding` left out are the model kind's (`_run_settings`).
+    `extract` maps a sample's generated ids (1-D) to a hashable answer or None, grouped by
+    `same_answer` (default `==`). Row i's samples are seeded from `row_seeds[i]` (default:
+    from `seed` and i); `max_rows` caps the rows per forward pass; `on_done(i, result)` is
+    called as each question finishes. A given setting that no part of the decode reads
+    (`unused_settings`) is reported in a warning. `strategy="rfg"` needs a
+    `guidance.GuidedModel` (its NFE counts both models' passes).
     """
     settings_of_run = _run_settings(model, dict(settings, gen_length=gen_length))
     report_unused_settings(settings_of_run, set(), log)  # each call is a run of its own
@@ -361,8 +357,10 @@ def _prompt_rows(
 
 
 def _run_settings(model: torch.nn.Module, given: dict[str, Any]) -> StrategySettings:
-    """`run_strategy`'s settings: the given ones, with the model kind's block rule and cache
-    where they are left out."""
+    """`run_strategy`'s settings: the given ones, with the model kind's where they are left
+    out: a block-causal model (LLaDA2) decodes by block diffusion, `block_decoding`
+    "threshold" (LLaDA2.0; "quality" and "speed" are LLaDA2.1's presets), and `cache` is
+    `parts.default_cache`'s (none, exact; LLaDA2: block, exact too)."""
     block_causal = bool(getattr(model, "block_causal", False))
     if block_causal and given.get("block_decoding") is None:
         given["block_decoding"] = "threshold"
@@ -404,17 +402,9 @@ def decode_questions(
             f"{len(extract_of)} extractors: give one of each per prompt (or one settings/extract "
             "for all)"
         )
-    scheduler = _Scheduler(
-        RowDecoder(_model_for(model, settings_of)),
-        prompts,
-        settings_of,
-        extract_of,
-        seeds,
-        same_answer,
-        max_rows,
-        on_done,
-    )
-    return scheduler.run()
+    decoder = RowDecoder(_model_for(model, settings_of))
+    plan = (prompts, settings_of, extract_of, seeds, same_answer, max_rows, on_done)
+    return _Scheduler(decoder, *plan).run()
 
 
 def _model_for(model: torch.nn.Module, settings_of: Sequence[StrategySettings]) -> torch.nn.Module:

@@ -175,14 +175,7 @@ def task_length(
     room check only; the block rules are checked all the same.
     """
     given = "max_gen_toks" in kwargs
-    length = settings.gen_length
-    if given:
-        length = whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
-    where = (
-        f"task {task_name}'s generation_kwargs: its YAML or --gen_kwargs"
-        if given
-        else f"the model arg max_gen_toks, default 256: task {task_name} sets none"
-    )
+    length, where = _task_length_source(settings, kwargs, task_name)
     # first: a length that fits (the example does) fixes both
     if max_length is not None and length >= max_length:
         example = _fitting_length(settings, max_length // 2)
@@ -200,6 +193,17 @@ def task_length(
             f"{resized.length_advice()}, {_how_to_set(given, 'N')}"
         )
     return replace(settings, gen_length=length)  # checked in full (the length too)
+
+
+def _task_length_source(
+    settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None
+) -> tuple[int, str]:
+    """The length a task's requests use, and where it comes from (for the messages)."""
+    if "max_gen_toks" in kwargs:
+        length = whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
+        return length, f"task {task_name}'s generation_kwargs: its YAML or --gen_kwargs"
+    where = f"the model arg max_gen_toks, default 256: task {task_name} sets none"
+    return settings.gen_length, where
 
 
 def _how_to_set(given: bool, value: str) -> str:

@@ -244,17 +244,7 @@ class ForwardPass:
         for local, (i, begin, start) in enumerate(zip(group, begins, block_starts)):
             first = width - sequences[local].numel()
             done = slice(first, first + start - begin)  # finished blocks: final keys and values
-            keys = [k[local, :, done] for k in cache.new_keys]
-            values = [v[local, :, done] for v in cache.new_values]
-            kept = rows[i].kept
-            if kept is not None:
-                keys = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_keys, keys)]
-                values = [
-                    torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_values, values)
-                ]
-            rows[i].kept = KeptKeysValues(
-                start, [k.clone() for k in keys], [v.clone() for v in values]
-            )
+            _keep_finished(rows[i], start, cache, local, done)
         prompts = [rows[i].prompt.numel() for i in group]
         offsets = [width - s.numel() + p - b for s, p, b in zip(sequences, prompts, begins)]
         windows = [(max(0, b - p), e - p) for b, e, p in zip(begins, ends, prompts)]
@@ -414,3 +404,15 @@ def _stack(
 def _pad(tensor: torch.Tensor, length: int, left: bool) -> torch.Tensor:
     pad = length - tensor.shape[1]
     return torch.nn.functional.pad(tensor, (0, 0, pad, 0) if left else (0, 0, 0, pad))
+
+
+def _keep_finished(row: DecodeRow, start: int, cache: PrefixCache, local: int, done: slice) -> None:
+    """Block diffusion: keep the row's keys and values up to `start` (what it kept before, and
+    this pass's `done` columns of batch row `local`): finished blocks are final."""
+    keys = [k[local, :, done] for k in cache.new_keys]
+    values = [v[local, :, done] for v in cache.new_values]
+    kept = row.kept
+    if kept is not None:
+        keys = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_keys, keys)]
+        values = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_values, values)]
+    row.kept = KeptKeysValues(start, [k.clone() for k in keys], [v.clone() for v in values])

@@ -123,9 +123,10 @@ class DecodeRow:
     `tokens` holds the generation region and is updated in place; positions holding
     the mask id are decoded, the others stay fixed. `steps` selects the fixed schedule,
     `alpha` the entropy threshold, `threshold` the confidence threshold (exactly one). `cache`
-    is the row's cache policy (`CACHE_POLICIES`). `owner` is free for the caller (the strategies keep the
-    sample's spec there). `observe`, when set, is called at every step with the step's
-    0-based index and the row's full prediction (`RowDecoder.step`; temporal voting).
+    is the row's cache policy (`CACHE_POLICIES`). `owner` is free for the caller (the
+    strategies keep the sample's spec there). `observe`, when set, is called at every step
+    with the step's 0-based index and the row's full prediction (`RowDecoder.step`; temporal
+    voting).
     """
 
     prompt: torch.Tensor  # (prompt_length,) token ids, no padding
@@ -394,14 +395,25 @@ def check_prompt_batch(
             f"input_ids must be token ids >= 0, got {int(input_ids.min())}: "
             "mark padding with attention_mask, not with negative ids"
         )
+    _check_vocabulary(input_ids, model)
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    _check_attention_mask(input_ids, attention_mask)
+    return attention_mask
+
+
+def _check_vocabulary(input_ids: torch.Tensor, model: nn.Module | None) -> None:
+    """Token ids the model's embedding holds (any ids without a model)."""
     rows = _embedding_rows(model)
     if rows is not None and input_ids.numel() and int(input_ids.max()) >= rows:
         raise ValueError(
             f"input_ids must be token ids < {rows} (the model's embedding size), got "
             f"{int(input_ids.max())}: encode the prompt with this checkpoint's tokenizer"
         )
-    if attention_mask is None:
-        return torch.ones_like(input_ids)
+
+
+def _check_attention_mask(input_ids: torch.Tensor, attention_mask: Any) -> None:
+    """A 0/1 tensor of `input_ids`' shape."""
     if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(
         input_ids.shape
     ):
@@ -416,7 +428,6 @@ def check_prompt_batch(
         )
     if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (prompt token)")
-    return attention_mask
 
 
 def _embedding_rows(model: nn.Module | None) -> int | None:
