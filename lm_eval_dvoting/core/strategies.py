@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Hashable, Sequence
 
 import torch
@@ -51,7 +51,7 @@ from lm_eval_dvoting.core.settings import (
     require_whole,
     unused_settings,
 )
-from lm_eval_dvoting.core.temporal import StepAnswer, StepAnswers, temporal_vote
+from lm_eval_dvoting.core.temporal import StepAnswer, StepAnswers
 
 # The registered parts' names and who reads which setting, as the parts declare them (for
 # callers that read the lists; a new part's file adds itself to them)
@@ -252,50 +252,6 @@ class _Question:
             votes=votes.counts,
             kept=self.kept,
         )
-
-    def temporal_result(
-        self, settings: StrategySettings, same_answer: SameAnswer | None
-    ) -> StrategyResult:
-        """The temporal vote over the samples' steps (each sample's weights over its own
-        number of steps). The response is the first sample whose final answer is the
-        winner, else the latest step's prediction carrying the winner (`TemporalVote.carrier`);
-        the plain vote's result when no step of any sample answered."""
-        plain = self.result(same_answer)
-        vote = temporal_vote(
-            [steps.answers for steps in self.steps],
-            self.sample_nfe,
-            settings.temporal_weight,
-            settings.temporal_alpha,
-            same_answer,
-        )
-        logged = replace(
-            plain,
-            step_answers=[list(steps.answers) for steps in self.steps],
-            plain_votes=plain.votes,
-        )
-        if vote.winner is None:
-            return logged
-        final = self._first_carrying(vote.winner, same_answer)
-        if final is not None:
-            return replace(logged, votes=vote.weights, chosen=final)
-        sample, step = vote.carrier
-        return replace(
-            logged,
-            votes=vote.weights,
-            chosen=sample,
-            returned=self.steps[sample].predictions[step],
-            returned_step=step,
-        )
-
-    def _first_carrying(self, winner: Any, same_answer: SameAnswer | None) -> int | None:
-        """The first sample whose final answer is `winner` (None: no sample's is)."""
-        same = same_answer or (lambda a, b: a == b)
-        carrying = (
-            i
-            for i, answer in enumerate(self.answers)
-            if answer is not None and same(winner, answer)
-        )
-        return next(carrying, None)
 
 
 def run_strategy(
@@ -502,7 +458,7 @@ class _Scheduler:
             seed=self.seeds[index],
             plan=plan,
             answer_of=self.extract_of[index],
-            observed=self.settings_of[index].resolved_vote == "temporal",
+            observed=self.settings_of[index].vote_part.needs_whole_prediction,
             passes=self.settings_of[index].passes_per_step,
         )
         self.in_flight.append(question)
@@ -589,10 +545,8 @@ class _Scheduler:
     def _finish(self, question: _Question) -> None:
         question.done = True
         question.donor = None  # its kept keys and values are no longer needed
-        if question.observed:
-            result = question.temporal_result(self.settings_of[question.index], self.same_answer)
-        else:
-            result = question.result(self.same_answer)
+        settings = self.settings_of[question.index]
+        result = settings.vote_part.result(question, settings, self.same_answer)
         self.results[question.index] = result
         if self.on_done is not None:
             self.on_done(question.index, result)

@@ -53,11 +53,12 @@ Choices a user of the harness should know (also in the README):
   would fail on them, see the text the model saw.
 * A strategy setting given a value (other than its default) that the strategy, its commit
   rule and its vote do not read (`guidance` without rfg, `block_length` with hex, `threshold`
-  with the fixed schedule, ...; the tables in strategies.py) is accepted with one warning per
+  with the fixed schedule, ...; each part's `reads` in core/parts/) is accepted with one warning per
   run and left out of `settings_used` and of the result cache's fingerprint, since it
   changes no output; `config.dvoting.settings` keeps every model arg as given.
-* Model args are validated before the checkpoint is read: whole numbers by
-  `arg_parsing.whole_number` (5, "5", 5.0; not 2.5, "abc", True), ranges by `StrategySettings`.
+* Model args are validated before the checkpoint is read: the strategy settings' are read by
+  the parser their declaration names (core/settings.py; `arg_parsing.parse_settings`: whole
+  numbers 5, "5", 5.0, not 2.5, "abc", True), ranges and combinations by `StrategySettings`.
 """
 
 from __future__ import annotations

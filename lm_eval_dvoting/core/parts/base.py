@@ -141,6 +141,14 @@ class Vote(Part):
     kind = "vote"
     needs_whole_prediction: ClassVar[bool] = False  # observes every step's whole prediction
 
+    @classmethod
+    def result(
+        cls, question: Any, settings: StrategySettings, same_answer: SameAnswer | None
+    ) -> Any:
+        """The question's `StrategyResult` from its samples (`strategies._Question`: their
+        tokens, answers and, when `needs_whole_prediction`, their steps' answers)."""
+        raise NotImplementedError(f"vote {cls.name} has no result")
+
 
 P = TypeVar("P", bound=type[Part])
 REGISTRY: dict[str, dict[str, type[Part]]] = {
