@@ -5,8 +5,8 @@ This is the only module that imports lm_eval (besides result_cache.py, which bin
 its cost per question; installed when this module is imported). It parses model args,
 tokenizes (with the chat template when `--apply_chat_template` is given), hands token
 ids to a strategy (strategies.py), and returns each voted text as a `CostedText` carrying
-the request's cost and settings (`nfe`, `n_samples`, `votes`, `trace`, `settings`). Registration with lm-eval
-is done by the plugin hook (plugin.py), by "module:Class" string. What each request asks
+the request's cost and settings (`nfe`, `n_samples`, `votes`, `trace`, `settings`).
+Registration with lm-eval is done by the plugin hook (plugin.py), by "module:Class" string. What each request asks
 for (settings, stop strings, answer kind, prompt ids, seed) is planned by request_planning.py;
 what the requests cost and which settings they ran with is kept by bookkeeping.py.
 
@@ -71,6 +71,7 @@ import re
 import sys
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -245,11 +246,12 @@ class DVotingEvalModel(TemplateLM):
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes
             if device is not None and torch.device(device).type != self._device.type:
-                # each rank runs where accelerate puts it; a device asked for elsewhere is not honoured
+                # each rank runs where accelerate puts it; a device asked for elsewhere is not
+                # honoured
                 raise ValueError(
-                    f"device {device!r} was asked for, but under torchrun/accelerate each rank runs on the "
-                    f"device accelerate gives it ({self._device}): drop --device/device=, or for the CPU "
-                    "set ACCELERATE_USE_CPU=1"
+                    f"device {device!r} was asked for, but under torchrun/accelerate each rank "
+                    f"runs on the device accelerate gives it ({self._device}): drop "
+                    "--device/device=, or for the CPU set ACCELERATE_USE_CPU=1"
                 )
         else:
             self._device = resolve_device(device)
@@ -283,15 +285,16 @@ class DVotingEvalModel(TemplateLM):
     ) -> None:
         """The tokenizer and the weights of `self.pretrained` (hub id, folder or packaged name),
         with the LoRA adapter `peft` (hub id or folder; models/adapters.py) on it, unmerged."""
-        # the adapter's files and the reference's folder first: bad ones are refused before any weights are read
+        # the adapter's files and the reference's folder first: bad ones are refused before any
+        # weights are read
         self.adapter = None if peft is None else read_adapter(peft)
         self.reference = reference
         reference_folder = None if reference is None else resolve_checkpoint(reference)
         if self.settings.strategy == "rfg" and reference is None and self.adapter is None:
             raise ValueError(
-                "strategy=rfg needs a reference: give reference=<hub id | folder> (a second model of "
-                "the policy's family) or peft=<adapter> (the reference is then the base model with "
-                "the adapter switched off)"
+                "strategy=rfg needs a reference: give reference=<hub id | folder> (a second model "
+                "of the policy's family) or peft=<adapter> (the reference is then the base model "
+                "with the adapter switched off)"
             )
         # one resolution of the checkpoint, so config, weights and tokenizer come from the
         # same snapshot (a hub branch that moves between two look-ups cannot mix them)
@@ -704,8 +707,8 @@ class DVotingEvalModel(TemplateLM):
         if getattr(self.model, "block_causal", False):
             raise ValueError(
                 f"--model {self.model_name} has no log-likelihood path: the Monte-Carlo estimate "
-                "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block diffusion; "
-                "run generation tasks (generate_until) with it"
+                "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block "
+                "diffusion; run generation tasks (generate_until) with it"
             )
 
     def loglikelihood(
@@ -910,16 +913,16 @@ def _check_reference(folder: Path, tokenizer: Any, reference_folder: Path, refer
         differ.append("the tokenizers' vocabularies")
     if differ:
         raise ValueError(
-            f"reference={reference!r} does not read the policy's token ids ({'; '.join(differ)}): RFG "
-            "compares the two models' probabilities of the same tokens; give a reference of the "
-            "policy's family and tokenizer"
+            f"reference={reference!r} does not read the policy's token ids ({'; '.join(differ)}): "
+            "RFG compares the two models' probabilities of the same tokens; give a reference of "
+            "the policy's family and tokenizer"
         )
 
 
 # HFLM model args this plugin refuses, with what to do instead (a false/empty value is accepted)
 _REFUSED_HFLM_ARGS = {
-    "offload_folder": "offloading to disk is not supported: with parallelize=True the model must fit the GPUs "
-    "(max_memory_per_gpu) plus the CPU (max_cpu_memory); drop offload_folder",
+    "offload_folder": "offloading to disk is not supported: with parallelize=True the model "
+    "must fit the GPUs (max_memory_per_gpu) plus the CPU (max_cpu_memory); drop offload_folder",
     "delta": "delta weights are not supported; add them to the base weights, save the result as "
     "safetensors beside config.json and pass that folder as pretrained",
 }
@@ -1047,15 +1050,15 @@ def _parallel_budget(
         if given:
             name, value = given[0]
             raise ValueError(
-                f"{name}={value!r} applies with parallelize=True only (one model spread over the GPUs): "
-                f"add parallelize=True, or drop {name}"
+                f"{name}={value!r} applies with parallelize=True only (one model spread over the "
+                f"GPUs): add parallelize=True, or drop {name}"
             )
         return None
     if device_map not in (None, "auto"):
         raise ValueError(
             f"device_map={device_map!r}: parallelize=True places the model with device_map='auto' "
-            "(balanced over the GPUs, as lm-eval's hf model does), the only map supported here: drop "
-            "device_map (in Python, load_model(device_map=...) also takes a dict)"
+            "(balanced over the GPUs, as lm-eval's hf model does), the only map supported here: "
+            "drop device_map (in Python, load_model(device_map=...) also takes a dict)"
         )
     if device is not None and torch.device(device).type != "cuda":
         raise ValueError(
@@ -1064,13 +1067,15 @@ def _parallel_budget(
         )
     if reference is not None:
         raise ValueError(
-            f"reference={reference!r} with parallelize=True: RFG's second model is not spread over the "
-            "GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop parallelize"
+            f"reference={reference!r} with parallelize=True: RFG's second model is not spread over "
+            "the GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop "
+            "parallelize"
         )
     if peft is not None and max_cpu_memory is not None:
         raise ValueError(
-            f"peft={peft!r} with max_cpu_memory={max_cpu_memory!r}: a LoRA adapter cannot sit on layers "
-            "offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) or peft"
+            f"peft={peft!r} with max_cpu_memory={max_cpu_memory!r}: a LoRA adapter cannot sit on "
+            "layers offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) "
+            "or peft"
         )
     return gpu_budget(max_memory_per_gpu, max_cpu_memory)
 
@@ -1088,8 +1093,9 @@ def _hflm_args(
         )
     if not flag("use_fast_tokenizer", use_fast_tokenizer):
         raise ValueError(
-            "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) tokenizers, so a slow one "
-            "cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the same files)"
+            "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) tokenizers, so a "
+            "slow one cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the "
+            "same files)"
         )
     return {"add_bos_token": flag("add_bos_token", add_bos_token)}
 
@@ -1098,8 +1104,9 @@ def _bos_setting(add_bos: bool, tokenizer: Any, source: Any) -> bool:
     """`add_bos_token=true` needs a tokenizer with a BOS token (LLaDA has one, Dream does not)."""
     if add_bos and tokenizer.bos_token_id is None:
         raise ValueError(
-            f"add_bos_token=True, but the tokenizer of {source} has no BOS token: drop add_bos_token "
-            "(prompts are encoded without special tokens; a chat template adds its own)"
+            f"add_bos_token=True, but the tokenizer of {source} has no BOS token: drop "
+            "add_bos_token (prompts are encoded without special tokens; a chat template adds its "
+            "own)"
         )
     return add_bos
 
