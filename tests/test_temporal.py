@@ -397,7 +397,7 @@ def test_temporal_follows_the_tasks_sampling_as_single_does():
     )
 
 
-# ------------------------------------------------------------- vote=temporal on the voting strategies
+# ------------------------------------------------------ vote=temporal on the voting strategies
 
 
 def test_majority_with_the_temporal_vote_returns_the_carriers_prediction_when_no_final_answer_won():
@@ -477,7 +477,8 @@ def test_the_temporal_vote_groups_answers_with_same_answer():
 
 
 def test_run_strategy_hands_every_setting_to_the_strategy(monkeypatch):
-    """run_strategy's keywords reach StrategySettings as given, and its defaults are the settings'."""
+    """run_strategy's keywords reach StrategySettings as given, and its defaults are the
+    settings'."""
     from lm_eval_dvoting.core import strategies
 
     seen = []
@@ -617,7 +618,7 @@ def test_the_vote_defaults_to_the_strategys_own():
 # ------------------------------------------------------------- sample logs and figures
 
 from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st
+from hypothesis import strategies as st  # noqa: E402
 
 from lm_eval_dvoting.core.temporal import answer_runs, expand_runs, step_figures, temporal_entropy  # noqa: E402
 
@@ -827,7 +828,7 @@ def test_the_temporal_vote_returns_a_later_samples_carrier_with_that_sample_chos
         vote="temporal",
         temporal_weight="fixed",
     )
-    result = question.temporal_result(settings, None)
+    result = settings.vote_part.result(question, settings, None)  # the temporal vote
     assert result.plain_vote == 9 and result.votes[0] == (7, pytest.approx(1.5))
     assert result.chosen in (2, 3) and result.returned_step == 2
     assert result.returned.tolist() == [3, 7] and result.returned_tokens.tolist() == [3, 7]
