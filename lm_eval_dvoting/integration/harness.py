@@ -6,8 +6,9 @@ its cost per question; installed when this module is imported). It parses model 
 tokenizes (with the chat template when `--apply_chat_template` is given), hands token
 ids to a strategy (strategies.py), and returns each voted text as a `CostedText` carrying
 the request's cost and settings (`nfe`, `n_samples`, `votes`, `trace`, `settings`).
-Registration with lm-eval is done by the plugin hook (plugin.py), by "module:Class" string. What each request asks
-for (settings, stop strings, answer kind, prompt ids, seed) is planned by request_planning.py;
+Registration with lm-eval is done by the plugin hook (plugin.py), by "module:Class" string.
+What each request asks for (settings, stop strings, answer kind, prompt ids, seed) is planned
+by request_planning.py;
 what the requests cost and which settings they ran with is kept by bookkeeping.py.
 
 Choices a user of the harness should know (also in the README):
@@ -311,6 +312,11 @@ class DVotingEvalModel(TemplateLM):
         )
         if reference_folder is not None:
             _check_reference(folder, self.tokenizer, reference_folder, reference)
+        self._load_weights(folder, dtype, reference_folder)
+
+    def _load_weights(self, folder: Path, dtype: str | None, reference_folder: Path | None) -> None:
+        """The weights (spread over the GPUs with parallelize=True), the LoRA adapter on them
+        (`self.adapter`), and RFG's reference model from `reference_folder`."""
         max_memory = getattr(self, "_max_memory", None)
         if max_memory is None:
             self.model = load_model(folder, device=self._device, dtype=dtype)
@@ -1038,21 +1044,11 @@ def _parallel_budget(
     `device_map="auto"` over this process's GPUs (`placement.gpu_budget`, as HFLM builds it),
     or None without `parallelize` (one device)."""
     if not flag("parallelize", parallelize):
-        given = [
-            (name, value)
-            for name, value in (
-                ("max_memory_per_gpu", max_memory_per_gpu),
-                ("max_cpu_memory", max_cpu_memory),
-                ("device_map", device_map),
-            )
-            if value is not None
-        ]
-        if given:
-            name, value = given[0]
-            raise ValueError(
-                f"{name}={value!r} applies with parallelize=True only (one model spread over the "
-                f"GPUs): add parallelize=True, or drop {name}"
-            )
+        _refuse_placement_args(
+            max_memory_per_gpu=max_memory_per_gpu,
+            max_cpu_memory=max_cpu_memory,
+            device_map=device_map,
+        )
         return None
     if device_map not in (None, "auto"):
         raise ValueError(
@@ -1065,6 +1061,12 @@ def _parallel_budget(
             f"device={device!r} with parallelize=True, which spreads the model over the GPUs: drop "
             f"device (--device), or drop parallelize to run on {device}"
         )
+    _refuse_second_models(reference, peft, max_cpu_memory)
+    return gpu_budget(max_memory_per_gpu, max_cpu_memory)
+
+
+def _refuse_second_models(reference: str | None, peft: str | None, max_cpu_memory: Any) -> None:
+    """With parallelize: no RFG reference model, and no adapter on offloaded layers."""
     if reference is not None:
         raise ValueError(
             f"reference={reference!r} with parallelize=True: RFG's second model is not spread over "
@@ -1077,7 +1079,17 @@ def _parallel_budget(
             "layers offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) "
             "or peft"
         )
-    return gpu_budget(max_memory_per_gpu, max_cpu_memory)
+
+
+def _refuse_placement_args(**given: Any) -> None:
+    """Without parallelize, the first placement arg given is refused (they place one model
+    over the GPUs)."""
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(
+                f"{name}={value!r} applies with parallelize=True only (one model spread over the "
+                f"GPUs): add parallelize=True, or drop {name}"
+            )
 
 
 def _hflm_args(

@@ -264,9 +264,12 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     (its type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where
     `batch_dependent`.
     """
-    # only the settings this decode reads (the others decide nothing), resolved
+    # only the settings this decode reads (the others decide nothing), resolved; `decoder` as
+    # given and no `steps_run` (it follows from `steps`), as the fingerprint always had them
     resolved = used_settings(lm.settings)
     resolved["max_gen_toks"] = resolved.pop("gen_length")
+    resolved.pop("steps_run", None)
+    resolved["decoder"] = lm.settings.decoder
     dtype = lm.dtype_name
     identity = {
         "plugin_version": __version__,
