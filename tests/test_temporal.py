@@ -833,7 +833,7 @@ def test_the_temporal_vote_returns_a_later_samples_carrier_with_that_sample_chos
         vote="temporal",
         temporal_weight="fixed",
     )
-    result = question.temporal_result(settings, None)
+    result = settings.vote_part.result(question, settings, None)  # the temporal vote
     assert result.plain_vote == 9 and result.votes[0] == (7, pytest.approx(1.5))
     assert result.chosen in (2, 3) and result.returned_step == 2
     assert result.returned.tolist() == [3, 7] and result.returned_tokens.tolist() == [3, 7]

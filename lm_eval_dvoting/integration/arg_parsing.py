@@ -4,13 +4,16 @@ lm-eval passes `--model_args a=1,b=0.3,c=true` typed (int/float/bool), `--batch_
 text, and a task's YAML values as YAML typed them, so each value may arrive as a number,
 as its text or as a bool. These helpers accept every spelling of a valid value and refuse
 the rest with a message that names the argument; ranges are `StrategySettings`' to check.
-Used by the harness (model args) and by request planning (generation kwargs).
+Used by the harness (model args) and by request planning (generation kwargs). The strategy
+settings' model args are read generically from their declarations (`parse_settings`).
 """
 
 from __future__ import annotations
 
 import numbers
 from typing import Any
+
+from lm_eval_dvoting.core.settings import setting_fields
 
 
 def flag(name: str, value: bool | str) -> bool:
@@ -71,3 +74,42 @@ def real_number(name: str, value: Any) -> float:
             f"{name} must be a number, got {value!r}: give e.g. {name}=0.5, "
             f"or leave {name} out for its default"
         ) from None
+
+
+# ------------------------------------------------------------- the strategy settings
+
+_PARSERS = {
+    "whole": lambda name, value, allowed: whole_number(name, value, allowed=allowed),
+    "real": lambda name, value, allowed: real_number(name, value),
+    "flag": lambda name, value, allowed: flag(name, value),
+    "text": lambda name, value, allowed: value,
+}
+
+
+def setting_args() -> dict[str, Any]:
+    """The strategy settings that are model args: model-arg name -> the setting's declaration
+    (a `StrategySettings` field; `gen_length` is the model arg `max_gen_toks`)."""
+    return {
+        declared.metadata["arg"] or declared.name: declared
+        for declared in setting_fields()
+        if declared.metadata["parse"] is not None
+    }
+
+
+def setting_arg_default(declared: Any) -> Any:
+    """A setting's model-arg default: its declaration's (`cache`: None, the model kind's)."""
+    return declared.metadata["arg_default"]
+
+
+def parse_settings(given: dict[str, Any]) -> dict[str, Any]:
+    """The settings among the model args `given` (by model-arg name; those left out take
+    their model-arg default), each value read from its text by its declared parser, by
+    field name. None stays None where the model-arg default is None ("left out")."""
+    parsed = {}
+    for name, declared in setting_args().items():
+        value = given.get(name, setting_arg_default(declared))
+        if value is not None or setting_arg_default(declared) is not None:
+            metadata = declared.metadata
+            value = _PARSERS[metadata["parse"]](name, value, metadata["allowed"])
+        parsed[declared.name] = value
+    return parsed

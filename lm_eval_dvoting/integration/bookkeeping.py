@@ -11,44 +11,17 @@ knows the model class or lm-eval's request objects: the harness hands over what 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from lm_eval_dvoting.core.strategies import StrategySettings, unused_settings
+from lm_eval_dvoting.core.settings import StrategySettings, resolved_settings, used_settings
 from lm_eval_dvoting.core.temporal import answer_runs
 from lm_eval_dvoting.integration.costs import CostedText
 from lm_eval_dvoting.integration.strict_json import json_safe
 from lm_eval_dvoting.integration.task_costs import RunCosts
 
 _FIGURES = ("requests", "nfe", "samples")  # the cost figures counted per request
-
-
-def resolved_settings(settings: StrategySettings) -> dict[str, Any]:
-    """`settings` as a dict, every field, with the per-strategy defaults filled in."""
-    return (
-        asdict(settings)
-        | {
-            "block_length": settings.resolved_block_length,
-            "temperature": settings.resolved_temperature,
-            "steps": settings.resolved_steps,
-            "steps_run": settings.steps_run,  # `steps` as the schedule really runs it (rounded up per block)
-            "decoder": settings.resolved_decoder,
-            "vote": settings.resolved_vote,
-            "threshold": settings.resolved_threshold,
-        }
-    )
-
-
-def used_settings(settings: StrategySettings) -> dict[str, Any]:
-    """`resolved_settings` without those that the strategy, its commit rule and its vote do
-    not read (`strategies.unused_settings`; `steps_run` goes with `steps`): what decided the
-    outputs."""
-    unused = set(unused_settings(settings))
-    if "steps" in unused:
-        unused.add("steps_run")
-    return {
-        name: value for name, value in resolved_settings(settings).items() if name not in unused
-    }
+__all__ = ["CostBook", "costed_text", "resolved_settings", "settings_entry", "used_settings"]
 
 
 def settings_entry(settings: StrategySettings, seed: int) -> dict[str, Any]:
@@ -166,7 +139,8 @@ class CostBook:
             self.run_costs.merge(run_part)
 
     def report(self, settings: StrategySettings, seed: int) -> dict[str, Any]:
-        """``settings``, ``settings_used``, ``totals``, ``tasks`` and ``computed`` for `get_model_info`.
+        """``settings``, ``settings_used``, ``totals``, ``tasks`` and ``computed`` for
+        `get_model_info`.
 
         ``settings`` are the model's own (`settings`, every one, defaults filled in). After an
         evaluation the rest describes its responses, computed or read from `--use_cache` alike

@@ -57,11 +57,12 @@ Choices a user of the harness should know (also in the README):
   would fail on them, see the text the model saw.
 * A strategy setting given a value (other than its default) that the strategy, its commit
   rule and its vote do not read (`guidance` without rfg, `block_length` with hex, `threshold`
-  with the fixed schedule, ...; the tables in strategies.py) is accepted with one warning per
+  with the fixed schedule, ...; each part's `reads` in core/parts/) is accepted with one warning per
   run and left out of `settings_used` and of the result cache's fingerprint, since it
   changes no output; `config.dvoting.settings` keeps every model arg as given.
-* Model args are validated before the checkpoint is read: whole numbers by
-  `arg_parsing.whole_number` (5, "5", 5.0; not 2.5, "abc", True), ranges by `StrategySettings`.
+* Model args are validated before the checkpoint is read: the strategy settings' are read by
+  the parser their declaration names (core/settings.py; `arg_parsing.parse_settings`: whole
+  numbers 5, "5", 5.0, not 2.5, "abc", True), ranges and combinations by `StrategySettings`.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ import logging
 import os
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -81,13 +83,20 @@ from tqdm import tqdm
 from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer
 from lm_eval_dvoting.core.guidance import GuidedModel
 from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
+from lm_eval_dvoting.core.parts import default_cache
 from lm_eval_dvoting.core.strategies import (
     StrategySettings,
     decode_questions,
     derive_seed,
     report_unused_settings,
 )
-from lm_eval_dvoting.integration.arg_parsing import flag, real_number, whole_number
+from lm_eval_dvoting.integration.arg_parsing import (
+    flag,
+    parse_settings,
+    setting_arg_default,
+    setting_args,
+    whole_number,
+)
 from lm_eval_dvoting.integration.bookkeeping import CostBook, costed_text, settings_entry
 from lm_eval_dvoting.integration.costs import CostedText
 from lm_eval_dvoting.integration.length_checks import install as _install_length_checks
@@ -136,7 +145,8 @@ AUTO_BATCH_ROWS = {"cuda": 32, "cpu": 8}
 
 
 class DVotingEvalModel(TemplateLM):
-    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting, temporal, rfg).
+    """A diffusion LM evaluated with a voting strategy (single, majority, hex, dvoting,
+    temporal, rfg).
 
     This class is the lm-eval interface; request planning (settings, seeds, prompts and
     answer kind per request) is `request_planning.py`'s, result bookkeeping (cost totals,
@@ -148,79 +158,40 @@ class DVotingEvalModel(TemplateLM):
     # compare`'s row and seed); None: nothing
     progress_label: str | None = None
 
-    def __init__(
-        self,
-        pretrained: str | None = None,
-        tokenizer: str | None = None,
-        strategy: str = "dvoting",
-        n: int = 5,
-        alpha: float = 0.3,
-        temperature: float | None = None,
-        tau: float = 1.0,
-        block_length: int | None = None,
-        steps: int | None = None,
-        remasking: str = "low_confidence",
-        hex_samples: int = 25,
-        prefix_cache: bool | str = False,
-        decoder: str | None = None,
-        cache: str | None = None,
-        threshold: float | None = None,
-        temporal_weight: str = "exp",
-        temporal_alpha: float = 5.0,
-        editing: str | None = None,
-        editing_threshold: float | None = None,
-        max_post_steps: int = 16,
-        vote: str | None = None,
-        peft: str | None = None,
-        reference: str | None = None,
-        guidance: float = 1.0,
-        seed: int | None = None,
-        dtype: str | None = None,
-        max_gen_toks: int = 256,
-        max_length: int | None = None,
-        mc_num: int = 128,
-        batch_size: int | str = 1,
-        max_batch_size: int | None = None,
-        device: str | None = None,
-        # HFLM's habits (`--model hf`): honoured, or refused with their own message
-        revision: str | None = None,
-        subfolder: str | None = None,
-        trust_remote_code: bool | str = False,
-        use_fast_tokenizer: bool | str = True,
-        add_bos_token: bool | str = False,
-        parallelize: bool | str = False,
-        max_memory_per_gpu: int | str | None = None,
-        max_cpu_memory: int | str | None = None,
-        device_map: str | None = None,
-        **unknown: Any,
-    ) -> None:
+    def __init__(self, pretrained: str | None = None, **model_args: Any) -> None:
+        """The model args (`accepted_model_args`: the harness's own and every strategy
+        setting's, `core/settings.py`), each checked before any model work."""
         super().__init__()
-        _refuse_unknown_args(unknown)
-        hf_args = _hflm_args(trust_remote_code, use_fast_tokenizer, add_bos_token)
-        # parallelize=True: the GPUs' memory budget (None: one device), before any model work
-        self._max_memory = _parallel_budget(
-            parallelize, max_memory_per_gpu, max_cpu_memory, device_map, device, reference, peft
+        args = _model_args(dict(model_args, pretrained=pretrained))
+        hf_args = _hflm_args(
+            args["trust_remote_code"], args["use_fast_tokenizer"], args["add_bos_token"]
         )
-        self.settings = self.settings_from_args(locals())
+        # parallelize=True: the GPUs' memory budget (None: one device), before any model work
+        self._max_memory = _parallel_budget(*(args[name] for name in _PARALLEL_ARGS))
+        self.settings = self.settings_from_args(args)
         self._unused_reported: set[str] = set()  # given settings reported as unused, once per run
         report_unused_settings(self.settings, self._unused_reported, log)
-        self.pretrained = pretrained or self.default_pretrained
+        self.pretrained = args["pretrained"] or self.default_pretrained
         # the sampling seed and where it came from ("model_args", "lm-eval --seed", "default")
-        self.seed, self.seed_source = sampling_seed(seed)
+        self.seed, self.seed_source = sampling_seed(args["seed"])
         # what `use_strategy` starts from, so one switch's overrides never leak into the next
         self._built_settings, self._built_seed = self.settings, (self.seed, self.seed_source)
-        self.mc_num = whole_number("mc_num", mc_num, 1)
+        self.mc_num = whole_number("mc_num", args["mc_num"], 1)
+        max_length = args["max_length"]
         max_length = None if max_length is None else whole_number("max_length", max_length, 1)
-        self._setup_processes(device)
+        self._setup_processes(args["device"])
         # parsed before the checkpoint is read: a bad batch size fails at once
-        self.batch_rows = self._parse_batch_size(batch_size, max_batch_size)
+        self.batch_rows = self._parse_batch_size(args["batch_size"], args["max_batch_size"])
+        loading = ("tokenizer", "revision", "subfolder", "dtype")
         self._load_checkpoint(
-            tokenizer, revision, subfolder, dtype, hf_args["add_bos_token"], peft, reference
+            *(args[name] for name in loading),
+            hf_args["add_bos_token"],
+            args["peft"],
+            args["reference"],
         )
         self.max_length = self._checked_max_length(max_length)
-        self._ignored_sampling: set[tuple[Any, ...]] = (
-            set()
-        )  # task sampling values reported as unused
+        # task sampling values reported as unused
+        self._ignored_sampling: set[tuple[Any, ...]] = set()
         self.costs = CostBook()  # cost totals and settings used of the requests computed
 
     # ---------------------------------------------------------------- set-up
@@ -271,11 +242,12 @@ class DVotingEvalModel(TemplateLM):
             self._rank = self.accelerator.process_index
             self._world_size = self.accelerator.num_processes
             if device is not None and torch.device(device).type != self._device.type:
-                # each rank runs where accelerate puts it; a device asked for elsewhere is not honoured
+                # each rank runs where accelerate puts it; a device asked for elsewhere is not
+                # honoured
                 raise ValueError(
-                    f"device {device!r} was asked for, but under torchrun/accelerate each rank runs on the "
-                    f"device accelerate gives it ({self._device}): drop --device/device=, or for the CPU "
-                    "set ACCELERATE_USE_CPU=1"
+                    f"device {device!r} was asked for, but under torchrun/accelerate each rank "
+                    f"runs on the device accelerate gives it ({self._device}): drop "
+                    "--device/device=, or for the CPU set ACCELERATE_USE_CPU=1"
                 )
         else:
             self._device = resolve_device(device)
@@ -384,16 +356,20 @@ class DVotingEvalModel(TemplateLM):
 
     @classmethod
     def settings_from_args(cls, args: dict[str, Any]) -> StrategySettings:
-        """The strategy settings of these constructor args (those not in `args`: the
-        constructor's defaults), each value checked; the constructor's own and, before any
-        model is built, `check_lengths_before_loading`'s."""
-        defaults = inspect.signature(cls.__init__).parameters
-        value = {
-            name: args[name] if name in args else defaults[name].default
-            for name in (*_SETTINGS_ARGS, "editing")
-        }
-        editing = value.pop("editing")
-        return _strategy_settings(**value, block_decoding=cls._block_decoding(editing))
+        """The strategy settings of these model args (those not in `args`: their declared
+        defaults), each value read by its declared parser (`arg_parsing.parse_settings`) and
+        checked; the constructor's own and, before any model is built,
+        `check_lengths_before_loading`'s. The generation length (`max_gen_toks`, the default
+        of tasks that give none) is checked against the block rules only with each task's
+        length (`request_planning.task_length`), as a task's `max_gen_toks` replaces it.
+        `cache` left out is the model kind's (`parts.default_cache`)."""
+        block_decoding = cls._block_decoding(args.get("editing"))
+        value = parse_settings(args)
+        if value["cache"] is None:
+            value["cache"] = default_cache(
+                value["strategy"], value["vote"], block_decoding is not None
+            )
+        return StrategySettings(**value, block_decoding=block_decoding, defer_length_checks=True)
 
     @classmethod
     def max_length_before_loading(cls, args: dict[str, Any]) -> tuple[int, str] | None:
@@ -445,7 +421,8 @@ class DVotingEvalModel(TemplateLM):
     def create_from_arg_obj(
         cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None
     ) -> DVotingEvalModel:
-        """What lm-eval calls with the model args and its run-wide `device`/`batch_size` (`merge_run_args`).
+        """What lm-eval calls with the model args and its run-wide `device`/`batch_size`
+        (`merge_run_args`).
 
         lm-eval's parser of a model-args text (`simple_evaluate(model_args="...")`; its CLI keeps
         the string) reads the value `none` as None, which for every other arg means "the default";
@@ -487,8 +464,8 @@ class DVotingEvalModel(TemplateLM):
         )
         if settings.strategy == "rfg" and self.reference_model is None and self.adapter is None:
             raise ValueError(
-                "strategy=rfg needs a reference: load the model with reference=<hub id | folder> or "
-                "peft=<adapter>"
+                "strategy=rfg needs a reference: load the model with reference=<hub id | folder> "
+                "or peft=<adapter>"
             )
         self.settings = settings
         report_unused_settings(settings, self._unused_reported, log)
@@ -631,7 +608,8 @@ class DVotingEvalModel(TemplateLM):
             planner.length_settings(kwargs, task_name)
 
     def _prompt_ids(self, context: str, gen_length: int) -> torch.Tensor:
-        """The prompt a request with `context` and `gen_length` is decoded from (`RequestPlanner.prompt_ids`)."""
+        """The prompt a request with `context` and `gen_length` is decoded from
+        (`RequestPlanner.prompt_ids`)."""
         return self._planner().prompt_ids(context, gen_length)
 
     def _decoding_model(self) -> torch.nn.Module:
@@ -699,7 +677,8 @@ class DVotingEvalModel(TemplateLM):
     def _costed(
         self, text: str, result: Any, until: list[str], settings: StrategySettings
     ) -> CostedText:
-        """The response for one computed request (`bookkeeping.costed_text`), counted in the totals."""
+        """The response for one computed request (`bookkeeping.costed_text`), counted in the
+        totals."""
         candidates = [self.generated_text(sample, until) for sample in result.samples]
         response = costed_text(text, result, candidates, settings_entry(settings, self.seed))
         self.costs.count(result)
@@ -738,8 +717,8 @@ class DVotingEvalModel(TemplateLM):
         if getattr(self.model, "block_causal", False):
             raise ValueError(
                 f"--model {self.model_name} has no log-likelihood path: the Monte-Carlo estimate "
-                "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block diffusion; "
-                "run generation tasks (generate_until) with it"
+                "(likelihood.py) assumes a bidirectional mask predictor, and LLaDA2 is block "
+                "diffusion; run generation tasks (generate_until) with it"
             )
 
     def loglikelihood(
@@ -786,36 +765,36 @@ class DVotingEvalModel(TemplateLM):
         the requests computed since the model was made or its strategy switched.
         ``settings_used`` holds only the settings their decode reads (`strategies.unused_settings`).
         """
+        return {"dvoting": {**self._loaded_info(), **self.costs.report(self.settings, self.seed)}}
+
+    def _loaded_info(self) -> dict[str, Any]:
+        """What was loaded and how it runs (`get_model_info`'s part before the settings)."""
         return {
-            "dvoting": {
-                "pretrained": self.pretrained,
-                "family": self.model.family,
-                # hub commit loaded (None: a local folder or packaged checkpoint)
-                "revision": self.revision,
-                "subfolder": self.subfolder,
-                # RFG's reference model (None: none loaded; with peft=, the base is the reference)
-                "reference": self.reference,
-                # the LoRA adapter on the weights: its source and a digest of its files
-                "peft": None
-                if self.adapter is None
-                else {"source": self.adapter.source, "digest": self.adapter.identity},
-                "seed": self.seed,
-                # "model_args" (the model arg seed), "lm-eval --seed" (the run's torch seed), "default",
-                # or "use_strategy" (set by a switch, e.g. `dvoting compare --seeds`)
-                "seed_source": self.seed_source,
-                "mc_num": self.mc_num,
-                "batch_rows": self.batch_rows,
-                # outputs in bfloat16/float16 can depend on the batch (README, Reproducibility):
-                # dtype, device and batch_rows are what a rerun must repeat
-                "dtype": self.dtype_name,
-                "device": "cpu"
-                if self._device.type == "cpu"
-                else str(self._device),  # a CPU rank is "cpu:0"
-                # parallelize=True: module -> GPU index ("cpu": offloaded) per layer; None: all on `device`
-                "device_map": getattr(self.model, "device_map", None),
-                # settings, settings_used, totals, tasks, computed (bookkeeping.py)
-                **self.costs.report(self.settings, self.seed),
-            }
+            "pretrained": self.pretrained,
+            "family": self.model.family,
+            # hub commit loaded (None: a local folder or packaged checkpoint)
+            "revision": self.revision,
+            "subfolder": self.subfolder,
+            # RFG's reference model (None: none loaded; with peft=, the base is the reference)
+            "reference": self.reference,
+            # the LoRA adapter on the weights: its source and a digest of its files
+            "peft": None
+            if self.adapter is None
+            else {"source": self.adapter.source, "digest": self.adapter.identity},
+            "seed": self.seed,
+            # "model_args" (the model arg seed), "lm-eval --seed" (the run's torch seed),
+            # "default", or "use_strategy" (set by a switch, e.g. `dvoting compare --seeds`)
+            "seed_source": self.seed_source,
+            "mc_num": self.mc_num,
+            "batch_rows": self.batch_rows,
+            # outputs in bfloat16/float16 can depend on the batch (README, Reproducibility):
+            # dtype, device and batch_rows are what a rerun must repeat
+            "dtype": self.dtype_name,
+            # a CPU rank is "cpu:0"
+            "device": "cpu" if self._device.type == "cpu" else str(self._device),
+            # parallelize=True: module -> GPU index ("cpu": offloaded) per layer; None: all on
+            # `device`
+            "device_map": getattr(self.model, "device_map", None),
         }
 
 
@@ -834,74 +813,6 @@ def checked_max_length(max_length: int | None, model_max: int) -> int:
 def max_length_source(max_length: int, model_max: int) -> str:
     """Where the length the requests are planned with comes from, for its messages."""
     return "the model's maximum length" if max_length == model_max else "the model arg max_length"
-
-
-def _strategy_settings(
-    *,
-    strategy: str,
-    max_gen_toks: Any,
-    block_length: Any,
-    n: Any,
-    alpha: Any,
-    temperature: Any,
-    tau: Any,
-    steps: Any,
-    remasking: str,
-    hex_samples: Any,
-    prefix_cache: bool | str,
-    decoder: str | None,
-    cache: str,
-    threshold: Any,
-    temporal_weight: str,
-    temporal_alpha: Any,
-    vote: str | None,
-    guidance: Any,
-    block_decoding: str | None = None,
-    editing_threshold: Any = None,
-    max_post_steps: Any = 16,
-) -> StrategySettings:
-    """The model args' strategy settings, each value checked once, at construction; the
-    generation length (`max_gen_toks`, the default of tasks that give none) is checked
-    against the block rules only with each task's length (`request_planning.task_length`),
-    as a task's `max_gen_toks` replaces it. `cache`
-    left out is `none`, or for block diffusion (LLaDA2) `block`, which is exact (`none`
-    where the temporal vote needs every step's whole prediction)."""
-    if cache is None:
-        temporal = strategy == "temporal" or vote == "temporal"
-        cache = "block" if block_decoding is not None and not temporal else "none"
-    return StrategySettings(
-        strategy=strategy,
-        gen_length=whole_number("max_gen_toks", max_gen_toks),
-        block_length=None if block_length is None else whole_number("block_length", block_length),
-        n=whole_number("n", n),
-        alpha=real_number("alpha", alpha),
-        temperature=None if temperature is None else real_number("temperature", temperature),
-        tau=real_number("tau", tau),
-        steps=None if steps is None else whole_number("steps", steps),
-        remasking=remasking,
-        hex_samples=whole_number("hex_samples", hex_samples, allowed="25 or 5"),
-        prefix_cache=flag("prefix_cache", prefix_cache),
-        decoder=decoder,
-        cache=cache,
-        threshold=None if threshold is None else real_number("threshold", threshold),
-        temporal_weight=temporal_weight,
-        temporal_alpha=real_number("temporal_alpha", temporal_alpha),
-        vote=vote,
-        guidance=real_number("guidance", guidance),
-        block_decoding=block_decoding,
-        editing_threshold=None
-        if editing_threshold is None
-        else real_number("editing_threshold", editing_threshold),
-        max_post_steps=whole_number("max_post_steps", max_post_steps),
-        defer_length_checks=True,
-    )
-
-
-# the constructor args that are strategy settings (`_strategy_settings`' keywords, with the
-# constructor's names; `block_decoding` comes from the model name and `editing`)
-_SETTINGS_ARGS = tuple(
-    name for name in inspect.signature(_strategy_settings).parameters if name != "block_decoding"
-)
 
 
 # ------------------------------------------------------------- run controls
@@ -968,19 +879,98 @@ def _check_reference(folder: Path, tokenizer: Any, reference_folder: Path, refer
         differ.append("the tokenizers' vocabularies")
     if differ:
         raise ValueError(
-            f"reference={reference!r} does not read the policy's token ids ({'; '.join(differ)}): RFG "
-            "compares the two models' probabilities of the same tokens; give a reference of the "
-            "policy's family and tokenizer"
+            f"reference={reference!r} does not read the policy's token ids ({'; '.join(differ)}): "
+            "RFG compares the two models' probabilities of the same tokens; give a reference of "
+            "the policy's family and tokenizer"
         )
 
 
 # HFLM model args this plugin refuses, with what to do instead (a false/empty value is accepted)
 _REFUSED_HFLM_ARGS = {
-    "offload_folder": "offloading to disk is not supported: with parallelize=True the model must fit the GPUs "
-    "(max_memory_per_gpu) plus the CPU (max_cpu_memory); drop offload_folder",
+    "offload_folder": "offloading to disk is not supported: with parallelize=True the model "
+    "must fit the GPUs (max_memory_per_gpu) plus the CPU (max_cpu_memory); drop offload_folder",
     "delta": "delta weights are not supported; add them to the base weights, save the result as "
     "safetensors beside config.json and pass that folder as pretrained",
 }
+
+
+# The harness's own model args and their defaults (the strategy settings' are declared in
+# core/settings.py and read by `arg_parsing.parse_settings`)
+_OWN_ARGS: dict[str, Any] = {
+    "pretrained": None,
+    "tokenizer": None,
+    "editing": None,  # LLaDA2.1's preset (`_block_decoding`)
+    "peft": None,
+    "reference": None,
+    "seed": None,
+    "dtype": None,
+    "max_length": None,
+    "mc_num": 128,
+    "batch_size": 1,
+    "max_batch_size": None,
+    "device": None,
+    # HFLM's habits (`--model hf`): honoured, or refused with their own message
+    "revision": None,
+    "subfolder": None,
+    "trust_remote_code": False,
+    "use_fast_tokenizer": True,
+    "add_bos_token": False,
+    "parallelize": False,
+    "max_memory_per_gpu": None,
+    "max_cpu_memory": None,
+    "device_map": None,
+}
+# the order the accepted model args are listed in (a setting not named here comes last)
+_ARG_ORDER = (
+    "pretrained tokenizer strategy n alpha temperature tau block_length steps remasking "
+    "hex_samples prefix_cache decoder cache threshold temporal_weight temporal_alpha editing "
+    "editing_threshold max_post_steps vote peft reference guidance seed dtype max_gen_toks "
+    "max_length mc_num batch_size max_batch_size device revision subfolder trust_remote_code "
+    "use_fast_tokenizer add_bos_token parallelize max_memory_per_gpu max_cpu_memory device_map"
+).split()
+_PARALLEL_ARGS = (
+    "parallelize",
+    "max_memory_per_gpu",
+    "max_cpu_memory",
+    "device_map",
+    "device",
+    "reference",
+    "peft",
+)
+
+
+def accepted_model_args() -> dict[str, Any]:
+    """Every model arg and its default: the harness's own and the strategy settings'."""
+    defaults = dict(_OWN_ARGS)
+    for name, declared in setting_args().items():
+        defaults[name] = setting_arg_default(declared)
+    known = [name for name in _ARG_ORDER if name in defaults]
+    return {name: defaults[name] for name in known + sorted(set(defaults) - set(known))}
+
+
+def _model_args(given: dict[str, Any]) -> dict[str, Any]:
+    """`given` with every accepted model arg's default filled in; unknown ones refused."""
+    accepted = accepted_model_args()
+    _refuse_unknown_args({name: v for name, v in given.items() if name not in accepted})
+    return {name: given.get(name, default) for name, default in accepted.items()}
+
+
+def _constructor_signature() -> inspect.Signature:
+    """`DVotingEvalModel.__init__` as introspection shows it: one parameter per model arg."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params.append(
+        inspect.Parameter("pretrained", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None)
+    )
+    params += [
+        inspect.Parameter(name, keyword, default=default)
+        for name, default in accepted_model_args().items()
+        if name != "pretrained"
+    ]
+    return inspect.Signature(params)
+
+
+DVotingEvalModel.__init__.__signature__ = _constructor_signature()  # type: ignore[attr-defined]
 
 
 def _refuse_unknown_args(unknown: dict[str, Any]) -> None:
@@ -991,11 +981,7 @@ def _refuse_unknown_args(unknown: dict[str, Any]) -> None:
             raise ValueError(f"model arg {name}={value!r}: {reason}")
     if not unknown:
         return
-    accepted = [
-        p
-        for p in inspect.signature(DVotingEvalModel.__init__).parameters
-        if p not in ("self", "unknown")
-    ]
+    accepted = list(accepted_model_args())
     hints = []
     for name in sorted(unknown):
         close = difflib.get_close_matches(name, accepted, n=1)
@@ -1018,44 +1004,52 @@ def _parallel_budget(
     `device_map="auto"` over this process's GPUs (`placement.gpu_budget`, as HFLM builds it),
     or None without `parallelize` (one device)."""
     if not flag("parallelize", parallelize):
-        given = [
-            (name, value)
-            for name, value in (
-                ("max_memory_per_gpu", max_memory_per_gpu),
-                ("max_cpu_memory", max_cpu_memory),
-                ("device_map", device_map),
-            )
-            if value is not None
-        ]
-        if given:
-            name, value = given[0]
-            raise ValueError(
-                f"{name}={value!r} applies with parallelize=True only (one model spread over the GPUs): "
-                f"add parallelize=True, or drop {name}"
-            )
+        _refuse_placement_args(
+            max_memory_per_gpu=max_memory_per_gpu,
+            max_cpu_memory=max_cpu_memory,
+            device_map=device_map,
+        )
         return None
     if device_map not in (None, "auto"):
         raise ValueError(
             f"device_map={device_map!r}: parallelize=True places the model with device_map='auto' "
-            "(balanced over the GPUs, as lm-eval's hf model does), the only map supported here: drop "
-            "device_map (in Python, load_model(device_map=...) also takes a dict)"
+            "(balanced over the GPUs, as lm-eval's hf model does), the only map supported here: "
+            "drop device_map (in Python, load_model(device_map=...) also takes a dict)"
         )
     if device is not None and torch.device(device).type != "cuda":
         raise ValueError(
             f"device={device!r} with parallelize=True, which spreads the model over the GPUs: drop "
             f"device (--device), or drop parallelize to run on {device}"
         )
+    _refuse_second_models(reference, peft, max_cpu_memory)
+    return gpu_budget(max_memory_per_gpu, max_cpu_memory)
+
+
+def _refuse_second_models(reference: str | None, peft: str | None, max_cpu_memory: Any) -> None:
+    """With parallelize: no RFG reference model, and no adapter on offloaded layers."""
     if reference is not None:
         raise ValueError(
-            f"reference={reference!r} with parallelize=True: RFG's second model is not spread over the "
-            "GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop parallelize"
+            f"reference={reference!r} with parallelize=True: RFG's second model is not spread over "
+            "the GPUs; give strategy=rfg a LoRA adapter instead (peft=..., one model), or drop "
+            "parallelize"
         )
     if peft is not None and max_cpu_memory is not None:
         raise ValueError(
-            f"peft={peft!r} with max_cpu_memory={max_cpu_memory!r}: a LoRA adapter cannot sit on layers "
-            "offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) or peft"
+            f"peft={peft!r} with max_cpu_memory={max_cpu_memory!r}: a LoRA adapter cannot sit on "
+            "layers offloaded to the CPU; drop max_cpu_memory (the model must then fit the GPUs) "
+            "or peft"
         )
-    return gpu_budget(max_memory_per_gpu, max_cpu_memory)
+
+
+def _refuse_placement_args(**given: Any) -> None:
+    """Without parallelize, the first placement arg given is refused (they place one model
+    over the GPUs)."""
+    for name, value in given.items():
+        if value is not None:
+            raise ValueError(
+                f"{name}={value!r} applies with parallelize=True only (one model spread over the "
+                f"GPUs): add parallelize=True, or drop {name}"
+            )
 
 
 def _hflm_args(
@@ -1071,8 +1065,9 @@ def _hflm_args(
         )
     if not flag("use_fast_tokenizer", use_fast_tokenizer):
         raise ValueError(
-            "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) tokenizers, so a slow one "
-            "cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the same files)"
+            "use_fast_tokenizer=False: transformers 5 loads only fast (Rust) tokenizers, so a "
+            "slow one cannot be chosen; drop use_fast_tokenizer (the fast tokenizer reads the "
+            "same files)"
         )
     return {"add_bos_token": flag("add_bos_token", add_bos_token)}
 
@@ -1081,8 +1076,9 @@ def _bos_setting(add_bos: bool, tokenizer: Any, source: Any) -> bool:
     """`add_bos_token=true` needs a tokenizer with a BOS token (LLaDA has one, Dream does not)."""
     if add_bos and tokenizer.bos_token_id is None:
         raise ValueError(
-            f"add_bos_token=True, but the tokenizer of {source} has no BOS token: drop add_bos_token "
-            "(prompts are encoded without special tokens; a chat template adds its own)"
+            f"add_bos_token=True, but the tokenizer of {source} has no BOS token: drop "
+            "add_bos_token (prompts are encoded without special tokens; a chat template adds its "
+            "own)"
         )
     return add_bos
 

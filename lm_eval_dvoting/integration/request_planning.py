@@ -107,7 +107,8 @@ class RequestPlanner:
         unknown = sorted(set(kwargs) - set(GEN_KWARGS))
         if unknown:
             raise ValueError(
-                f"unknown generation kwargs {unknown} (task {task_name}); accepted: {', '.join(GEN_KWARGS)}"
+                f"unknown generation kwargs {unknown} (task {task_name}); accepted: "
+                f"{', '.join(GEN_KWARGS)}"
             )
         until = kwargs.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
@@ -174,23 +175,7 @@ def task_length(
     room check only; the block rules are checked all the same.
     """
     given = "max_gen_toks" in kwargs
-    length = settings.gen_length
-    if given:
-        length = whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
-    where = (
-        f"task {task_name}'s generation_kwargs: its YAML or --gen_kwargs"
-        if given
-        else f"the model arg max_gen_toks, default 256: task {task_name} sets none"
-    )
-
-    def how(value: str) -> str:
-        if given:  # lm-eval passes the task's own value with each request, over the model arg
-            return (
-                f"with --gen_kwargs max_gen_toks={value} (a task's own max_gen_toks overrides "
-                "the model arg)"
-            )
-        return f"with --gen_kwargs max_gen_toks={value} or the model arg max_gen_toks={value}"
-
+    length, where = _task_length_source(settings, kwargs, task_name)
     # first: a length that fits (the example does) fixes both
     if max_length is not None and length >= max_length:
         example = _fitting_length(settings, max_length // 2)
@@ -198,16 +183,37 @@ def task_length(
             f"max_gen_toks {length} ({where}) leaves no room for a prompt in "
             f"{max_length_source} of {max_length} tokens (prompt plus generation): "
             f"give a max_gen_toks below {max_length}, e.g. {example}, "
-            f"{how(str(example))}"
+            f"{_how_to_set(given, str(example))}"
         )
     resized = replace(settings, gen_length=length, defer_length_checks=True)
     problem = resized.length_problem()
     if problem is not None:
         raise ValueError(
             f"max_gen_toks {length} ({where}) cannot be decoded: {problem}; "
-            f"{resized.length_advice()}, {how('N')}"
+            f"{resized.length_advice()}, {_how_to_set(given, 'N')}"
         )
     return replace(settings, gen_length=length)  # checked in full (the length too)
+
+
+def _task_length_source(
+    settings: StrategySettings, kwargs: dict[str, Any], task_name: str | None
+) -> tuple[int, str]:
+    """The length a task's requests use, and where it comes from (for the messages)."""
+    if "max_gen_toks" in kwargs:
+        length = whole_number("max_gen_toks", kwargs["max_gen_toks"], 1)
+        return length, f"task {task_name}'s generation_kwargs: its YAML or --gen_kwargs"
+    where = f"the model arg max_gen_toks, default 256: task {task_name} sets none"
+    return settings.gen_length, where
+
+
+def _how_to_set(given: bool, value: str) -> str:
+    """How to give max_gen_toks `value`: where the task's own is (`given`) or the model's."""
+    if given:  # lm-eval passes the task's own value with each request, over the model arg
+        return (
+            f"with --gen_kwargs max_gen_toks={value} (a task's own max_gen_toks overrides "
+            "the model arg)"
+        )
+    return f"with --gen_kwargs max_gen_toks={value} or the model arg max_gen_toks={value}"
 
 
 def _fitting_length(settings: StrategySettings, most: int) -> int:
@@ -287,7 +293,10 @@ def _report_unused_sampling(
             f"so it runs at temperature {runs_at}"
         )
     elif do_sample:
-        why = f"do_sample=true needs a temperature above 0; strategy={settings.strategy} runs at temperature {runs_at}"
+        why = (
+            f"do_sample=true needs a temperature above 0; strategy={settings.strategy} runs at "
+            f"temperature {runs_at}"
+        )
     else:
         why = f"the model arg temperature={runs_at} is used"
     message = (

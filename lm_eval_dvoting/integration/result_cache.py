@@ -58,7 +58,6 @@ and different configurations never share a key.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
@@ -70,7 +69,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 from lm_eval_dvoting import __version__
-from lm_eval_dvoting.core.strategies import unused_settings
+from lm_eval_dvoting.core.settings import used_settings
 from lm_eval_dvoting.integration.lm_eval_seam import answer_for_caching_lm, calling_caching_lm
 from lm_eval_dvoting.integration.requests import (
     generation_key_args,
@@ -238,25 +237,18 @@ def plugin_code_digest() -> str:
 def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything that decides this model's outputs for a given request, flat and by model-arg name.
 
-    checkpoint, tokenizer, the resolved strategy settings (strategy, `max_gen_toks` (the
-    default length; a task's own is in the request), block_length, n, alpha, temperature,
-    tau, steps, remasking, hex_samples, prefix_cache, decoder, cache, threshold, temporal_weight,
-    temporal_alpha, vote, block_decoding, editing_threshold, max_post_steps: those the strategy,
-    its commit rule or its vote reads, `strategies.unused_settings`), seed, mc_num, dtype, device
+    checkpoint, tokenizer, the resolved strategy settings that the strategy, its commit rule
+    or its vote reads (`settings.used_settings`, as `settings_used` reports them; `max_gen_toks`
+    is the default length, a task's own is in the request), seed, mc_num, dtype, device
     (its type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where
     `batch_dependent`.
     """
-    settings = lm.settings
-    resolved = dataclasses.asdict(settings) | {
-        "block_length": settings.resolved_block_length,
-        "temperature": settings.resolved_temperature,
-        "steps": settings.resolved_steps,
-        "vote": settings.resolved_vote,  # vote=plain and no vote give majority the same samples
-        "threshold": settings.resolved_threshold,  # left out and given as its default decode alike
-    }
-    for name in unused_settings(settings):  # read by no part of this decode: they decide nothing
-        del resolved[name]
+    # only the settings this decode reads (the others decide nothing), resolved; `decoder` as
+    # given and no `steps_run` (it follows from `steps`), as the fingerprint always had them
+    resolved = used_settings(lm.settings)
     resolved["max_gen_toks"] = resolved.pop("gen_length")
+    resolved.pop("steps_run", None)
+    resolved["decoder"] = lm.settings.decoder
     dtype = lm.dtype_name
     identity = {
         "plugin_version": __version__,

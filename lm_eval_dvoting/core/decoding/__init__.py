@@ -1,18 +1,25 @@
 """The one-sample decoder: masked-diffusion decoding of a batch of rows.
 
-Semantics (ALGORITHM.md section 1; block diffusion for LLaDA2 in `blocks.py`): each step is one forward pass over prompt +
-generation region; the mask token's logit is suppressed; candidates are the argmax
-(temperature 0) or LLaDA's float64 Gumbel-max (temperature > 0); only masked
-positions of a row's leftmost unfinished block may be committed. The units, each
+Semantics (ALGORITHM.md section 1; block diffusion for LLaDA2 in `blocks.py`): each step is
+one forward pass over prompt + generation region; the mask token's logit is suppressed;
+candidates are the argmax (temperature 0) or LLaDA's float64 Gumbel-max (temperature > 0);
+only masked positions of a row's leftmost unfinished block may be committed. The units, each
 importing only those below it (no circle):
 
 | floor | module | owns |
 |---|---|---|
-| 3 | `rows.py` | the row batch (`RowDecoder`): rows enter and leave between steps; one pass per step; `generate()` |
-| 2 | `rules.py` | the commit rules: fixed schedule (`steps`), entropy threshold with hand-over (`alpha`) |
-| 2 | `blocks.py` | block diffusion (LLaDA2.0/2.1): a row's block-aligned layout and its threshold / joint-threshold rule |
-| 2 | `caches.py` | the cache policies (`none`, `prefix`, `dual`, `block`): what a pass covers and keeps; lazy logits |
+| 3 | `rows.py` | the row batch (`RowDecoder`): rows enter and leave between steps; one |
+|   |           | pass per step; `generate()` |
+| 2 | `rules.py` | the commit rules: fixed schedule (`steps`), entropy threshold with |
+|   |            | hand-over (`alpha`), confidence threshold |
+| 2 | `blocks.py` | block diffusion (LLaDA2.0/2.1): a row's block-aligned layout and its |
+|   |             | threshold / joint-threshold rule |
+| 2 | `caches.py` | the cache policies (`none`, `prefix`, `dual`, `block`): what a pass |
+|   |             | covers and keeps; lazy logits |
 | 1 | `state.py` | the row, the result, the settings' checks, the float64 numerics |
+
+Which rule, cache policy, strategy and vote a decode uses, and what each reads and can do,
+is declared in `core/parts/` (one file per part).
 
 Rows are independent: each has its own prompt length, generation length, block
 length, rule, temperature, cache policy and random generator, so a row decodes to the

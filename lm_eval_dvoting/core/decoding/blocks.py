@@ -147,7 +147,8 @@ class BlockThreshold:
     def _candidates(
         self, logits: torch.Tensor, row: DecodeRow
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each position's candidate and its confidence (its probability at the row's temperature)."""
+        """Each position's candidate and its confidence (its probability at the row's
+        temperature)."""
         logits64 = suppress_mask(logits, self.mask_id)
         if row.temperature == 0:
             chosen = logits64.argmax(-1)
@@ -169,7 +170,8 @@ class BlockThreshold:
         block_length: int,
         answer_length: int,
     ) -> torch.Tensor:
-        """The masked positions to commit: those above the threshold, or the quota's most confident."""
+        """The masked positions to commit: those above the threshold, or the quota's most
+        confident."""
         hot = masked & (confidence > settings.threshold)
         if settings.editing_threshold is not None:
             quota = 1  # upstream LLaDA2.1's num_to_transfer

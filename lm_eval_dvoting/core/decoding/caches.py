@@ -145,8 +145,10 @@ class ForwardPass:
     def check(self, row: DecodeRow) -> None:
         if row.cache != "none" and not self.can_cache:
             raise ValueError(
-                f"cache={row.cache} (or prefix_cache) needs one of this package's LLaDA/Dream models (hidden_states "
-                f"with a cache); {type(self.model).__name__} has none: run with cache=none (the default)"
+                f"cache={row.cache} (or prefix_cache) needs one of this package's LLaDA/Dream "
+                "models (hidden_states "
+                f"with a cache); {type(self.model).__name__} has none: run with cache=none (the "
+                "default)"
             )
 
     def run(
@@ -209,7 +211,8 @@ class ForwardPass:
         starts: Sequence[int],
         logits: StepLogits,
     ) -> None:
-        """Block diffusion's cache: the rows that keep nothing yet in one pass, the others in another."""
+        """Block diffusion's cache: the rows that keep nothing yet in one pass, the others in
+        another."""
         fresh = [i for i in members if rows[i].kept is None]
         for group in (fresh, [i for i in members if rows[i].kept is not None]):
             if group:
@@ -241,17 +244,7 @@ class ForwardPass:
         for local, (i, begin, start) in enumerate(zip(group, begins, block_starts)):
             first = width - sequences[local].numel()
             done = slice(first, first + start - begin)  # finished blocks: final keys and values
-            keys = [k[local, :, done] for k in cache.new_keys]
-            values = [v[local, :, done] for v in cache.new_values]
-            kept = rows[i].kept
-            if kept is not None:
-                keys = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_keys, keys)]
-                values = [
-                    torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_values, values)
-                ]
-            rows[i].kept = KeptKeysValues(
-                start, [k.clone() for k in keys], [v.clone() for v in values]
-            )
+            _keep_finished(rows[i], start, cache, local, done)
         prompts = [rows[i].prompt.numel() for i in group]
         offsets = [width - s.numel() + p - b for s, p, b in zip(sequences, prompts, begins)]
         windows = [(max(0, b - p), e - p) for b, e, p in zip(begins, ends, prompts)]
@@ -411,3 +404,15 @@ def _stack(
 def _pad(tensor: torch.Tensor, length: int, left: bool) -> torch.Tensor:
     pad = length - tensor.shape[1]
     return torch.nn.functional.pad(tensor, (0, 0, pad, 0) if left else (0, 0, 0, pad))
+
+
+def _keep_finished(row: DecodeRow, start: int, cache: PrefixCache, local: int, done: slice) -> None:
+    """Block diffusion: keep the row's keys and values up to `start` (what it kept before, and
+    this pass's `done` columns of batch row `local`): finished blocks are final."""
+    keys = [k[local, :, done] for k in cache.new_keys]
+    values = [v[local, :, done] for v in cache.new_values]
+    kept = row.kept
+    if kept is not None:
+        keys = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_keys, keys)]
+        values = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_values, values)]
+    row.kept = KeptKeysValues(start, [k.clone() for k in keys], [v.clone() for v in values])

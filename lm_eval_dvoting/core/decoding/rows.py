@@ -5,11 +5,21 @@ all active rows (under their cache policies), then each row's commit rule.
     decoder.add(row)            # any number of times, also between steps
     while decoder.active:
         finished = decoder.step()
+
+`generate()` decodes a batch of prompts in one call: `init_tokens` (batch, gen_length)
+pre-fills the region (mask-id positions are decoded, the others stay fixed); `generator` is
+one `torch.Generator` shared by the rows in order, or one per row (then a row's tokens do not
+depend on the batch); `cache` is "none" (exact, the default), "prefix" or "dual" (Fast-dLLM's
+approximate caches; `prefix_cache=True` is the older spelling of `cache="prefix"`). A
+block-causal model (LLaDA2) decodes by block diffusion (decoding/blocks.py) with `block`
+(default `BlockDecoding()`: LLaDA2.0's threshold 0.95, one token per step at least) and
+`cache` "block" (exact, the default) or "none"; `gen_length` need not be a multiple of
+`block_length` there (the last block is decoded whole, then cut).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -86,14 +96,16 @@ class RowDecoder:
         self.forward.check(row)
         if self.forward.shift and row.prompt.numel() == 0:
             raise ValueError(
-                "this model reads predictions one position to the left: the prompt must not be empty"
+                "this model reads predictions one position to the left: the prompt must not be "
+                "empty"
             )
         total = row.prompt.numel() + row.gen_length
         if row.block is not None:
             total += -total % row.block_length  # the last block is decoded whole
         if self.max_length is not None and total > self.max_length:
             raise ValueError(
-                f"prompt ({row.prompt.numel()} tokens) + generation ({row.gen_length}) = {total} tokens "
+                f"prompt ({row.prompt.numel()} tokens) + generation ({row.gen_length}) = {total} "
+                "tokens "
                 f"exceeds the model's maximum length {self.max_length}"
             )
         row.prompt = row.prompt.to(self.device)
@@ -105,7 +117,8 @@ class RowDecoder:
             self.active.append(row)
 
     def _check_family(self, row: DecodeRow) -> None:
-        """Block diffusion rows for a block-causal model (LLaDA2), the other rules for the others."""
+        """Block diffusion rows for a block-causal model (LLaDA2), the other rules for the
+        others."""
         if self.block_causal and row.block is None:
             raise ValueError(
                 "this model is block diffusion (LLaDA2): decode it with block=BlockDecoding(...) "
@@ -279,36 +292,35 @@ def generate(
     prefix_cache: bool = False,
     block: BlockDecoding | None = None,
 ) -> DecodeResult:
-    """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`.
-
-    `steps` selects LLaDA's fixed schedule, `alpha` dVoting's entropy threshold,
-    `threshold` Fast-dLLM's confidence threshold.
-    `init_tokens` (batch, gen_length) pre-fills the region: mask-id positions are
-    decoded, the others stay fixed. `generator` is one `torch.Generator` shared by the
-    rows in order, or one per row (then a row's tokens do not depend on the batch).
-    `cache` is "none" (exact, the default), "prefix" or "dual" (Fast-dLLM's approximate
-    caches); `prefix_cache=True` is the older spelling of `cache="prefix"`.
-    A block-causal model (LLaDA2) decodes by block diffusion (decoding/blocks.py) with
-    `block` (default `BlockDecoding()`: LLaDA2.0's threshold 0.95, one token per step at
-    least) and `cache` "block" (exact, the default) or "none"; `gen_length` need not be a
-    multiple of `block_length` there (the last block is decoded whole, then cut).
-    """
-    if (
-        getattr(model, "block_causal", False)
-        and block is None
-        and steps is None
-        and alpha is None
-        and threshold is None
-    ):
+    """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`, with
+    `steps` (LLaDA's fixed schedule), `alpha` (dVoting's entropy threshold), `threshold`
+    (Fast-dLLM's confidence threshold) or, for a block-causal model (LLaDA2), `block`
+    (default `BlockDecoding()`); the other arguments as the module docstring says."""
+    no_rule = all(setting is None for setting in (block, steps, alpha, threshold))
+    if getattr(model, "block_causal", False) and no_rule:
         block = BlockDecoding()
-    cache = (
-        _cache_setting("block" if block is not None else "none", prefix_cache)
-        if cache is None
-        else _cache_setting(cache, prefix_cache)
-    )
+    default = "block" if block is not None else "none"  # the exact cache of the row's kind
+    cache = _cache_setting(default if cache is None else cache, prefix_cache)
     validate_row_settings(
         gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold, block
     )
+    rule = dict(steps=steps, alpha=alpha, threshold=threshold, block=block)
+    settings = dict(block_length=block_length, temperature=temperature, remasking=remasking)
+    settings.update(rule, cache=cache)
+    rows = _prompt_rows(model, input_ids, attention_mask, init_tokens, generator, gen_length)
+    return _decode_all(RowDecoder(model), [DecodeRow(**row, **settings) for row in rows])
+
+
+def _prompt_rows(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    init_tokens: torch.Tensor | None,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    gen_length: int,
+) -> list[dict[str, Any]]:
+    """`generate`'s rows, checked: each prompt without its padding, its starting region (all
+    masks unless `init_tokens` gives it) and its generator."""
     attention_mask = check_prompt_batch(input_ids, attention_mask, model)
     batch = input_ids.shape[0]
     if init_tokens is None:
@@ -317,23 +329,15 @@ def generate(
         raise ValueError(
             f"init_tokens must have shape {(batch, gen_length)}, got {tuple(init_tokens.shape)}"
         )
-    decoder = RowDecoder(model)
-    rows = [
-        DecodeRow(
-            prompt=input_ids[i][attention_mask[i].bool()],
-            tokens=init_tokens[i],
-            block_length=block_length,
-            steps=steps,
-            alpha=alpha,
-            threshold=threshold,
-            temperature=temperature,
-            remasking=remasking,
-            generator=g,
-            cache=cache,
-            block=block,
-        )
-        for i, g in enumerate(_as_generators(generator, batch))
+    generators = _as_generators(generator, batch)
+    return [
+        dict(prompt=input_ids[i][attention_mask[i].bool()], tokens=init_tokens[i], generator=g)
+        for i, g in enumerate(generators)
     ]
+
+
+def _decode_all(decoder: RowDecoder, rows: list[DecodeRow]) -> DecodeResult:
+    """Decode `rows` side by side to the end; their answers and forward passes."""
     for row in rows:
         decoder.add(row)
     while decoder.active:

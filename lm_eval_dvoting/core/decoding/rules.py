@@ -322,17 +322,20 @@ def committed_candidates(
         offset += len(commit)
     for temperature, members in by_temperature.items():
         indices = torch.cat([torch.arange(o, o + n, device=logits64.device) for o, n, _ in members])
-        noise = torch.cat(
-            [
-                torch.rand(
-                    (n, picked.shape[-1]),
-                    dtype=torch.float64,
-                    device=logits64.device,
-                    generator=row.generator,
-                )
-                for _, n, row in members
-            ]
-        )
+        noise = _uniform_noise([(n, row) for _, n, row in members], picked.shape[-1], picked.device)
         chosen[indices] = (picked[indices].exp() / (-torch.log(noise)) ** temperature).argmax(-1)
     values = chosen.tolist()
     return [values[b : b + len(c)] for b, c in zip(_begins([len(c) for c in commits]), commits)]
+
+
+def _uniform_noise(
+    members: Sequence[tuple[int, DecodeRow]], vocab: int, device: torch.device
+) -> torch.Tensor:
+    """`n` float64 rows of uniform noise over the vocabulary from each row's generator, in
+    the rows' order (each row's stream as if drawn alone)."""
+    return torch.cat(
+        [
+            torch.rand((n, vocab), dtype=torch.float64, device=device, generator=row.generator)
+            for n, row in members
+        ]
+    )

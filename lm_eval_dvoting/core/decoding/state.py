@@ -57,8 +57,8 @@ class BlockDecoding:
     """Block diffusion's settings (LLaDA2, decoding/blocks.py): the confidence `threshold`
     (strict `>`), `steps` per block for LLaDA2.0's fallback quota (the block length spread
     over them; None: upstream's default `LLADA2_STEPS`; either is capped at the answer's
-    length, as upstream caps it), and LLaDA2.1's editing: `editing_threshold` (None: no editing, i.e.
-    LLaDA2.0) and `max_post_steps` (post-fill steps per block at most)."""
+    length, as upstream caps it), and LLaDA2.1's editing: `editing_threshold` (None: no
+    editing, i.e. LLaDA2.0) and `max_post_steps` (post-fill steps per block at most)."""
 
     threshold: float = 0.95
     steps: int | None = None
@@ -70,13 +70,15 @@ class BlockDecoding:
             isinstance(self.threshold, (int, float)) and 0 <= self.threshold <= 1
         ):
             raise ValueError(
-                f"threshold must be in [0, 1], got {self.threshold!r}: e.g. 0.95 (LLaDA2.0's default)"
+                f"threshold must be in [0, 1], got {self.threshold!r}: e.g. 0.95 (LLaDA2.0's "
+                "default)"
             )
         if self.steps is not None and (
             isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1
         ):
             raise ValueError(
-                f"steps (per block) must be a whole number >= 1, got {self.steps!r}: leave it out for "
+                f"steps (per block) must be a whole number >= 1, got {self.steps!r}: leave it out "
+                "for "
                 f"LLaDA2.0's default ({LLADA2_STEPS})"
             )
         if self.editing_threshold is not None and (
@@ -120,10 +122,11 @@ class DecodeRow:
 
     `tokens` holds the generation region and is updated in place; positions holding
     the mask id are decoded, the others stay fixed. `steps` selects the fixed schedule,
-    `alpha` the entropy threshold, `threshold` the confidence threshold (exactly one). `cache` is the row's cache
-    policy (`CACHE_POLICIES`). `owner` is free for the caller (the strategies keep the
-    sample's spec there). `observe`, when set, is called at every step with the step's
-    0-based index and the row's full prediction (`RowDecoder.step`; temporal voting).
+    `alpha` the entropy threshold, `threshold` the confidence threshold (exactly one). `cache`
+    is the row's cache policy (`CACHE_POLICIES`). `owner` is free for the caller (the
+    strategies keep the sample's spec there). `observe`, when set, is called at every step
+    with the step's 0-based index and the row's full prediction (`RowDecoder.step`; temporal
+    voting).
     """
 
     prompt: torch.Tensor  # (prompt_length,) token ids, no padding
@@ -144,7 +147,8 @@ class DecodeRow:
     block: BlockDecoding | None = (
         None  # block diffusion (a block-causal model), instead of steps/alpha/threshold
     )
-    lead: int = 0  # block diffusion: prompt tokens at the front of `tokens` (blocks align at the prompt's start)
+    # block diffusion: prompt tokens at the front of `tokens` (blocks align at the prompt's start)
+    lead: int = 0
     trail: int = 0  # block diffusion: masks appended to fill the last block (decoded, then cut off)
     editable: torch.Tensor | None = field(
         default=None, repr=False
@@ -189,6 +193,26 @@ def validate_row_settings(
     if block is not None:
         _validate_block_row(block_length, steps, alpha, threshold, temperature, cache)
         return
+    _validate_rule(gen_length, block_length, steps, alpha, threshold, cache)
+    _validate_temperature(temperature)
+    if remasking not in REMASKING_RULES:
+        raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
+    if cache not in CACHE_POLICIES:
+        raise ValueError(
+            f"cache must be one of {CACHE_POLICIES}, got {cache!r}: none (exact, the default), "
+            "prefix or dual (Fast-dLLM's approximate key/value caches)"
+        )
+
+
+def _validate_rule(
+    gen_length: int,
+    block_length: int,
+    steps: int | None,
+    alpha: float | None,
+    threshold: float | None,
+    cache: str,
+) -> None:
+    """A bidirectional row's blocks and its one commit rule's setting."""
     if cache == "block":
         raise ValueError(
             "cache=block is block diffusion's (LLaDA2 models); use none, prefix or dual here"
@@ -213,21 +237,19 @@ def validate_row_settings(
                 f"steps {steps} must be a positive multiple of the number of blocks "
                 f"({gen_length} / {block_length} = {num_blocks})"
             )
-    # `not ... >= 0` also refuses NaN; temperature=inf would turn the Gumbel noise into inf/0 (garbage samples)
+    # `not ... >= 0` also refuses NaN
     if alpha is not None and not alpha >= 0:
         raise ValueError(
             f"alpha must be >= 0, got {alpha}: e.g. 0.3 (inf commits every masked position at once)"
         )
+
+
+def _validate_temperature(temperature: float) -> None:
+    # temperature=inf would turn the Gumbel noise into inf/0 (garbage samples)
     if not (math.isfinite(temperature) and temperature >= 0):
         raise ValueError(
-            f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample"
-        )
-    if remasking not in REMASKING_RULES:
-        raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
-    if cache not in CACHE_POLICIES:
-        raise ValueError(
-            f"cache must be one of {CACHE_POLICIES}, got {cache!r}: none (exact, the default), "
-            "prefix or dual (Fast-dLLM's approximate key/value caches)"
+            f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, "
+            "e.g. 0.6 to sample"
         )
 
 
@@ -244,16 +266,15 @@ def _validate_block_row(
         raise ValueError(f"block_length must be positive, got {block_length}: e.g. 32 (LLaDA2's)")
     if any(rule is not None for rule in (steps, alpha, threshold)):
         raise ValueError(
-            "a block-diffusion row takes its rule's settings from `block` (BlockDecoding), not from "
+            "a block-diffusion row takes its rule's settings from `block` (BlockDecoding), not "
+            "from "
             "steps/alpha/threshold"
         )
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(
-            f"temperature must be a finite number >= 0, got {temperature}: 0 for greedy, e.g. 0.6 to sample"
-        )
+    _validate_temperature(temperature)
     if cache not in ("none", "block"):
         raise ValueError(
-            f"cache={cache} does not apply to block diffusion (LLaDA2): use cache=block (exact, the "
+            f"cache={cache} does not apply to block diffusion (LLaDA2): use cache=block (exact, "
+            "the "
             "default) or cache=none"
         )
 
@@ -374,14 +395,25 @@ def check_prompt_batch(
             f"input_ids must be token ids >= 0, got {int(input_ids.min())}: "
             "mark padding with attention_mask, not with negative ids"
         )
+    _check_vocabulary(input_ids, model)
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    _check_attention_mask(input_ids, attention_mask)
+    return attention_mask
+
+
+def _check_vocabulary(input_ids: torch.Tensor, model: nn.Module | None) -> None:
+    """Token ids the model's embedding holds (any ids without a model)."""
     rows = _embedding_rows(model)
     if rows is not None and input_ids.numel() and int(input_ids.max()) >= rows:
         raise ValueError(
             f"input_ids must be token ids < {rows} (the model's embedding size), got "
             f"{int(input_ids.max())}: encode the prompt with this checkpoint's tokenizer"
         )
-    if attention_mask is None:
-        return torch.ones_like(input_ids)
+
+
+def _check_attention_mask(input_ids: torch.Tensor, attention_mask: Any) -> None:
+    """A 0/1 tensor of `input_ids`' shape."""
     if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(
         input_ids.shape
     ):
@@ -391,11 +423,11 @@ def check_prompt_batch(
             else type(attention_mask).__name__
         )
         raise ValueError(
-            f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got {shape}"
+            f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, got "
+            f"{shape}"
         )
     if attention_mask.numel() and not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (prompt token)")
-    return attention_mask
 
 
 def _embedding_rows(model: nn.Module | None) -> int | None:

@@ -1,0 +1,19 @@
+"""`decoder=fixed`: LLaDA's fixed schedule: `steps` forward passes per sample, a fixed
+number of tokens committed per step, chosen by `remasking` (decoding/rules.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lm_eval_dvoting.core.parts.base import CommitRule, register
+
+
+@register
+class Fixed(CommitRule):
+    name = "fixed"
+    order = 10
+    reads = ("steps", "remasking")
+
+    @classmethod
+    def row_settings(cls, settings: Any) -> dict[str, Any]:
+        return dict(steps=settings.steps_run, alpha=None, threshold=None)
