@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, Callable
 from lm_eval_dvoting.integration import lm_eval_seam
 from lm_eval_dvoting.integration.length_checks import install_early
 from lm_eval_dvoting.integration.lm_eval_seam import native_discovery
-
 from lm_eval_dvoting.models.families import MODEL_NAMES
 
 if TYPE_CHECKING:
