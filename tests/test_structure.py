@@ -28,7 +28,6 @@ def _load_structure():
 structure = _load_structure()
 
 
-@pytest.mark.xfail(strict=False, reason="issue 39 in progress")
 def test_the_package_has_no_circle_no_layer_crossed_and_no_long_function():
     run = subprocess.run(
         [sys.executable, str(TOOL), "--check"], capture_output=True, text=True, timeout=120
