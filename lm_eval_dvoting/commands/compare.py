@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -46,7 +47,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from lm_eval_dvoting.core.strategies import StrategySettings
+from lm_eval_dvoting.core import parts
+from lm_eval_dvoting.core.settings import StrategySettings
 from lm_eval_dvoting.integration.length_checks import index_leaves, indexed_generation_kwargs
 from lm_eval_dvoting.integration.request_planning import task_length
 from lm_eval_dvoting.integration.strict_json import dumps as strict_dumps
@@ -318,25 +320,6 @@ def take_threshold(model_args: dict[str, Any]) -> float | None:
 
 # ------------------------------------------------------------------- the sweep
 
-# The settings `--sweep` may vary, with the type its values are read as: each is a
-# StrategySettings field and a model arg, and `use_strategy` changes it on the loaded model.
-SWEEP_TYPES: dict[str, type] = {
-    "block_length": int,
-    "n": int,
-    "steps": int,
-    "hex_samples": int,
-    "alpha": float,
-    "temperature": float,
-    "tau": float,
-    "threshold": float,
-    "cache": str,
-    "decoder": str,
-    "remasking": str,
-    "vote": str,
-    "temporal_weight": str,
-    "temporal_alpha": float,
-    "guidance": float,
-}
 # Model args `--sweep` refuses, with what to do instead.
 _NOT_SWEPT = {
     "strategy": "the rows are chosen with --strategies",
@@ -347,6 +330,32 @@ _NOT_SWEPT = {
     "--gen_kwargs max_gen_toks=V",
     "prefix_cache": "it is the older spelling of cache: --sweep cache=none,prefix",
 }
+
+
+def _sweep_types() -> dict[str, type]:
+    """The settings `--sweep` may vary, with the type its values are read as: the settings a
+    decode of LLaDA or Dream reads (every decode's, and those its parts declare:
+    `core/parts/`), as their declarations read them (`core/settings.py`), less those
+    `_NOT_SWEPT` refuses; `use_strategy` changes each on the loaded model."""
+    read = {
+        name
+        for kind in ("strategy", "rule", "cache", "vote")
+        for part in parts.parts(kind)
+        if parts.BIDIRECTIONAL in part.models
+        for name in part.reads
+    }
+    as_type = {"whole": int, "real": float, "text": str}
+    return {
+        declared.name: as_type[declared.metadata["parse"]]
+        for declared in dataclasses.fields(StrategySettings)
+        if declared.metadata.get("parse") in as_type
+        and declared.name not in _NOT_SWEPT
+        and (declared.metadata["every_decode"] or declared.name in read)
+    }
+
+
+SWEEP_TYPES: dict[str, type] = _sweep_types()
+
 _RELOAD = (
     "pretrained",
     "tokenizer",
@@ -447,33 +456,21 @@ def parse_sweep(specs: Sequence[str] | None) -> tuple[str, list[Any]] | None:
     return name, _sweep_values(spec, name, values_text)
 
 
-def probe_settings(model_args: Mapping[str, Any], extras: Mapping[str, Any]) -> StrategySettings:
-    """The model args' strategy settings as far as they can be read without the harness (for
-    the checks before the model is loaded); the defaults where they cannot (the model then
-    refuses those model args itself, before it reads the checkpoint)."""
-    fields = (
-        "block_length",
-        "n",
-        "alpha",
-        "temperature",
-        "tau",
-        "steps",
-        "remasking",
-        "hex_samples",
-        "prefix_cache",
-        "cache",
-        "vote",
-        "temporal_weight",
-        "temporal_alpha",
-    )
-    given = {key: model_args[key] for key in fields if key in model_args}
-    if "max_gen_toks" in model_args:
-        given["gen_length"] = model_args["max_gen_toks"]
+def probe_settings(
+    model: str, model_args: Mapping[str, Any], extras: Mapping[str, Any]
+) -> StrategySettings:
+    """The model args' strategy settings, read as `--model model` reads them
+    (`settings_from_args`: each declared setting's parser and default), for the checks before
+    the model is loaded; the defaults where they cannot be read (the model then refuses those
+    model args itself, before it reads the checkpoint)."""
+    from lm_eval_dvoting.integration.harness import EVAL_MODELS
+
+    model_class = EVAL_MODELS[model]
     try:
         # the model arg max_gen_toks serves only the tasks that set none (`checked_settings`)
-        return StrategySettings(**given, **extras, defer_length_checks=True)
+        return model_class.settings_from_args({**model_args, **extras})
     except (TypeError, ValueError):
-        return StrategySettings(**extras, defer_length_checks=True)
+        return model_class.settings_from_args(dict(extras))
 
 
 def request_lengths(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -924,7 +921,7 @@ def checked_plan(
     counts = parse_row_seeds(getattr(args, "row_seeds", None), names, args.seeds)
     sweep = parse_sweep(getattr(args, "sweep", None))
     lengths = request_lengths(args)  # what each task's requests will use
-    probe = probe_settings(model_args, extras)
+    probe = probe_settings(args.model, model_args, extras)
     if sweep is not None:
         check_sweep(sweep, names, probe, extras, lengths)
     else:
