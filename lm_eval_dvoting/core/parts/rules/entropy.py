@@ -4,8 +4,9 @@ entropy is below `alpha` per step, at least one (decoding/rules.py). `decoder=en
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+from lm_eval_dvoting.core.decoding.rules import EntropyThreshold
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
 
@@ -18,3 +19,11 @@ class Entropy(CommitRule):
     @classmethod
     def row_settings(cls, settings: Any) -> dict[str, Any]:
         return dict(steps=None, alpha=settings.alpha, threshold=None)
+
+    @classmethod
+    def selects(cls, row: Any) -> bool:
+        return row.block is None and row.steps is None and row.alpha is not None
+
+    @classmethod
+    def worker(cls, mask_id: int, end_ids: Sequence[int]) -> EntropyThreshold:
+        return EntropyThreshold(mask_id)

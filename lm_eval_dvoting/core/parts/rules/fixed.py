@@ -3,8 +3,9 @@ number of tokens committed per step, chosen by `remasking` (decoding/rules.py)."
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
+from lm_eval_dvoting.core.decoding.rules import FixedSchedule
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
 
@@ -17,3 +18,11 @@ class Fixed(CommitRule):
     @classmethod
     def row_settings(cls, settings: Any) -> dict[str, Any]:
         return dict(steps=settings.steps_run, alpha=None, threshold=None)
+
+    @classmethod
+    def selects(cls, row: Any) -> bool:
+        return row.block is None and row.steps is not None
+
+    @classmethod
+    def worker(cls, mask_id: int, end_ids: Sequence[int]) -> FixedSchedule:
+        return FixedSchedule(mask_id)
