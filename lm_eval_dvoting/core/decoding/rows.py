@@ -25,7 +25,7 @@ import torch
 
 from lm_eval_dvoting.core.decoding.blocks import align
 from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits
-from lm_eval_dvoting.core.decoding.rules import RowWork, _inside
+from lm_eval_dvoting.core.decoding.rules import RowWork, inside_window
 from lm_eval_dvoting.core.decoding.state import (
     BlockDecoding,
     DecodeResult,
@@ -206,7 +206,7 @@ class RowDecoder:
             return
         masked = [(row.tokens == self.mask_id).nonzero().flatten().tolist() for _, row in watched]
         for (i, row), positions in zip(watched, masked):
-            if not _inside(logits.window(i), positions):
+            if not inside_window(logits.window(i), positions):
                 fix = "cache=none" if row.block is not None else "cache=none or cache=prefix"
                 raise ValueError(
                     f"cache={row.cache} computes no prediction beyond the current block, which an "

@@ -38,15 +38,19 @@ class RowWork:
 
 
 @dataclass(eq=False)
-class _ScheduledWork(RowWork):
+class ScheduledWork(RowWork):
+    """A row's work on one block: the fixed schedule's, the confidence rule's, block
+    diffusion's."""
+
     start: int = 0  # the block's first generation index
     masked: torch.Tensor | None = None  # bool over the block
 
 
-def _first_masked_block_start(row: DecodeRow, mask_id: int) -> int:
+def first_masked_block_start(row: DecodeRow, mask_id: int) -> int:
     """The start of the block holding the row's first mask (an active row has one)."""
     return masked_block(row.tokens.tolist(), mask_id, row.block_length)[0]
 
 
-def _inside(window: Window, positions: list[int]) -> bool:
+def inside_window(window: Window, positions: list[int]) -> bool:
+    """Whether the step's logits window holds every one of `positions`."""
     return window is None or all(window[0] <= p < window[1] for p in positions)

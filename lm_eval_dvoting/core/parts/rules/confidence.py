@@ -10,9 +10,9 @@ import torch
 
 from lm_eval_dvoting.core.decoding.rules import (
     RowWork,
+    ScheduledWork,
     Window,
-    _first_masked_block_start,
-    _ScheduledWork,
+    first_masked_block_start,
 )
 from lm_eval_dvoting.core.decoding.state import DecodeRow, candidates, suppress_mask
 from lm_eval_dvoting.core.parts.base import CommitRule, register
@@ -33,15 +33,15 @@ class ConfidenceThreshold:
         self.mask_id = mask_id
 
     def block_start(self, row: DecodeRow) -> int:
-        return _first_masked_block_start(row, self.mask_id)
+        return first_masked_block_start(row, self.mask_id)
 
     def is_done(self, row: DecodeRow) -> bool:
         return False  # done when no mask is left, which the row batch checks
 
-    def begin(self, index: int, row: DecodeRow, window: Window) -> _ScheduledWork:
+    def begin(self, index: int, row: DecodeRow, window: Window) -> ScheduledWork:
         start = self.block_start(row)
         masked = row.tokens[start : start + row.block_length] == self.mask_id
-        return _ScheduledWork(
+        return ScheduledWork(
             index,
             row,
             wanted=(start + masked.nonzero().squeeze(1)).tolist(),
@@ -49,7 +49,7 @@ class ConfidenceThreshold:
             masked=masked,
         )
 
-    def commit(self, works: Sequence[_ScheduledWork]) -> list[RowWork]:
+    def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
         for work in works:
             row, masked = work.row, work.masked
             logits64 = suppress_mask(work.logits, self.mask_id)

@@ -16,8 +16,8 @@ import torch
 from lm_eval_dvoting.core.decoding.rules import (
     RowWork,
     Window,
-    _first_masked_block_start,
-    _inside,
+    first_masked_block_start,
+    inside_window,
 )
 from lm_eval_dvoting.core.decoding.state import (
     DecodeRow,
@@ -55,7 +55,7 @@ class EntropyThreshold:
         self.mask_id = mask_id
 
     def block_start(self, row: DecodeRow) -> int:
-        return _first_masked_block_start(row, self.mask_id)
+        return first_masked_block_start(row, self.mask_id)
 
     def is_done(self, row: DecodeRow) -> bool:
         return False  # done when no mask is left, which the row batch checks
@@ -89,7 +89,7 @@ class EntropyThreshold:
         """Point `work` at the block holding its row's first mask; False if none is left
         (or, under the dual cache, if it lies outside the step's window)."""
         found = masked_block(work.tokens, self.mask_id, work.row.block_length)
-        if found is None or not _inside(work.window, found[1]):
+        if found is None or not inside_window(work.window, found[1]):
             return False
         work.start, work.positions = found
         return True
@@ -99,7 +99,7 @@ class EntropyThreshold:
         block's masks are committed (empty when none is left after it, or outside the window)."""
         length = work.row.block_length
         found = masked_block(work.tokens, self.mask_id, length, work.start + length)
-        return [] if found is None or not _inside(work.window, found[1]) else found[1]
+        return [] if found is None or not inside_window(work.window, found[1]) else found[1]
 
     def _commit_round(self, works: list[_ThresholdWork]) -> list[_ThresholdWork]:
         """Every row's current block in one round: one float64 entropy pass for all rows'

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.rules import RowWork, Window, _ScheduledWork
+from lm_eval_dvoting.core.decoding.rules import RowWork, ScheduledWork, Window
 from lm_eval_dvoting.core.decoding.state import DecodeRow, candidates, suppress_mask
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
@@ -38,12 +38,12 @@ class FixedSchedule:
             progress.counts = [
                 base + 1 if s < remainder else base for s in range(row.steps_per_block)
             ]
-        work = _ScheduledWork(index, row, start=start, masked=masked)
+        work = ScheduledWork(index, row, start=start, masked=masked)
         if progress.counts[progress.step_in_block]:
             work.wanted = (start + masked.nonzero().squeeze(1)).tolist()
         return work
 
-    def commit(self, works: Sequence[_ScheduledWork]) -> list[RowWork]:
+    def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
         """Commit each row's share; a fixed-schedule row never goes on within a step."""
         for work in works:
             row, progress = work.row, work.row.progress
@@ -55,7 +55,7 @@ class FixedSchedule:
         return []
 
     @staticmethod
-    def _commit_share(work: _ScheduledWork, logits64: torch.Tensor) -> None:
+    def _commit_share(work: ScheduledWork, logits64: torch.Tensor) -> None:
         """The step's count of the block's masks, highest confidence first.
 
         `logits64` holds the masked positions of the block only: the others can never
