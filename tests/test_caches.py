@@ -12,7 +12,7 @@ from torch import nn
 
 from lm_eval_dvoting.core.decoding import DecodeRow, generate
 from lm_eval_dvoting.core.decoding.caches import ForwardPass
-from lm_eval_dvoting.core.decoding.rules import EntropyThreshold
+from lm_eval_dvoting.core.parts.rules.entropy import EntropyThreshold
 from lm_eval_dvoting.core.strategies import StrategySettings
 
 MASK = 250  # the official-tiny fixtures' mask id

@@ -669,13 +669,14 @@ def test_sampling_follows_each_rows_generator_as_documented(model, rule):
 
 def _commits_nothing(rule: str, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Break one commit rule so that it commits nothing; the row settings that select it."""
-    from lm_eval_dvoting.core.decoding import rules
+    from lm_eval_dvoting.core.parts.rules.confidence import ConfidenceThreshold
+    from lm_eval_dvoting.core.parts.rules.entropy import EntropyThreshold
 
     if rule == "entropy":  # nothing below alpha, and no fallback
         nothing = staticmethod(lambda work, entropies: [])
-        monkeypatch.setattr(rules.EntropyThreshold, "_decide", nothing)
+        monkeypatch.setattr(EntropyThreshold, "_decide", nothing)
         return {"alpha": 0.3}
-    monkeypatch.setattr(rules.ConfidenceThreshold, "commit", lambda self, works: [])
+    monkeypatch.setattr(ConfidenceThreshold, "commit", lambda self, works: [])
     return {"threshold": 0.9}
 
 

@@ -30,8 +30,11 @@ from conftest import REPO_ROOT, _write_random_llada
 from lm_eval.api.instance import Instance
 
 from lm_eval_dvoting.core import likelihood
-from lm_eval_dvoting.core.decoding import generate, rules
+from lm_eval_dvoting.core.decoding import generate
 from lm_eval_dvoting.core.likelihood import score_requests
+from lm_eval_dvoting.core.parts.rules import confidence as confidence_rule
+from lm_eval_dvoting.core.parts.rules import entropy as entropy_rule
+from lm_eval_dvoting.core.parts.rules import fixed as fixed_rule
 from lm_eval_dvoting.core.strategies import StrategySettings, run_strategy
 from lm_eval_dvoting.integration.arg_parsing import whole_number as _whole_number
 from lm_eval_dvoting.integration.harness import LLaDAEvalModel
@@ -67,16 +70,18 @@ def test_decision_path_is_float64_with_a_bfloat16_model(tiny_llada_dir, monkeypa
 
         return wrapper
 
-    monkeypatch.setattr(rules, "entropy", spy("entropy", rules.entropy))
-    monkeypatch.setattr(rules, "candidates", spy("candidates", rules.candidates))
-    monkeypatch.setattr(rules, "committed_candidates", spy("committed", rules.committed_candidates))
-    original_share = rules.FixedSchedule._commit_share
+    monkeypatch.setattr(entropy_rule, "entropy", spy("entropy", entropy_rule.entropy))
+    for rule in (fixed_rule, confidence_rule):
+        monkeypatch.setattr(rule, "candidates", spy("candidates", rule.candidates))
+    committed = spy("committed", entropy_rule.committed_candidates)
+    monkeypatch.setattr(entropy_rule, "committed_candidates", committed)
+    original_share = fixed_rule.FixedSchedule._commit_share
 
     def commit_share(work: Any, logits64: torch.Tensor) -> None:
         seen["confidence"].append(logits64.dtype)  # the softmax confidence is taken of these
         original_share(work, logits64)
 
-    monkeypatch.setattr(rules.FixedSchedule, "_commit_share", staticmethod(commit_share))
+    monkeypatch.setattr(fixed_rule.FixedSchedule, "_commit_share", staticmethod(commit_share))
     original_logits = likelihood._logits_at
 
     def logits_at(*args: Any) -> torch.Tensor:

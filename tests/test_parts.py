@@ -52,6 +52,45 @@ class ToyCache(CachePolicy):
     whole_prediction_refusal = "toycache cannot serve {which}"
 '''
 
+TOY_RULE = '''
+"""A toy commit rule: each step commits the leftmost masked position, its argmax."""
+
+from lm_eval_dvoting.core.decoding.rules import RowWork
+from lm_eval_dvoting.core.decoding.state import masked_block, suppress_mask
+from lm_eval_dvoting.core.parts.base import CommitRule, register
+
+
+class LeftmostWorker:
+    def __init__(self, mask_id):
+        self.mask_id = mask_id
+
+    def block_start(self, row):
+        return masked_block(row.tokens.tolist(), self.mask_id, row.block_length)[0]
+
+    def is_done(self, row):
+        return False
+
+    def begin(self, index, row, window):
+        first = int((row.tokens == self.mask_id).nonzero()[0])
+        return RowWork(index, row, wanted=[first])
+
+    def commit(self, works):
+        for work in works:
+            best = suppress_mask(work.logits, self.mask_id).argmax(-1)
+            work.row.tokens[work.wanted[0]] = best[0]
+        return []
+
+
+@register
+class Leftmost(CommitRule):
+    name = "leftmost"
+    order = 99
+
+    @classmethod
+    def worker(cls, mask_id, end_ids):
+        return LeftmostWorker(mask_id)
+'''
+
 
 @pytest.fixture
 def toy_folder(tmp_path, monkeypatch):
@@ -62,11 +101,13 @@ def toy_folder(tmp_path, monkeypatch):
     (folder / "__init__.py").write_text("")
     (folder / "toy.py").write_text(textwrap.dedent(TOY_STRATEGY))
     (folder / "toycache.py").write_text(textwrap.dedent(TOY_CACHE))
+    (folder / "leftmost.py").write_text(textwrap.dedent(TOY_RULE))
     monkeypatch.syspath_prepend(str(tmp_path))
     parts.discover("toyparts")
     yield folder
     REGISTRY["strategy"].pop("toy", None)
     REGISTRY["cache"].pop("toycache", None)
+    REGISTRY["rule"].pop("leftmost", None)
     for name in [m for m in sys.modules if m == "toyparts" or m.startswith("toyparts.")]:
         del sys.modules[name]
 
@@ -85,6 +126,69 @@ def test_a_new_strategy_is_one_file_that_registers_itself_and_decodes(toy_folder
         model, prompts, strategy="toy", extract=lambda t: int(t[0]), gen_length=8, n=3
     )
     assert len(result.samples) == 3 and result.answers == [3, 3, 3]
+
+
+def _leftmost_model() -> ScriptedModel:
+    """Generation index g scripted to token 3 + g % 4 (all near-certain)."""
+    return ScriptedModel(gen_choices(2, lambda q, g: (3 + g % 4,)))
+
+
+def test_a_new_commit_rule_is_one_file_that_the_row_batch_decodes_with(toy_folder):
+    """The row batch takes a row's rule from the registry: a row naming `leftmost` commits
+    exactly its leftmost mask per step, through `RowDecoder`, `generate` and `run_strategy`
+    (`decoder=leftmost`). (Planted: `RowDecoder._commit` committing the built-in rules only,
+    by a fixed list of names: the toy rows commit nothing and the step raises.)"""
+    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, generate
+
+    model, prompt = _leftmost_model(), torch.tensor([5, 6])
+    row = DecodeRow(prompt=prompt, tokens=torch.full((8,), 31), block_length=4, rule="leftmost")
+    decoder = RowDecoder(model)
+    decoder.add(row)
+    for step in range(1, 9):
+        decoder.step()
+        assert (row.tokens != 31).tolist() == [True] * step + [False] * (8 - step)
+    assert not decoder.active and row.tokens.tolist() == [3 + g % 4 for g in range(8)]
+    found = generate(model, prompt[None], gen_length=8, block_length=4, rule="leftmost")
+    assert found.tokens.tolist() == [row.tokens.tolist()] and found.nfe.tolist() == [8]
+    (result,) = run_strategy(
+        model, prompt[None], strategy="single", decoder="leftmost", extract=list, gen_length=8
+    )
+    assert result.samples.tolist() == [row.tokens.tolist()] and result.nfe == 8
+
+
+def test_a_row_naming_no_registered_rule_is_refused_before_any_pass(toy_folder):
+    """(Planted: `_choose_rule` falling back to the confidence rule.)"""
+    from lm_eval_dvoting.core.decoding import generate
+
+    model = _leftmost_model()
+    with pytest.raises(ValueError) as refused:
+        generate(model, torch.tensor([[5, 6]]), gen_length=8, block_length=4, rule="leftmots")
+    assert str(refused.value) == (
+        "no commit rule decodes this row (rule='leftmots'): name one of ('fixed', 'entropy', "
+        "'confidence', 'threshold', 'quality', 'speed', 'leftmost') with the settings it reads, "
+        "or give steps, alpha or threshold"
+    )
+    assert model.calls == []
+
+
+@pytest.mark.parametrize("first", ["core.decoding", "core.parts", "core.parts.rules.fixed"])
+def test_the_decoder_and_the_parts_import_in_any_order(first):
+    """`core.parts` imports `decoding.state`, whose package's row batch reads the registry:
+    each may be imported first in a fresh interpreter. (Planted: rows.py importing
+    `core.parts` instead of `core.parts.registry`: ImportError when the parts come first.)"""
+    import subprocess
+
+    code = (
+        f"import lm_eval_dvoting.{first}\n"
+        "from lm_eval_dvoting.core.decoding import RowDecoder\n"
+        "from lm_eval_dvoting.core.parts import names\n"
+        "print(names('rule'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(
+        ("fixed", "entropy", "confidence", "threshold", "quality", "speed")
+    )
 
 
 def test_a_strategy_that_is_not_registered_is_refused_with_the_registered_list():

@@ -779,9 +779,9 @@ def test_a_plan_that_asks_for_no_samples_raises_instead_of_waiting_forever(monke
 def test_a_rule_that_commits_nothing_names_the_question_and_sample(monkeypatch):
     """The decoder's progress guard (tests/test_decoding.py) names a strategy's row by its
     question and sample."""
-    from lm_eval_dvoting.core.decoding import rules
+    from lm_eval_dvoting.core.parts.rules.entropy import EntropyThreshold
 
-    monkeypatch.setattr(rules.EntropyThreshold, "_decide", staticmethod(lambda work, entropy: []))
+    monkeypatch.setattr(EntropyThreshold, "_decide", staticmethod(lambda work, entropy: []))
     says = r"committed nothing in step 1 of row 0 \(question 0, sample 1\)"
     with pytest.raises(RuntimeError, match=says):
         run_strategy(

@@ -502,6 +502,7 @@ class _Scheduler:
             alpha=spec.alpha,
             threshold=spec.threshold,
             block=spec.block,
+            rule=spec.rule,
             temperature=spec.temperature,
             remasking=settings.remasking,
             generator=generator,

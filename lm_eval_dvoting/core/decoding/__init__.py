@@ -10,8 +10,8 @@ importing only those below it (no circle):
 |---|---|---|
 | 3 | `rows.py` | the row batch (`RowDecoder`): rows enter and leave between steps; one |
 |   |           | pass per step; `generate()` |
-| 2 | `rules.py` | the commit rules: fixed schedule (`steps`), entropy threshold with |
-|   |            | hand-over (`alpha`), confidence threshold |
+| 2 | `rules.py` | what the commit rules share (`RowWork`); the rules (fixed schedule, |
+|   |            | entropy threshold, confidence threshold) are `core/parts/rules/` |
 | 2 | `blocks.py` | block diffusion (LLaDA2.0/2.1): a row's block-aligned layout and its |
 |   |             | threshold / joint-threshold rule |
 | 2 | `caches.py` | the cache policies (`none`, `prefix`, `dual`, `block`): what a pass |

@@ -53,7 +53,7 @@ from typing import Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.rules import RowWork, _ScheduledWork
+from lm_eval_dvoting.core.decoding.rules import RowWork, ScheduledWork
 from lm_eval_dvoting.core.decoding.state import (
     LLADA2_STEPS,
     BlockDecoding,
@@ -100,13 +100,13 @@ class BlockThreshold:
         self.block_start(row)
         return row.progress.block >= row.num_blocks
 
-    def begin(self, index: int, row: DecodeRow, window: object) -> _ScheduledWork:
+    def begin(self, index: int, row: DecodeRow, window: object) -> ScheduledWork:
         """The block's masked positions, and (editing) its editable ones: this step's logits."""
         start = self.block_start(row)
         block = slice(start, start + row.block_length)
         masked = row.tokens[block] == self.mask_id
         wanted = masked | row.editable[block] if row.block.editing_threshold is not None else masked
-        return _ScheduledWork(
+        return ScheduledWork(
             index,
             row,
             wanted=(start + wanted.nonzero().squeeze(1)).tolist(),
@@ -114,7 +114,7 @@ class BlockThreshold:
             masked=masked,
         )
 
-    def commit(self, works: Sequence[_ScheduledWork]) -> list[RowWork]:
+    def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
         for work in works:
             row, settings = work.row, work.row.block
             positions = torch.tensor(work.wanted, dtype=torch.long, device=row.tokens.device)

@@ -23,15 +23,9 @@ from typing import Any, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.blocks import BlockThreshold, align
+from lm_eval_dvoting.core.decoding.blocks import align
 from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits
-from lm_eval_dvoting.core.decoding.rules import (
-    ConfidenceThreshold,
-    EntropyThreshold,
-    FixedSchedule,
-    RowWork,
-    _inside,
-)
+from lm_eval_dvoting.core.decoding.rules import RowWork, inside_window
 from lm_eval_dvoting.core.decoding.state import (
     BlockDecoding,
     DecodeResult,
@@ -41,7 +35,11 @@ from lm_eval_dvoting.core.decoding.state import (
     validate_row_settings,
 )
 
-Rule = FixedSchedule | EntropyThreshold | ConfidenceThreshold | BlockThreshold
+# the registry alone: `core.parts` imports this package (module docstring of registry.py)
+from lm_eval_dvoting.core.parts.registry import BIDIRECTIONAL, BLOCK_CAUSAL, names, parts
+
+# a commit rule's arithmetic (`CommitRule.worker`): block_start, is_done, begin, commit
+Rule = Any
 
 
 class RowDecoder:
@@ -62,22 +60,34 @@ class RowDecoder:
             model, self.mask_id if pad_token_id is None else pad_token_id, self.device
         )
         self.block_causal = bool(getattr(model, "block_causal", False))
-        end_ids = tuple(getattr(model, "end_token_ids", ()))
-        self.rules = (
-            FixedSchedule(self.mask_id),
-            EntropyThreshold(self.mask_id),
-            ConfidenceThreshold(self.mask_id),
-            BlockThreshold(self.mask_id, end_ids),
-        )
+        self.end_ids = tuple(getattr(model, "end_token_ids", ()))
+        self.rules: dict[str, Rule] = {}  # each registered rule's worker, built on first use
+        self.rule_of: dict[DecodeRow, str] = {}  # each active row's rule, by name
         self.active: list[DecodeRow] = []
 
     def rule(self, row: DecodeRow) -> Rule:
-        """The row's commit rule: `block` -> block diffusion, `steps` -> fixed schedule,
-        `alpha` -> entropy threshold, `threshold` -> confidence threshold."""
-        fixed, entropy, confidence, blocks = self.rules
-        if row.block is not None:
-            return blocks
-        return fixed if row.steps is not None else entropy if row.alpha is not None else confidence
+        """The worker of the row's commit rule (chosen when the row was added)."""
+        return self.rules[self.rule_of[row]]
+
+    def _choose_rule(self, row: DecodeRow) -> None:
+        """The first registered rule, in order, that decodes the row (`CommitRule.decodes`:
+        `block` -> block diffusion, `steps` -> fixed schedule, `alpha` -> entropy threshold,
+        `threshold` -> confidence threshold, or the rule the row names)."""
+        part = next((p for p in parts("rule") if p.decodes(row)), None)
+        if part is None:
+            raise ValueError(
+                f"no commit rule decodes this row (rule={row.rule!r}): name one of "
+                f"{names('rule')} with the settings it reads, or give steps, alpha or threshold"
+            )
+        kind = BLOCK_CAUSAL if self.block_causal else BIDIRECTIONAL
+        if kind not in part.models:
+            raise ValueError(
+                f"commit rule {part.name} does not decode {kind} models "
+                f"({type(self.model).__name__}): it decodes {part.models}"
+            )
+        if part.name not in self.rules:
+            self.rules[part.name] = part.worker(self.mask_id, self.end_ids)
+        self.rule_of[row] = part.name
 
     def add(self, row: DecodeRow) -> None:
         """Check the row, move it to the model's device, and queue it if it has masks."""
@@ -91,6 +101,7 @@ class RowDecoder:
             row.cache,
             row.threshold,
             row.block,
+            row.rule,
         )
         self._check_family(row)
         self.forward.check(row)
@@ -113,8 +124,11 @@ class RowDecoder:
         row.progress.block, row.progress.step_in_block, row.progress.counts = 0, 0, []
         if row.block is not None:
             align(row, self.mask_id)
+        self._choose_rule(row)
         if self._has_masks(row):
             self.active.append(row)
+        else:
+            del self.rule_of[row]
 
     def _check_family(self, row: DecodeRow) -> None:
         """Block diffusion rows for a block-causal model (LLaDA2), the other rules for the
@@ -192,7 +206,7 @@ class RowDecoder:
             return
         masked = [(row.tokens == self.mask_id).nonzero().flatten().tolist() for _, row in watched]
         for (i, row), positions in zip(watched, masked):
-            if not _inside(logits.window(i), positions):
+            if not inside_window(logits.window(i), positions):
                 fix = "cache=none" if row.block is not None else "cache=none or cache=prefix"
                 raise ValueError(
                     f"cache={row.cache} computes no prediction beyond the current block, which an "
@@ -221,15 +235,15 @@ class RowDecoder:
 
     def _commit(self, works: list[RowWork]) -> list[RowWork]:
         """Each rule commits for all its rows at once; returns the rows that go on."""
-        by_rule: dict[int, list[RowWork]] = {}
+        by_rule: dict[str, list[RowWork]] = {}
         for work in works:
-            by_rule.setdefault(id(self.rule(work.row)), []).append(work)
+            by_rule.setdefault(self.rule_of[work.row], []).append(work)
         going_on: list[RowWork] = []
-        for (
-            rule
-        ) in self.rules:  # in a fixed order: fixed schedule, entropy, confidence, block diffusion
-            if id(rule) in by_rule:
-                going_on += rule.commit(by_rule[id(rule)])
+        # in the registry's fixed order (fixed schedule, entropy, confidence, block
+        # diffusion, then any other): rows sharing one generator draw in the same order
+        for name in names("rule"):
+            if name in by_rule:
+                going_on += self.rules[name].commit(by_rule[name])
         return going_on
 
     def _retire(self) -> list[DecodeRow]:
@@ -239,6 +253,7 @@ class RowDecoder:
                 not row.keep_cache
             ):  # block diffusion's are final: a dVoting remask sample may start from them
                 row.kept = None  # free the kept keys and values
+            del self.rule_of[row]
         self.active = [row for row in self.active if row not in finished]
         return finished
 
@@ -254,7 +269,7 @@ class RowDecoder:
 
 def _rule_setting(row: DecodeRow) -> str:
     """The setting that selects the row's rule, as `name=value` (`RowDecoder.rule`)."""
-    for name in ("block", "steps", "alpha", "threshold"):
+    for name in ("rule", "block", "steps", "alpha", "threshold"):
         if getattr(row, name) is not None:
             return f"{name}={getattr(row, name)}"
     return "no rule setting"
@@ -291,22 +306,22 @@ def generate(
     cache: str | None = None,
     prefix_cache: bool = False,
     block: BlockDecoding | None = None,
+    rule: str | None = None,
 ) -> DecodeResult:
     """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`, with
     `steps` (LLaDA's fixed schedule), `alpha` (dVoting's entropy threshold), `threshold`
     (Fast-dLLM's confidence threshold) or, for a block-causal model (LLaDA2), `block`
-    (default `BlockDecoding()`); the other arguments as the module docstring says."""
-    no_rule = all(setting is None for setting in (block, steps, alpha, threshold))
+    (default `BlockDecoding()`), or the registered commit rule `rule` names
+    (`core/parts/rules/`); the other arguments as the module docstring says."""
+    no_rule = all(setting is None for setting in (block, steps, alpha, threshold, rule))
     if getattr(model, "block_causal", False) and no_rule:
         block = BlockDecoding()
     default = "block" if block is not None else "none"  # the exact cache of the row's kind
     cache = _cache_setting(default if cache is None else cache, prefix_cache)
-    validate_row_settings(
-        gen_length, block_length, steps, alpha, temperature, remasking, cache, threshold, block
-    )
-    rule = dict(steps=steps, alpha=alpha, threshold=threshold, block=block)
+    chosen = dict(steps=steps, alpha=alpha, threshold=threshold, block=block, rule=rule)
     settings = dict(block_length=block_length, temperature=temperature, remasking=remasking)
-    settings.update(rule, cache=cache)
+    settings.update(chosen, cache=cache)
+    validate_row_settings(gen_length, **settings)
     rows = _prompt_rows(model, input_ids, attention_mask, init_tokens, generator, gen_length)
     return _decode_all(RowDecoder(model), [DecodeRow(**row, **settings) for row in rows])
 

@@ -122,7 +122,8 @@ class DecodeRow:
 
     `tokens` holds the generation region and is updated in place; positions holding
     the mask id are decoded, the others stay fixed. `steps` selects the fixed schedule,
-    `alpha` the entropy threshold, `threshold` the confidence threshold (exactly one). `cache`
+    `alpha` the entropy threshold, `threshold` the confidence threshold (exactly one, unless
+    `rule` names the registered commit rule that decodes the row). `cache`
     is the row's cache policy (`CACHE_POLICIES`). `owner` is free for the caller (the
     strategies keep the sample's spec there). `observe`, when set, is called at every step
     with the step's 0-based index and the row's full prediction (`RowDecoder.step`; temporal
@@ -157,6 +158,9 @@ class DecodeRow:
         False  # block cache: keep `kept` after the row finishes (a dVoting sample may share it)
     )
     label: str = ""  # how error messages name the row (the strategies: its question and sample)
+    # the registered commit rule (`core/parts/rules/`) that decodes the row, by name; None:
+    # the one its setting selects (block, steps, alpha or threshold)
+    rule: str | None = None
 
     @property
     def gen_length(self) -> int:
@@ -186,14 +190,17 @@ def validate_row_settings(
     cache: str = "none",
     threshold: float | None = None,
     block: BlockDecoding | None = None,
+    rule: str | None = None,
 ) -> None:
-    """Raise a ValueError naming the setting that cannot work, and what would."""
+    """Raise a ValueError naming the setting that cannot work, and what would. A row that
+    names its commit rule (`rule`) need not give steps, alpha or threshold: whether the
+    rule exists and decodes it is the row batch's to check (`RowDecoder.add`)."""
     if gen_length <= 0:
         raise ValueError(f"gen_length must be positive, got {gen_length}")
     if block is not None:
         _validate_block_row(block_length, steps, alpha, threshold, temperature, cache)
         return
-    _validate_rule(gen_length, block_length, steps, alpha, threshold, cache)
+    _validate_rule(gen_length, block_length, steps, alpha, threshold, cache, rule)
     _validate_temperature(temperature)
     if remasking not in REMASKING_RULES:
         raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
@@ -211,6 +218,7 @@ def _validate_rule(
     alpha: float | None,
     threshold: float | None,
     cache: str,
+    rule: str | None = None,
 ) -> None:
     """A bidirectional row's blocks and its one commit rule's setting."""
     if cache == "block":
@@ -221,7 +229,8 @@ def _validate_rule(
         raise ValueError(
             f"block_length {block_length} must be positive and divide gen_length {gen_length}"
         )
-    if sum(rule is not None for rule in (steps, alpha, threshold)) != 1:
+    given = sum(setting is not None for setting in (steps, alpha, threshold))
+    if given != 1 and not (rule is not None and given == 0):
         raise ValueError(
             "give exactly one of steps (fixed schedule), alpha (entropy threshold) or threshold "
             "(confidence threshold)"

@@ -9,8 +9,11 @@
 
 Each folder's modules are imported here (`discover`), and each registers its part
 (`base.register`): a new strategy, commit rule, cache policy or vote is one new file in its
-folder. The settings they read are `core/settings.py`'s `StrategySettings` fields; which
-combinations cannot run is decided from the parts' capabilities (`checks.py`).
+folder. A commit rule brings its arithmetic (`CommitRule.worker`) and says which rows it
+decodes (`CommitRule.decodes`): the row batch (`decoding/rows.py`) asks the registry
+(`registry.py`), so a new rule needs no edit elsewhere. The settings they read are
+`core/settings.py`'s `StrategySettings` fields; which combinations cannot run is decided
+from the parts' capabilities (`checks.py`).
 """
 
 from __future__ import annotations

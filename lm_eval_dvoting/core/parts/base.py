@@ -20,17 +20,22 @@ classmethod over the settings.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterator, TypeVar
+from typing import Any, ClassVar, Sequence
 
+from lm_eval_dvoting.core.parts.registry import (  # first: see registry.py
+    BIDIRECTIONAL,
+    BLOCK_CAUSAL,
+    REGISTRY,
+    names,
+    parts,
+    register,
+)
 from lm_eval_dvoting.core.parts.samples import QuestionPlan, SameAnswer, fixed_steps
 
 # `core.settings.StrategySettings`, which imports the parts (not imported here: no circle)
 StrategySettings = Any
 
-# the two kinds of model a part may work with: LLaDA/Dream (bidirectional attention over the
-# whole sequence) and LLaDA2 (block diffusion: a block attends to itself and earlier blocks)
-BIDIRECTIONAL = "bidirectional"
-BLOCK_CAUSAL = "block_causal"
+__all__ = ["BIDIRECTIONAL", "BLOCK_CAUSAL", "REGISTRY", "names", "parts", "register"]
 
 
 class Part:
@@ -118,8 +123,31 @@ class CommitRule(Part):
 
     @classmethod
     def row_settings(cls, settings: StrategySettings) -> dict[str, Any]:
-        """Its settings as `DecodeRow` takes them (steps, alpha, threshold or block)."""
-        raise NotImplementedError(f"commit rule {cls.name} has no row settings")
+        """Its settings as `DecodeRow` takes them: by default the row names the rule
+        (`rule`); the built-in rules' rows carry their setting (steps, alpha, threshold or
+        block) instead, as `generate` takes it."""
+        return dict(steps=None, alpha=None, threshold=None, rule=cls.name)
+
+    @classmethod
+    def decodes(cls, row: Any) -> bool:
+        """Whether it decodes the `DecodeRow` `row`: a row that names it (`row.rule`). The
+        row batch (`RowDecoder`) gives a row to the first rule, in `order`, that decodes it;
+        the built-in rules also take the rows their setting selects (`selects`)."""
+        return row.rule == cls.name or (row.rule is None and cls.selects(row))
+
+    @classmethod
+    def selects(cls, row: Any) -> bool:
+        """Whether the row's settings select it when the row names no rule (e.g. `steps`
+        given: the fixed schedule). A new rule is chosen by name only."""
+        return False
+
+    @classmethod
+    def worker(cls, mask_id: int, end_ids: Sequence[int]) -> Any:
+        """Its arithmetic for one row batch (one per `RowDecoder`): `block_start(row)`,
+        `is_done(row)`, `begin(index, row, window) -> RowWork` (the positions whose logits
+        it wants this step) and `commit(works) -> works going on` (decoding/rules.py's
+        `RowWork`; `end_ids` are the model's end-of-text tokens)."""
+        raise NotImplementedError(f"commit rule {cls.name} has no worker")
 
 
 class CachePolicy(Part):
@@ -148,31 +176,3 @@ class Vote(Part):
         """The question's `StrategyResult` from its samples (`strategies._Question`: their
         tokens, answers and, when `needs_whole_prediction`, their steps' answers)."""
         raise NotImplementedError(f"vote {cls.name} has no result")
-
-
-P = TypeVar("P", bound=type[Part])
-REGISTRY: dict[str, dict[str, type[Part]]] = {
-    "strategy": {},
-    "rule": {},
-    "cache": {},
-    "vote": {},
-}
-
-
-def register(part: P) -> P:
-    """Class decorator: add `part` to its kind's registry (a second part of a name is a bug)."""
-    known = REGISTRY[part.kind]
-    if part.name in known and known[part.name] is not part:
-        raise ValueError(f"two {part.kind} parts are named {part.name!r}: rename one")
-    known[part.name] = part
-    return part
-
-
-def parts(kind: str) -> Iterator[type[Part]]:
-    """The registered parts of `kind`, in their `order` (then name)."""
-    return iter(sorted(REGISTRY[kind].values(), key=lambda p: (p.order, p.name)))
-
-
-def names(kind: str) -> tuple[str, ...]:
-    """The registered names of `kind`, in order: what messages list as allowed."""
-    return tuple(p.name for p in parts(kind))

@@ -28,6 +28,7 @@ class SampleSpec:
     threshold: float | None = None  # the confidence rule's (when neither steps nor alpha is given)
     # block diffusion's rule (LLaDA2), instead of the three above
     block: BlockDecoding | None = None
+    rule: str | None = None  # a commit rule chosen by name (`DecodeRow.rule`)
 
 
 # a question's plan: yields the next draw (samples that do not depend on each other, so

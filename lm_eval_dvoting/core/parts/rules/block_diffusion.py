@@ -6,8 +6,9 @@ card "Best Practices"."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
+from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
 from lm_eval_dvoting.core.decoding.state import LLADA2_STEPS
 from lm_eval_dvoting.core.parts.base import BLOCK_CAUSAL, CommitRule, register
 
@@ -40,6 +41,16 @@ class BlockRule(CommitRule):
     @classmethod
     def row_settings(cls, settings: Any) -> dict[str, Any]:
         return dict(steps=None, alpha=None, block=settings.block_settings())
+
+    @classmethod
+    def selects(cls, row: Any) -> bool:
+        """A row with `block` settings; the three presets share the worker, so the first in
+        `order` (`threshold`) decodes every block-diffusion row, whatever its preset."""
+        return row.block is not None
+
+    @classmethod
+    def worker(cls, mask_id: int, end_ids: Sequence[int]) -> BlockThreshold:
+        return BlockThreshold(mask_id, end_ids)
 
 
 @register
