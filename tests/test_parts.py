@@ -52,6 +52,25 @@ class ToyCache(CachePolicy):
     whole_prediction_refusal = "toycache cannot serve {which}"
 '''
 
+TOY_NONE = '''
+"""A toy cache policy: `none` under another name, recording each pass it runs."""
+
+from lm_eval_dvoting.core.parts.base import register
+from lm_eval_dvoting.core.parts.caches.none import NoCache
+
+
+@register
+class Mirror(NoCache):
+    name = "mirror"
+    order = 98
+    passes = []  # the rows of each pass it ran
+
+    @classmethod
+    def run_pass(cls, forward, rows, members, starts, keeps, logits):
+        cls.passes.append(list(members))
+        super().run_pass(forward, rows, members, starts, keeps, logits)
+'''
+
 TOY_RULE = '''
 """A toy commit rule: each step commits the leftmost masked position, its argmax."""
 
@@ -102,11 +121,13 @@ def toy_folder(tmp_path, monkeypatch):
     (folder / "toy.py").write_text(textwrap.dedent(TOY_STRATEGY))
     (folder / "toycache.py").write_text(textwrap.dedent(TOY_CACHE))
     (folder / "leftmost.py").write_text(textwrap.dedent(TOY_RULE))
+    (folder / "mirror.py").write_text(textwrap.dedent(TOY_NONE))
     monkeypatch.syspath_prepend(str(tmp_path))
     parts.discover("toyparts")
     yield folder
     REGISTRY["strategy"].pop("toy", None)
     REGISTRY["cache"].pop("toycache", None)
+    REGISTRY["cache"].pop("mirror", None)
     REGISTRY["rule"].pop("leftmost", None)
     for name in [m for m in sys.modules if m == "toyparts" or m.startswith("toyparts.")]:
         del sys.modules[name]
@@ -154,6 +175,39 @@ def test_a_new_commit_rule_is_one_file_that_the_row_batch_decodes_with(toy_folde
         model, prompt[None], strategy="single", decoder="leftmost", extract=list, gen_length=8
     )
     assert result.samples.tolist() == [row.tokens.tolist()] and result.nfe == 8
+
+
+def test_a_new_cache_policy_is_one_file_whose_pass_the_forward_pass_runs(toy_folder, llada_fixture):
+    """The forward pass takes a row's cache policy from the registry and runs its pass: a
+    copy of `none` under another name decodes the tiny LLaDA to `none`'s tokens and NFE,
+    its pass run once per step over all its rows. (Planted: `ForwardPass.run` choosing the
+    pass by a fixed dict of the built-in names: KeyError; and running `none`'s pass for
+    every policy that keeps nothing: no pass recorded.)"""
+    from references import load_float32
+
+    from lm_eval_dvoting.core.decoding import generate
+
+    mirror = REGISTRY["cache"]["mirror"]
+    model = load_float32(str(llada_fixture))
+    prompts = torch.tensor([[5, 6, 7, 8], [250, 9, 10, 11]])  # row 2 left-padded by its mask
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    found = {
+        cache: generate(
+            model,
+            prompts,
+            mask,
+            gen_length=8,
+            block_length=4,
+            steps=4,
+            temperature=0.7,
+            generator=[torch.Generator().manual_seed(s) for s in (1, 2)],
+            cache=cache,
+        )
+        for cache in ("none", "mirror")
+    }
+    assert found["mirror"].tokens.tolist() == found["none"].tokens.tolist()
+    assert found["mirror"].nfe.tolist() == found["none"].nfe.tolist() == [4, 4]
+    assert mirror.passes == [[0, 1]] * 4
 
 
 def test_a_row_naming_no_registered_rule_is_refused_before_any_pass(toy_folder):

@@ -21,6 +21,11 @@ What is kept is stale (computed before the block's later commits), so `prefix` a
 are approximations of the exact decoder: opt-in, off by default. Rows of one step may mix
 policies: the rows that run over their whole sequence share one pass, the rows that reuse
 what they kept share another.
+
+Each policy's arithmetic (what its pass covers and keeps) is its part's, in
+`core/parts/caches/` (`CachePolicy.run_pass`); this module groups a step's rows by policy
+(`ForwardPass`) and holds what the policies share: the lazy logits (`StepLogits`) and the
+stacking of kept keys and values (`stack_kept`).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.rules import Window
-from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
+from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues
 from lm_eval_dvoting.models.common import PrefixCache
 
 
@@ -132,8 +137,28 @@ class StepLogits:
         return list(self.model.logits_from_hidden(torch.cat(picked)).float().split(sizes))
 
 
+def _registry() -> Any:
+    """The parts' registry (`core/parts/registry.py`). Imported here, not at the top: the
+    first import of the registry runs `core.parts`, whose cache policies import this
+    module."""
+    from lm_eval_dvoting.core.parts import registry
+
+    return registry
+
+
+def cache_policy(name: str) -> Any:
+    """The registered cache policy `name` (`core/parts/caches/`)."""
+    return _registry().REGISTRY["cache"][name]
+
+
+def _order(policy: Any) -> tuple[int, str]:
+    return policy.order, policy.name
+
+
 class ForwardPass:
-    """Runs one step's forward pass for the active rows, each under its cache policy."""
+    """Runs one step's forward pass for the active rows, each under its cache policy: the
+    rows are grouped by the pass their policy runs (`CachePolicy.pass_group`: `dual` rows
+    share `prefix`'s), and each group's policy runs one pass for its rows (`run_pass`)."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, device: torch.device) -> None:
         self.model, self.pad_id, self.device = model, pad_id, device
@@ -143,7 +168,13 @@ class ForwardPass:
         self.pass_positions = accepts_position_ids(model)
 
     def check(self, row: DecodeRow) -> None:
-        if row.cache != "none" and not self.can_cache:
+        known = _registry().names("cache")
+        if row.cache not in known:
+            raise ValueError(
+                f"cache must be one of {known}, got {row.cache!r}: register the "
+                "policy (a file under core/parts/caches/) or name a registered one"
+            )
+        if cache_policy(row.cache).uses_cache and not self.can_cache:
             raise ValueError(
                 f"cache={row.cache} (or prefix_cache) needs one of this package's LLaDA/Dream "
                 "models (hidden_states "
@@ -157,27 +188,15 @@ class ForwardPass:
         """The step's logits. `starts`: each row's current block start; `keeps`: whether
         a later step in that block could reuse what this pass would keep for the row."""
         logits = StepLogits(self.model)
-        plain = [i for i, row in enumerate(rows) if row.cache == "none"]
-        blocks = [i for i, row in enumerate(rows) if row.cache == "block"]
-        if plain:
-            self._plain(rows, plain, logits)
-        if blocks:
-            self._blocks(rows, blocks, starts, logits)
-        reusing = [
-            i
-            for i, (row, start) in enumerate(zip(rows, starts))
-            if row.cache in ("prefix", "dual")
-            and row.kept is not None
-            and row.kept.block_start == start
-        ]
-        fresh = sorted(set(range(len(rows))) - set(reusing) - set(plain) - set(blocks))
-        if fresh:
-            self._fresh(rows, fresh, starts, keeps, logits)
-        if reusing:
-            self._reuse(rows, reusing, starts, logits)
+        groups: dict[Any, list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(cache_policy(row.cache).pass_group(), []).append(i)
+        # in the policies' order (`none` first), each group's rows in their batch order
+        for policy in sorted(groups, key=_order):
+            policy.run_pass(self, rows, groups[policy], starts, keeps, logits)
         return logits
 
-    def _block_lengths(
+    def block_lengths(
         self, rows: Sequence[DecodeRow], members: Sequence[int]
     ) -> dict[str, torch.Tensor]:
         """The block-causal model's `block_lengths` argument (nothing for the others)."""
@@ -188,142 +207,6 @@ class ForwardPass:
                 [rows[i].block_length for i in members], device=self.device
             )
         }
-
-    def _plain(self, rows: Sequence[DecodeRow], members: Sequence[int], logits: StepLogits) -> None:
-        """Rows over their whole sequence, no cache."""
-        ids, attention, positions = left_pad(
-            [torch.cat([rows[i].prompt, rows[i].tokens]) for i in members], self.pad_id, self.device
-        )
-        # Each row's real tokens sit at positions 0..n-1 whatever its padding, so a row's
-        # numbers do not depend on the rows it is batched with.
-        kwargs = {"position_ids": positions} if self.pass_positions else {}
-        kwargs.update(self._block_lengths(rows, members))
-        offsets = [ids.shape[1] - rows[i].gen_length - self.shift for i in members]
-        if hasattr(self.model, "hidden_states") and hasattr(self.model, "logits_from_hidden"):
-            logits.add(members, self.model.hidden_states(ids, attention, **kwargs), offsets)
-        else:
-            logits.add(members, self.model(ids, attention, **kwargs), offsets, are_logits=True)
-
-    def _blocks(
-        self,
-        rows: Sequence[DecodeRow],
-        members: list[int],
-        starts: Sequence[int],
-        logits: StepLogits,
-    ) -> None:
-        """Block diffusion's cache: the rows that keep nothing yet in one pass, the others in
-        another."""
-        fresh = [i for i in members if rows[i].kept is None]
-        for group in (fresh, [i for i in members if rows[i].kept is not None]):
-            if group:
-                self._block_pass(rows, group, starts, logits)
-
-    def _block_pass(
-        self, rows: Sequence[DecodeRow], group: list[int], starts: Sequence[int], logits: StepLogits
-    ) -> None:
-        """Each row from the end of what it keeps to the end of its current block; keeps the
-        keys and values of what lies before that block."""
-        begins = [
-            0 if rows[i].kept is None else rows[i].kept.prefix_keys[0].shape[1] for i in group
-        ]
-        block_starts = [rows[i].prompt.numel() + starts[i] for i in group]
-        ends = [start + rows[i].block_length for i, start in zip(group, block_starts)]
-        sequences = [
-            torch.cat([rows[i].prompt, rows[i].tokens])[b:e] for i, b, e in zip(group, begins, ends)
-        ]
-        ids, attention, positions = left_pad(sequences, self.pad_id, self.device)
-        positions = positions + torch.tensor(begins, device=self.device)[:, None]
-        fresh = (
-            rows[group[0]].kept is None
-        )  # `_blocks` never mixes rows that keep something with rows that do not
-        cache = PrefixCache() if fresh else _stack_kept([rows[i].kept for i in group], self.device)
-        hidden = self.model.hidden_states(
-            ids, attention, positions, cache=cache, **self._block_lengths(rows, group)
-        )
-        width = ids.shape[1]
-        for local, (i, begin, start) in enumerate(zip(group, begins, block_starts)):
-            first = width - sequences[local].numel()
-            done = slice(first, first + start - begin)  # finished blocks: final keys and values
-            _keep_finished(rows[i], start, cache, local, done)
-        prompts = [rows[i].prompt.numel() for i in group]
-        offsets = [width - s.numel() + p - b for s, p, b in zip(sequences, prompts, begins)]
-        windows = [(max(0, b - p), e - p) for b, e, p in zip(begins, ends, prompts)]
-        logits.add(group, hidden, offsets, windows)
-
-    def _fresh(
-        self,
-        rows: Sequence[DecodeRow],
-        fresh: list[int],
-        starts: Sequence[int],
-        keeps: Sequence[bool],
-        logits: StepLogits,
-    ) -> None:
-        """The rows that reuse nothing, over their whole sequences; keeps what the cached
-        rows can reuse in a later step of the same block."""
-        sequences = [torch.cat([rows[i].prompt, rows[i].tokens]) for i in fresh]
-        ids, attention, positions = left_pad(sequences, self.pad_id, self.device)
-        keep = [local for local, i in enumerate(fresh) if rows[i].cache != "none" and keeps[i]]
-        record = PrefixCache() if keep else None
-        hidden = self.model.hidden_states(ids, attention, positions, cache=record)
-        for local in keep:
-            i = fresh[local]
-            first = ids.shape[1] - sequences[local].numel()  # the row's first real column
-            rows[i].kept = self._cut(record, local, first, rows[i], starts[i])
-        logits.add(fresh, hidden, [ids.shape[1] - rows[i].gen_length - self.shift for i in fresh])
-
-    def _cut(
-        self, record: PrefixCache, local: int, first: int, row: DecodeRow, start: int
-    ) -> KeptKeysValues:
-        """The keys and values of a row's prefix (before its block; for Dream before the
-        token ahead of it) and, for the dual cache, of its suffix (after the block)."""
-        prompt = row.prompt.numel()
-        prefix = slice(first, first + prompt + start - self.shift)
-        kept = KeptKeysValues(
-            start,
-            [k[local, :, prefix].clone() for k in record.new_keys],
-            [v[local, :, prefix].clone() for v in record.new_values],
-        )
-        if row.cache == "dual":
-            suffix = slice(
-                first + prompt + start + row.block_length, first + prompt + row.gen_length
-            )
-            kept.suffix_keys = [k[local, :, suffix].clone() for k in record.new_keys]
-            kept.suffix_values = [v[local, :, suffix].clone() for v in record.new_values]
-        return kept
-
-    def _reuse(
-        self,
-        rows: Sequence[DecodeRow],
-        reusing: list[int],
-        starts: Sequence[int],
-        logits: StepLogits,
-    ) -> None:
-        """The rows that reuse what they kept: `prefix` rows over their block and what
-        follows, `dual` rows over their block, all in one pass."""
-        kept = [rows[i].kept for i in reusing]
-        begins = [k.prefix_keys[0].shape[1] for k in kept]
-        ends = [self._query_end(rows[i], starts[i]) for i in reusing]
-        sequences = [torch.cat([rows[i].prompt, rows[i].tokens]) for i in reusing]
-        ids, attention, positions = left_pad(
-            [s[b:e] for s, b, e in zip(sequences, begins, ends)], self.pad_id, self.device
-        )
-        positions = positions + torch.tensor(begins, device=self.device)[:, None]
-        cache = _stack_kept(kept, self.device)
-        hidden = self.model.hidden_states(ids, attention, positions, cache=cache)
-        offsets = [
-            ids.shape[1] - (e - rows[i].prompt.numel()) - self.shift for i, e in zip(reusing, ends)
-        ]
-        windows = [
-            (starts[i], starts[i] + rows[i].block_length) if rows[i].cache == "dual" else None
-            for i in reusing
-        ]
-        logits.add(reusing, hidden, offsets, windows)
-
-    @staticmethod
-    def _query_end(row: DecodeRow, start: int) -> int:
-        """Where a reusing row's pass ends (an index into prompt + generation region)."""
-        end = row.prompt.numel() + row.gen_length
-        return end if row.cache == "prefix" else row.prompt.numel() + start + row.block_length
 
 
 def shared_block_prefix(
@@ -353,7 +236,7 @@ def shared_block_prefix(
     )
 
 
-def _stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCache:
+def stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCache:
     """One cache for the rows' kept keys and values: prefixes left-padded to the longest,
     suffixes (dual cache rows) right-padded to the longest, with masks marking the real ones."""
     cache = PrefixCache()
@@ -404,15 +287,3 @@ def _stack(
 def _pad(tensor: torch.Tensor, length: int, left: bool) -> torch.Tensor:
     pad = length - tensor.shape[1]
     return torch.nn.functional.pad(tensor, (0, 0, pad, 0) if left else (0, 0, 0, pad))
-
-
-def _keep_finished(row: DecodeRow, start: int, cache: PrefixCache, local: int, done: slice) -> None:
-    """Block diffusion: keep the row's keys and values up to `start` (what it kept before, and
-    this pass's `done` columns of batch row `local`): finished blocks are final."""
-    keys = [k[local, :, done] for k in cache.new_keys]
-    values = [v[local, :, done] for v in cache.new_values]
-    kept = row.kept
-    if kept is not None:
-        keys = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_keys, keys)]
-        values = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_values, values)]
-    row.kept = KeptKeysValues(start, [k.clone() for k in keys], [v.clone() for v in values])

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.blocks import align
-from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits
+from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits, cache_policy
 from lm_eval_dvoting.core.decoding.rules import RowWork, inside_window
 from lm_eval_dvoting.core.decoding.state import (
     BlockDecoding,
@@ -224,7 +224,7 @@ class RowDecoder:
     def _cache_plan(self) -> tuple[list[int], list[bool]]:
         """Each row's current block start, and whether a later step in that block could
         reuse what this step's pass keeps (only asked for when some row caches)."""
-        if all(row.cache == "none" for row in self.active):
+        if not any(cache_policy(row.cache).uses_cache for row in self.active):
             return [], []
         starts = [self.rule(row).block_start(row) for row in self.active]
         keeps = [

@@ -204,9 +204,12 @@ def validate_row_settings(
     _validate_temperature(temperature)
     if remasking not in REMASKING_RULES:
         raise ValueError(f"remasking must be one of {REMASKING_RULES}, got {remasking!r}")
-    if cache not in CACHE_POLICIES:
+    # here, not at import: importing the registry runs `core.parts`, which imports this module
+    from lm_eval_dvoting.core.parts.registry import names
+
+    if cache not in names("cache"):  # the registered policies (`core/parts/caches/`)
         raise ValueError(
-            f"cache must be one of {CACHE_POLICIES}, got {cache!r}: none (exact, the default), "
+            f"cache must be one of {names('cache')}, got {cache!r}: none (exact, the default), "
             "prefix or dual (Fast-dLLM's approximate key/value caches)"
         )
 

@@ -11,7 +11,9 @@ Each folder's modules are imported here (`discover`), and each registers its par
 (`base.register`): a new strategy, commit rule, cache policy or vote is one new file in its
 folder. A commit rule brings its arithmetic (`CommitRule.worker`) and says which rows it
 decodes (`CommitRule.decodes`): the row batch (`decoding/rows.py`) asks the registry
-(`registry.py`), so a new rule needs no edit elsewhere. The settings they read are
+(`registry.py`), so a new rule needs no edit elsewhere. A cache policy likewise brings its
+pass (`CachePolicy.run_pass`): the forward pass (`decoding/caches.py`) groups a step's rows
+by policy (`CachePolicy.pass_group`) and runs each group's. The settings they read are
 `core/settings.py`'s `StrategySettings` fields; which combinations cannot run is decided
 from the parts' capabilities (`checks.py`).
 """

@@ -161,6 +161,31 @@ class CachePolicy(Part):
     whole_prediction_refusal: ClassVar[str] = ""
     # the model kinds whose default it is when `cache` is left out (`parts.default_cache`)
     default_for: ClassVar[tuple[str, ...]] = ()
+    # whether its passes use the model's key/value cache (this package's LLaDA/Dream models)
+    uses_cache: ClassVar[bool] = True
+
+    @classmethod
+    def pass_group(cls) -> type[CachePolicy]:
+        """The policy whose pass its rows share (itself; `dual` rows share `prefix`'s): the
+        forward pass (`decoding/caches.py`'s `ForwardPass`) groups a step's rows by it."""
+        return cls
+
+    @classmethod
+    def run_pass(
+        cls,
+        forward: Any,
+        rows: Sequence[Any],
+        members: list[int],
+        starts: Sequence[int],
+        keeps: Sequence[bool],
+        logits: Any,
+    ) -> None:
+        """Run this step's pass (or passes) for the `DecodeRow`s `rows[i]`, i in `members`
+        (batch order), and add their outputs to `logits` (`StepLogits.add`). `forward` is
+        the `ForwardPass` (model, pad id, device, `block_lengths`); `starts[i]`: row i's
+        current block start, `keeps[i]`: whether a later step in that block could reuse
+        what this pass keeps (both empty when no row of the step `uses_cache`)."""
+        raise NotImplementedError(f"cache policy {cls.name} has no pass")
 
 
 class Vote(Part):

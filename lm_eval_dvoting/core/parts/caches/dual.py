@@ -1,11 +1,24 @@
 """`cache=dual`: Fast-dLLM's dual cache: a pass covers the current block only, the prefix's
-and the suffix's keys and values kept (approximate)."""
+and the suffix's keys and values kept (approximate).
 
-from lm_eval_dvoting.core.parts.base import CachePolicy, register
+As `prefix` (whose passes its rows share), and the keys and values after the block are kept
+too; while a row stays in its block it runs over the block alone (for Dream also the token
+before the block, whose output predicts the block's first position). Only the block's
+logits exist then, so the entropy rule's hand-over to the next block waits for the next
+step, which starts that block with a full pass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lm_eval_dvoting.core.decoding.rules import Window
+from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues
+from lm_eval_dvoting.core.parts.base import register
+from lm_eval_dvoting.core.parts.caches.prefix import PrefixCache
 
 
 @register
-class DualCache(CachePolicy):
+class DualCache(PrefixCache):
     name = "dual"
     order = 30
     predicts_beyond_block = False
@@ -14,3 +27,16 @@ class DualCache(CachePolicy):
         "the current block, and the vote needs every step's whole prediction; use cache=none "
         "(the default) or cache=prefix"
     )
+
+    @classmethod
+    def query_end(cls, row: DecodeRow, start: int) -> int:
+        return row.prompt.numel() + start + row.block_length
+
+    @classmethod
+    def window(cls, row: DecodeRow, start: int) -> Window:
+        return (start, start + row.block_length)
+
+    @classmethod
+    def keep_suffix(cls, kept: KeptKeysValues, record: Any, local: int, suffix: slice) -> None:
+        kept.suffix_keys = [k[local, :, suffix].clone() for k in record.new_keys]
+        kept.suffix_values = [v[local, :, suffix].clone() for v in record.new_values]

@@ -1,5 +1,12 @@
 """`cache=none`: every pass covers the whole sequence (exact; the default but for LLaDA2)."""
 
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from lm_eval_dvoting.core.decoding.state import DecodeRow, left_pad
 from lm_eval_dvoting.core.parts.base import BIDIRECTIONAL, BLOCK_CAUSAL, CachePolicy, register
 
 
@@ -9,3 +16,31 @@ class NoCache(CachePolicy):
     order = 10
     models = (BIDIRECTIONAL, BLOCK_CAUSAL)
     default_for = (BIDIRECTIONAL,)
+    uses_cache = False
+
+    @classmethod
+    def run_pass(
+        cls,
+        forward: Any,
+        rows: Sequence[DecodeRow],
+        members: list[int],
+        starts: Sequence[int],
+        keeps: Sequence[bool],
+        logits: Any,
+    ) -> None:
+        """The rows over their whole sequence in one pass, keeping nothing."""
+        ids, attention, positions = left_pad(
+            [torch.cat([rows[i].prompt, rows[i].tokens]) for i in members],
+            forward.pad_id,
+            forward.device,
+        )
+        # Each row's real tokens sit at positions 0..n-1 whatever its padding, so a row's
+        # numbers do not depend on the rows it is batched with.
+        kwargs = {"position_ids": positions} if forward.pass_positions else {}
+        kwargs.update(forward.block_lengths(rows, members))
+        offsets = [ids.shape[1] - rows[i].gen_length - forward.shift for i in members]
+        model = forward.model
+        if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
+            logits.add(members, model.hidden_states(ids, attention, **kwargs), offsets)
+        else:
+            logits.add(members, model(ids, attention, **kwargs), offsets, are_logits=True)
