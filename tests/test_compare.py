@@ -149,8 +149,8 @@ def test_compare_refuses_bad_command_lines_before_loading_the_model(tmp_path):
         run("--strategies", "dvoting,single,dvoting")
     with pytest.raises(
         SystemExit,
-        match="unknown strategies.*single, single-entropy, single-confidence, majority, "
-        "majority-entropy",
+        match="unknown strategies.*single, single-entropy, single-confidence, single-dream, "
+        "majority, majority-entropy",
     ):
         run("--strategies", "hex-entropy")
 

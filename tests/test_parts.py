@@ -219,7 +219,8 @@ def test_a_row_naming_no_registered_rule_is_refused_before_any_pass(toy_folder):
         generate(model, torch.tensor([[5, 6]]), gen_length=8, block_length=4, rule="leftmots")
     assert str(refused.value) == (
         "no commit rule decodes this row (rule='leftmots'): name one of ('fixed', 'entropy', "
-        "'confidence', 'threshold', 'quality', 'speed', 'leftmost') with the settings it reads, "
+        "'confidence', 'dream', 'threshold', 'quality', 'speed', 'leftmost') with the settings it "
+        "reads, "
         "or give steps, alpha or threshold"
     )
     assert model.calls == []
@@ -241,7 +242,7 @@ def test_the_decoder_and_the_parts_import_in_any_order(first):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(
-        ("fixed", "entropy", "confidence", "threshold", "quality", "speed")
+        ("fixed", "entropy", "confidence", "dream", "threshold", "quality", "speed")
     )
 
 

@@ -704,32 +704,37 @@ def test_settings_report_the_decoder_and_no_schedule():
         (
             "hex",
             "entropy",
-            "decoder=entropy does not apply to strategy=hex: HEX is defined by its fixed "
-            "schedules over block sizes L/32..L/2; leave decoder out for hex",
+            "decoder=entropy does not apply to strategy=hex: HEX is defined by its schedules "
+            "of `steps` over block sizes L/32..L/2 (LLaDA's fixed schedule, or decoder=dream "
+            "for Dream's); leave decoder out for hex",
         ),
         (
             "hex",
             "confidence",
-            "decoder=confidence does not apply to strategy=hex: HEX is defined by its fixed "
-            "schedules over block sizes L/32..L/2; leave decoder out for hex",
+            "decoder=confidence does not apply to strategy=hex: HEX is defined by its schedules "
+            "of `steps` over block sizes L/32..L/2 (LLaDA's fixed schedule, or decoder=dream "
+            "for Dream's); leave decoder out for hex",
         ),
         (
             "dvoting",
             "fixed",
             "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its "
-            "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave "
-            "decoder out for dvoting, or compare with strategy=majority,decoder=entropy",
+            "entropy threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule, or with "
+            "decoder=dream, Dream's own algorithms; leave decoder out for dvoting, or compare "
+            "with strategy=majority,decoder=entropy",
         ),
         (
             "single",
             "greedy",
-            "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
+            "decoder must be one of ('fixed', 'entropy', 'confidence', 'dream') (or left out for "
+            "the "
             "strategy's own), got 'greedy'",
         ),
         (
             "majority",
             "",
-            "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
+            "decoder must be one of ('fixed', 'entropy', 'confidence', 'dream') (or left out for "
+            "the "
             "strategy's own), got ''",
         ),
     ],

@@ -135,7 +135,9 @@ def _strategy_part(lm: LLaDAEvalModel, **settings) -> tuple[dict, dict]:
     return {key: value for key, value in identity.items() if key in old}, old
 
 
-NEVER_READ_BY_LLADA = {"editing_threshold", "max_post_steps"}  # LLaDA2.1's editing
+DREAM_ONLY = {"alg", "alg_temp", "eps"}  # Dream's algorithm settings (decoder=dream only)
+# LLaDA2.1's editing, and Dream's algorithm settings
+NEVER_READ_BY_LLADA = {"editing_threshold", "max_post_steps", *DREAM_ONLY}
 TEMPORAL = {"temporal_weight", "temporal_alpha"}
 NOT_READ = {  # per strategy (LLaDA's family, its default decoder and vote), what is left out
     "single": {"n", "alpha", "tau", "hex_samples", "threshold", "guidance"} | TEMPORAL,
@@ -174,9 +176,12 @@ def test_the_decoder_decides_which_rule_settings_are_kept(lm, decoder, reads, no
     [
         (
             "threshold",
-            {"editing_threshold", "max_post_steps"},
+            {"editing_threshold", "max_post_steps", *DREAM_ONLY},
         ),  # LLaDA2.0: threshold, steps per block
-        ("quality", {"steps"}),  # LLaDA2.1: threshold, editing threshold and post-fill steps
+        (
+            "quality",
+            {"steps", *DREAM_ONLY},
+        ),  # LLaDA2.1: threshold, editing threshold and post-fill steps
     ],
 )
 def test_block_diffusion_keeps_its_rules_settings(lm, block_decoding, left_out):

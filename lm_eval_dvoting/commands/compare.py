@@ -24,7 +24,10 @@ dvoting - majority-entropy is what remasking with the early stop adds; `--seeds 
 repeats every sampled row with K sampling seeds and gives that difference a paired
 bootstrap interval over the problems. `single-confidence` is one greedy sample with
 Fast-dLLM's confidence-threshold decoder (`threshold`: the model arg's, else 0.9), the
-other parallel decoder to set dVoting's against.
+other parallel decoder to set dVoting's against. `single-dream` (run only when named) is
+one sample with Dream's own `diffusion_generate` algorithm at Dream-v0-Instruct-7B's model
+card's setting (`DREAM_CARD`: alg=entropy, alg_temp=0, temperature 0.2, top_p 0.95; steps
+the model args', else the answer length), Dream's own baseline next to the others.
 
 `--sweep NAME=V1,V2,...` runs every chosen row at every value of one strategy setting
 (`SWEEP_TYPES`) on the same loaded model, and prints one table per row (value,
@@ -62,6 +65,7 @@ ROWS = (
     "single",
     "single-entropy",
     "single-confidence",
+    "single-dream",
     "majority",
     "majority-entropy",
     "hex",
@@ -69,8 +73,12 @@ ROWS = (
     "temporal",
     "rfg",
 )
-# `rfg` needs a reference (model arg `reference` or `peft`), so it runs only when asked for
-DEFAULT_ROWS = tuple(row for row in ROWS if row != "rfg")
+# `rfg` needs a reference (model arg `reference` or `peft`), and `single-dream` is Dream's own
+# decoding (any bidirectional model decodes with it), so they run only when asked for
+DEFAULT_ROWS = tuple(row for row in ROWS if row not in ("rfg", "single-dream"))
+# `single-dream`: one sample with Dream's own algorithm at Dream-v0-Instruct-7B's model card's
+# setting (steps: the model args', else the answer length, the card's)
+DREAM_CARD = dict(decoder="dream", alg="entropy", alg_temp=0.0, temperature=0.2, top_p=0.95)
 # The paired comparison: dVoting against the row that has its decoder, temperature and
 # n samples but neither remasking nor the early stop.
 PAIRED = ("dvoting", "majority-entropy")
@@ -660,6 +668,8 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
     overrides: dict[str, Any] = {"decoder": base.decoder, "temperature": base.temperature}
     if not variant:
         return strategy, overrides
+    if variant == "dream":
+        return strategy, {**overrides, **DREAM_CARD}
     overrides["decoder"] = variant  # "entropy" or "confidence" (its threshold is `base`'s)
     if strategy == "majority":
         # dVoting's temperature (the model arg's, else dVoting's default): majority-entropy then

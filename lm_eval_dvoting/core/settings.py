@@ -21,7 +21,8 @@ from dataclasses import InitVar, asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from lm_eval_dvoting.core import parts
-from lm_eval_dvoting.core.decoding.state import REMASKING_RULES, BlockDecoding
+from lm_eval_dvoting.core.decoding.sampling import DREAM_ALGS
+from lm_eval_dvoting.core.decoding.state import REMASKING_RULES, BlockDecoding, DreamDecoding
 from lm_eval_dvoting.core.decoding.state import default_block_length as decoder_block_length
 from lm_eval_dvoting.core.parts.checks import combination_problem
 from lm_eval_dvoting.core.parts.rules.confidence import DEFAULT_THRESHOLD as CONFIDENCE_THRESHOLD
@@ -201,6 +202,26 @@ def _check_block_decoding(s: StrategySettings) -> None:
         )
 
 
+def _check_alg(s: StrategySettings) -> None:
+    if s.alg not in DREAM_ALGS:
+        raise ValueError(
+            f"alg must be one of {DREAM_ALGS} (Dream's algorithms, decoder=dream), got "
+            f"{s.alg!r}: e.g. alg=entropy (Dream's model card, the default)"
+        )
+
+
+def _check_top_p(s: StrategySettings) -> None:
+    if s.top_p is not None:
+        require_real(
+            "top_p", s.top_p, "in (0, 1]", lambda p: 0 < p <= 1, "e.g. 0.95 (Dream's model card)"
+        )
+
+
+def _check_top_k(s: StrategySettings) -> None:
+    if s.top_k is not None:
+        require_whole("top_k", s.top_k, 1, "leave it out (no top-k filter) or give e.g. 50")
+
+
 def _real_check(name: str, allowed: str, ok: Callable[[float], bool], todo: str, **kw: Any) -> Any:
     """The check of a real-valued setting `name` (its field, with `require_real`)."""
     field_name = name.split(" ")[0]
@@ -299,6 +320,26 @@ class StrategySettings:
             "e.g. guidance=1.0 (the default); 0 decodes the policy alone",
         ),
     )
+    # decoder=dream: Dream's `alg` (what orders the masked positions), `alg_temp` (0: the most
+    # confident commit; > 0: drawn from softmax(confidence / alg_temp)) and `eps` (timesteps
+    # linspace(1, eps, steps + 1)); defaults: Dream-v0-Instruct-7B's model card and its
+    # generation config
+    alg: str = setting("entropy", "text", check=_check_alg)
+    alg_temp: float = setting(
+        0.0,
+        "real",
+        check=_real_check(
+            "alg_temp", ">= 0", lambda a: a >= 0, "e.g. alg_temp=0 (Dream's model card)"
+        ),
+    )
+    eps: float = setting(
+        1e-3,
+        "real",
+        check=_real_check("eps", "in (0, 1)", lambda e: 0 < e < 1, "e.g. eps=1e-3 (Dream's)"),
+    )
+    # the sampling filters of every rule (decoding/sampling.py; Dream's semantics): None is off
+    top_p: float | None = setting(None, "real", check=_check_top_p)
+    top_k: int | None = setting(None, "whole", check=_check_top_k)
     # block diffusion's rule (LLaDA2 models; None for LLaDA and Dream), set by the model name
     # (and LLaDA2.1's model arg `editing`), so not a model arg of its own
     block_decoding: str | None = setting(None, None, check=_check_block_decoding, every_decode=True)
@@ -340,6 +381,12 @@ class StrategySettings:
     @property
     def rule_part(self) -> type[parts.CommitRule]:
         return parts.commit_rule(self.resolved_decoder)
+
+    def _known_rule(self) -> type[parts.CommitRule] | None:
+        """The commit rule, or None while an unknown `decoder` awaits its own check (the
+        block length is checked before it, in field order)."""
+        known = self.resolved_decoder in parts.names("rule")
+        return self.rule_part if known else None
 
     @property
     def vote_part(self) -> type[parts.Vote]:
@@ -402,6 +449,10 @@ class StrategySettings:
 
     # ------------------------------------------------------------- resolved values
 
+    def dream_settings(self) -> DreamDecoding:
+        """Dream's algorithm settings (`decoder=dream`, parts/rules/dream.py)."""
+        return DreamDecoding(alg=self.alg, alg_temp=self.alg_temp, eps=self.eps)
+
     def block_settings(self) -> BlockDecoding:
         """Block diffusion's rule settings (`decoding/blocks.py`)."""
         threshold, editing = block_decodings()[self.block_decoding]
@@ -454,8 +505,10 @@ class StrategySettings:
     def resolved_block_length(self) -> int:
         if self.block_length is not None:
             return self.block_length
-        if self.block_decoding is not None:
-            return self.rule_part.block_length
+        rule = self._known_rule()
+        rule_own = None if rule is None else rule.default_block_length(self.gen_length)
+        if rule_own is not None:  # LLaDA2's 32; Dream's whole answer
+            return rule_own
         own = self.strategy_part.default_block_length(self.gen_length)
         return own if own is not None else decoder_block_length(self.gen_length)
 
@@ -471,8 +524,10 @@ class StrategySettings:
         length)."""
         if self.steps is not None:
             return self.steps
-        if self.block_decoding is not None:
-            return self.rule_part.default_steps
+        rule = self._known_rule()
+        rule_own = None if rule is None else rule.default_steps_for(self.gen_length)
+        if rule_own is not None:  # LLaDA2's 32 per block; Dream's answer length
+            return rule_own
         return self.gen_length if self.strategy_part.full_steps else self.gen_length // 2
 
     @property
@@ -480,7 +535,7 @@ class StrategySettings:
         """The denoising steps a fixed-schedule sample really takes (`steps` rounded up to a
         multiple of the block count); for hex one value per block size (L/32 .. L/2); None
         for the other rules (dVoting's entropy rule follows no schedule and ignores `steps`)."""
-        if self.resolved_decoder != "fixed" or self.block_decoding is not None:
+        if not self.rule_part.runs_steps:
             return None
         return self.strategy_part.steps_run(self)
 

@@ -49,8 +49,10 @@ from lm_eval_dvoting.core.decoding.rows import RowDecoder, generate
 from lm_eval_dvoting.core.decoding.state import (
     CACHE_POLICIES,
     REMASKING_RULES,
+    BlockDecoding,
     DecodeResult,
     DecodeRow,
+    DreamDecoding,
     check_prompt_batch,
     default_block_length,
     validate_row_settings,
@@ -59,8 +61,10 @@ from lm_eval_dvoting.core.decoding.state import (
 __all__ = [
     "CACHE_POLICIES",
     "REMASKING_RULES",
+    "BlockDecoding",
     "DecodeResult",
     "DecodeRow",
+    "DreamDecoding",
     "RowDecoder",
     "check_prompt_batch",
     "default_block_length",

@@ -54,6 +54,7 @@ from typing import Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.rules import RowWork, ScheduledWork
+from lm_eval_dvoting.core.decoding.sampling import filtered
 from lm_eval_dvoting.core.decoding.state import (
     LLADA2_STEPS,
     BlockDecoding,
@@ -148,7 +149,7 @@ class BlockThreshold:
         self, logits: torch.Tensor, row: DecodeRow
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each position's candidate and its confidence (its probability at the row's
-        temperature)."""
+        temperature, under the top-k/top-p filters when given)."""
         logits64 = suppress_mask(logits, self.mask_id)
         if row.temperature == 0:
             chosen = logits64.argmax(-1)
@@ -157,8 +158,10 @@ class BlockThreshold:
             noise = torch.rand(
                 logits64.shape, dtype=torch.float64, device=logits64.device, generator=row.generator
             )
-            chosen = (logits64 / row.temperature - torch.log(-torch.log(noise))).argmax(-1)
-            probs = torch.softmax(logits64 / row.temperature, dim=-1)
+            # LLaDA2's upstream sampler: top-k, then top-p, on the tempered logits
+            scaled = filtered(logits64 / row.temperature, row.top_p, row.top_k, top_k_first=True)
+            chosen = (scaled - torch.log(-torch.log(noise))).argmax(-1)
+            probs = torch.softmax(scaled, dim=-1)
         return chosen, probs.gather(-1, chosen[:, None]).squeeze(-1)
 
     @staticmethod

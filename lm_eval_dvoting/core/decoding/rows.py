@@ -30,8 +30,10 @@ from lm_eval_dvoting.core.decoding.state import (
     BlockDecoding,
     DecodeResult,
     DecodeRow,
+    DreamDecoding,
     argmax_without,
     check_prompt_batch,
+    validate_row,
     validate_row_settings,
 )
 
@@ -91,18 +93,7 @@ class RowDecoder:
 
     def add(self, row: DecodeRow) -> None:
         """Check the row, move it to the model's device, and queue it if it has masks."""
-        validate_row_settings(
-            row.gen_length,
-            row.block_length,
-            row.steps,
-            row.alpha,
-            row.temperature,
-            row.remasking,
-            row.cache,
-            row.threshold,
-            row.block,
-            row.rule,
-        )
+        validate_row(row)
         self._check_family(row)
         self.forward.check(row)
         if self.forward.shift and row.prompt.numel() == 0:
@@ -122,6 +113,7 @@ class RowDecoder:
         row.prompt = row.prompt.to(self.device)
         row.tokens = row.tokens.to(self.device).clone()
         row.progress.block, row.progress.step_in_block, row.progress.counts = 0, 0, []
+        row.progress.block_steps = 0
         if row.block is not None:
             align(row, self.mask_id)
         self._choose_rule(row)
@@ -227,11 +219,16 @@ class RowDecoder:
         if not any(cache_policy(row.cache).uses_cache for row in self.active):
             return [], []
         starts = [self.rule(row).block_start(row) for row in self.active]
-        keeps = [
-            row.steps is None or row.progress.step_in_block + 1 < row.steps_per_block
-            for row in self.active
-        ]
-        return starts, keeps
+        return starts, [self._keeps(row) for row in self.active]
+
+    def _keeps(self, row: DecodeRow) -> bool:
+        """Whether a later step in the row's current block could reuse this step's pass:
+        the rule's say (`more_steps_in_block`) where it has one; else, a fixed schedule
+        knows its steps, and the threshold rules may always go on."""
+        rule = self.rule(row)
+        if hasattr(rule, "more_steps_in_block"):
+            return bool(rule.more_steps_in_block(row))
+        return row.steps is None or row.progress.step_in_block + 1 < row.steps_per_block
 
     def _commit(self, works: list[RowWork]) -> list[RowWork]:
         """Each rule commits for all its rows at once; returns the rows that go on."""
@@ -307,20 +304,25 @@ def generate(
     prefix_cache: bool = False,
     block: BlockDecoding | None = None,
     rule: str | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    dream: DreamDecoding | None = None,
 ) -> DecodeResult:
     """Decode `gen_length` tokens after each (left-padded) prompt row of `input_ids`, with
-    `steps` (LLaDA's fixed schedule), `alpha` (dVoting's entropy threshold), `threshold`
-    (Fast-dLLM's confidence threshold) or, for a block-causal model (LLaDA2), `block`
-    (default `BlockDecoding()`), or the registered commit rule `rule` names
-    (`core/parts/rules/`); the other arguments as the module docstring says."""
+    `steps` (LLaDA's fixed schedule; with `dream`, Dream's own algorithms), `alpha`
+    (dVoting's entropy threshold), `threshold` (Fast-dLLM's confidence threshold), `block`
+    (a block-causal model, LLaDA2; default `BlockDecoding()`) or the registered rule `rule`
+    names (`core/parts/rules/`); `top_p`/`top_k` filter every rule's sampling
+    (decoding/sampling.py); the other arguments as the module docstring says."""
     no_rule = all(setting is None for setting in (block, steps, alpha, threshold, rule))
     if getattr(model, "block_causal", False) and no_rule:
         block = BlockDecoding()
     default = "block" if block is not None else "none"  # the exact cache of the row's kind
     cache = _cache_setting(default if cache is None else cache, prefix_cache)
+    rule = "dream" if dream is not None and rule is None else rule  # parts/rules/dream.py
     chosen = dict(steps=steps, alpha=alpha, threshold=threshold, block=block, rule=rule)
     settings = dict(block_length=block_length, temperature=temperature, remasking=remasking)
-    settings.update(chosen, cache=cache)
+    settings.update(chosen, cache=cache, top_p=top_p, top_k=top_k, dream=dream)
     validate_row_settings(gen_length, **settings)
     rows = _prompt_rows(model, input_ids, attention_mask, init_tokens, generator, gen_length)
     return _decode_all(RowDecoder(model), [DecodeRow(**row, **settings) for row in rows])

@@ -14,6 +14,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from lm_eval_dvoting.core.decoding.sampling import DREAM_ALGS, removed_by_filters
+
 REMASKING_RULES = ("low_confidence", "random")
 # What the forward pass of a step covers (caches.py): the whole sequence; the current
 # block and everything after it, with the prefix's keys and values kept (Fast-dLLM's
@@ -45,6 +47,7 @@ class ScheduleProgress:
     step_in_block: int = 0
     counts: list[int] = field(default_factory=list)
     post: int = 0  # block diffusion with editing: post-fill steps taken in the block
+    block_steps: int = 0  # Dream's rule: the current block's steps (0: not started)
 
 
 LLADA2_STEPS = (
@@ -101,6 +104,40 @@ class BlockDecoding:
                 f"max_post_steps must be a whole number >= 0, got {self.max_post_steps!r}: e.g. 16 "
                 "(LLaDA2.1's default)"
             )
+
+
+@dataclass(frozen=True)
+class DreamDecoding:
+    """Dream's `diffusion_generate` settings for `decoder=dream` (core/parts/rules/dream.py):
+    `alg` (origin, maskgit_plus, topk_margin or entropy: what orders the masked positions),
+    `alg_temp` (0 or None: the most confident commit; > 0: positions drawn from
+    softmax(confidence / alg_temp)) and `eps` (the timesteps run from 1 to eps). The
+    defaults are Dream-v0-Instruct-7B's model card's (alg="entropy", alg_temp=0) and its
+    generation config's eps."""
+
+    alg: str = "entropy"
+    alg_temp: float | None = 0.0
+    eps: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if self.alg not in DREAM_ALGS:
+            raise ValueError(
+                f"alg must be one of {DREAM_ALGS}, got {self.alg!r}: e.g. alg=entropy (Dream's "
+                "model card)"
+            )
+        if self.alg_temp is not None and not _real_at_least(self.alg_temp, 0):
+            raise ValueError(
+                f"alg_temp must be a finite number >= 0, got {self.alg_temp!r}: 0 commits the "
+                "most confident positions (Dream's model card)"
+            )
+        if not (_real_at_least(self.eps, 0) and 0 < self.eps < 1):
+            raise ValueError(f"eps must be in (0, 1), got {self.eps!r}: e.g. 1e-3 (Dream's)")
+
+
+def _real_at_least(value: Any, lowest: float) -> bool:
+    """A finite real number (not a bool) >= `lowest`."""
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return real and math.isfinite(value) and value >= lowest
 
 
 @dataclass(eq=False)
@@ -161,6 +198,10 @@ class DecodeRow:
     # the registered commit rule (`core/parts/rules/`) that decodes the row, by name; None:
     # the one its setting selects (block, steps, alpha or threshold)
     rule: str | None = None
+    # the sampling filters (decoding/sampling.py), for every rule: None is off
+    top_p: float | None = None
+    top_k: int | None = None
+    dream: DreamDecoding | None = None  # Dream's algorithms (`rule="dream"`)
 
     @property
     def gen_length(self) -> int:
@@ -191,12 +232,16 @@ def validate_row_settings(
     threshold: float | None = None,
     block: BlockDecoding | None = None,
     rule: str | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    dream: DreamDecoding | None = None,
 ) -> None:
     """Raise a ValueError naming the setting that cannot work, and what would. A row that
     names its commit rule (`rule`) need not give steps, alpha or threshold: whether the
     rule exists and decodes it is the row batch's to check (`RowDecoder.add`)."""
     if gen_length <= 0:
         raise ValueError(f"gen_length must be positive, got {gen_length}")
+    _validate_sampling(top_p, top_k, dream, steps, block)
     if block is not None:
         _validate_block_row(block_length, steps, alpha, threshold, temperature, cache)
         return
@@ -254,6 +299,51 @@ def _validate_rule(
         raise ValueError(
             f"alpha must be >= 0, got {alpha}: e.g. 0.3 (inf commits every masked position at once)"
         )
+
+
+def validate_row(row: DecodeRow) -> None:
+    """`validate_row_settings` of a row's own settings."""
+    validate_row_settings(
+        row.gen_length,
+        row.block_length,
+        row.steps,
+        row.alpha,
+        row.temperature,
+        row.remasking,
+        row.cache,
+        row.threshold,
+        row.block,
+        row.rule,
+        top_p=row.top_p,
+        top_k=row.top_k,
+        dream=row.dream,
+    )
+
+
+def _validate_sampling(
+    top_p: float | None,
+    top_k: int | None,
+    dream: DreamDecoding | None,
+    steps: int | None,
+    block: BlockDecoding | None,
+) -> None:
+    """The filters' ranges, and Dream's algorithms with the `steps` they run."""
+    if dream is not None and (steps is None or block is not None):
+        raise ValueError(
+            "Dream's algorithms (dream=DreamDecoding(...)) run a schedule of `steps`: give "
+            "steps (e.g. the answer length, Dream's model card), not block, alpha or threshold"
+        )
+    _validate_filters(top_p, top_k)
+
+
+def _validate_filters(top_p: float | None, top_k: int | None) -> None:
+    """Top-p in (0, 1] and top-k a whole number >= 1, or None (off)."""
+    if top_p is not None and not (_real_at_least(top_p, 0) and 0 < top_p <= 1):
+        raise ValueError(
+            f"top_p must be in (0, 1] or left out, got {top_p!r}: e.g. 0.95 (Dream's model card)"
+        )
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a whole number >= 1 or left out, got {top_k!r}")
 
 
 def _validate_temperature(temperature: float) -> None:
@@ -347,8 +437,11 @@ def candidates(
     temperature: float,
     generator: torch.Generator | None,
     block_masked: torch.Tensor | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
 ) -> torch.Tensor:
-    """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise.
+    """Argmax at temperature 0; LLaDA's float64 Gumbel-max sampling otherwise, from the
+    tokens top-p/top-k keep at that temperature (decoding/sampling.py; None: all).
 
     `logits64` may hold only the masked positions of a block (`block_masked`, a
     boolean over the whole block): the noise is still drawn for the whole block, so
@@ -356,10 +449,26 @@ def candidates(
     """
     if temperature == 0:
         return logits64.argmax(-1)
+    removed = removed_by_filters(logits64, temperature, top_p, top_k)
+    if removed is not None:
+        logits64 = logits64.masked_fill(removed, float("-inf"))
+    return gumbel_noised(logits64, temperature, uniform_noise(logits64, generator, block_masked))
+
+
+def uniform_noise(
+    logits64: torch.Tensor, generator: torch.Generator | None, block_masked: torch.Tensor | None
+) -> torch.Tensor:
+    """Float64 uniform noise of the logits' shape, drawn for the whole block when
+    `block_masked` says which of its positions the logits hold."""
     shape = logits64.shape if block_masked is None else (block_masked.numel(), logits64.shape[-1])
     noise = torch.rand(shape, dtype=torch.float64, device=logits64.device, generator=generator)
     if shape[0] != logits64.shape[0]:  # some block positions are not masked
         noise = noise[block_masked]
+    return noise
+
+
+def gumbel_noised(logits64: torch.Tensor, temperature: float, noise: torch.Tensor) -> torch.Tensor:
+    """LLaDA's Gumbel-max: argmax(exp(logits) / (-log u)^T)."""
     gumbel = (-torch.log(noise)) ** temperature
     return (logits64.exp() / gumbel).argmax(-1)
 

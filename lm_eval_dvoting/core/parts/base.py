@@ -114,6 +114,18 @@ class CommitRule(Part):
     # its own defaults of the block length and of `steps` (None: the strategy's)
     block_length: ClassVar[int | None] = None
     default_steps: ClassVar[int | None] = None
+    # whether it runs a schedule of `steps` per sample (rounded up per block: `steps_run`)
+    runs_steps: ClassVar[bool] = False
+
+    @classmethod
+    def default_block_length(cls, gen_length: int) -> int | None:
+        """Its own default block length for this answer length (None: the strategy's)."""
+        return cls.block_length
+
+    @classmethod
+    def default_steps_for(cls, gen_length: int) -> int | None:
+        """Its own default `steps` for this answer length (None: the strategy's)."""
+        return cls.default_steps
 
     @classmethod
     def label(cls) -> str:

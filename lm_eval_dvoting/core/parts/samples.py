@@ -10,7 +10,7 @@ from typing import Any, Callable, Generator, Sequence
 import torch
 
 from lm_eval_dvoting.core.answers import tally
-from lm_eval_dvoting.core.decoding.state import BlockDecoding
+from lm_eval_dvoting.core.decoding.state import BlockDecoding, DreamDecoding
 
 SameAnswer = Callable[[Any, Any], bool]
 
@@ -29,6 +29,7 @@ class SampleSpec:
     # block diffusion's rule (LLaDA2), instead of the three above
     block: BlockDecoding | None = None
     rule: str | None = None  # a commit rule chosen by name (`DecodeRow.rule`)
+    dream: DreamDecoding | None = None  # Dream's algorithm settings (rule "dream")
 
 
 # a question's plan: yields the next draw (samples that do not depend on each other, so

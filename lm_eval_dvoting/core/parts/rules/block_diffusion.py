@@ -57,7 +57,7 @@ class BlockRule(CommitRule):
 class Threshold(BlockRule):
     name = "threshold"
     order = 40
-    reads = ("threshold", "steps")  # LLaDA2.0 (steps per block)
+    reads = ("threshold", "steps", "top_p", "top_k")  # LLaDA2.0 (steps per block)
     block_preset = (0.95, None)
     refused_when_given = _EDITING_ONLY
 
@@ -66,7 +66,7 @@ class Threshold(BlockRule):
 class Quality(BlockRule):
     name = "quality"
     order = 50
-    reads = ("threshold", "editing_threshold", "max_post_steps")
+    reads = ("threshold", "editing_threshold", "max_post_steps", "top_p", "top_k")
     block_preset = (0.7, 0.5)
     refused_when_given = _NO_STEPS
 
@@ -75,6 +75,6 @@ class Quality(BlockRule):
 class Speed(BlockRule):
     name = "speed"
     order = 60
-    reads = ("threshold", "editing_threshold", "max_post_steps")
+    reads = ("threshold", "editing_threshold", "max_post_steps", "top_p", "top_k")
     block_preset = (0.5, 0.0)
     refused_when_given = _NO_STEPS

@@ -53,7 +53,9 @@ class ConfidenceThreshold:
         for work in works:
             row, masked = work.row, work.masked
             logits64 = suppress_mask(work.logits, self.mask_id)
-            chosen = candidates(logits64, row.temperature, row.generator, masked)
+            chosen = candidates(
+                logits64, row.temperature, row.generator, masked, row.top_p, row.top_k
+            )
             probability = torch.softmax(logits64, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
             commit = probability >= row.threshold
             commit[int(probability.argmax())] = True  # the first maximum: leftmost on ties
@@ -66,7 +68,7 @@ class ConfidenceThreshold:
 class Confidence(CommitRule):
     name = "confidence"
     order = 30
-    reads = ("threshold",)
+    reads = ("threshold", "top_p", "top_k")
 
     @classmethod
     def row_settings(cls, settings: Any) -> dict[str, Any]:

@@ -19,9 +19,11 @@ from lm_eval_dvoting.core.decoding.rules import (
     first_masked_block_start,
     inside_window,
 )
+from lm_eval_dvoting.core.decoding.sampling import removed_by_filters
 from lm_eval_dvoting.core.decoding.state import (
     DecodeRow,
     entropy,
+    gumbel_noised,
     masked_block,
     suppress_mask,
 )
@@ -158,23 +160,29 @@ def committed_candidates(
     entropy rule decides what commits before any candidate is drawn, so noise at
     positions that do not commit would never be used: not drawing it saves the
     decoder's largest float64 cost and leaves every committed token's distribution
-    as it is.) Rows of one temperature share the arithmetic.
+    as it is.) At T > 0 the draw is from the tokens top-p/top-k keep (decoding/sampling.py).
     """
     flat = [begin + k for begin, commit in zip(_begins(sizes), commits) for k in commit]
     if not flat:
         return [[] for _ in commits]
     picked = logits64[torch.tensor(flat, device=logits64.device)]
     chosen = picked.argmax(-1)
-    by_temperature: dict[float, list[tuple[int, int, DecodeRow]]] = {}
+    # rows of one temperature and filters share the arithmetic
+    by_temperature: dict[tuple[float, Any, Any], list[tuple[int, int, DecodeRow]]] = {}
     offset = 0
     for row, commit in zip(rows, commits):
         if commit and row.temperature > 0:
-            by_temperature.setdefault(row.temperature, []).append((offset, len(commit), row))
+            key = (row.temperature, row.top_p, row.top_k)
+            by_temperature.setdefault(key, []).append((offset, len(commit), row))
         offset += len(commit)
-    for temperature, members in by_temperature.items():
+    for (temperature, top_p, top_k), members in by_temperature.items():
         indices = torch.cat([torch.arange(o, o + n, device=logits64.device) for o, n, _ in members])
         noise = _uniform_noise([(n, row) for _, n, row in members], picked.shape[-1], picked.device)
-        chosen[indices] = (picked[indices].exp() / (-torch.log(noise)) ** temperature).argmax(-1)
+        sampled = picked[indices]
+        removed = removed_by_filters(sampled, temperature, top_p, top_k)
+        if removed is not None:
+            sampled = sampled.masked_fill(removed, float("-inf"))
+        chosen[indices] = gumbel_noised(sampled, temperature, noise)
     values = chosen.tolist()
     return [values[b : b + len(c)] for b, c in zip(_begins([len(c) for c in commits]), commits)]
 
@@ -196,7 +204,7 @@ def _uniform_noise(
 class Entropy(CommitRule):
     name = "entropy"
     order = 20
-    reads = ("alpha",)
+    reads = ("alpha", "top_p", "top_k")
 
     @classmethod
     def row_settings(cls, settings: Any) -> dict[str, Any]:

@@ -65,7 +65,9 @@ class FixedSchedule:
         row, masked = work.row, work.masked
         block = row.tokens[work.start : work.start + row.block_length]
         chosen = torch.zeros_like(block)
-        chosen[masked] = candidates(logits64, row.temperature, row.generator, masked)
+        chosen[masked] = candidates(
+            logits64, row.temperature, row.generator, masked, row.top_p, row.top_k
+        )
         confidence = torch.full(
             block.shape, float("-inf"), dtype=torch.float64, device=block.device
         )
@@ -85,7 +87,8 @@ class FixedSchedule:
 class Fixed(CommitRule):
     name = "fixed"
     order = 10
-    reads = ("steps", "remasking")
+    reads = ("steps", "remasking", "top_p", "top_k")
+    runs_steps = True
 
     @classmethod
     def row_settings(cls, settings: Any) -> dict[str, Any]:
@@ -93,7 +96,7 @@ class Fixed(CommitRule):
 
     @classmethod
     def selects(cls, row: Any) -> bool:
-        return row.block is None and row.steps is not None
+        return row.block is None and row.steps is not None and row.dream is None
 
     @classmethod
     def worker(cls, mask_id: int, end_ids: Sequence[int]) -> FixedSchedule:

@@ -27,11 +27,12 @@ class DVoting(Strategy):
     models = (BIDIRECTIONAL, BLOCK_CAUSAL)
     default_rule = "entropy"
     temperature = 0.6
-    rules = ("entropy", "confidence")
+    rules = ("entropy", "confidence", "dream")
     rule_refusal = (
         "decoder={rule} does not apply to strategy=dvoting: dVoting decodes with its entropy "
-        "threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave decoder out for "
-        "dvoting, or compare with strategy=majority,decoder=entropy"
+        "threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule, or with decoder=dream, "
+        "Dream's own algorithms; leave decoder out for dvoting, or compare with "
+        "strategy=majority,decoder=entropy"
     )
     shares_block_cache = True
 

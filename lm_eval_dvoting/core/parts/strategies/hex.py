@@ -17,10 +17,11 @@ class Hex(Strategy):
     order = 30
     reads = ("hex_samples",)  # its own block lengths, L/32 .. L/2: no block_length
     models = (BIDIRECTIONAL, BLOCK_CAUSAL)
-    rules = ("fixed",)
+    rules = ("fixed", "dream")
     rule_refusal = (
-        "decoder={rule} does not apply to strategy=hex: HEX is defined by its fixed schedules "
-        "over block sizes L/32..L/2; leave decoder out for hex"
+        "decoder={rule} does not apply to strategy=hex: HEX is defined by its schedules of "
+        "`steps` over block sizes L/32..L/2 (LLaDA's fixed schedule, or decoder=dream for "
+        "Dream's); leave decoder out for hex"
     )
 
     @classmethod

@@ -1,0 +1,214 @@
+"""`decoder=dream`: Dream's own `diffusion_generate` algorithms (`alg`: origin, maskgit_plus,
+topk_margin, entropy), with its timestep schedule and its top-p/top-k sampling, as
+Dream-v0-Instruct-7B's generation_utils.py decodes.
+
+Per step of a block that has `S` steps (the whole answer is one block unless `block_length`
+is given; then each block runs Dream's schedule with `steps / num_blocks` steps), with
+`t, s = linspace(1, eps, S + 1)[i, i + 1]` (float32, as the file) and the block's `n` masked
+positions:
+
+* logits (float64, the mask token's at -inf, ALGORITHM.md 1.1) divided by the temperature
+  when it is above 0, then top-p and top-k (decoding/sampling.py), softmax: `probs`;
+* maskgit_plus / topk_margin / entropy: each masked position's candidate is the argmax of
+  `probs` (temperature 0) or a draw from it (temperature > 0: Gumbel-max on the filtered,
+  tempered logits, noise drawn for the whole block from the row's generator); its confidence
+  is the candidate's probability, top-1 minus top-2 probability, or sum(p log(p + 1e-10)).
+  `int(n * (1 - s / t))` positions commit (all that are left at the block's last step): the
+  most confident (`alg_temp` 0 or None; ties to the leftmost), or drawn without replacement
+  from softmax(confidence / alg_temp);
+* origin: each masked position commits with probability `1 - s / t` (1 at the last step),
+  its token drawn as above at the positions that commit only.
+
+Where we differ from the file, on purpose:
+* the commit count is the row's own: the file averages the masked count over the batch, so
+  its counts depend on the other rows; ours equal the file's at batch size 1;
+* a block that starts partly unmasked (dVoting's remask samples, or `init_tokens`) runs
+  `ceil(S * n / block_length)` steps (at least 1), and a block without masks none: the file
+  would spend all `S` steps on few masks, which would void dVoting's savings;
+* the random streams are the row's generator's (documented above), not the global RNG.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from lm_eval_dvoting.core.decoding.rules import (
+    RowWork,
+    ScheduledWork,
+    Window,
+    first_masked_block_start,
+)
+from lm_eval_dvoting.core.decoding.sampling import filtered, gumbel_argmax, tempered
+from lm_eval_dvoting.core.decoding.state import (
+    DecodeRow,
+    DreamDecoding,
+    suppress_mask,
+    uniform_noise,
+)
+from lm_eval_dvoting.core.parts.base import CommitRule, register
+
+
+class DreamSchedule:
+    """Dream's `_sample` step for each row, on the row's current block."""
+
+    def __init__(self, mask_id: int) -> None:
+        self.mask_id = mask_id
+
+    def block_start(self, row: DecodeRow) -> int:
+        return first_masked_block_start(row, self.mask_id)
+
+    def is_done(self, row: DecodeRow) -> bool:
+        return False  # done when no mask is left, which the row batch checks
+
+    def more_steps_in_block(self, row: DecodeRow) -> bool:
+        """Whether the block has a step after this one (a cache kept now may be reused)."""
+        progress = row.progress
+        return progress.block_steps == 0 or progress.step_in_block + 1 < progress.block_steps
+
+    def begin(self, index: int, row: DecodeRow, window: Window) -> ScheduledWork:
+        start = self.block_start(row)
+        masked = row.tokens[start : start + row.block_length] == self.mask_id
+        progress = row.progress
+        if progress.block_steps == 0:  # the block's first step: its share of the steps
+            progress.block = start // row.block_length
+            progress.block_steps = block_steps(
+                row.steps_per_block, int(masked.sum()), masked.numel()
+            )
+        wanted = (start + masked.nonzero().squeeze(1)).tolist()
+        return ScheduledWork(index, row, wanted=wanted, start=start, masked=masked)
+
+    def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
+        for work in works:
+            row, progress = work.row, work.row.progress
+            step, steps = progress.step_in_block, progress.block_steps
+            t, s = timesteps(steps, row.dream.eps)[step : step + 2]
+            logits64 = suppress_mask(work.logits, self.mask_id)
+            if row.dream.alg == "origin":
+                self._commit_origin(work, logits64, transfer_share(t, s, step == steps - 1))
+            else:
+                count = (
+                    len(work.wanted) if step == steps - 1 else commit_count(len(work.wanted), t, s)
+                )
+                self._commit_confident(work, logits64, count)
+            progress.step_in_block += 1
+            if progress.step_in_block == steps:
+                progress.step_in_block, progress.block_steps = 0, 0
+        return []
+
+    @staticmethod
+    def _commit_confident(work: ScheduledWork, logits64: torch.Tensor, count: int) -> None:
+        """maskgit_plus / topk_margin / entropy: the `count` chosen positions commit."""
+        row = work.row
+        noise = uniform_noise(logits64, row.generator, work.masked) if row.temperature > 0 else None
+        chosen, confidence = dream_candidates(logits64, row, noise)
+        if count == 0:
+            return
+        picked = chosen_positions(confidence, count, row.dream, row.generator)
+        positions = torch.tensor(work.wanted, device=row.tokens.device)[picked]
+        row.tokens[positions] = chosen[picked].to(row.tokens.dtype)
+
+    @staticmethod
+    def _commit_origin(work: ScheduledWork, logits64: torch.Tensor, share: float) -> None:
+        """origin: each masked position commits with probability `share`."""
+        row = work.row
+        coins = torch.rand(
+            len(work.wanted), dtype=torch.float64, device=logits64.device, generator=row.generator
+        )
+        transfer = coins < share
+        if not bool(transfer.any()):
+            return
+        picked = logits64[transfer]
+        noise = None
+        if row.temperature > 0:
+            noise = torch.rand(
+                picked.shape, dtype=torch.float64, device=picked.device, generator=row.generator
+            )
+        chosen, _ = dream_candidates(picked, row, noise)
+        positions = torch.tensor(work.wanted, device=row.tokens.device)[transfer]
+        row.tokens[positions] = chosen.to(row.tokens.dtype)
+
+
+def block_steps(steps_per_block: int, masked: int, block_length: int) -> int:
+    """A block's steps: all of them for a fully masked block, a share in proportion to its
+    masks for one that starts partly unmasked (at least 1), none without masks."""
+    if masked == block_length:
+        return steps_per_block
+    return 0 if masked == 0 else max(1, math.ceil(steps_per_block * masked / block_length))
+
+
+def timesteps(steps: int, eps: float) -> list[torch.Tensor]:
+    """Dream's float32 timesteps, linspace(1, eps, steps + 1), as 0-d tensors."""
+    return list(torch.linspace(1, eps, steps + 1))
+
+
+def commit_count(masked: int, t: torch.Tensor, s: torch.Tensor) -> int:
+    """`int(num_mask_token * (1 - s / t))` in float32, as the file (its last step commits all)."""
+    return int(torch.tensor(float(masked), dtype=torch.float32) * (1 - s / t))
+
+
+def transfer_share(t: torch.Tensor, s: torch.Tensor, last: bool) -> float:
+    """origin's probability that a masked position commits in this step."""
+    return 1.0 if last else float(1 - s / t)
+
+
+def dream_candidates(
+    logits64: torch.Tensor, row: DecodeRow, noise: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's `sample_tokens`: each position's candidate and its confidence under `row.dream.alg`
+    (`noise`: float64 uniforms of the logits' shape, for temperature > 0)."""
+    logits = filtered(tempered(logits64, row.temperature), row.top_p, row.top_k)
+    probs = torch.softmax(logits, dim=-1)
+    if noise is None:
+        confidence, chosen = probs.max(dim=-1)
+    else:
+        chosen = gumbel_argmax(logits, noise)
+        confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
+    if row.dream.alg == "topk_margin":
+        top2 = torch.sort(probs, dim=-1, descending=True).values[:, :2]
+        confidence = top2[:, 0] - top2[:, 1]
+    elif row.dream.alg == "entropy":
+        confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
+    return chosen, confidence
+
+
+def chosen_positions(
+    confidence: torch.Tensor, count: int, dream: DreamDecoding, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Which of the block's masked positions commit: the `count` most confident (ties to
+    the leftmost), or a draw without replacement from softmax(confidence / alg_temp)."""
+    if not dream.alg_temp:
+        return torch.sort(confidence, descending=True, stable=True).indices[:count]
+    weights = torch.softmax(confidence / dream.alg_temp, dim=-1)
+    return torch.multinomial(weights, count, replacement=False, generator=generator)
+
+
+@register
+class Dream(CommitRule):
+    name = "dream"
+    order = 35
+    reads = ("steps", "alg", "alg_temp", "eps", "top_p", "top_k")
+    runs_steps = True
+
+    @classmethod
+    def default_block_length(cls, gen_length: int) -> int:
+        """Dream's schedule runs over the whole answer (one block)."""
+        return gen_length
+
+    @classmethod
+    def default_steps_for(cls, gen_length: int) -> int:
+        """Dream's model card: as many steps as answer tokens."""
+        return gen_length
+
+    @classmethod
+    def row_settings(cls, settings: Any) -> dict[str, Any]:
+        dream = settings.dream_settings()
+        return dict(
+            steps=settings.steps_run, alpha=None, threshold=None, rule=cls.name, dream=dream
+        )
+
+    @classmethod
+    def worker(cls, mask_id: int, end_ids: Sequence[int]) -> DreamSchedule:
+        return DreamSchedule(mask_id)
