@@ -398,9 +398,11 @@ def test_single_is_the_rule_and_takes_steps_passes():
 def test_every_strategy_decodes_with_the_rule(strategy):
     """Each strategy's samples decode with decoder=dream to the end: the total NFE is the
     samples' sum, and a fresh sample (blocks of 8, steps 8) takes exactly the 8 steps."""
-    settings = dict(n=3, hex_samples=5, alg="maskgit_plus", top_k=5, steps=8, temperature=0.5)
-    if strategy != "hex":  # hex has its own block lengths, L/32 .. L/2
-        settings["block_length"] = 8
+    settings = dict(alg="maskgit_plus", top_k=5, steps=8, temperature=0.5)
+    # hex has its own block lengths, L/32 .. L/2, and its own sample count
+    settings.update(dict(hex_samples=5) if strategy == "hex" else dict(block_length=8))
+    if strategy in ("majority", "dvoting"):
+        settings["n"] = 3
     results = _run(strategy, gen_length=32, **settings)
     for result in results:
         assert result.nfe == sum(result.sample_nfe) > 0
