@@ -66,14 +66,17 @@ class DreamSchedule:
     def more_steps_in_block(self, row: DecodeRow) -> bool:
         """Whether the block has a step after this one (a cache kept now may be reused)."""
         progress = row.progress
-        return progress.block_steps == 0 or progress.step_in_block + 1 < progress.block_steps
+        if progress.block_steps == 0 or self.block_start(row) // row.block_length != progress.block:
+            return True  # a new block: its steps are counted at its first step
+        return progress.step_in_block + 1 < progress.block_steps
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> ScheduledWork:
         start = self.block_start(row)
         masked = row.tokens[start : start + row.block_length] == self.mask_id
-        progress = row.progress
-        if progress.block_steps == 0:  # the block's first step: its share of the steps
-            progress.block = start // row.block_length
+        progress, block = row.progress, start // row.block_length
+        # the block's first step (origin may fill a block before its last step): its share
+        if progress.block_steps == 0 or block != progress.block:
+            progress.block, progress.step_in_block = block, 0
             progress.block_steps = block_steps(
                 row.steps_per_block, int(masked.sum()), masked.numel()
             )
