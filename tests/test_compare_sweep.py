@@ -222,7 +222,8 @@ def test_the_loaded_models_settings_are_checked_again_before_any_evaluation(tmp_
 # in the settings' declaration order (core/settings.py)
 ALLOWED = (
     r"\(sweepable: block_length, n, alpha, temperature, tau, steps, remasking, hex_samples, "
-    r"decoder, cache, threshold, temporal_weight, temporal_alpha, vote, guidance\)"
+    r"decoder, cache, threshold, temporal_weight, temporal_alpha, vote, guidance, "
+    r"alg, alg_temp, eps, top_p, top_k\)"
 )
 REFUSALS = [
     (

@@ -775,8 +775,9 @@ _BLOCK_TEMPORAL = (
     "pass covers the current block): use cache=none with it"
 )
 _HEX_DECODER = (
-    "does not apply to strategy=hex: HEX is defined by its fixed schedules over block sizes "
-    "L/32..L/2; leave decoder out for hex"
+    "does not apply to strategy=hex: HEX is defined by its schedules of `steps` over block "
+    "sizes L/32..L/2 (LLaDA's fixed schedule, or decoder=dream for Dream's); leave decoder out "
+    "for hex"
 )
 _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over one decode's steps"
 
@@ -787,8 +788,8 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         # the decoders (_check_decoder)
         (
             {"decoder": "foo"},
-            "decoder must be one of ('fixed', 'entropy', 'confidence') (or left out for the "
-            "strategy's own), got 'foo'",
+            "decoder must be one of ('fixed', 'entropy', 'confidence', 'dream') (or left out for "
+            "the strategy's own), got 'foo'",
         ),
         ({"strategy": "hex", "decoder": "entropy"}, f"decoder=entropy {_HEX_DECODER}"),
         ({"strategy": "hex", "decoder": "confidence"}, f"decoder=confidence {_HEX_DECODER}"),
@@ -822,8 +823,9 @@ _NO_VOTE = "which has no vote: use strategy=temporal for the temporal vote over 
         (
             {"strategy": "dvoting", "decoder": "fixed"},
             "decoder=fixed does not apply to strategy=dvoting: dVoting decodes with its entropy "
-            "threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule; leave decoder out "
-            "for dvoting, or compare with strategy=majority,decoder=entropy",
+            "threshold (alpha) or, with decoder=confidence, Fast-dLLM's rule, or with "
+            "decoder=dream, Dream's own algorithms; leave decoder out for dvoting, or compare "
+            "with strategy=majority,decoder=entropy",
         ),
         # the key/value caches (_check_cache)
         (
@@ -1398,12 +1400,15 @@ def test_the_model_info_of_a_fresh_model_is_exactly_its_settings_and_sources():
         "pretrained=tiny-arith-dream,device=cpu,seed=7,n=3,mc_num=16", {"batch_size": 4}
     )
     settings = dict(
+        alg="entropy",
+        alg_temp=0.0,
         alpha=0.3,
         block_decoding=None,
         block_length=16,
         cache="none",
         decoder="entropy",
         editing_threshold=None,
+        eps=0.001,
         gen_length=256,
         guidance=1.0,
         hex_samples=25,
@@ -1419,6 +1424,8 @@ def test_the_model_info_of_a_fresh_model_is_exactly_its_settings_and_sources():
         temporal_alpha=5.0,
         temporal_weight="exp",
         threshold=0.9,
+        top_k=None,
+        top_p=None,
         vote="plain",
     )
     assert lm.get_model_info() == {
@@ -1661,6 +1668,11 @@ _DEFAULT_SETTINGS = dict(
     temporal_alpha=5.0,
     vote=None,
     guidance=1.0,
+    alg="entropy",
+    alg_temp=0.0,
+    eps=0.001,
+    top_p=None,
+    top_k=None,
     block_decoding=None,
     editing_threshold=None,
     max_post_steps=16,
@@ -1985,12 +1997,15 @@ def test_a_model_built_with_no_args_has_the_documented_defaults():
 
     info = LLaDAEvalModel(pretrained="tiny-arith", device="cpu").get_model_info()["dvoting"]
     settings = dict(
+        alg="entropy",
+        alg_temp=0.0,
         alpha=0.3,
         block_decoding=None,
         block_length=16,
         cache="none",
         decoder="entropy",
         editing_threshold=None,
+        eps=0.001,
         gen_length=256,
         guidance=1.0,
         hex_samples=25,
@@ -2006,6 +2021,8 @@ def test_a_model_built_with_no_args_has_the_documented_defaults():
         temporal_alpha=5.0,
         temporal_weight="exp",
         threshold=0.9,
+        top_k=None,
+        top_p=None,
         vote="plain",
     )
     assert info == {

@@ -204,6 +204,11 @@ OTHER_SETTINGS = {
     "temporal_alpha": 11.0,
     "vote": "temporal",
     "guidance": 2.0,
+    "alg": "topk_margin",  # tried on decoder=dream (only it reads Dream's settings)
+    "alg_temp": 0.5,
+    "eps": 0.01,
+    "top_p": 0.9,
+    "top_k": 20,
     # block diffusion's (LLaDA2): tried on block_decoding="quality" (they are refused without it)
     "block_decoding": "threshold",
     "editing_threshold": 0.3,
@@ -221,6 +226,9 @@ READ_WITH = {
     "temporal_weight": dict(strategy="temporal"),
     "temporal_alpha": dict(strategy="temporal"),
     "guidance": dict(strategy="rfg"),
+    "alg": dict(strategy="single", decoder="dream"),
+    "alg_temp": dict(strategy="single", decoder="dream"),
+    "eps": dict(strategy="single", decoder="dream"),
     "editing_threshold": dict(block_decoding="quality"),
     "max_post_steps": dict(block_decoding="quality"),
 }

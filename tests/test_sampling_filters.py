@@ -148,3 +148,20 @@ def test_compare_single_dream_row_is_the_model_card():
     assert overrides == dict(
         decoder="dream", alg="entropy", alg_temp=0.0, temperature=0.2, top_p=0.95
     )
+
+
+def test_dreams_model_args_reach_their_settings_through_the_harness():
+    """`--model_args` text, parsed by each setting's declared parser. (Planted: alg_temp
+    parsed as a whole number.)"""
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
+
+    lm = LLaDAEvalModel.create_from_arg_string(
+        "pretrained=tiny-arith-dream,strategy=single,decoder=dream,alg=origin,alg_temp=0.5,"
+        "eps=0.01,top_p=0.9,top_k=5",
+        {"device": "cpu"},
+    )
+    got = {
+        name: getattr(lm.settings, name) for name in ("alg", "alg_temp", "eps", "top_p", "top_k")
+    }
+    assert got == dict(alg="origin", alg_temp=0.5, eps=0.01, top_p=0.9, top_k=5)
+    assert lm.settings.resolved_decoder == "dream"
