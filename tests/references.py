@@ -25,7 +25,7 @@ def load_float32(folder: str) -> nn.Module:
 
 def reference_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """(length, vocab) float64 logits of one unpadded row: row p predicts position p
-    (Dream's shifted reading undone), the mask token's logit -inf (ALGORITHM.md 1.1)."""
+    (Dream's shifted reading undone), the mask token's logit -inf (docs/ALGORITHM.md 1.1)."""
     logits = model(x[None])[0].double()
     if model.logits_shift:  # Dream: the prediction for p sits at p - 1
         logits = torch.cat([logits[:1], logits[:-1]])

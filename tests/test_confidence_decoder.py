@@ -21,7 +21,7 @@ _reference_logits = reference_logits
 @torch.no_grad()
 def reference_fast_dllm_generate(model, prompt, gen_length, block_length, threshold):
     """NVlabs Fast-dLLM's llada/generate.py `generate(..., threshold=...)` without a cache,
-    one row, temperature 0, transcribed; changed only as ALGORITHM.md asks (the mask
+    one row, temperature 0, transcribed; changed only as docs/ALGORITHM.md asks (the mask
     token's logit is -inf before anything else)."""
     mask_id = model.mask_token_id
     x = torch.full((prompt.shape[0] + gen_length,), mask_id, dtype=torch.long)

@@ -1,4 +1,4 @@
-"""The one-sample decoder (issue 3): fidelity to LLaDA's generate() and to ALGORITHM.md 1.4,
+"""The one-sample decoder (issue 3): fidelity to LLaDA's generate() and to docs/ALGORITHM.md 1.4,
 batch invariance, init_tokens, NFE, and argument errors.
 
 The references below are written independently of `lm_eval_dvoting.core.decoding`: one
@@ -69,7 +69,7 @@ def reference_llada_generate(model, prompt, steps, gen_length, block_length, mas
     """LLaDA's original generate(): one row, temperature 0, low-confidence remasking.
 
     Transcribed from GSAI-ML/LLaDA generate.py; the only changes are the ones
-    ALGORITHM.md asks for: the mask logit is set to -inf first, and the
+    docs/ALGORITHM.md asks for: the mask logit is set to -inf first, and the
     confidence softmax is taken in float64 (as the decoder does; it decides only
     ties that float32 could not tell apart).
     """
@@ -108,7 +108,7 @@ def reference_llada_generate(model, prompt, steps, gen_length, block_length, mas
 def reference_entropy_threshold(
     model, prompt, gen_length, block_length, alpha, init=None, temperature=0.0, seed=0
 ):
-    """ALGORITHM.md 1.4, entropy threshold, one row. What commits is decided on the
+    """docs/ALGORITHM.md 1.4, entropy threshold, one row. What commits is decided on the
     un-noised logits' entropies; at temperature > 0 each committed position, in block
     order, then draws one float64 vocabulary row of uniform noise u from the row's
     generator (seeded `seed`) for LLaDA's Gumbel-max candidate."""
@@ -288,7 +288,7 @@ def test_init_tokens_entropy_matches_reference(model):
 
 
 def test_fixed_schedule_nfe_counts_only_passes_with_masks_left(llada):
-    """NFE is the forward passes during which the row still had masks (ALGORITHM.md 1):
+    """NFE is the forward passes during which the row still had masks (docs/ALGORITHM.md 1):
     once its last mask is committed a row leaves the batch, so a last block that starts
     with 3 masks for its 4 steps ([1, 1, 1, 0]) costs 7 passes, not LLaDA's 8, with the
     same tokens. Fresh rows always cost exactly `steps`."""

@@ -1,4 +1,4 @@
-"""The paper's measures (ALGORITHM.md section 4) on hand-computed cases."""
+"""The paper's measures (docs/ALGORITHM.md section 4) on hand-computed cases."""
 
 from __future__ import annotations
 

@@ -2901,7 +2901,7 @@ def test_every_likelihood_pass_holds_at_most_batch_size_rows_32_by_default(monke
 
 
 def test_alpha_is_a_strict_bound_on_the_entropy():
-    """ALGORITHM.md: a position commits by the threshold when its entropy is *below*
+    """docs/ALGORITHM.md: a position commits by the threshold when its entropy is *below*
     alpha. With alpha exactly the entropy of every (equally certain) position, none does:
     the fallback commits one per step."""
     from lm_eval_dvoting.core.decoding import generate

@@ -142,7 +142,7 @@ answer_lists = st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c", "d"
 def _reference_vote(
     answers: list[Any], key=lambda a: a
 ) -> tuple[Any, int | None, list[tuple[Any, int]]]:
-    """ALGORITHM.md: the most frequent answer wins, ties go to the answer seen first; None
+    """docs/ALGORITHM.md: the most frequent answer wins, ties go to the answer seen first; None
     casts no vote. Groups are named by their first-seen spelling."""
     first: dict[Any, int] = {}
     spelling: dict[Any, Any] = {}

@@ -90,7 +90,7 @@ def recorder(monkeypatch) -> Recorder:
 
 
 def reference_remask(samples: torch.Tensor, tau: float, mask_id: int) -> list[int]:
-    """ALGORITHM.md 2, written out: per position the most frequent token (ties: the
+    """docs/ALGORITHM.md 2, written out: per position the most frequent token (ties: the
     earliest sample's), kept if its share >= tau; the last floor(L/4) always masked."""
     k, length = samples.shape
     out = []

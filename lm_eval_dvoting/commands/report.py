@@ -30,7 +30,7 @@ directly) and writes into `--out`:
   candidate's generated tokens, each coloured by how many samples hold the same token
   at that position (the paper's Figure 3b); kept (not remasked) positions are framed.
 
-Definitions: `lm_eval_dvoting.core.metrics` (ALGORITHM.md section 4). NUPR@k averages over
+Definitions: `lm_eval_dvoting.core.metrics` (docs/ALGORITHM.md section 4). NUPR@k averages over
 the questions with at least k samples, over every generation position (end-of-text
 padding included). In a dVoting run the remask samples copy the positions kept from
 the earlier samples, so its NUPR is higher than that of independent samples (a
@@ -1007,8 +1007,8 @@ def write_plots(rows: list[Row], step_rows: list[StepRow], baseline: Run | None,
 def _notes(rows: list[Row]) -> str:
     """The paragraph under the tables: definitions, and the runs logged without samples."""
     notes = [
-        "Definitions: ALGORITHM.md section 4 (`lm_eval_dvoting.core.metrics`); BPC in percentage "
-        "points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
+        "Definitions: docs/ALGORITHM.md section 4 (`lm_eval_dvoting.core.metrics`); BPC in "
+        "percentage points, for runs with at least the baseline's mean NFE (– for a cheaper run: "
         "dividing by a cost ratio below 1 would magnify its accuracy difference rather than "
         "charge for cost). Questions: documents scored; a task with several filters has one "
         "row per filter."

@@ -1,4 +1,4 @@
-"""The measures the dVoting paper reports (ALGORITHM.md section 4), as pure functions.
+"""The measures the dVoting paper reports (docs/ALGORITHM.md section 4), as pure functions.
 
 * `nupr_at_k`: NUPR@k of one question: the fraction of generation positions at which
   at least `k` of its `K` samples (equal-length token sequences) hold the same token.

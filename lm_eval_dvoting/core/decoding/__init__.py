@@ -1,6 +1,6 @@
 """The one-sample decoder: masked-diffusion decoding of a batch of rows.
 
-Semantics (ALGORITHM.md section 1; block diffusion for LLaDA2 in `blocks.py`): each step is
+Semantics (docs/ALGORITHM.md section 1; block diffusion for LLaDA2 in `blocks.py`): each step is
 one forward pass over prompt + generation region; the mask token's logit is suppressed;
 candidates are the argmax (temperature 0) or LLaDA's float64 Gumbel-max (temperature > 0);
 only masked positions of a row's leftmost unfinished block may be committed. The units, each

@@ -1,4 +1,4 @@
-"""`dvoting` (ALGORITHM.md section 2): samples 1..floor(n/2)+1 fresh, later ones keep the
+"""`dvoting` (docs/ALGORITHM.md section 2): samples 1..floor(n/2)+1 fresh, later ones keep the
 positions the earlier samples agree on (share >= tau) and regenerate the rest (always the
 last quarter), with the answer-consistency early stop before samples 3..n, decoded with
 the entropy-threshold rule."""
