@@ -137,9 +137,8 @@ def test_every_model_arg_is_documented_once_and_every_documented_one_is_accepted
     assert not twice, f"model args documented more than once in docs/: {twice}"
     unknown = sorted(set(documented) - accepted)
     assert not unknown, (
-        f"model args documented in docs/ that the harness does not accept: {unknown}. "
-        "If they are decoder=dream's (alg, alg_temp, eps, top_p, top_k), this branch lacks "
-        "issue 40's code: merge main; otherwise drop their rows or fix their names"
+        f"model args documented in docs/ that the harness does not accept: {unknown}: drop "
+        "their rows or fix their names"
     )
 
 

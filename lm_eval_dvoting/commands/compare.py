@@ -661,8 +661,9 @@ def row_overrides(row: str, base: StrategySettings) -> tuple[str, dict[str, Any]
     """The strategy and the setting overrides row `row` runs with, on the model's settings `base`.
 
     The overrides always set `decoder`, `temperature` and the other settings `single-dream`
-    sets (`DREAM_CARD`; to `base`'s own when the row keeps them), so a row's settings are complete in themselves and never depend on the row
-    before it (`use_strategy` also starts from the model's built settings).
+    sets (`DREAM_CARD`; to `base`'s own when the row keeps them), so a row's settings are
+    complete in themselves and never depend on the row before it (`use_strategy` also starts
+    from the model's built settings).
     """
     strategy, _, variant = row.partition("-")
     # every setting any row sets, at `base`'s value unless this row sets it
