@@ -227,20 +227,14 @@ def _gumbel_candidates(x, generator, rows: int, used: torch.Tensor | None) -> to
     return gumbel_max(x, noise if used is None else noise[used], 1.0)
 
 
-def _scored(x: torch.Tensor, alg: str, temperature: float, generator, block_masked):
-    """Candidate and confidence at the block's masked positions (rows of `x`)."""
-    probs = torch.softmax(x, dim=-1)
-    if temperature > 0:
-        candidate = _gumbel_candidates(x, generator, block_masked.numel(), block_masked)
-        confidence = probs.gather(-1, candidate[:, None]).squeeze(-1)
-    else:
-        confidence, candidate = probs.max(-1)
+def _confidence(probs: torch.Tensor, alg: str) -> torch.Tensor:
+    """topk_margin / entropy, or the top probability (maskgit_plus at temperature 0)."""
     if alg == "topk_margin":
         top = probs.sort(-1, descending=True).values
-        confidence = top[:, 0] - top[:, 1]
-    elif alg == "entropy":
-        confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
-    return candidate, confidence
+        return top[:, 0] - top[:, 1]
+    if alg == "entropy":
+        return (probs * torch.log(probs + 1e-10)).sum(-1)
+    return probs.max(-1).values
 
 
 def dream_count(n: int, t: torch.Tensor, s: torch.Tensor, last: bool) -> int:
@@ -274,13 +268,24 @@ class DocumentedDream:
 
 
 def _ranked(x, masked_at, i, times, cfg: DocumentedDream, generator, block_masked):
-    """maskgit_plus / topk_margin / entropy at one step: {position: token} committed."""
-    candidate, confidence = _scored(x, cfg.alg, cfg.temperature, generator, block_masked)
+    """maskgit_plus / topk_margin / entropy at one step: {position: token} committed. No
+    draw when nothing commits; at T > 0 maskgit_plus draws every masked position first
+    (its confidence is the draw's), the other two only the chosen ones, after the choice."""
     k = dream_count(len(masked_at), times[i], times[i + 1], i == len(times) - 2)
     if k == 0:
         return {}
-    picked = _picked(confidence, k, cfg.alg_temp, generator).tolist()
-    return {masked_at[j]: int(candidate[j]) for j in picked}
+    probs = torch.softmax(x, dim=-1)
+    if cfg.alg == "maskgit_plus" and cfg.temperature > 0:
+        candidate = _gumbel_candidates(x, generator, x.shape[0], None)
+        confidence = probs.gather(-1, candidate[:, None]).squeeze(-1)
+        picked = _picked(confidence, k, cfg.alg_temp, generator).tolist()
+        return {masked_at[j]: int(candidate[j]) for j in picked}
+    picked = _picked(_confidence(probs, cfg.alg), k, cfg.alg_temp, generator).tolist()
+    if cfg.temperature > 0:
+        tokens = _gumbel_candidates(x[picked], generator, len(picked), None).tolist()
+    else:
+        tokens = probs[picked].max(-1).indices.tolist()
+    return {masked_at[j]: tok for j, tok in zip(picked, tokens)}
 
 
 def _origin(x, masked_at, i, times, cfg: DocumentedDream, generator):

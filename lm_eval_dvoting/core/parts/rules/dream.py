@@ -9,15 +9,19 @@ positions:
 
 * logits (float64, the mask token's at -inf, ALGORITHM.md 1.1) divided by the temperature
   when it is above 0, then top-p and top-k (decoding/sampling.py), softmax: `probs`;
-* maskgit_plus / topk_margin / entropy: each masked position's candidate is the argmax of
-  `probs` (temperature 0) or a draw from it (temperature > 0: Gumbel-max on the filtered,
-  tempered logits, noise drawn for the whole block from the row's generator); its confidence
-  is the candidate's probability, top-1 minus top-2 probability, or sum(p log(p + 1e-10)).
-  `int(n * (1 - s / t))` positions commit (all that are left at the block's last step): the
-  most confident (`alg_temp` 0 or None; ties to the leftmost), or drawn without replacement
-  from softmax(confidence / alg_temp);
-* origin: each masked position commits with probability `1 - s / t` (1 at the last step),
-  its token drawn as above at the positions that commit only.
+* maskgit_plus / topk_margin / entropy: `k = int(n * (1 - s / t))` positions commit (all
+  that are left at the block's last step; none: nothing is drawn). A position's candidate is
+  the argmax of `probs` (temperature 0) or a draw from it (temperature > 0: Gumbel-max on
+  the filtered, tempered logits with float64 uniforms from the row's generator, one row of
+  V per position); its confidence is the candidate's probability (maskgit_plus: every
+  masked position draws first, in block order), top-1 minus top-2 probability, or
+  sum(p log(p + 1e-10)) (these two need no draw: only the `k` committed positions draw,
+  after the choice, in the order chosen). The `k` are the most confident (`alg_temp` 0 or
+  None; ties to the leftmost), or drawn without replacement from softmax(confidence /
+  alg_temp) (`torch.multinomial` with the row's generator);
+* origin: each masked position commits with probability `1 - s / t` (1 at the last step:
+  n float64 uniforms, drawn every step), its token drawn as above at the positions that
+  commit only.
 
 Where we differ from the file, on purpose:
 * the commit count is the row's own: the file averages the masked count over the batch, so
@@ -42,12 +46,7 @@ from lm_eval_dvoting.core.decoding.rules import (
     first_masked_block_start,
 )
 from lm_eval_dvoting.core.decoding.sampling import filtered, gumbel_argmax, tempered
-from lm_eval_dvoting.core.decoding.state import (
-    DecodeRow,
-    DreamDecoding,
-    suppress_mask,
-    uniform_noise,
-)
+from lm_eval_dvoting.core.decoding.state import DecodeRow, DreamDecoding, suppress_mask
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
 
@@ -104,34 +103,66 @@ class DreamSchedule:
     @staticmethod
     def _commit_confident(work: ScheduledWork, logits64: torch.Tensor, count: int) -> None:
         """maskgit_plus / topk_margin / entropy: the `count` chosen positions commit."""
-        row = work.row
-        noise = uniform_noise(logits64, row.generator, work.masked) if row.temperature > 0 else None
-        chosen, confidence = dream_candidates(logits64, row, noise)
         if count == 0:
-            return
+            return  # nothing commits: no candidate is needed, no noise is drawn
+        row = work.row
+        logits, probs = dream_distribution(logits64, row)
+        chosen = None
+        if row.dream.alg == "maskgit_plus" and row.temperature > 0:
+            # the confidence is the drawn candidate's: every masked position draws
+            chosen = gumbel_argmax(logits, _noise(logits.shape, logits.device, row))
+            confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
+        else:
+            confidence = dream_confidence(probs, row.dream.alg)
         picked = chosen_positions(confidence, count, row.dream, row.generator)
+        if chosen is None:  # the others' confidence does not depend on the draw: only the
+            chosen = draw(logits[picked], probs[picked], row)  # committed positions draw
+        else:
+            chosen = chosen[picked]
         positions = torch.tensor(work.wanted, device=row.tokens.device)[picked]
-        row.tokens[positions] = chosen[picked].to(row.tokens.dtype)
+        row.tokens[positions] = chosen.to(row.tokens.dtype)
 
     @staticmethod
     def _commit_origin(work: ScheduledWork, logits64: torch.Tensor, share: float) -> None:
         """origin: each masked position commits with probability `share`."""
         row = work.row
-        coins = torch.rand(
-            len(work.wanted), dtype=torch.float64, device=logits64.device, generator=row.generator
-        )
+        coins = _noise((len(work.wanted),), logits64.device, row)
         transfer = coins < share
         if not bool(transfer.any()):
             return
-        picked = logits64[transfer]
-        noise = None
-        if row.temperature > 0:
-            noise = torch.rand(
-                picked.shape, dtype=torch.float64, device=picked.device, generator=row.generator
-            )
-        chosen, _ = dream_candidates(picked, row, noise)
+        logits, probs = dream_distribution(logits64[transfer], row)
         positions = torch.tensor(work.wanted, device=row.tokens.device)[transfer]
-        row.tokens[positions] = chosen.to(row.tokens.dtype)
+        row.tokens[positions] = draw(logits, probs, row).to(row.tokens.dtype)
+
+
+def _noise(shape: Sequence[int], device: torch.device, row: DecodeRow) -> torch.Tensor:
+    """Float64 uniforms from the row's generator."""
+    return torch.rand(tuple(shape), dtype=torch.float64, device=device, generator=row.generator)
+
+
+def dream_distribution(logits64: torch.Tensor, row: DecodeRow) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's `sample_tokens` up to its softmax: the tempered, filtered logits and `probs`."""
+    logits = filtered(tempered(logits64, row.temperature), row.top_p, row.top_k)
+    return logits, torch.softmax(logits, dim=-1)
+
+
+def dream_confidence(probs: torch.Tensor, alg: str) -> torch.Tensor:
+    """A position's confidence without a draw: the top probability (maskgit_plus at
+    temperature 0, whose candidate is the argmax), top-1 minus top-2, or sum(p log(p + 1e-10))."""
+    if alg == "topk_margin":
+        top2 = torch.sort(probs, dim=-1, descending=True).values[:, :2]
+        return top2[:, 0] - top2[:, 1]
+    if alg == "entropy":
+        return (probs * torch.log(probs + 1e-10)).sum(-1)
+    return probs.max(dim=-1).values
+
+
+def draw(logits: torch.Tensor, probs: torch.Tensor, row: DecodeRow) -> torch.Tensor:
+    """Each position's token: the argmax of `probs` at temperature 0 (Dream's
+    `probs.max`), else a draw from it (Gumbel-max on `logits`, one row of noise each)."""
+    if row.temperature == 0:
+        return probs.max(dim=-1).indices
+    return gumbel_argmax(logits, _noise(logits.shape, logits.device, row))
 
 
 def block_steps(steps_per_block: int, masked: int, block_length: int) -> int:
@@ -155,26 +186,6 @@ def commit_count(masked: int, t: torch.Tensor, s: torch.Tensor) -> int:
 def transfer_share(t: torch.Tensor, s: torch.Tensor, last: bool) -> float:
     """origin's probability that a masked position commits in this step."""
     return 1.0 if last else float(1 - s / t)
-
-
-def dream_candidates(
-    logits64: torch.Tensor, row: DecodeRow, noise: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dream's `sample_tokens`: each position's candidate and its confidence under `row.dream.alg`
-    (`noise`: float64 uniforms of the logits' shape, for temperature > 0)."""
-    logits = filtered(tempered(logits64, row.temperature), row.top_p, row.top_k)
-    probs = torch.softmax(logits, dim=-1)
-    if noise is None:
-        confidence, chosen = probs.max(dim=-1)
-    else:
-        chosen = gumbel_argmax(logits, noise)
-        confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
-    if row.dream.alg == "topk_margin":
-        top2 = torch.sort(probs, dim=-1, descending=True).values[:, :2]
-        confidence = top2[:, 0] - top2[:, 1]
-    elif row.dream.alg == "entropy":
-        confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
-    return chosen, confidence
 
 
 def chosen_positions(
