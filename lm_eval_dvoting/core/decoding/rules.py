@@ -51,6 +51,21 @@ def first_masked_block_start(row: DecodeRow, mask_id: int) -> int:
     return masked_block(row.tokens.tolist(), mask_id, row.block_length)[0]
 
 
+class FirstMaskedBlock:
+    """What the rules without a per-block schedule of their own share (the entropy and
+    confidence thresholds, Dream's): a row works on the block holding its first mask, and
+    is done when no mask is left (which the row batch checks)."""
+
+    def __init__(self, mask_id: int) -> None:
+        self.mask_id = mask_id
+
+    def block_start(self, row: DecodeRow) -> int:
+        return first_masked_block_start(row, self.mask_id)
+
+    def is_done(self, row: DecodeRow) -> bool:
+        return False
+
+
 def inside_window(window: Window, positions: list[int]) -> bool:
     """Whether the step's logits window holds every one of `positions`."""
     return window is None or all(window[0] <= p < window[1] for p in positions)

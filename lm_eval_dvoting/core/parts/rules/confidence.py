@@ -9,10 +9,10 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.rules import (
+    FirstMaskedBlock,
     RowWork,
     ScheduledWork,
     Window,
-    first_masked_block_start,
 )
 from lm_eval_dvoting.core.decoding.state import DecodeRow, candidates, suppress_mask
 from lm_eval_dvoting.core.parts.base import CommitRule, register
@@ -20,7 +20,7 @@ from lm_eval_dvoting.core.parts.base import CommitRule, register
 DEFAULT_THRESHOLD = 0.9  # Fast-dLLM's
 
 
-class ConfidenceThreshold:
+class ConfidenceThreshold(FirstMaskedBlock):
     """Fast-dLLM's confidence-threshold rule (its `generate(..., threshold=...)`): among
     the current block's masked positions, the one whose candidate has the highest
     probability commits, and so does every other one whose candidate's probability is at
@@ -28,15 +28,6 @@ class ConfidenceThreshold:
     float64 Gumbel-max drawn over the block; the softmax probability of the un-noised
     logits at the candidate). Ties for the highest probability go to the leftmost position.
     A block is done when it has no mask left; the next one starts in the next step."""
-
-    def __init__(self, mask_id: int) -> None:
-        self.mask_id = mask_id
-
-    def block_start(self, row: DecodeRow) -> int:
-        return first_masked_block_start(row, self.mask_id)
-
-    def is_done(self, row: DecodeRow) -> bool:
-        return False  # done when no mask is left, which the row batch checks
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> ScheduledWork:
         start = self.block_start(row)

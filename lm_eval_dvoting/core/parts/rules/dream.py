@@ -40,27 +40,18 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.rules import (
+    FirstMaskedBlock,
     RowWork,
     ScheduledWork,
     Window,
-    first_masked_block_start,
 )
 from lm_eval_dvoting.core.decoding.sampling import filtered, gumbel_argmax, tempered
 from lm_eval_dvoting.core.decoding.state import DecodeRow, DreamDecoding, suppress_mask
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
 
-class DreamSchedule:
+class DreamSchedule(FirstMaskedBlock):
     """Dream's `_sample` step for each row, on the row's current block."""
-
-    def __init__(self, mask_id: int) -> None:
-        self.mask_id = mask_id
-
-    def block_start(self, row: DecodeRow) -> int:
-        return first_masked_block_start(row, self.mask_id)
-
-    def is_done(self, row: DecodeRow) -> bool:
-        return False  # done when no mask is left, which the row batch checks
 
     def more_steps_in_block(self, row: DecodeRow) -> bool:
         """Whether the block has a step after this one (a cache kept now may be reused)."""

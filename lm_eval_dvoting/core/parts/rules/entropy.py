@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.rules import (
+    FirstMaskedBlock,
     RowWork,
     Window,
-    first_masked_block_start,
     inside_window,
 )
 from lm_eval_dvoting.core.decoding.sampling import removed_by_filters
@@ -50,17 +50,8 @@ class _ThresholdWork(RowWork):
             self.ahead_logits = logits[len(self.positions) :]
 
 
-class EntropyThreshold:
+class EntropyThreshold(FirstMaskedBlock):
     """dVoting's entropy-threshold rule with the hand-over to the next block."""
-
-    def __init__(self, mask_id: int) -> None:
-        self.mask_id = mask_id
-
-    def block_start(self, row: DecodeRow) -> int:
-        return first_masked_block_start(row, self.mask_id)
-
-    def is_done(self, row: DecodeRow) -> bool:
-        return False  # done when no mask is left, which the row batch checks
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> _ThresholdWork:
         work = _ThresholdWork(index, row, tokens=row.tokens.tolist(), window=window)
