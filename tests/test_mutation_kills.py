@@ -693,8 +693,8 @@ _TAU_FIX = "e.g. tau=1.0 (the default: keep a position only when every earlier s
         (
             {"steps": "2"},
             "steps must be a whole number >= 1, got '2': leave it out (default: gen_length for "
-            "single, gen_length/2 for majority and hex; LLaDA2: 32 per block) or give the forward "
-            "passes per sample (LLaDA2: per block)",
+            "single and decoder=dream, gen_length/2 for majority and hex; LLaDA2: 32 per block) "
+            "or give the forward passes per sample (LLaDA2: per block)",
         ),
         (
             {"alpha": -0.1},

@@ -116,8 +116,9 @@ def _check_steps(s: StrategySettings) -> None:
             "steps",
             s.steps,
             1,
-            "leave it out (default: gen_length for single, gen_length/2 for majority and hex; "
-            "LLaDA2: 32 per block) or give the forward passes per sample (LLaDA2: per block)",
+            "leave it out (default: gen_length for single and decoder=dream, gen_length/2 for "
+            "majority and hex; LLaDA2: 32 per block) or give the forward passes per sample "
+            "(LLaDA2: per block)",
         )
 
 
