@@ -34,6 +34,7 @@ Where we differ from the file, on purpose:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -164,9 +165,11 @@ def block_steps(steps_per_block: int, masked: int, block_length: int) -> int:
     return 0 if masked == 0 else max(1, math.ceil(steps_per_block * masked / block_length))
 
 
-def timesteps(steps: int, eps: float) -> list[torch.Tensor]:
-    """Dream's float32 timesteps, linspace(1, eps, steps + 1), as 0-d tensors."""
-    return list(torch.linspace(1, eps, steps + 1))
+@functools.lru_cache(maxsize=64)
+def timesteps(steps: int, eps: float) -> tuple[torch.Tensor, ...]:
+    """Dream's float32 timesteps, linspace(1, eps, steps + 1), as 0-d tensors (made once per
+    schedule: every row and step of it reads them)."""
+    return tuple(torch.linspace(1, eps, steps + 1))
 
 
 def commit_count(masked: int, t: torch.Tensor, s: torch.Tensor) -> int:
