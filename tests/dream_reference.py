@@ -267,7 +267,7 @@ class DocumentedDream:
     top_k: int | None = None
 
 
-def _ranked(x, masked_at, i, times, cfg: DocumentedDream, generator, block_masked):
+def _ranked(x, masked_at, i, times, cfg: DocumentedDream, generator):
     """maskgit_plus / topk_margin / entropy at one step: {position: token} committed. No
     draw when nothing commits; at T > 0 maskgit_plus draws every masked position first
     (its confidence is the draw's), the other two only the chosen ones, after the choice."""
@@ -347,7 +347,7 @@ def _step_block(model, x, start, block_masked, i, times, cfg: DocumentedDream, g
     if cfg.alg == "origin":
         commits = _origin(logits, masked_at, i, times, cfg, generator)
     else:
-        commits = _ranked(logits, masked_at, i, times, cfg, generator, block_masked)
+        commits = _ranked(logits, masked_at, i, times, cfg, generator)
     block = x[start : start + cfg.block_length].clone()
     for position, token in commits.items():
         block[position - start] = token

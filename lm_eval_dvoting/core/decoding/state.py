@@ -452,19 +452,11 @@ def candidates(
     removed = removed_by_filters(logits64, temperature, top_p, top_k)
     if removed is not None:
         logits64 = logits64.masked_fill(removed, float("-inf"))
-    return gumbel_noised(logits64, temperature, uniform_noise(logits64, generator, block_masked))
-
-
-def uniform_noise(
-    logits64: torch.Tensor, generator: torch.Generator | None, block_masked: torch.Tensor | None
-) -> torch.Tensor:
-    """Float64 uniform noise of the logits' shape, drawn for the whole block when
-    `block_masked` says which of its positions the logits hold."""
     shape = logits64.shape if block_masked is None else (block_masked.numel(), logits64.shape[-1])
     noise = torch.rand(shape, dtype=torch.float64, device=logits64.device, generator=generator)
     if shape[0] != logits64.shape[0]:  # some block positions are not masked
         noise = noise[block_masked]
-    return noise
+    return gumbel_noised(logits64, temperature, noise)
 
 
 def gumbel_noised(logits64: torch.Tensor, temperature: float, noise: torch.Tensor) -> torch.Tensor:
