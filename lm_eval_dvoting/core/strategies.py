@@ -32,7 +32,7 @@ import torch
 from lm_eval_dvoting.core import parts
 from lm_eval_dvoting.core.answers import tally
 from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, check_prompt_batch
-from lm_eval_dvoting.core.decoding.caches import shared_block_prefix
+from lm_eval_dvoting.core.decoding.kept import shared_block_prefix
 from lm_eval_dvoting.core.parts.samples import (
     QuestionPlan,
     SameAnswer,

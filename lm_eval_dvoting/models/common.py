@@ -141,6 +141,44 @@ class PrefixCache:
         return bidirectional_attention(q, k, v, bias)
 
 
+@dataclass
+class StaticKeyValues:
+    """A reuse pass's keys and values in buffers of fixed shape, written in place (the
+    static-shape cached step, `core/decoding/static_steps.py`).
+
+    `keys[l]` / `values[l]`: layer `l`'s buffers (batch, kv_heads, width, head_dim), laid
+    out as the dynamic path concatenates them (the kept prefix left-padded, the pass's own
+    columns, the kept suffix right-padded), so attention sees the same tensor, bit for bit.
+    `slot` (the pass's length,): the columns the pass's own keys and values are written to;
+    `mask` (batch, width): the 0/1 key mask. Nothing is allocated or concatenated per step,
+    so a pass over these buffers can be captured as a CUDA graph and replayed.
+    """
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    mask: torch.Tensor
+    slot: torch.Tensor
+
+    def key_mask(
+        self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The key mask set when the buffers were filled (it covers the pass's columns)."""
+        return self.mask
+
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Write this pass's keys and values into their columns, then attend over all."""
+        keys = self.keys[layer].index_copy_(2, self.slot, k)
+        values = self.values[layer].index_copy_(2, self.slot, v)
+        return bidirectional_attention(q, keys, values, bias)
+
+
 def block_causal_bias(
     key_mask: torch.Tensor,
     query_positions: torch.Tensor,
@@ -182,6 +220,10 @@ class HeadedLM(nn.Module):
     """The output head and `forward` of every family's model: `output_head()` (an `lm_head`
     by default), or the input embedding when `config.tie_word_embeddings`. A subclass
     defines `hidden_states` and `input_embedding()`."""
+
+    # whether a cached step's pass may be captured as a CUDA graph (`cached_steps=graphs`,
+    # `core/decoding/static_steps.py`): no host syncs, no shapes that depend on the data
+    captures_cuda_graphs = False
 
     def input_embedding(self) -> nn.Embedding:
         raise NotImplementedError

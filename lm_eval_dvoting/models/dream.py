@@ -125,6 +125,8 @@ class DreamModel(HeadedLM):
     """Dream's mask predictor: `forward(input_ids, attention_mask) -> raw logits`."""
 
     logits_shift = 1
+    # a pass without host syncs or data-dependent shapes (`cached_steps=graphs`)
+    captures_cuda_graphs = True
 
     def __init__(self, cfg: DreamConfig) -> None:
         super().__init__()

@@ -125,6 +125,8 @@ class LLaDAModel(HeadedLM):
     """
 
     logits_shift = 0
+    # a pass without host syncs or data-dependent shapes (`cached_steps=graphs`)
+    captures_cuda_graphs = True
 
     def __init__(self, cfg: LLaDAConfig) -> None:
         super().__init__()

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.caches import stack_kept
+from lm_eval_dvoting.core.decoding.kept import stack_kept
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
 from lm_eval_dvoting.core.parts.base import BLOCK_CAUSAL, CachePolicy, register
 from lm_eval_dvoting.models.common import PrefixCache as KeyValueCache

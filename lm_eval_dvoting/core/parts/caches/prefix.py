@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.caches import cache_policy, stack_kept
+from lm_eval_dvoting.core.decoding.caches import cache_policy
+from lm_eval_dvoting.core.decoding.kept import stack_kept
 from lm_eval_dvoting.core.decoding.rules import Window
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
 from lm_eval_dvoting.core.parts.base import CachePolicy, register
@@ -123,8 +124,11 @@ def _reuse(
         [s[b:e] for s, b, e in zip(sequences, begins, ends)], forward.pad_id, forward.device
     )
     positions = positions + torch.tensor(begins, device=forward.device)[:, None]
-    cache = stack_kept(kept, forward.device)
-    hidden = forward.model.hidden_states(ids, attention, positions, cache=cache)
+    if forward.static_steps is not None:  # cached_steps=static|graphs: fixed buffers
+        hidden = forward.static_steps.run(kept, ids, attention, positions)
+    else:
+        cache = stack_kept(kept, forward.device)
+        hidden = forward.model.hidden_states(ids, attention, positions, cache=cache)
     offsets = [
         ids.shape[1] - (e - rows[i].prompt.numel()) - forward.shift for i, e in zip(reusing, ends)
     ]

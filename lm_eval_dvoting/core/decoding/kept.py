@@ -1,0 +1,92 @@
+"""A row's kept keys and values (`KeptKeysValues`): their layout in a reuse pass
+(`stack_kept`, the layout the static buffers copy too) and what a finished block-cache row
+can hand to a new one (`shared_block_prefix`)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues
+from lm_eval_dvoting.models.common import PrefixCache
+
+
+def shared_block_prefix(
+    donor: DecodeRow, prompt: torch.Tensor, tokens: torch.Tensor
+) -> KeptKeysValues | None:
+    """The keys and values a block-cache row (`donor`, finished) kept that a new row of the
+    same block length can start from: those of the whole blocks before the first position
+    where the new sequence (`prompt` + `tokens`, masks included) differs from the donor's.
+    A block never sees a later one, so they are exactly what the new row would compute
+    (a dVoting remask sample recomputes only its blocks from the first remasked one on).
+    None when nothing is shared."""
+    kept = donor.kept
+    if kept is None or donor.cache != "block":
+        return None
+    mine = torch.cat([prompt, tokens]).to(donor.tokens.device)
+    theirs = torch.cat([donor.prompt, donor.tokens])
+    width = min(mine.numel(), theirs.numel(), kept.prefix_keys[0].shape[1])
+    differs = (mine[:width] != theirs[:width]).nonzero()
+    same = width if not len(differs) else int(differs[0])
+    shared = same // donor.block_length * donor.block_length
+    if shared == 0:
+        return None
+    return KeptKeysValues(
+        shared,
+        [k[:, :shared] for k in kept.prefix_keys],
+        [v[:, :shared] for v in kept.prefix_values],
+    )
+
+
+def stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCache:
+    """One cache for the rows' kept keys and values: prefixes left-padded to the longest,
+    suffixes (dual cache rows) right-padded to the longest, with masks marking the real ones."""
+    cache = PrefixCache()
+    cache.keys, cache.values, cache.mask = _stack(
+        [k.prefix_keys for k in kept], [k.prefix_values for k in kept], device, left=True
+    )
+    if any(k.suffix_keys is not None for k in kept):
+        keys = [
+            k.suffix_keys if k.suffix_keys is not None else _empty_like(k.prefix_keys) for k in kept
+        ]
+        values = [
+            k.suffix_values if k.suffix_values is not None else _empty_like(k.prefix_values)
+            for k in kept
+        ]
+        cache.suffix_keys, cache.suffix_values, cache.suffix_mask = _stack(
+            keys, values, device, left=False
+        )
+    return cache
+
+
+def _empty_like(layers: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t[:, :0] for t in layers]
+
+
+def _stack(
+    keys: Sequence[list[torch.Tensor]],
+    values: Sequence[list[torch.Tensor]],
+    device: torch.device,
+    left: bool,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """Per layer, the rows' (kv_heads, length, head_dim) tensors padded to one length and
+    stacked, and the (rows, length) 0/1 mask of the real positions."""
+    lengths = [row[0].shape[1] for row in keys]
+    longest = max(lengths)
+    mask = torch.zeros((len(keys), longest), dtype=torch.long, device=device)
+    for r, length in enumerate(lengths):
+        if left:
+            mask[r, longest - length :] = 1
+        else:
+            mask[r, :length] = 1
+    stacked_keys, stacked_values = [], []
+    for layer in range(len(keys[0])):
+        stacked_keys.append(torch.stack([_pad(row[layer], longest, left) for row in keys]))
+        stacked_values.append(torch.stack([_pad(row[layer], longest, left) for row in values]))
+    return stacked_keys, stacked_values, mask
+
+
+def _pad(tensor: torch.Tensor, length: int, left: bool) -> torch.Tensor:
+    pad = length - tensor.shape[1]
+    return torch.nn.functional.pad(tensor, (0, 0, pad, 0) if left else (0, 0, 0, pad))

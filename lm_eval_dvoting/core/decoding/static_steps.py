@@ -1,0 +1,226 @@
+"""The static-shape cached step: a reuse pass of `cache=prefix|dual` over key/value buffers
+of fixed shape, run eagerly or captured as a CUDA graph and replayed (the model arg
+`cached_steps`, `CACHED_STEPS`).
+
+* `dynamic`: at every step, every reusing row's kept keys and values are stacked (padded to
+  the longest) and concatenated with the pass's own, in every layer.
+* `static`: the buffers of a step's shape (rows, pass length, key width) are filled once,
+  when the rows of the pass or what they keep change (a new block, a row joining or leaving
+  the pass); each later step writes only the pass's own columns, in place. The layout is
+  the dynamic path's (the prefix left-padded, the pass, the suffix right-padded), so the
+  attention reads the same tensor and the tokens are the same, bit for bit (tested in
+  float32 on the CPU). The default off a GPU.
+* `graphs`: as `static`, and the pass over the buffers is captured as a CUDA graph on the
+  second step of its shape and replayed from then on: one launch for the model's body
+  instead of a few hundred kernels, which is what bounds a one-row step. It needs a CUDA
+  device and a model whose pass has no host syncs and no switch the graph would not see
+  (`graph_capturable`: this package's LLaDA and Dream, without a LoRA adapter, whose
+  switching on and off RFG's reference relies on). At most `GRAPHS_KEPT` shapes keep their
+  graph and buffers (the least recently used is dropped).
+* `auto` (the default): `graphs` where it applies, else `static`.
+
+What a graph replays is the model's body only: the output head, the commit rules and the
+fresh passes (over whole sequences, at a new block) run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from lm_eval_dvoting.core.decoding.kept import stack_kept
+from lm_eval_dvoting.core.decoding.state import KeptKeysValues
+from lm_eval_dvoting.models.adapters import lora_layers
+from lm_eval_dvoting.models.common import PrefixCache, StaticKeyValues
+
+log = logging.getLogger(__name__)
+
+CACHED_STEPS = ("auto", "dynamic", "static", "graphs")
+GRAPHS_KEPT = 3  # shapes whose buffers and graph stay (each holds a copy of the kept keys)
+CAPTURE_ON_USE = 2  # a shape's first step runs eagerly (it also warms up lazy kernels)
+
+
+def graph_capturable(model: torch.nn.Module, device: torch.device) -> str | None:
+    """Why the model's reuse pass cannot be captured as a CUDA graph here (None: it can)."""
+    if device.type != "cuda":
+        return f"CUDA graphs need a CUDA device; the model is on {device.type}"
+    if not getattr(model, "captures_cuda_graphs", False):
+        return f"{type(model).__name__}'s pass is not known to be capturable"
+    if lora_layers(model):
+        return "a LoRA adapter is attached (switching it would not reach a captured graph)"
+    return None
+
+
+def resolve_cached_steps(asked: str, model: torch.nn.Module, device: torch.device) -> str:
+    """The mode that runs: `asked` (`CACHED_STEPS`), with `auto` resolved; `graphs` where it
+    cannot apply is refused, naming why."""
+    if asked not in CACHED_STEPS:
+        raise ValueError(
+            f"cached_steps must be one of {CACHED_STEPS}, got {asked!r}: leave it out (auto)"
+        )
+    why_not = graph_capturable(model, device)
+    if asked == "auto":
+        return "static" if why_not else "graphs"
+    if asked == "graphs" and why_not:
+        raise ValueError(
+            f"cached_steps=graphs cannot apply: {why_not}; use cached_steps=auto (graphs where "
+            "they apply, else static) or static"
+        )
+    return asked
+
+
+class CudaGraph:
+    """`pass_` captured as a CUDA graph; `replay()` runs it again and returns its output.
+
+    The warm-up on a side stream (as PyTorch's CUDA-graph notes ask) writes the pass's own
+    key/value columns with the values the replay writes again, so it changes nothing."""
+
+    def __init__(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> None:
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            pass_()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = pass_()
+        log.debug("cached_steps=graphs: captured a pass of %s", tuple(self.output.shape))
+
+    def replay(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.output.clone()  # the next replay overwrites the graph's output
+
+
+@dataclass(eq=False)
+class _Shape:
+    """The buffers of one step shape, what fills them, and its graph once captured."""
+
+    cache: StaticKeyValues
+    ids: torch.Tensor
+    attention: torch.Tensor
+    positions: torch.Tensor
+    filled_from: tuple[Any, ...] = ()
+    uses: int = 0
+    graph: Any = None
+    output: torch.Tensor | None = None
+    kept_alive: list[KeptKeysValues] = field(default_factory=list)
+
+
+class StaticSteps:
+    """The reuse passes of one decoder (`ForwardPass`) in `static` or `graphs` mode."""
+
+    graph_class: Any = CudaGraph  # what captures a pass (tests replay it eagerly)
+
+    def __init__(self, model: torch.nn.Module, mode: str) -> None:
+        self.model, self.mode = model, mode
+        self.shapes: OrderedDict[tuple[int, int, int], _Shape] = OrderedDict()
+
+    def run(
+        self,
+        kept: Sequence[KeptKeysValues],
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """The pass's hidden states: `ids`, `attention` and `positions` as for the dynamic
+        pass (left-padded queries), `kept[r]` row r's kept keys and values."""
+        shape = self._shape(kept, ids)
+        # the buffers hold the kept keys of these very objects (held alive, so never reused
+        # ids) and these query lengths; anything else refills them
+        filled_from = (*map(id, kept), *attention.shape, ids.shape[1])
+        if shape.filled_from != filled_from:
+            _fill(shape, kept, ids, attention)
+            shape.filled_from, shape.kept_alive = filled_from, list(kept)
+        shape.uses += 1
+        if self.mode == "graphs":
+            return self._replayed(shape, ids, attention, positions)
+        return self._pass(shape, ids, attention, positions)
+
+    def _shape(self, kept: Sequence[KeptKeysValues], ids: torch.Tensor) -> _Shape:
+        """The buffers of this step's shape (allocated on its first step)."""
+        width = _prefix_width(kept) + ids.shape[1] + _suffix_width(kept)
+        key = (ids.shape[0], ids.shape[1], width)
+        if key in self.shapes:
+            self.shapes.move_to_end(key)
+            return self.shapes[key]
+        while len(self.shapes) >= (GRAPHS_KEPT if self.mode == "graphs" else 1):
+            self.shapes.popitem(last=False)
+        self.shapes[key] = _allocate(kept, ids, width)
+        return self.shapes[key]
+
+    def _pass(
+        self,
+        shape: _Shape,
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        return self.model.hidden_states(ids, attention, positions, cache=shape.cache)
+
+    def _replayed(
+        self,
+        shape: _Shape,
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        """The pass through the shape's graph (captured on its `CAPTURE_ON_USE`-th step),
+        its inputs copied into the shape's own tensors, which the graph reads."""
+        shape.ids.copy_(ids)
+        shape.attention.copy_(attention)
+        shape.positions.copy_(positions)
+        inputs = (shape.ids, shape.attention, shape.positions)
+        if shape.graph is None and shape.uses < CAPTURE_ON_USE:
+            return self._pass(shape, *inputs)
+        if shape.graph is None:
+            shape.graph = self.graph_class(lambda: self._pass(shape, *inputs), ids.device)
+        return shape.graph.replay()
+
+
+def _prefix_width(kept: Sequence[KeptKeysValues]) -> int:
+    return max(k.prefix_keys[0].shape[1] for k in kept)
+
+
+def _suffix_width(kept: Sequence[KeptKeysValues]) -> int:
+    return max(0 if k.suffix_keys is None else k.suffix_keys[0].shape[1] for k in kept)
+
+
+def _allocate(kept: Sequence[KeptKeysValues], ids: torch.Tensor, width: int) -> _Shape:
+    """Zeroed buffers (finite everywhere: a padded key's score must stay finite)."""
+    first = kept[0].prefix_keys
+    rows, device = ids.shape[0], ids.device
+    kv_heads, head_dim = first[0].shape[0], first[0].shape[2]
+
+    def layer_buffers() -> list[torch.Tensor]:
+        size = (rows, kv_heads, width, head_dim)
+        return [torch.zeros(size, dtype=t.dtype, device=device) for t in first]
+
+    cache = StaticKeyValues(
+        layer_buffers(),
+        layer_buffers(),
+        torch.zeros((rows, width), dtype=torch.long, device=device),
+        torch.zeros(ids.shape[1], dtype=torch.long, device=device),
+    )
+    return _Shape(cache, torch.zeros_like(ids), torch.zeros_like(ids), torch.zeros_like(ids))
+
+
+def _fill(
+    shape: _Shape, kept: Sequence[KeptKeysValues], ids: torch.Tensor, attention: torch.Tensor
+) -> None:
+    """Copy the rows' kept keys and values into the buffers, in the dynamic path's layout
+    (`caches.stack_kept`: its padding and its key mask), around the pass's columns."""
+    stacked: PrefixCache = stack_kept(kept, ids.device)
+    before, length = stacked.keys[0].shape[2], ids.shape[1]
+    cache = shape.cache
+    cache.slot.copy_(torch.arange(before, before + length, device=ids.device))
+    cache.mask.copy_(stacked.key_mask(attention, ids))
+    for layer, (keys, values) in enumerate(zip(cache.keys, cache.values)):
+        keys[:, :, :before].copy_(stacked.keys[layer])
+        values[:, :, :before].copy_(stacked.values[layer])
+        if stacked.suffix_keys:
+            keys[:, :, before + length :].copy_(stacked.suffix_keys[layer])
+            values[:, :, before + length :].copy_(stacked.suffix_values[layer])

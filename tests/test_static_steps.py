@@ -1,0 +1,154 @@
+"""The static-shape cached step (lm_eval_dvoting/core/decoding/static_steps.py): a reuse pass of
+`cache=prefix|dual` over buffers filled once per block must give the dynamic path's tokens,
+bit for bit, in float32 on the CPU; a graph's replay (here replayed eagerly) reads only its
+own input tensors; `cached_steps` resolves and refuses as documented."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+from references import load_float32
+from torch import nn
+
+from lm_eval_dvoting.core.decoding import DecodeRow
+from lm_eval_dvoting.core.decoding import static_steps as static_module
+from lm_eval_dvoting.core.decoding.caches import ForwardPass
+from lm_eval_dvoting.core.decoding.rows import RowDecoder
+from lm_eval_dvoting.core.decoding.static_steps import (
+    StaticSteps,
+    graph_capturable,
+    resolve_cached_steps,
+)
+
+MASK = 250  # the official-tiny fixtures' mask id
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
+def model(request, monkeypatch) -> nn.Module:
+    loaded = load_float32(str(request.getfixturevalue(request.param)))
+    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)  # restored afterwards
+    return loaded
+
+
+class EagerReplay:
+    """A stand-in for `CudaGraph` on the CPU: `replay()` calls the captured pass again, so
+    a pass that read anything but the shape's own input tensors would replay stale inputs."""
+
+    captured = 0
+
+    def __init__(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> None:
+        self.pass_ = pass_
+        EagerReplay.captured += 1
+
+    def replay(self) -> torch.Tensor:
+        return self.pass_()
+
+
+RULES = {
+    "fixed": dict(steps=16),
+    "entropy": dict(alpha=0.3, temperature=0.6),
+    "confidence": dict(threshold=0.5, temperature=0.7, top_k=20),
+}
+# prompts, generation lengths and block lengths differ between rows, so rows move between
+# blocks at different steps and the reuse pass's rows, widths and paddings change
+SHAPES = [(5, 16, 4), (9, 12, 4), (3, 16, 8), (7, 8, 2)]
+
+
+def _rows(caches: list[str], rule: dict) -> list[DecodeRow]:
+    rows = []
+    for k, ((prompt, gen, block), cache) in enumerate(zip(SHAPES, caches)):
+        g = torch.Generator().manual_seed(k)
+        settings = dict(rule, steps=gen) if "steps" in rule else rule
+        rows.append(
+            DecodeRow(
+                prompt=torch.randint(0, 240, (prompt,), generator=g),
+                tokens=torch.full((gen,), MASK),
+                block_length=block,
+                cache=cache,
+                generator=torch.Generator().manual_seed(100 + k),
+                **settings,
+            )
+        )
+    return rows
+
+
+def _decode(model: nn.Module, mode: str, caches: list[str], rule: dict) -> list[DecodeRow]:
+    model.cached_steps = "static" if mode == "graphs" else mode
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    if mode == "graphs":  # replayed eagerly: no CUDA here
+        decoder.forward.static_steps = StaticSteps(model, "graphs")
+        decoder.forward.static_steps.graph_class = EagerReplay
+    rows = _rows(caches, rule)
+    for row in rows:
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    return rows
+
+
+@pytest.mark.parametrize("rule", RULES, ids=list(RULES))
+@pytest.mark.parametrize(
+    "caches",
+    [["prefix"] * 4, ["dual"] * 4, ["dual", "prefix", "none", "dual"]],
+    ids=["prefix", "dual", "mixed"],
+)
+def test_static_steps_give_the_dynamic_paths_tokens(model, caches, rule):
+    dynamic = _decode(model, "dynamic", caches, RULES[rule])
+    for mode in ("static", "graphs"):
+        found = _decode(model, mode, caches, RULES[rule])
+        for expected, row in zip(dynamic, found):
+            assert torch.equal(row.tokens, expected.tokens), mode
+            assert row.nfe == expected.nfe, mode
+
+
+def _block(row: DecodeRow) -> list[int]:
+    start = int((row.tokens == MASK).nonzero()[0]) // row.block_length * row.block_length
+    return list(range(start, start + row.block_length))
+
+
+def test_a_static_reuse_pass_is_the_dynamic_one_bit_for_bit(model):
+    """The buffers hold the dynamic path's keys in its layout: the same attention input, so
+    the same logits exactly (not merely close), whatever the rows' paddings."""
+    logits = {}
+    for mode in ("dynamic", "static"):
+        model.cached_steps = mode
+        rows = _rows(["dual", "prefix", "dual", "prefix"], RULES["fixed"])
+        for row, committed in zip(rows, (4, 3, 8, 0)):
+            row.tokens[:committed] = torch.arange(committed) + 7
+        forward = ForwardPass(model, pad_id=MASK, device=CPU)
+        starts = [_block(row)[0] for row in rows]
+        forward.run(rows, starts, [True] * 4)  # keeps
+        for _ in range(2):  # the second reuse step runs over buffers filled by the first
+            step = forward.run(rows, starts, [True] * 4)
+        logits[mode] = step.many([(i, _block(row)) for i, row in enumerate(rows)])
+    for dynamic, static in zip(logits["dynamic"], logits["static"]):
+        assert torch.equal(dynamic, static)
+
+
+def test_the_buffers_are_filled_once_per_block_not_per_step(model, monkeypatch):
+    """One dual row, 4 blocks of 4 positions, one commit a step: 3 reuse steps a block,
+    the buffers filled at the first of them only; one graph for all blocks (the key width
+    stays the prompt plus the answer)."""
+    fills = []
+    fill = static_module._fill
+    monkeypatch.setattr(static_module, "_fill", lambda *a: fills.append(1) or fill(*a))
+    EagerReplay.captured = 0
+    row = _decode(model, "graphs", ["dual"], dict(steps=16))[0]
+    assert row.nfe == 16
+    assert len(fills) == 4
+    assert EagerReplay.captured == 1
+
+
+def test_cached_steps_resolves_and_refuses(model):
+    assert resolve_cached_steps("auto", model, CPU) == "static"
+    assert resolve_cached_steps("dynamic", model, CPU) == "dynamic"
+    with pytest.raises(ValueError, match=r"cached_steps=graphs cannot apply: CUDA graphs need"):
+        resolve_cached_steps("graphs", model, CPU)
+    with pytest.raises(ValueError, match=r"cached_steps must be one of .*got 'fast'"):
+        resolve_cached_steps("fast", model, CPU)
+    cuda = torch.device("cuda")
+    assert graph_capturable(model, cuda) is None  # LLaDA and Dream are flagged capturable
+    assert "not known to be capturable" in graph_capturable(nn.Linear(2, 2), cuda)
