@@ -152,3 +152,20 @@ def test_cached_steps_resolves_and_refuses(model):
     cuda = torch.device("cuda")
     assert graph_capturable(model, cuda) is None  # LLaDA and Dream are flagged capturable
     assert "not known to be capturable" in graph_capturable(nn.Linear(2, 2), cuda)
+
+
+def test_the_model_arg_is_checked_before_loading_and_recorded():
+    from lm_eval_dvoting.integration.harness import LLaDAEvalModel
+
+    def load(**args):
+        return LLaDAEvalModel(**{"pretrained": "tiny-arith", "device": "cpu", **args})
+
+    with pytest.raises(ValueError, match=r"cached_steps must be one of .*got 'fast'.*leave it"):
+        load(pretrained="/no/such/folder", cached_steps="fast")  # before the folder is read
+    with pytest.raises(ValueError, match=r"cached_steps=graphs needs a CUDA device.*device=cpu"):
+        load(pretrained="/no/such/folder", cached_steps="graphs")
+    lm = load(cache="dual")
+    assert lm.model.cached_steps == "auto"
+    assert lm.get_model_info()["dvoting"]["cached_steps"] == "static"  # auto, off a GPU
+    lm = load(cache="dual", cached_steps="dynamic")
+    assert lm.get_model_info()["dvoting"]["cached_steps"] == "dynamic"

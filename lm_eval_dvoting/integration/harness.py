@@ -81,6 +81,7 @@ from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
 from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer
+from lm_eval_dvoting.core.decoding.static_steps import CACHED_STEPS, resolve_cached_steps
 from lm_eval_dvoting.core.guidance import GuidedModel
 from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
 from lm_eval_dvoting.core.parts import default_cache
@@ -182,6 +183,7 @@ class DVotingEvalModel(TemplateLM):
         self._setup_processes(args["device"])
         # parsed before the checkpoint is read: a bad batch size fails at once
         self.batch_rows = self._parse_batch_size(args["batch_size"], args["max_batch_size"])
+        cached_steps = _checked_cached_steps(args["cached_steps"], self._device)
         loading = ("tokenizer", "revision", "subfolder", "dtype")
         self._load_checkpoint(
             *(args[name] for name in loading),
@@ -190,6 +192,7 @@ class DVotingEvalModel(TemplateLM):
             args["reference"],
         )
         self.max_length = self._checked_max_length(max_length)
+        self.cached_steps = self._set_cached_steps(cached_steps)
         # task sampling values reported as unused
         self._ignored_sampling: set[tuple[Any, ...]] = set()
         self.costs = CostBook()  # cost totals and settings used of the requests computed
@@ -308,6 +311,15 @@ class DVotingEvalModel(TemplateLM):
                 self.model.family,
                 self.family,
             )
+
+    def _set_cached_steps(self, asked: str) -> str:
+        """The models' `cached_steps` (`core/decoding/static_steps.py`), as the decoder reads
+        it; `graphs` where it cannot apply (e.g. a model spread over GPUs) is refused here,
+        after loading and before any decoding. Returns the mode the policy's steps run."""
+        models = [m for m in (self.model, self.reference_model) if m is not None]
+        for model in models:
+            model.cached_steps = asked
+        return [resolve_cached_steps(asked, model, self._device) for model in models][0]
 
     def _read_adapter_and_reference(self, peft: str | None, reference: str | None) -> Any:
         """Read the adapter `peft` and find the folder of the RFG `reference` (None: none),
@@ -795,6 +807,8 @@ class DVotingEvalModel(TemplateLM):
             # parallelize=True: module -> GPU index ("cpu": offloaded) per layer; None: all on
             # `device`
             "device_map": getattr(self.model, "device_map", None),
+            # how the cached steps ran (static buffers, CUDA graphs): the same tokens either way
+            "cached_steps": self.cached_steps,
         }
 
 
@@ -919,14 +933,17 @@ _OWN_ARGS: dict[str, Any] = {
     "max_memory_per_gpu": None,
     "max_cpu_memory": None,
     "device_map": None,
+    # the reuse passes of cache=prefix|dual: auto, dynamic, static or graphs (static_steps.py)
+    "cached_steps": "auto",
 }
 # the order the accepted model args are listed in (a setting not named here comes last)
 _ARG_ORDER = (
     "pretrained tokenizer strategy n alpha temperature tau block_length steps remasking "
     "hex_samples prefix_cache decoder cache threshold temporal_weight temporal_alpha editing "
     "editing_threshold max_post_steps vote peft reference guidance seed dtype max_gen_toks "
-    "max_length mc_num batch_size max_batch_size device revision subfolder trust_remote_code "
-    "use_fast_tokenizer add_bos_token parallelize max_memory_per_gpu max_cpu_memory device_map"
+    "max_length mc_num batch_size max_batch_size device cached_steps revision subfolder "
+    "trust_remote_code use_fast_tokenizer add_bos_token parallelize max_memory_per_gpu "
+    "max_cpu_memory device_map"
 ).split()
 _PARALLEL_ARGS = (
     "parallelize",
@@ -971,6 +988,22 @@ def _constructor_signature() -> inspect.Signature:
 
 
 DVotingEvalModel.__init__.__signature__ = _constructor_signature()  # type: ignore[attr-defined]
+
+
+def _checked_cached_steps(asked: Any, device: torch.device) -> str:
+    """The model arg `cached_steps`, checked before the checkpoint is read: one of
+    `CACHED_STEPS`, and `graphs` only on a CUDA device."""
+    if asked not in CACHED_STEPS:
+        raise ValueError(
+            f"cached_steps must be one of {', '.join(CACHED_STEPS)}, got {asked!r}: leave it "
+            "out (auto: CUDA graphs where they apply, else static buffers)"
+        )
+    if asked == "graphs" and device.type != "cuda":
+        raise ValueError(
+            f"cached_steps=graphs needs a CUDA device, got device={device}: leave cached_steps "
+            "out (auto) or give device=cuda"
+        )
+    return str(asked)
 
 
 def _refuse_unknown_args(unknown: dict[str, Any]) -> None:

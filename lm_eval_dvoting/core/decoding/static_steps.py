@@ -14,8 +14,8 @@ of fixed shape, run eagerly or captured as a CUDA graph and replayed (the model 
   second step of its shape and replayed from then on: one launch for the model's body
   instead of a few hundred kernels, which is what bounds a one-row step. It needs a CUDA
   device and a model whose pass has no host syncs and no switch the graph would not see
-  (`graph_capturable`: this package's LLaDA and Dream, without a LoRA adapter, whose
-  switching on and off RFG's reference relies on). At most `GRAPHS_KEPT` shapes keep their
+  (`graph_capturable`: this package's LLaDA and Dream on one device, without a LoRA adapter,
+  whose switching on and off RFG's reference relies on). At most `GRAPHS_KEPT` shapes keep their
   graph and buffers (the least recently used is dropped).
 * `auto` (the default): `graphs` where it applies, else `static`.
 
@@ -50,6 +50,8 @@ def graph_capturable(model: torch.nn.Module, device: torch.device) -> str | None
         return f"CUDA graphs need a CUDA device; the model is on {device.type}"
     if not getattr(model, "captures_cuda_graphs", False):
         return f"{type(model).__name__}'s pass is not known to be capturable"
+    if getattr(model, "device_map", None):
+        return "the model is spread over devices (parallelize=True)"
     if lora_layers(model):
         return "a LoRA adapter is attached (switching it would not reach a captured graph)"
     return None

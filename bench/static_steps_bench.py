@@ -1,0 +1,243 @@
+"""Suite `static-steps`: the reuse steps of `cache=prefix|dual` under each `cached_steps` mode
+(`dynamic`: the kept keys concatenated at every step; `static`: buffers filled once per block;
+`graphs`: the same, replayed as CUDA graphs, on a GPU only), against `cache=none`.
+
+    # on the CPU (the real-shape proxy: LLaDA-8B's width, --layers of its 32 layers)
+    OMP_NUM_THREADS=2 .venv/bin/python -m bench static-steps --layers 2 --rows 1 4
+    # on a lent GPU: the full shape in bfloat16 (with graphs)
+    python3 -m bench static-steps --device cuda --dtype bfloat16 --layers 32 --rows 1 16 \\
+        --json $OUT/static_steps_gpu.json
+    # write BENCHMARKS.md's section from --json
+    .venv/bin/python -m bench static-steps --report-only --json FILE
+
+Each cell is one block of `single`'s fixed schedule (steps = the answer length: one commit a
+step, so a block of B positions takes B steps: one full pass, then B-1 reuse passes), entered
+with the earlier blocks pre-filled, in the first and in the last block; a random-weight LLaDA
+at prompt 256 + answer 256, block 32. The cells of a repeat step round-robin (one step of each
+in turn), so a drift of the machine's load hits every mode alike; a GPU is synchronised after
+every step. Every mode's tokens at the end of its block are compared with `dynamic`'s (in
+float32 they must be identical, `tests/test_static_steps.py`). Results go to `--json` after
+every repeat; the section sits between `<!-- static_steps_bench:start/end -->`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from bench.caches_bench import entering_decoder
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_real_shape_arguments,
+    args_record,
+    command_line,
+    load_json,
+    markers,
+    run_facts,
+    save_json,
+    write_section,
+)
+from bench.workloads import real_vocab_workload
+from lm_eval_dvoting.core.decoding import RowDecoder
+
+START, END = markers("static_steps_bench")
+Results = dict[str, Any]
+
+
+def modes(device: str) -> list[str]:
+    return ["dynamic", "static"] + (["graphs"] if device == "cuda" else [])
+
+
+def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
+    """(cache, mode, rows, block index) of every cell; `none` once per rows and block."""
+    last = args.gen_length // args.block - 1
+    found = []
+    for rows in args.rows:
+        for block in (0, last):
+            found.append(("none", "dynamic", rows, block))
+            found += [
+                (cache, mode, rows, block)
+                for cache in ("prefix", "dual")
+                for mode in modes(args.device)
+            ]
+    return found
+
+
+def _step(decoder: RowDecoder, device: str) -> float:
+    start = time.perf_counter()
+    decoder.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Results:
+    """One block of every cell; each cell's step times and final tokens. The cells of one
+    rows count and block step round-robin; a group's decoders (and their buffers) are
+    dropped before the next group starts, so a GPU holds one group's at a time."""
+    found: Results = {}
+    groups: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    for cache, mode, rows, block in cells(args):
+        groups.setdefault((rows, block), []).append((cache, mode))
+    for (rows, block), members in groups.items():
+        decoders = {}
+        for cache, mode in members:
+            model.cached_steps = mode
+            key = f"{cache}/{mode}/rows{rows}/block{block}"
+            decoders[key] = entering_decoder(model, prompt, args, "fixed", cache, block, rows)
+        kept = {key: list(decoder.active) for key, decoder in decoders.items()}
+        times: dict[str, list[float]] = {key: [] for key in decoders}
+        for _ in range(args.block):  # one block: the fixed schedule commits one a step
+            for key, decoder in decoders.items():
+                times[key].append(_step(decoder, args.device))
+        for key in decoders:
+            tokens = [row.tokens.tolist() for row in kept[key]]
+            found[key] = {"steps": times[key], "tokens": tokens}
+    return found
+
+
+def run(args: argparse.Namespace, results: Results) -> None:
+    dtype = getattr(torch, args.dtype)
+    work = real_vocab_workload(
+        1,
+        args.gen_length,
+        args.prompt_length,
+        d_model=args.width,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        name="real-shape",
+        std=0.02,
+        device=args.device,
+        dtype=dtype,
+    )
+    results["description"] = work.description
+    prompt = work.prompts[0].to(args.device)
+    if args.warm_up:  # the first steps on a GPU cost many times a later one
+        model = work.model
+        model.cached_steps = "dynamic"
+        warm = entering_decoder(model, prompt, args, "fixed", "none", 0, max(args.rows))
+        for _ in range(args.warm_up):
+            _step(warm, args.device)
+    repeats = results.setdefault("repeats", [])
+    for repeat in range(len(repeats), args.repeats):
+        repeats.append(run_repeat(work.model, prompt, args))
+        print(f"  [static-steps] repeat {repeat} done", flush=True)
+        save_json(args.json, results)
+
+
+# ----------------------------------------------------------------- the report
+
+
+def cell_figures(results: Results) -> dict[str, dict[str, float]]:
+    """Per cell: median over repeats of the mean reuse step (ms; steps after the first of the
+    block) and of the mean step over the block (ms), and whether its tokens are dynamic's."""
+    figures: dict[str, dict[str, float]] = {}
+    for key in results["repeats"][0]:
+        reuse = [statistics.mean(r[key]["steps"][1:]) * 1e3 for r in results["repeats"]]
+        block = [statistics.mean(r[key]["steps"]) * 1e3 for r in results["repeats"]]
+        cache, mode, rest = key.split("/", 2)
+        same = all(
+            r[key]["tokens"] == r[f"{cache}/dynamic/{rest}"]["tokens"] for r in results["repeats"]
+        )
+        figures[key] = {
+            "reuse": statistics.median(reuse),
+            "reuse_spread": max(reuse) - min(reuse),
+            "block": statistics.median(block),
+            "same": same,
+        }
+    return figures
+
+
+def table(results: Results) -> list[str]:
+    """One row per cache and mode and rows: reuse step and step over the block (first and
+    last block), and `none`'s step over the block divided by the cell's (mean of the two)."""
+    figures = cell_figures(results)
+    args = results["args"]
+    last = args["gen_length"] // args["block"] - 1
+    lines = [
+        "| rows | cache | cached_steps | reuse step ms, block 1 / last | step over a block ms, "
+        "1 / last | none/cell per step | tokens as `dynamic`'s |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for rows in args["rows"]:
+        none = [figures[f"none/dynamic/rows{rows}/block{b}"]["block"] for b in (0, last)]
+        for key in [k for k in figures if f"/rows{rows}/block0" in k]:
+            cache, mode, _ = key.split("/", 2)
+            pair = [figures[key.replace("/block0", f"/block{b}")] for b in (0, last)]
+            reuse = " / ".join(f"{p['reuse']:.1f}" for p in pair) if cache != "none" else "-"
+            blocks = " / ".join(f"{p['block']:.1f}" for p in pair)
+            ratio = statistics.mean(none) / statistics.mean(p["block"] for p in pair)
+            same = "yes" if all(p["same"] for p in pair) else "NO"
+            lines.append(
+                f"| {rows} | {cache} | {mode} | {reuse} | {blocks} | {ratio:.2f}x | {same} |"
+            )
+    return lines
+
+
+def section(results: Results) -> list[str]:
+    meta = results["meta"]
+    spread = max(
+        figure["reuse_spread"] / max(figure["reuse"], 1e-9)
+        for figure in cell_figures(results).values()
+    )
+    return [
+        START,
+        "## Static-shape cached steps and CUDA graphs (`cached_steps`)",
+        "",
+        f"Written by `python -m bench static-steps`: {results['description']}; prompt "
+        f"{results['args']['prompt_length']} + answer {results['args']['gen_length']}, block "
+        f"{results['args']['block']}, `single`'s fixed schedule (one commit a step), medians of "
+        f"{len(results['repeats'])} repeat(s) (largest spread of a reuse step: "
+        f"{spread:.0%} of its median).",
+        "",
+        f"- command: `{meta['command']}`",
+        *[f"- {name}: {value}" for name, value in meta["facts"].items()],
+        f"- load average before: {meta['load_before']}; busy: {', '.join(meta['busy']) or '-'}",
+        "",
+        *table(results),
+        "",
+        "*reuse step*: a step whose pass reuses the kept keys and values (all but the block's "
+        "first); *step over a block*: the mean over the block's steps, its full first pass "
+        "included, which is what a question costs per step; *none/cell*: `cache=none`'s step "
+        "over the block divided by the cell's.",
+        "",
+        "What it does not show: random weights; the layers given (the proxy's other layers "
+        "would add the same per-layer work to every mode); one rule (the fixed schedule: the "
+        "threshold rules change the rows of the reuse pass more often, which refills the "
+        "buffers and, with graphs, may capture new shapes).",
+        END,
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench static-steps", description=__doc__)
+    add_real_shape_arguments(p, prompt_length=256, gen_length=256)
+    p.add_argument("--block", type=int, default=32)
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warm-up", type=int, default=0, help="untimed steps first (GPU: 5)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    add_output_flags(p, RESULTS / "static_steps_bench.json")
+    args = p.parse_args(argv)
+    torch.set_grad_enabled(False)
+    results = load_json(args.json) if args.report_only else {}
+    if not args.report_only:
+        command = command_line("static-steps", argv)
+        results.update(args=args_record(args), meta=run_facts(command, args.device))
+        run(args, results)
+        save_json(args.json, results)
+    write_section(args.out, section(results), START, END)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

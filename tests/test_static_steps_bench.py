@@ -1,0 +1,46 @@
+"""bench/static_steps_bench.py: a tiny run on the CPU reports every cell, each mode's tokens
+against `dynamic`'s (a changed token shows as NO), and the ratios from the step times."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import static_steps_bench
+
+TINY = "--layers 1 --width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("static_steps")
+    out, json_path = folder / "B.md", folder / "s.json"
+    argv = TINY.split() + ["--rows", "1", "2", "--repeats", "1"]
+    assert static_steps_bench.main(argv + ["--json", str(json_path), "--out", str(out)]) == 0
+    return json.loads(json_path.read_text()), out.read_text()
+
+
+def test_a_tiny_run_reports_every_cell_with_dynamics_tokens(run):
+    results, text = run
+    rows = [
+        line for line in text.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+    ]
+    # per rows count: none, then prefix and dual in dynamic and static (no graphs on the CPU)
+    assert [r.split(" | ")[1:3] for r in rows] == 2 * (
+        [["none", "dynamic"]]
+        + [[cache, mode] for cache in ("prefix", "dual") for mode in ("dynamic", "static")]
+    )
+    assert all(r.endswith("| yes |") for r in rows)
+    assert all(len(cell["steps"]) == 4 for cell in results["repeats"][0].values())
+
+
+def test_a_changed_token_and_the_ratios_come_from_the_results(run):
+    results, _ = run
+    cells = results["repeats"][0]
+    cells["dual/static/rows2/block3"]["tokens"][1][0] += 1
+    for key in cells:  # none 8 ms a step, every other cell 2 ms: none/cell = 4
+        cells[key]["steps"] = [0.008 if key.startswith("none/") else 0.002] * 4
+    lines = static_steps_bench.table(results)
+    assert "| 2 | dual | static | 2.0 / 2.0 | 2.0 / 2.0 | 4.00x | NO |" in lines
+    assert "| 2 | dual | dynamic | 2.0 / 2.0 | 2.0 / 2.0 | 4.00x | yes |" in lines
