@@ -169,3 +169,31 @@ def test_the_model_arg_is_checked_before_loading_and_recorded():
     assert lm.get_model_info()["dvoting"]["cached_steps"] == "static"  # auto, off a GPU
     lm = load(cache="dual", cached_steps="dynamic")
     assert lm.get_model_info()["dvoting"]["cached_steps"] == "dynamic"
+
+
+class FailingCapture:
+    def __init__(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> None:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["auto", "graphs"])
+def test_a_capture_that_fails_falls_back_under_auto_and_is_refused_when_asked(
+    model, strict, caplog
+):
+    dynamic = _decode(model, "dynamic", ["dual"], dict(steps=16))[0]
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    decoder.forward.static_steps = StaticSteps(model, "graphs", strict=strict)
+    decoder.forward.static_steps.graph_class = FailingCapture
+    row = _rows(["dual"], dict(steps=16))[0]
+    decoder.add(row)
+    if strict:
+        with pytest.raises(RuntimeError, match=r"cached_steps=graphs: capturing .* failed"):
+            while decoder.active:
+                decoder.step()
+        return
+    while decoder.active:
+        decoder.step()
+    assert torch.equal(row.tokens, dynamic.tokens)
+    assert decoder.forward.static_steps.mode == "static"
+    assert "no CUDA graphs (operation not permitted" in caplog.text

@@ -168,9 +168,12 @@ class ForwardPass:
         self.pass_positions = accepts_position_ids(model)
         # the reuse passes' buffers (`static_steps.py`; None: the dynamic path), as the
         # model's `cached_steps` asks (set by the harness from the model arg; default auto)
-        mode = resolve_cached_steps(getattr(model, "cached_steps", "auto"), model, device)
+        asked = getattr(model, "cached_steps", "auto")
+        mode = resolve_cached_steps(asked, model, device)
         self.static_steps = (
-            StaticSteps(model, mode) if self.can_cache and mode != "dynamic" else None
+            StaticSteps(model, mode, strict=asked == "graphs")
+            if self.can_cache and mode != "dynamic"
+            else None
         )
 
     def check(self, row: DecodeRow) -> None:

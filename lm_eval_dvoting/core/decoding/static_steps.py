@@ -117,8 +117,10 @@ class StaticSteps:
 
     graph_class: Any = CudaGraph  # what captures a pass (tests replay it eagerly)
 
-    def __init__(self, model: torch.nn.Module, mode: str) -> None:
-        self.model, self.mode = model, mode
+    def __init__(self, model: torch.nn.Module, mode: str, strict: bool = False) -> None:
+        """`mode`: `static` or `graphs`; `strict`: graphs were asked for by name, so a
+        capture that fails is an error rather than a fall-back to `static`."""
+        self.model, self.mode, self.strict = model, mode, strict
         self.shapes: OrderedDict[tuple[int, int, int], _Shape] = OrderedDict()
 
     def run(
@@ -179,8 +181,23 @@ class StaticSteps:
         if shape.graph is None and shape.uses < CAPTURE_ON_USE:
             return self._pass(shape, *inputs)
         if shape.graph is None:
-            shape.graph = self.graph_class(lambda: self._pass(shape, *inputs), ids.device)
-        return shape.graph.replay()
+            shape.graph = self._captured(shape, inputs)
+        return shape.graph.replay() if shape.graph else self._pass(shape, *inputs)
+
+    def _captured(self, shape: _Shape, inputs: tuple[torch.Tensor, ...]) -> Any:
+        """The shape's pass captured (`graph_class`); if capturing fails, `auto` goes on
+        with static buffers (said once in the log), an explicit `graphs` is refused."""
+        try:
+            return self.graph_class(lambda: self._pass(shape, *inputs), shape.ids.device)
+        except Exception as error:  # whatever the capture raised, the decode can go on
+            if self.strict:
+                raise RuntimeError(
+                    f"cached_steps=graphs: capturing the reuse pass failed ({error}); use "
+                    "cached_steps=static (the same tokens, without graphs)"
+                ) from error
+            log.warning("cached_steps=auto: no CUDA graphs (%s); static buffers instead", error)
+            self.mode = "static"
+            return None
 
 
 def _prefix_width(kept: Sequence[KeptKeysValues]) -> int:
