@@ -342,9 +342,18 @@ def project(
     return out
 
 
-def outside(shape: TaskShape, none: StepModel) -> int:
-    """The questions whose length lies outside the measured tokens (at any row count)."""
-    return sum(any(not none.measured(r, t) for r in ROWS) for t in shape.lengths)
+def outside(shape: TaskShape, none: StepModel) -> list[int]:
+    """The lengths of the questions outside the measured tokens (at any row count)."""
+    return [t for t in shape.lengths if any(not none.measured(r, t) for r in ROWS)]
+
+
+def outside_share(shape: TaskShape, none: StepModel, rows: int) -> float:
+    """The share of the task's `none` time at `rows` rows that lies outside the measured
+    tokens (the same for every strategy: their steps per question are constants)."""
+    row_step = none_row_step(none, rows)
+    return task_seconds(outside(shape, none), 1, row_step) / task_seconds(
+        shape.lengths, 1, row_step
+    )
 
 
 def task_shapes(
@@ -389,12 +398,13 @@ def largest_rise(
 
 
 def duration(seconds: float | None) -> str:
-    """Seconds as the unit a reader plans with: s under 2 min, min under 2 h, else h."""
+    """Seconds as a reader plans with them: s under 100 s, min under 90 min, else h;
+    None (not projected): n/a."""
     if seconds is None:
-        return "-"
-    if seconds < 120:
+        return "n/a"
+    if seconds < 100:
         return f"{seconds:.0f} s"
-    if seconds < 7200:
+    if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:,.1f} h"
 
@@ -432,17 +442,19 @@ def model_lines(none: StepModel, dual: DualModel) -> list[str]:
 
 
 def task_lines(shapes: list[TaskShape], none: StepModel) -> list[str]:
-    """Each task's questions and prompt lengths."""
+    """Each task's questions and prompt lengths, and how much of it lies outside the model."""
+    shares = ", ".join(f"{r} row{'s' if r > 1 else ''}" for r in ROWS)
     lines = [
         "| task | lm-eval task | questions | L | prompt tokens, mean (min-max) "
-        "| questions outside the measured 64-512 tokens per row |",
-        "|---|---|---:|---:|---:|---:|",
+        f"| questions outside 64-512 tokens per row | their share of the time (`none`, {shares}) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for s in shapes:
         p = s.prompt_tokens
+        share = " / ".join(f"{100 * outside_share(s, none, r):.1f}%" for r in ROWS)
         lines.append(
             f"| {s.label} | `{s.task}` | {len(p):,} | {s.gen_length} | "
-            f"{sum(p) / len(p):.0f} ({min(p)}-{max(p)}) | {outside(s, none):,} |"
+            f"{sum(p) / len(p):.0f} ({min(p)}-{max(p)}) | {len(outside(s, none)):,} | {share} |"
         )
     return lines
 
@@ -481,13 +493,19 @@ def check_lines(bench: Results, none: StepModel) -> list[str]:
         "| model ms per step | measured / model |",
         "|---|---:|---:|---:|---:|",
     ]
+    ratios = []
     for c in chosen:
         rows = int(c["rows_per_pass"])
         measured, model = 1e3 * c["seconds_per_pass"], 1e3 * none.seconds(rows, SHORT_TOKENS)
+        ratios.append(measured / model)
         lines.append(
-            f"| {c['strategy']} | {rows} | {measured:.1f} | {model:.1f} | {measured / model:.2f} |"
+            f"| {c['strategy']} | {rows} | {measured:.1f} | {model:.1f} | {ratios[-1]:.2f} |"
         )
-    return lines
+    return lines + [
+        "",
+        f"The whole runs' passes (prompt 32 + generation 32; scheduler, rules and votes "
+        f"included) took {min(ratios):.2f}x to {max(ratios):.2f}x the model's step at 64 tokens.",
+    ]
 
 
 def header_lines(bench: Results, args: argparse.Namespace, argv: list[str]) -> list[str]:
@@ -545,8 +563,10 @@ def caveat_lines(rise: float | None) -> list[str]:
         "last passes); likelihood requests, model loading and answer scoring are left out; "
         "`dual`'s reuse step is the one measured at block 32 over 512 tokens, not at the "
         "tasks' blocks, and `dual` changes the answers (it is approximate), which the paper's "
-        "steps do not account for. † marks a task with questions outside 64-512 tokens per "
-        "row, whose times extend the model's line beyond what was measured." + estimate,
+        "steps do not account for; dVoting's `dual` cells are n/a: its entropy rule's steps "
+        "per block are not known from the paper's steps per question. † marks a task with "
+        "questions outside 64-512 tokens per row, whose times extend the model's line beyond "
+        "what was measured (their share of the time is in the tasks' table)." + estimate,
         "",
         END,
     ]
