@@ -12,6 +12,8 @@ import pytest
 from bench import projection
 from bench.projection import DualModel, StepModel, TaskShape
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 def _steps(first: float, later: float) -> list[dict[str, float | str]]:
     """One timed block of 32 steps: a full first step, then reuse steps (`none`: all full)."""
@@ -131,3 +133,33 @@ def test_a_run_without_the_cells_is_refused_naming_them(tmp_path, damage, named)
 def test_a_missing_data_folder_is_refused_before_reading(tmp_path):
     with pytest.raises(SystemExit, match=r"--data-dir .*nowhere: not a folder; give the folder"):
         projection.main(["--data-dir", str(tmp_path / "nowhere")])
+
+
+def test_exact_counts_use_the_tokenizers_own_chat_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    demo = AutoTokenizer.from_pretrained(str(REPO / "lm_eval_dvoting" / "demo" / "tiny-arith"))
+    demo.chat_template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"  # one token more
+    demo.save_pretrained(tmp_path)
+    count = projection.tokenizer_counter(tmp_path)
+    assert count("12+3") == len(demo.encode("12+3=", add_special_tokens=False)) == 5
+
+
+def test_the_section_is_labelled_a_projection_and_marks_what_it_extends():
+    run = hand_run()
+    none, dual = projection.load_models(run, Path("hand.json"))
+    paper = {
+        "T": projection.PaperRow(
+            "T", 256, {"single": 256, "majority": 640, "hex": 3200, "dvoting": 9}
+        )
+    }
+    shapes = [TaskShape("T", "dvoting_t", 256, (32, 480))]  # 736 tokens: beyond the cells
+    args = projection.parse_args(["--data-dir", str(REPO), "--json", str(projection.DEFAULT_BENCH)])
+    parts = (shapes, projection.projections(shapes, paper, none, dual), none, dual)
+    text = "\n".join(projection.section(run, args, ["--data-dir", "D"], parts, 0.05))
+    assert "## PROJECTION (computed, not measured): whole tasks on one H100" in text
+    assert "- command: `.venv/bin/python -m bench projection --data-dir D`" in text
+    assert "prompt tokens: ESTIMATED" in text and "no time rises by more than 5.0%" in text
+    assert "| T | dvoting | 9 | varies (early stop) |" in text and "| n/a | n/a |" in text
+    assert "| T | single | 256 | 256 | " in text and " † |" in text  # extended: marked
+    assert "| T | `dvoting_t` | 2 | 256 | 256 (32-480) | 1 |" in text
