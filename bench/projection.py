@@ -441,6 +441,24 @@ def model_lines(none: StepModel, dual: DualModel) -> list[str]:
     return lines
 
 
+def entropy_lines(bench: Results, dual: DualModel) -> list[str]:
+    """dVoting's entropy rule's `none` steps in the same run against the fixed schedule's step
+    that the model uses for every strategy (nothing when the run has no entropy cells)."""
+    caches, parts = bench.get("caches", {}), []
+    for rows in ROWS:
+        later = caches_bench.entropy_steps(caches.get(str(rows), {}), "none")["later"]
+        if math.isnan(later):
+            return []
+        fixed = dual.none.seconds(rows, dual.length)
+        parts.append(f"{1e3 * later:.1f} ms at {rows} row(s), {later / fixed:.2f}x the fixed one's")
+    return [
+        "",
+        "The model takes `single`'s fixed-schedule step for every strategy; dVoting's entropy "
+        f"rule's later steps without a cache, in the same run at {dual.length} tokens: "
+        f"{'; '.join(parts)}.",
+    ]
+
+
 def task_lines(shapes: list[TaskShape], none: StepModel) -> list[str]:
     """Each task's questions and prompt lengths, and how much of it lies outside the model."""
     shares = ", ".join(f"{r} row{'s' if r > 1 else ''}" for r in ROWS)
@@ -560,7 +578,7 @@ def caveat_lines(rise: float | None) -> list[str]:
         "the steps per question are the paper's averages, not this plugin's on these questions "
         "(dVoting's depend on how soon its samples agree; the fixed schedules' equal our "
         "defaults); every pass is taken as full (no padding to the longest row, no part-filled "
-        "last passes); likelihood requests, model loading and answer scoring are left out; "
+        "last passes); loading the model and the data and scoring the answers are left out; "
         "`dual`'s reuse step is the one measured at block 32 over 512 tokens, not at the "
         "tasks' blocks, and `dual` changes the answers (it is approximate), which the paper's "
         "steps do not account for; dVoting's `dual` cells are n/a: its entropy rule's steps "
@@ -591,6 +609,7 @@ def section(
         + task_lines(shapes, none)
         + ["", "### The time model: seconds per decoding step, from the GPU run", ""]
         + model_lines(none, dual)
+        + entropy_lines(bench, dual)
         + check_head
         + check
         + [""]
