@@ -624,7 +624,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench projection",
         description="Project whole-task wall times on one GPU from a GPU run's step times "
-        "(reads JSON and data files only; runs on the CPU).",
+        "(reads JSON and data files only; runs on the CPU). --json: the `python -m bench gpu` "
+        "run to read (default bench/results/gpu_bench_h100.json); --out: the Markdown file "
+        "whose projection section is rewritten.",
     )
     add_output_flags(p, DEFAULT_BENCH, BENCHMARKS_MD, report_only=False)
     p.add_argument(
