@@ -25,6 +25,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.batch_invariance",
         "accuracy and NFE against --batch_size, per dtype (docs/batch_invariance.md)",
     ),
+    "projection": (
+        "bench.projection",
+        "a PROJECTION of whole-task wall times on one GPU from `gpu`'s step times (CPU, seconds)",
+    ),
     "selected-tasks": (
         "bench.selected_tasks",
         "lm-eval's start-up time up to 'Selected Tasks' (takes lm_eval's arguments)",
