@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue #43's GPU cells in one run, for a lent GPU machine (about 6 minutes on an H100):
+#   1. `bench static-steps` at LLaDA-8B's full shape in bfloat16 (32 layers), 1 and 16 rows:
+#      cache none / prefix / dual under cached_steps dynamic, static and graphs;
+#   2. the same at 4 layers in float32: every mode's tokens must be dynamic's exactly;
+#   3. `bench fastdllm` (when bench/.fastdllm/ was exported here and carried along): Fast-dLLM's
+#      own LLaDA generate against ours, same weights, same tokens checked.
+# Each part has its own time limit and log; a part that fails does not stop the next.
+#
+#   # on the device machine, from the repository root (carry bench/.fastdllm):
+#   bash bench/gpu_session.sh                 # writes under $OUT
+#   # a smoke run of the same script on the CPU (tiny sizes, seconds):
+#   SMOKE=1 OUT=/tmp/gpu_smoke bash bench/gpu_session.sh
+#   # then, here, each suite's section from its JSON, e.g.
+#   .venv/bin/python -m bench static-steps --report-only --json FILES/static_steps_bf16.json
+set -u
+OUT=${OUT:-/tmp/gpu_session}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+if [ "${SMOKE:-0}" = 1 ]; then
+    DEVICE=cpu BF16=float32 LAYERS=1 F32_LAYERS=1 ROWS="1 2" REPEATS=1 WARM=0
+    SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
+    FAST="--tiny --repeats 1"
+else
+    DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
+    SHAPE=""
+    FAST="--device cuda --repeats 2"
+fi
+
+part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept under $OUT
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date -u +%H:%M:%S))"
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    echo "exit status $?" >>"$OUT/$name.log"
+    tail -n 3 "$OUT/$name.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
+    --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" --warm-up "$WARM" \
+    --json "$OUT/static_steps_bf16.json" --out "$OUT/static_steps_bf16.md"
+part static_steps_f32 120 "$PY" -m bench static-steps --device "$DEVICE" --dtype float32 \
+    --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
+    --json "$OUT/static_steps_f32.json" --out "$OUT/static_steps_f32.md"
+if [ -d bench/.fastdllm ]; then
+    part fastdllm 240 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \
+        --out "$OUT/fastdllm.md"
+else
+    echo "== fastdllm skipped: bench/.fastdllm/ is absent (python -m bench fastdllm --export)"
+fi
