@@ -14,6 +14,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "(BENCHMARKS.md's first part)",
     ),
     "caches": ("bench.caches_bench", "Fast-dLLM's prefix and dual caches (its own section)"),
+    "fastdllm": (
+        "bench.fastdllm_bench",
+        "Fast-dLLM's own LLaDA generate against ours: same model, tokens and times (issue #43)",
+    ),
     "gpu": ("bench.gpu_bench", "LLaDA-8B's full shape in bfloat16 on a GPU (its own section)"),
     "moe": ("bench.moe_bench", "the LLaDA2.0-mini proxy: MoE layer and block cache"),
     "temporal": ("bench.temporal_bench", "what strategy=temporal costs over single"),
