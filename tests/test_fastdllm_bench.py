@@ -177,7 +177,7 @@ def test_the_report_gives_each_cache_its_verdict_from_every_cell():
     assert verdict["dual"].endswith("**no**")  # the tokens agree, but 0.6x
     row = next(line for line in lines if line.startswith("| prefix |"))
     assert row.endswith("| no: row 0, position 3 (1 rows) |")
-    assert "| 1.000 (1.000-1.000) | 0.450 (0.450-0.450) | 0.45 |" in row
+    assert "| 1.000 (1.000-1.000, 1x) | 0.450 (0.450-0.450, 1x) | 0.45 |" in row
     assert any("NVIDIA H100 80GB HBM3" in line for line in lines)
     assert not any("smoke" in line for line in lines)
 
@@ -194,3 +194,40 @@ def test_report_only_writes_the_section_between_its_markers(tmp_path):
     text = out.read_text()
     assert text.startswith(f"# B\n{fd.START}\n## Fast-dLLM") and text.endswith(f"{fd.END}\nafter\n")
     assert "old" not in text
+
+
+def test_a_cache_with_cells_left_unmeasured_gets_no_verdict():
+    results = _results()
+    results["not_run"] = [["none", "fixed", 16]]
+    lines = fd.report_lines(results)
+    verdict = next(line for line in lines if line.startswith("- `none`"))
+    assert verdict.endswith("no verdict, 1 cells not run")
+    assert "| none | fixed | 16 | not run (--deadline-s) ||||||" in lines
+
+
+def test_the_cells_run_cheapest_first_and_only_those_asked_for():
+    args = argparse.Namespace(
+        rows=[16, 1], schedules=["fixed", "threshold"], caches=["none", "dual"]
+    )
+    assert fd.cell_order(args) == [
+        ("dual", "threshold", 1),
+        ("none", "threshold", 1),
+        ("dual", "fixed", 1),
+        ("none", "fixed", 1),
+        ("dual", "threshold", 16),
+        ("none", "threshold", 16),
+        ("dual", "fixed", 16),
+        ("none", "fixed", 16),
+    ]
+
+
+def test_building_their_model_leaves_torchs_attention_kernels_as_they_were():
+    """Their constructor turns the memory-efficient kernel off for the whole process."""
+    before = torch.backends.cuda.mem_efficient_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_mem_efficient_sdp(True)
+        with fd.kept_attention_kernels():
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_mem_efficient_sdp(before)
