@@ -42,14 +42,19 @@ prompt 256 + answer 256, block 32, the same random prompts (no mask id in them, 
 length). Their `generate` builds a batch of one row (`torch.full((1, ...))`), so a cell of 16
 rows runs it once per prompt, one after the other; ours decodes the 16 rows in one call. Each
 cell times every whole call (`torch.cuda.synchronize()` around it on a GPU), ours and theirs
-in turn (the order alternating between repeats), `--repeats` times after one warm-up call of
-each side per cache; the median and the range are kept. The answers of the first repeat are
-compared token by token (identical, and the first differing row and position), and every
-later repeat must give each side's own answers again. NFE: ours is `DecodeResult.nfe` per
-row; theirs is the count their `generate` returns per call, and a forward hook on their model
-counts its calls too.
+in turn (the order alternating between repeats), `--repeats` times (fewer where a cell has
+taken `--repeat-budget-s` already), after one warm-up call of each side per cache (one block
+long; ours with all the rows); the median and the range are kept. The cells run cheapest
+first (1 row before 16, threshold before fixed, dual before prefix before none), and none
+starts after `--deadline-s`, so that a bounded run measures the most cells. The answers of
+the first repeat are compared token by token (identical, and the first differing row and
+position), and every later repeat must give each side's own answers again. NFE: ours is
+`DecodeResult.nfe` per row; theirs is the count their `generate` returns per call, and a
+forward hook on their model counts its calls too.
 
-`--json` is rewritten after every cell, so a crash loses little. The section goes between
+`--json` is rewritten after every cell, so a crash loses little. `--report-only` writes the
+section from `--json`, with the cells of `--merge FILE...` (other runs of the same model,
+lengths and machine kind, e.g. the 16-row cells run apart) added. The section goes between
 `<!-- fastdllm_bench:start -->` and `<!-- fastdllm_bench:end -->` of `--out`.
 """
 
@@ -442,16 +447,18 @@ class Bench:
         }
 
     def warm_up(self) -> None:
-        """One call of each side per cache, one block long (kernels chosen, memory pools
-        grown) before anything is timed."""
-        saved = self.args.gen_length
-        self.args.gen_length = self.args.block
-        try:
-            for cache in self.args.caches:
-                for run in self.sides(cache, "threshold", 1).values():
-                    _synced(self.device, run)
-        finally:
-            self.args.gen_length = saved
+        """One call of each side per cache, one block long, before anything is timed
+        (kernels chosen, memory pools grown): ours with all the rows, as its largest
+        cells batch them; theirs with one row, as it always runs."""
+        short = argparse.Namespace(**{**vars(self.args), "gen_length": self.args.block})
+        theirs_kwargs, ours_kwargs = cell_settings("threshold", short, self.ours.mask_token_id)
+        for cache in self.args.caches:
+            function = getattr(self.generate, THEIR_FUNCTIONS[cache])
+            _synced(self.device, lambda: run_ours(self.ours, self.prompts, cache, ours_kwargs))
+            _synced(
+                self.device,
+                lambda: run_theirs(function, self.theirs, self.prompts[:1], theirs_kwargs),
+            )
 
 
 def measure_cell(bench: Bench, cache: str, schedule: str, rows: int) -> Results:
@@ -650,7 +657,9 @@ def header(results: Results) -> list[str]:
         title,
         "",
         f"Written by `python -m bench fastdllm --report-only` from the run of {results['date']}:",
-        f"`{results['command']}`. Machine: {machine}.",
+        f"`{results['command']}`"
+        + "".join(f"; and of {r['date']}: `{r['command']}`" for r in results.get("also", []))
+        + f". Machine: {machine}.",
         f"Fast-dLLM {record['source']} at commit `{record['commit'][:12]}`, files unmodified. "
         f"Random-weight LLaDA, d_model {shape['d_model']}, {shape['n_layers']} layers, "
         f"{shape['n_heads']} heads, MLP {shape['mlp_hidden_size']}, "
@@ -675,6 +684,48 @@ def report_lines(results: Results) -> list[str]:
     not_run = results.get("not_run", [])
     table += [f"| {c} | {s} | {r} | not run (--deadline-s) ||||||" for c, s, r in not_run]
     return header(results) + table + ["", *verdicts(results["cells"], not_run), END]
+
+
+def _run_identity(results: Results) -> Results:
+    """What two runs must share for their cells to stand in one table."""
+    args = results["args"]
+    return {
+        "device": results["device"],
+        "gpu": results["facts"].get("gpu"),
+        "dtype": results["dtype"],
+        "shape": results["shape"],
+        "sizes": results["sizes"],
+        "Fast-dLLM commit": results["fastdllm"]["commit"],
+        "logit_std": args["logit_std"],
+        "threshold": args["threshold"],
+        "seed": args["seed"],
+    }
+
+
+def merged(results: Results, others: dict[str, Results]) -> Results:
+    """`results` with the cells of `others` (by file name) added; refuses a run of another
+    model, machine kind or setting, and a cell measured twice."""
+    out = {**results, "cells": list(results["cells"]), "also": []}
+    seen = {(c["cache"], c["schedule"], c["rows"]) for c in out["cells"]}
+    mine = _run_identity(results)
+    for name, other in others.items():
+        theirs = _run_identity(other)
+        for key in mine:
+            if mine[key] != theirs[key]:
+                raise SystemExit(
+                    f"--merge {name}: its {key} is {theirs[key]!r}, --json's is {mine[key]!r}: "
+                    "merge only runs of the same model, lengths and machine kind"
+                )
+        for cell in other["cells"]:
+            key = (cell["cache"], cell["schedule"], cell["rows"])
+            if key in seen:
+                raise SystemExit(f"--merge {name}: cell {key} was measured in another file too")
+            seen.add(key)
+            out["cells"].append(cell)
+        out["not_run"] = out.get("not_run", []) + other.get("not_run", [])
+        out["also"].append({"command": other["command"], "date": other["date"]})
+    out["not_run"] = [c for c in out.get("not_run", []) if tuple(c) not in seen]
+    return out
 
 
 def write_report(results: Results, out: Path) -> None:
@@ -702,6 +753,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_cell_flags(p)
     add_threads_flag(p)
     add_output_flags(p, json_default=RESULTS / "fastdllm_bench.json")
+    p.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="with --report-only: other runs' JSON whose cells join --json's",
+    )
     return p.parse_args(argv)
 
 
@@ -743,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
             record = export(args.mirror, args.commit, args.export)
             print(f"exported Fast-dLLM {record['commit'][:12]} into {args.export}")
         elif args.report_only:
-            write_report(load_json(args.json), args.out)
+            others = {str(path): load_json(path) for path in args.merge}
+            write_report(merged(load_json(args.json), others), args.out)
             print(f"wrote the fastdllm_bench section of {args.out}")
         else:
             run(args, argv)

@@ -158,7 +158,7 @@ def _results(device="cuda"):
         "shape": dict(fd.FULL_SHAPE),
         "sizes": {"prompt_length": 256, "gen_length": 256, "block": 32},
         "fastdllm": {"source": fd.SOURCE, "commit": "24cc59e75f20a6384bae8c905965bb090b96388e"},
-        "args": {"repeats": 3, "logit_std": 16.0},
+        "args": {"repeats": 3, "logit_std": 16.0, "threshold": 0.9, "seed": 2},
         "cells": [
             _cell("none", 0.4),
             _cell("none", 0.3, rows=16),
@@ -231,3 +231,31 @@ def test_building_their_model_leaves_torchs_attention_kernels_as_they_were():
         assert torch.backends.cuda.mem_efficient_sdp_enabled()
     finally:
         torch.backends.cuda.enable_mem_efficient_sdp(before)
+
+
+def _split_run():
+    """A run of the 1-row cells that left one 16-row cell to a second run, and that run."""
+    first, second = _results(), _results()
+    first["cells"] = [c for c in first["cells"] if c["rows"] == 1]
+    first["not_run"] = [["none", "fixed", 16]]
+    second["cells"] = [c for c in second["cells"] if c["rows"] == 16]
+    second["command"], second["date"] = "python3 -m bench fastdllm --rows 16", "later"
+    return first, second
+
+
+def test_merged_runs_fill_one_table_and_name_both_commands():
+    first, second = _split_run()
+    both = fd.merged(first, {"b.json": second})
+    assert [c["rows"] for c in both["cells"]] == [1, 1, 1, 16] and both["not_run"] == []
+    text = "\n".join(fd.report_lines(both))
+    assert "; and of later: `python3 -m bench fastdllm --rows 16`" in text
+    assert "no verdict" not in text
+
+
+def test_merge_refuses_another_machine_kind_and_a_cell_measured_twice():
+    first, second = _split_run()
+    second["facts"] = {**second["facts"], "gpu": "NVIDIA H200"}
+    with pytest.raises(SystemExit, match="--merge b.json: its gpu is 'NVIDIA H200'"):
+        fd.merged(first, {"b.json": second})
+    with pytest.raises(SystemExit, match=r"cell \('none', 'fixed', 1\) was measured in"):
+        fd.merged(first, {"b.json": _results()})
