@@ -505,6 +505,8 @@ def resolve_sizes(args: argparse.Namespace) -> Results:
     shape = dict(TINY_SHAPE if args.tiny else FULL_SHAPE)
     if args.layers is not None:
         shape["n_layers"] = args.layers
+    if args.vocab is not None:
+        shape["vocab_size"] = args.vocab
     for name, value in (TINY_SIZES if args.tiny else FULL_SIZES).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -767,6 +769,7 @@ def add_cell_flags(p: argparse.ArgumentParser) -> None:
     """The model's and the cells' sizes, and how long to measure."""
     p.add_argument("--tiny", action="store_true", help="a tiny LLaDA and lengths, for the CPU")
     p.add_argument("--layers", type=int, help="layers (default: LLaDA-8B's 32, --tiny 2)")
+    p.add_argument("--vocab", type=int, help=f"default LLaDA's {LLADA_VOCAB} (--tiny 512)")
     p.add_argument("--prompt-length", type=int, help="default 256 (--tiny 32)")
     p.add_argument("--gen-length", type=int, help="answer length, default 256 (--tiny 32)")
     p.add_argument("--block", type=int, help="block length, default 32 (--tiny 8)")

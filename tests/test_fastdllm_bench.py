@@ -110,7 +110,7 @@ def test_the_fixed_cell_is_one_token_per_step_on_both_sides():
 
 def test_sizes_their_generate_cannot_take_are_refused_before_any_model_work():
     args = argparse.Namespace(
-        tiny=True, layers=None, prompt_length=None, gen_length=30, block=8, rows=[1]
+        tiny=True, layers=None, vocab=None, prompt_length=None, gen_length=30, block=8, rows=[1]
     )
     with pytest.raises(SystemExit, match="--gen-length 30 must be a multiple of --block 8"):
         fd.resolve_sizes(args)
