@@ -685,7 +685,26 @@ def report_lines(results: Results) -> list[str]:
     table += [cell_row(cell) for cell in results["cells"]]
     not_run = results.get("not_run", [])
     table += [f"| {c} | {s} | {r} | not run (--deadline-s) ||||||" for c, s, r in not_run]
-    return header(results) + table + ["", *verdicts(results["cells"], not_run), END]
+    return (
+        header(results) + table + ["", *verdicts(results["cells"], not_run), *notes(results), END]
+    )
+
+
+def notes(results: Results) -> list[str]:
+    """What explains a difference the table shows (only where it shows)."""
+    more = [
+        c
+        for c in results["cells"]
+        if c["cache"] != "none" and sum(c["theirs"]["nfe"]) > sum(c["ours"]["nfe"])
+    ]
+    if not more:
+        return []
+    return [
+        "",
+        "NFE theirs above ours in the prefix and dual cells: their loop runs one more pass "
+        "in a block whose first (full) pass already committed all of it; that pass commits "
+        "nothing, so the tokens are the same. Ours goes on to the next block.",
+    ]
 
 
 def _run_identity(results: Results) -> Results:

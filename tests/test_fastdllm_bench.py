@@ -259,3 +259,10 @@ def test_merge_refuses_another_machine_kind_and_a_cell_measured_twice():
         fd.merged(first, {"b.json": second})
     with pytest.raises(SystemExit, match=r"cell \('none', 'fixed', 1\) was measured in"):
         fd.merged(first, {"b.json": _results()})
+
+
+def test_the_extra_pass_of_their_cached_loops_is_explained_only_where_it_shows():
+    results = _results()
+    assert not any("one more pass" in line for line in fd.report_lines(results))
+    results["cells"][2]["theirs"]["nfe"] = [5]  # prefix: theirs 5 passes, ours 4
+    assert any("one more pass" in line for line in fd.report_lines(results))
