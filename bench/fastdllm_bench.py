@@ -169,7 +169,7 @@ def export(mirror: Path, commit: str, dest: Path) -> Results:
     full = resolve_commit(mirror, commit)
     files: dict[str, str] = {}
     for name in FILES:
-        data = _git(mirror, "show", f"{full}:{name}")
+        data = _git(mirror, "cat-file", "blob", f"{full}:{name}")
         expected = _git(mirror, "rev-parse", f"{full}:{name}").decode().strip()
         if blob_id(data) != expected:
             raise ExportError(f"{name} at {full} read back as another blob than git's")
