@@ -763,14 +763,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--export",
-        type=Path,
         nargs="?",
-        const=DEFAULT_DIR,
-        help=f"copy Fast-dLLM's llada/ files into this folder (default {DEFAULT_DIR}) and stop",
+        const="",
+        metavar="DIR",
+        help="copy Fast-dLLM's llada/ files into DIR (default: --fastdllm's) and stop",
     )
     p.add_argument("--mirror", type=Path, default=DEFAULT_MIRROR, help="git mirror of Fast-dLLM")
     p.add_argument("--commit", default="HEAD", help="the mirror's commit to export")
-    p.add_argument("--fastdllm", type=Path, default=DEFAULT_DIR, help="the exported files")
+    p.add_argument(
+        "--fastdllm", type=Path, default=DEFAULT_DIR, help=f"the exported files ({DEFAULT_DIR})"
+    )
     add_cell_flags(p)
     add_threads_flag(p)
     add_output_flags(p, json_default=RESULTS / "fastdllm_bench.json")
@@ -820,8 +822,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.export is not None:
-            record = export(args.mirror, args.commit, args.export)
-            print(f"exported Fast-dLLM {record['commit'][:12]} into {args.export}")
+            dest = Path(args.export) if args.export else args.fastdllm
+            record = export(args.mirror, args.commit, dest)
+            print(f"exported Fast-dLLM {record['commit'][:12]} into {dest}")
         elif args.report_only:
             others = {str(path): load_json(path) for path in args.merge}
             write_report(merged(load_json(args.json), others), args.out)
