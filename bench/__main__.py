@@ -18,6 +18,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.static_steps_bench",
         "cached steps of cache=prefix|dual: dynamic, static buffers, CUDA graphs",
     ),
+    "fastdllm": (
+        "bench.fastdllm_bench",
+        "Fast-dLLM's own LLaDA generate against ours: same model, tokens and times (issue #43)",
+    ),
     "gpu": ("bench.gpu_bench", "LLaDA-8B's full shape in bfloat16 on a GPU (its own section)"),
     "moe": ("bench.moe_bench", "the LLaDA2.0-mini proxy: MoE layer and block cache"),
     "temporal": ("bench.temporal_bench", "what strategy=temporal costs over single"),

@@ -37,7 +37,11 @@ def module_name(path: Path) -> str:
 
 
 def package_files(*roots: str) -> list[Path]:
-    return sorted(p for root in roots for p in (ROOT / root).rglob("*.py"))
+    """The .py files under `roots`, but in hidden folders (bench/.fastdllm/: others' code)."""
+    found = (p for root in roots for p in (ROOT / root).rglob("*.py"))
+    return sorted(
+        p for p in found if not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+    )
 
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:

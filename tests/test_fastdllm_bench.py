@@ -1,0 +1,268 @@
+"""bench/fastdllm_bench.py without Fast-dLLM's code: the export of a mirror (a small git repo
+made here stands in for it), the refusals of a missing mirror or a changed file, the cells'
+settings, the token comparison and the report from a small JSON."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import fastdllm_bench as fd
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git command")
+
+
+def _fake_mirror(root: Path) -> Path:
+    """A git repo holding every exported path (a stand-in for Fast-dLLM's mirror)."""
+    root.mkdir()
+    for name in fd.FILES:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"# {name}\nprint('unchanged')\n")
+    (root / "README.md").write_text("not exported\n")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "fake"], check=True)
+    return root
+
+
+def test_the_export_refuses_a_missing_mirror_naming_it_and_what_to_give(tmp_path):
+    missing = tmp_path / "no-such-mirror"
+    with pytest.raises(fd.ExportError, match=r"--mirror .*no-such-mirror does not exist: give"):
+        fd.export(missing, "HEAD", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_line_turns_a_refused_export_into_a_one_line_exit(tmp_path):
+    argv = ["--export", str(tmp_path / "out"), "--mirror", str(tmp_path / "none")]
+    with pytest.raises(SystemExit, match="^python -m bench fastdllm: --mirror .* does not exist"):
+        fd.main(argv)
+
+
+@needs_git
+def test_the_export_copies_the_files_byte_for_byte_and_records_the_commit(tmp_path):
+    mirror = _fake_mirror(tmp_path / "mirror")
+    head = subprocess.run(
+        ["git", "-C", str(mirror), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    record = fd.export(mirror, "HEAD", tmp_path / "out")
+    assert record["commit"] == head and sorted(record["files"]) == sorted(fd.FILES)
+    for name in fd.FILES:
+        assert (tmp_path / "out" / name).read_bytes() == (mirror / name).read_bytes()
+    assert not (tmp_path / "out" / "README.md").exists()
+    assert fd.check_export(tmp_path / "out") == record
+
+
+@needs_git
+def test_the_export_refuses_a_commit_the_mirror_lacks(tmp_path):
+    mirror = _fake_mirror(tmp_path / "mirror")
+    with pytest.raises(fd.ExportError, match="failed in --mirror"):
+        fd.export(mirror, "0" * 40, tmp_path / "out")
+
+
+@needs_git
+def test_a_run_refuses_exported_files_that_were_changed_or_removed(tmp_path):
+    out = tmp_path / "out"
+    fd.export(_fake_mirror(tmp_path / "mirror"), "HEAD", out)
+    generate = out / "llada" / "generate.py"
+    generate.write_text(generate.read_text() + "# patched\n")
+    with pytest.raises(fd.ExportError, match="generate.py is missing or differs .* export again"):
+        fd.check_export(out)
+    generate.unlink()
+    with pytest.raises(fd.ExportError, match="generate.py is missing or differs"):
+        fd.check_export(out)
+
+
+def test_a_run_without_an_export_says_how_to_make_one(tmp_path):
+    with pytest.raises(fd.ExportError, match=r"holds no fastdllm_export.json: .*--export"):
+        fd.load_fastdllm(tmp_path)
+
+
+def test_blob_id_is_gits_object_id():
+    # `printf 'hello\n' | git hash-object --stdin`
+    assert fd.blob_id(b"hello\n") == "ce013625030ba8dba906f756967f9e9ca394464a"
+
+
+def _args(**kw):
+    base = dict(gen_length=256, block=32, threshold=0.9)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_threshold_cell_gives_ours_the_confidence_rule_and_theirs_its_threshold():
+    theirs, ours = fd.cell_settings("threshold", _args(), mask_id=7)
+    assert ours == dict(
+        gen_length=256, block_length=32, temperature=0.0, threshold=0.9, remasking="low_confidence"
+    )  # no steps: steps would select the fixed schedule over the threshold
+    assert theirs["threshold"] == 0.9 and theirs["mask_id"] == 7
+    assert theirs["remasking"] == "low_confidence" and theirs["temperature"] == 0.0
+
+
+def test_the_fixed_cell_is_one_token_per_step_on_both_sides():
+    theirs, ours = fd.cell_settings("fixed", _args(), mask_id=7)
+    assert ours["steps"] == theirs["steps"] == 256 and "threshold" not in ours
+    assert theirs["threshold"] is None and theirs["block_length"] == ours["block_length"] == 32
+
+
+def test_sizes_their_generate_cannot_take_are_refused_before_any_model_work():
+    args = argparse.Namespace(
+        tiny=True, layers=None, vocab=None, prompt_length=None, gen_length=30, block=8, rows=[1]
+    )
+    with pytest.raises(SystemExit, match="--gen-length 30 must be a multiple of --block 8"):
+        fd.resolve_sizes(args)
+
+
+def test_the_tiny_shape_keeps_the_mask_id_out_of_the_prompts():
+    config = fd.llada_config(fd.TINY_SHAPE)
+    assert config["mask_token_id"] == 500 and config["vocab_size"] == 512
+    args = argparse.Namespace(seed=0, rows=[1, 64], prompt_length=512)
+    prompts = fd.random_prompts(args, config["mask_token_id"], torch.device("cpu"))
+    assert prompts.shape == (64, 512) and int(prompts.max()) < 500
+    assert fd.llada_config(fd.FULL_SHAPE)["mask_token_id"] == 126336
+
+
+def test_first_difference_names_the_first_row_and_position_and_counts_the_rows():
+    ours = torch.zeros(3, 5, dtype=torch.long)
+    theirs = ours.clone()
+    assert fd.first_difference(ours, theirs) is None
+    theirs[1, 4] = theirs[2, 0] = 9
+    assert fd.first_difference(ours, theirs) == {"row": 1, "position": 4, "rows_differing": 2}
+
+
+def _cell(cache, ratio, identical=True, rows=1):
+    side = lambda s: {"seconds": [s], "median_s": s, "min_s": s, "max_s": s, "nfe": [4]}  # noqa: E731
+    return {
+        "cache": cache,
+        "schedule": "fixed",
+        "rows": rows,
+        "ours": side(ratio),
+        "theirs": {**side(1.0), "forward_calls": 4},
+        "identical": identical,
+        "first_difference": None if identical else {"row": 0, "position": 3, "rows_differing": 1},
+        "repeatable": {"ours": True, "theirs": True},
+        "ratio": ratio,
+    }
+
+
+def _results(device="cuda"):
+    return {
+        "command": "python3 -m bench fastdllm",
+        "facts": {"cpu": "some CPU", "torch": "2.11", "gpu": "NVIDIA H100 80GB HBM3"},
+        "device": device,
+        "dtype": "bfloat16",
+        "date": "2026-11-27 17:00 UTC",
+        "shape": dict(fd.FULL_SHAPE),
+        "sizes": {"prompt_length": 256, "gen_length": 256, "block": 32},
+        "fastdllm": {"source": fd.SOURCE, "commit": "24cc59e75f20a6384bae8c905965bb090b96388e"},
+        "args": {"repeats": 3, "logit_std": 16.0, "threshold": 0.9, "seed": 2},
+        "cells": [
+            _cell("none", 0.4),
+            _cell("none", 0.3, rows=16),
+            _cell("prefix", 0.45, identical=False),
+            _cell("dual", 0.6),
+        ],
+    }
+
+
+def test_the_report_gives_each_cache_its_verdict_from_every_cell():
+    lines = fd.report_lines(_results())
+    assert lines[0] == fd.START and lines[-1] == fd.END
+    verdict = {line.split("`")[1]: line for line in lines if line.startswith("- `")}
+    assert verdict["none"].endswith("**yes**") and "0.30 to 0.40 over 2 cells" in verdict["none"]
+    assert verdict["prefix"].endswith("**no**")  # fast enough, but the tokens differ
+    assert verdict["dual"].endswith("**no**")  # the tokens agree, but 0.6x
+    row = next(line for line in lines if line.startswith("| prefix |"))
+    assert row.endswith("| no: row 0, position 3 (1 rows) |")
+    assert "| 1.000 (1.000-1.000, 1x) | 0.450 (0.450-0.450, 1x) | 0.45 |" in row
+    assert any("NVIDIA H100 80GB HBM3" in line for line in lines)
+    assert not any("smoke" in line for line in lines)
+
+
+def test_a_cpu_run_is_labelled_a_smoke_run():
+    assert "tiny CPU smoke run" in fd.report_lines(_results(device="cpu"))[1]
+
+
+def test_report_only_writes_the_section_between_its_markers(tmp_path):
+    json_path, out = tmp_path / "r.json", tmp_path / "B.md"
+    fd.save_json(json_path, _results())
+    out.write_text(f"# B\n{fd.START}\nold\n{fd.END}\nafter\n")
+    assert fd.main(["--report-only", "--json", str(json_path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith(f"# B\n{fd.START}\n## Fast-dLLM") and text.endswith(f"{fd.END}\nafter\n")
+    assert "old" not in text
+
+
+def test_a_cache_with_cells_left_unmeasured_gets_no_verdict():
+    results = _results()
+    results["not_run"] = [["none", "fixed", 16]]
+    lines = fd.report_lines(results)
+    verdict = next(line for line in lines if line.startswith("- `none`"))
+    assert verdict.endswith("no verdict, 1 cells not run")
+    assert "| none | fixed | 16 | not run (--deadline-s) ||||||" in lines
+
+
+def test_the_cells_run_cheapest_first_and_only_those_asked_for():
+    args = argparse.Namespace(
+        rows=[16, 1], schedules=["fixed", "threshold"], caches=["none", "dual"]
+    )
+    assert fd.cell_order(args) == [
+        ("dual", "threshold", 1),
+        ("none", "threshold", 1),
+        ("dual", "fixed", 1),
+        ("none", "fixed", 1),
+        ("dual", "threshold", 16),
+        ("none", "threshold", 16),
+        ("dual", "fixed", 16),
+        ("none", "fixed", 16),
+    ]
+
+
+def test_building_their_model_leaves_torchs_attention_kernels_as_they_were():
+    """Their constructor turns the memory-efficient kernel off for the whole process."""
+    before = torch.backends.cuda.mem_efficient_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_mem_efficient_sdp(True)
+        with fd.kept_attention_kernels():
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_mem_efficient_sdp(before)
+
+
+def _split_run():
+    """A run of the 1-row cells that left one 16-row cell to a second run, and that run."""
+    first, second = _results(), _results()
+    first["cells"] = [c for c in first["cells"] if c["rows"] == 1]
+    first["not_run"] = [["none", "fixed", 16]]
+    second["cells"] = [c for c in second["cells"] if c["rows"] == 16]
+    second["command"], second["date"] = "python3 -m bench fastdllm --rows 16", "later"
+    return first, second
+
+
+def test_merged_runs_fill_one_table_and_name_both_commands():
+    first, second = _split_run()
+    both = fd.merged(first, {"b.json": second})
+    assert [c["rows"] for c in both["cells"]] == [1, 1, 1, 16] and both["not_run"] == []
+    text = "\n".join(fd.report_lines(both))
+    assert "; and of later: `python3 -m bench fastdllm --rows 16`" in text
+    assert "no verdict" not in text
+
+
+def test_merge_refuses_another_machine_kind_and_a_cell_measured_twice():
+    first, second = _split_run()
+    second["facts"] = {**second["facts"], "gpu": "NVIDIA H200"}
+    with pytest.raises(SystemExit, match="--merge b.json: its gpu is 'NVIDIA H200'"):
+        fd.merged(first, {"b.json": second})
+    with pytest.raises(SystemExit, match=r"cell \('none', 'fixed', 1\) was measured in"):
+        fd.merged(first, {"b.json": _results()})
+
+
+def test_the_extra_pass_of_their_cached_loops_is_explained_only_where_it_shows():
+    results = _results()
+    assert not any("one more pass" in line for line in fd.report_lines(results))
+    results["cells"][2]["theirs"]["nfe"] = [5]  # prefix: theirs 5 passes, ours 4
+    assert any("one more pass" in line for line in fd.report_lines(results))
