@@ -7,6 +7,7 @@
 #      own LLaDA generate against ours, same weights, same tokens checked.
 # Each part has its own time limit and log; a part that fails does not stop the next.
 #
+#   # here first: python -m bench fastdllm --export (Fast-dLLM's files into bench/.fastdllm/)
 #   # on the device machine, from the repository root (carry bench/.fastdllm):
 #   bash bench/gpu_session.sh                 # writes under $OUT
 #   # a smoke run of the same script on the CPU (tiny sizes, seconds):
@@ -20,11 +21,11 @@ PY=${PY:-python3}
 if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu BF16=float32 LAYERS=1 F32_LAYERS=1 ROWS="1 2" REPEATS=1 WARM=0
     SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
-    FAST="--tiny --repeats 1"
+    FAST="--tiny --rows 1 --repeats 1"
 else
     DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
     SHAPE=""
-    FAST="--device cuda --repeats 2"
+    FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30"  # 16 rows: 7-9 min more
 fi
 
 part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept under $OUT
@@ -44,7 +45,7 @@ part static_steps_f32 120 "$PY" -m bench static-steps --device "$DEVICE" --dtype
     --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
     --json "$OUT/static_steps_f32.json" --out "$OUT/static_steps_f32.md"
 if [ -d bench/.fastdllm ]; then
-    part fastdllm 240 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \
+    part fastdllm 300 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \
         --out "$OUT/fastdllm.md"
 else
     echo "== fastdllm skipped: bench/.fastdllm/ is absent (python -m bench fastdllm --export)"
