@@ -124,17 +124,34 @@ class StepLogits:
     def _compute(self, wanted: Sequence[tuple[int, list[int]]]) -> list[torch.Tensor]:
         if not wanted:
             return []
-        picked = []
-        for index, positions in wanted:
-            outputs, local, offset, _, are_logits = self._where[index]
-            columns = torch.tensor(
-                [offset + p for p in positions], dtype=torch.long, device=outputs.device
-            )
-            picked.append(outputs[local, columns])
+        picked = [self._gather(run) for run in self._runs(wanted)]
         if self._where[wanted[0][0]][4]:
-            return [logits.float() for logits in picked]
+            return [logits.float() for run in picked for logits in run]
         sizes = [len(positions) for _, positions in wanted]
-        return list(self.model.logits_from_hidden(torch.cat(picked)).float().split(sizes))
+        hidden = torch.cat([h for run in picked for h in run])
+        return list(self.model.logits_from_hidden(hidden).float().split(sizes))
+
+    def _runs(self, wanted: Sequence[tuple[int, list[int]]]) -> list[list[tuple[int, list[int]]]]:
+        """`wanted` cut into runs of consecutive pairs whose outputs are one pass's."""
+        runs: list[list[tuple[int, list[int]]]] = []
+        for pair in wanted:
+            if runs and self._where[runs[-1][0][0]][0] is self._where[pair[0]][0]:
+                runs[-1].append(pair)
+            else:
+                runs.append([pair])
+        return runs
+
+    def _gather(self, run: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        """Each pair's outputs at its positions, with one index tensor for the run (one
+        host-to-device copy, rather than one a row: on a GPU each is a sync)."""
+        outputs = self._where[run[0][0]][0]
+        locals_, columns = [], []
+        for index, positions in run:
+            _, local, offset, _, _ = self._where[index]
+            locals_ += [local] * len(positions)
+            columns += [offset + p for p in positions]
+        where = torch.tensor([locals_, columns], dtype=torch.long, device=outputs.device)
+        return list(outputs[where[0], where[1]].split([len(p) for _, p in run]))
 
 
 def _registry() -> Any:
