@@ -15,6 +15,7 @@ from torch import nn
 from lm_eval_dvoting.core.decoding import DecodeRow
 from lm_eval_dvoting.core.decoding import static_steps as static_module
 from lm_eval_dvoting.core.decoding.caches import ForwardPass
+from lm_eval_dvoting.core.decoding.kept import stack_kept
 from lm_eval_dvoting.core.decoding.rows import RowDecoder
 from lm_eval_dvoting.core.decoding.static_steps import (
     StaticSteps,
@@ -128,18 +129,41 @@ def test_a_static_reuse_pass_is_the_dynamic_one_bit_for_bit(model):
         assert torch.equal(dynamic, static)
 
 
-def test_the_buffers_are_filled_once_per_block_not_per_step(model, monkeypatch):
-    """One dual row, 4 blocks of 4 positions, one commit a step: 3 reuse steps a block,
-    the buffers filled at the first of them only; one graph for all blocks (the key width
-    stays the prompt plus the answer)."""
+class CheckedSteps(StaticSteps):
+    """Each reuse pass's hidden states checked, bit for bit, against the dynamic path's pass
+    over the same inputs (a replay that read stale inputs would differ)."""
+
+    checked = 0
+
+    def run(self, kept, ids, attention, positions):
+        found = super().run(kept, ids, attention, positions)
+        cache = stack_kept(kept, ids.device)
+        assert torch.equal(found, self.model.hidden_states(ids, attention, positions, cache=cache))
+        CheckedSteps.checked += 1
+        return found
+
+
+@pytest.mark.parametrize("cache", ["dual", "prefix"])
+def test_the_buffers_are_filled_once_per_block_and_replays_are_exact(model, monkeypatch, cache):
+    """One row, 4 blocks of 4 positions, one commit a step: 3 reuse steps a block, the
+    buffers filled at the first of them only; for `dual` one graph for all blocks (its key
+    width stays the prompt plus the answer), for `prefix` one a block (its pass shrinks);
+    every replay is the dynamic pass over the step's inputs, bit for bit."""
     fills = []
     fill = static_module._fill
     monkeypatch.setattr(static_module, "_fill", lambda *a: fills.append(1) or fill(*a))
-    EagerReplay.captured = 0
-    row = _decode(model, "graphs", ["dual"], dict(steps=16))[0]
-    assert row.nfe == 16
+    EagerReplay.captured, CheckedSteps.checked = 0, 0
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    decoder.forward.static_steps = CheckedSteps(model, "graphs")
+    decoder.forward.static_steps.graph_class = EagerReplay
+    row = _rows([cache], dict(steps=16))[0]
+    decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    assert row.nfe == 16 and CheckedSteps.checked == 12
     assert len(fills) == 4
-    assert EagerReplay.captured == 1
+    assert EagerReplay.captured == (1 if cache == "dual" else 4)
 
 
 def test_cached_steps_resolves_and_refuses(model):

@@ -10,13 +10,15 @@ of fixed shape, run eagerly or captured as a CUDA graph and replayed (the model 
   the dynamic path's (the prefix left-padded, the pass, the suffix right-padded), so the
   attention reads the same tensor and the tokens are the same, bit for bit (tested in
   float32 on the CPU). The default off a GPU.
-* `graphs`: as `static`, and the pass over the buffers is captured as a CUDA graph on the
-  second step of its shape and replayed from then on: one launch for the model's body
-  instead of a few hundred kernels, which is what bounds a one-row step. It needs a CUDA
-  device and a model whose pass has no host syncs and no switch the graph would not see
-  (`graph_capturable`: this package's LLaDA and Dream on one device, without a LoRA adapter,
-  whose switching on and off RFG's reference relies on). At most `GRAPHS_KEPT` shapes keep their
-  graph and buffers (the least recently used is dropped).
+* `graphs`: as `static`, and the pass over the buffers is captured as a CUDA graph once
+  its rows hold still (the second step in a row over the same fill) and replayed from then
+  on, also after later fills of the same shape (the next block of one row): one launch for
+  the model's body instead of a few hundred kernels, which is what bounds a one-row step.
+  Rows that change at every step (threshold rules at many rows) stay eager. It needs a
+  CUDA device and a model whose pass has no host syncs and no switch the graph would not
+  see (`graph_capturable`: this package's LLaDA and Dream on one device, without a LoRA
+  adapter, whose switching on and off RFG's reference relies on). At most `GRAPHS_KEPT`
+  shapes keep their graph and buffers (the least recently used is dropped).
 * `auto` (the default): `graphs` where it applies, else `static`.
 
 What a graph replays is the model's body only: the output head, the commit rules and the
@@ -41,7 +43,10 @@ log = logging.getLogger(__name__)
 
 CACHED_STEPS = ("auto", "dynamic", "static", "graphs")
 GRAPHS_KEPT = 3  # shapes whose buffers and graph stay (each holds a copy of the kept keys)
-CAPTURE_ON_USE = 2  # a shape's first step runs eagerly (it also warms up lazy kernels)
+# a shape is captured on the second step in a row that finds its buffers filled as they are:
+# the rows of the pass hold still (one row, or the fixed schedule), so replays will follow;
+# rows that change at every step (threshold rules at many rows) would capture and replay once
+CAPTURE_ON_STEADY_STEP = 2
 
 
 def graph_capturable(model: torch.nn.Module, device: torch.device) -> str | None:
@@ -106,7 +111,7 @@ class _Shape:
     attention: torch.Tensor
     positions: torch.Tensor
     filled_from: tuple[Any, ...] = ()
-    uses: int = 0
+    steady: int = 0  # steps in a row over the same fill
     graph: Any = None
     output: torch.Tensor | None = None
     kept_alive: list[KeptKeysValues] = field(default_factory=list)
@@ -138,8 +143,8 @@ class StaticSteps:
         filled_from = (*map(id, kept), *attention.shape, ids.shape[1])
         if shape.filled_from != filled_from:
             _fill(shape, kept, ids, attention)
-            shape.filled_from, shape.kept_alive = filled_from, list(kept)
-        shape.uses += 1
+            shape.filled_from, shape.kept_alive, shape.steady = filled_from, list(kept), 0
+        shape.steady += 1
         if self.mode == "graphs":
             return self._replayed(shape, ids, attention, positions)
         return self._pass(shape, ids, attention, positions)
@@ -172,13 +177,13 @@ class StaticSteps:
         attention: torch.Tensor,
         positions: torch.Tensor,
     ) -> torch.Tensor:
-        """The pass through the shape's graph (captured on its `CAPTURE_ON_USE`-th step),
+        """The pass through the shape's graph (captured on `CAPTURE_ON_STEADY_STEP`),
         its inputs copied into the shape's own tensors, which the graph reads."""
         shape.ids.copy_(ids)
         shape.attention.copy_(attention)
         shape.positions.copy_(positions)
         inputs = (shape.ids, shape.attention, shape.positions)
-        if shape.graph is None and shape.uses < CAPTURE_ON_USE:
+        if shape.graph is None and shape.steady < CAPTURE_ON_STEADY_STEP:
             return self._pass(shape, *inputs)
         if shape.graph is None:
             shape.graph = self._captured(shape, inputs)
