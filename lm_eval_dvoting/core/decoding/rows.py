@@ -145,9 +145,7 @@ class RowDecoder:
         logits = self.forward.run(self.active, *self._cache_plan())
         self._show_predictions(logits)
         before = self._progress_marks()
-        works = [
-            self.rule(row).begin(i, row, logits.window(i)) for i, row in enumerate(self.active)
-        ]
+        works = self._begin(logits)
         for row in self.active:
             row.nfe += 1
         while works:  # rounds: the entropy rule's rows whose block completed go on to the next
@@ -157,6 +155,21 @@ class RowDecoder:
             works = self._commit(works)
         self._check_progress(before)
         return self._retire()
+
+    def _begin(self, logits: StepLogits) -> list[RowWork]:
+        """Each active row's work for the step, in row order: a rule with `begin_many`
+        begins all its rows at once (one host read for all of them), the others row by row
+        in row order."""
+        items = [(i, row, logits.window(i)) for i, row in enumerate(self.active)]
+        works: dict[int, RowWork] = {}
+        for name, rule in self.rules.items():
+            if hasattr(rule, "begin_many"):
+                mine = [item for item in items if self.rule_of[item[1]] == name]
+                works.update(zip([i for i, _, _ in mine], rule.begin_many(mine) if mine else []))
+        for item in items:
+            if item[0] not in works:
+                works[item[0]] = self.rule(item[1]).begin(*item)
+        return [works[i] for i in range(len(items))]
 
     def _progress_marks(self) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
         """Each active row's masks left (on the device, no sync) and schedule position."""
