@@ -19,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 from lm_eval_dvoting.core.decoding.state import candidates, suppress_mask
 from lm_eval_dvoting.core.parts.rules.confidence import ConfidenceThreshold
+from lm_eval_dvoting.core.parts.rules.fixed import FixedSchedule
 
 # ---------------------------------------------------------------- the per-row references
 
@@ -36,6 +37,38 @@ def per_row_confidence_commit(self: ConfidenceThreshold, works: list) -> list:
         positions = torch.tensor(work.wanted)
         row.tokens[positions[commit]] = chosen[commit].to(row.tokens.dtype)
     return []
+
+
+def per_row_fixed_commit(self: FixedSchedule, works: list) -> list:
+    """`FixedSchedule.commit` before issue 43: row by row."""
+    for work in works:
+        row, progress = work.row, work.row.progress
+        if work.wanted:
+            _per_row_share(work, suppress_mask(work.logits, self.mask_id), self.mask_id)
+        progress.step_in_block += 1
+        if progress.step_in_block == row.steps_per_block:
+            progress.block, progress.step_in_block = progress.block + 1, 0
+    return []
+
+
+def _per_row_share(work: Any, logits64: torch.Tensor, mask_id: int) -> None:
+    """`FixedSchedule._commit_share` before issue 43."""
+    row = work.row
+    block = row.tokens[work.start : work.start + row.block_length]
+    masked = block == mask_id
+    chosen = torch.zeros_like(block)
+    chosen[masked] = candidates(
+        logits64, row.temperature, row.generator, masked, row.top_p, row.top_k
+    )
+    confidence = torch.full(block.shape, float("-inf"), dtype=torch.float64)
+    if row.remasking == "low_confidence":
+        probs = torch.softmax(logits64, dim=-1)
+        confidence[masked] = probs.gather(-1, chosen[masked][:, None]).squeeze(-1)
+    else:
+        noise = torch.rand(block.shape, dtype=torch.float64, generator=row.generator)
+        confidence[masked] = noise[masked]
+    picked = confidence.topk(row.progress.counts[row.progress.step_in_block]).indices
+    block[picked] = chosen[picked]
 
 
 # ------------------------------------------------------------------------- the row mix
@@ -89,6 +122,7 @@ def alone(model: Any, rows: list[DecodeRow]) -> list[list[int]]:
 
 
 CONFIDENCE = dict(threshold=[0.9, 0.3, 0.05, 0.6])
+FIXED = dict(steps=[1, 2, 4], remasking=["low_confidence", "random"])  # steps: gen_length / k
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +155,26 @@ def test_batched_confidence_rule_keeps_a_shared_generators_stream(llada, seed, m
     assert batched == decoded(llada, mixed_rows(llada, seed, shared=True, **CONFIDENCE))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_fixed_schedule_gives_each_row_its_per_row_tokens(llada, seed, monkeypatch):
+    """As for the confidence rule: both remaskings, steps committing several tokens or one.
+    (Planted: a row's remasking noise drawn before its block noise: failed; the remasking
+    noise read at the block's first positions instead of its masked ones: failed.)"""
+    batched = decoded(llada, mixed_rows(llada, seed, shared=False, **FIXED))
+    assert batched == alone(llada, mixed_rows(llada, seed, shared=False, **FIXED))
+    monkeypatch.setattr(FixedSchedule, "commit", per_row_fixed_commit)
+    assert batched == decoded(llada, mixed_rows(llada, seed, shared=False, **FIXED))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_fixed_schedule_keeps_a_shared_generators_stream(llada, seed, monkeypatch):
+    """Rows sharing one generator: each row's block noise, then its remasking noise, row
+    after row. (Planted: all the block noise first, then all the remasking noise: failed.)"""
+    batched = decoded(llada, mixed_rows(llada, seed, shared=True, **FIXED))
+    monkeypatch.setattr(FixedSchedule, "commit", per_row_fixed_commit)
+    assert batched == decoded(llada, mixed_rows(llada, seed, shared=True, **FIXED))
+
+
 # ------------------------------------------------------------------------ host syncs
 
 
@@ -146,12 +200,14 @@ def _by_mask(index: Any) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
-def test_confidence_rule_reads_the_host_once_per_step_for_all_rows(llada):
+@pytest.mark.parametrize("rule", ["confidence", "fixed"])
+def test_a_rule_reads_the_host_once_per_step_for_all_rows(llada, rule):
     """begin and commit of ten rows (sampled and greedy, given tokens) read the device once:
     all the rows' tokens in one copy. (Planted: each row's tokens read on its own, as
     before issue 43: failed with 10 reads.)"""
-    rule = ConfidenceThreshold(llada.mask_token_id)
-    rows = mixed_rows(llada, 0, shared=False, **CONFIDENCE)
+    settings = CONFIDENCE if rule == "confidence" else FIXED
+    rows = mixed_rows(llada, 0, shared=False, **settings)
+    rule = (ConfidenceThreshold if rule == "confidence" else FixedSchedule)(llada.mask_token_id)
     logits = torch.Generator().manual_seed(5)
     for _ in range(2):  # the second step: blocks partly committed
         with HostReads() as reads:
