@@ -216,3 +216,17 @@ def test_a_rule_reads_the_host_once_per_step_for_all_rows(llada, rule):
                 work.receive(torch.randn(len(work.wanted), 256, generator=logits))
             rule.commit(works)
         assert dict(reads.calls) == {"tolist": 1}
+
+
+def test_a_decoder_step_reads_the_host_once_per_rule_and_once_for_progress(llada):
+    """A step of twenty rows under two rules: each rule reads its rows' tokens once, and the
+    row batch reads every row's masks left once (the progress guard and the retiring share
+    it). (Planted: each row's masks read on its own when retiring, as before issue 43:
+    failed with 23 reads.)"""
+    decoder = RowDecoder(llada)
+    for row in mixed_rows(llada, 0, False, **CONFIDENCE) + mixed_rows(llada, 1, False, **FIXED):
+        decoder.add(row)
+    for _ in range(3):
+        with HostReads() as reads:
+            decoder.step()
+        assert dict(reads.calls) == {"tolist": 3}
