@@ -16,7 +16,7 @@ import torch
 from references import load_float32
 from torch.overrides import TorchFunctionMode
 
-from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, rules
 from lm_eval_dvoting.core.decoding.state import candidates, suppress_mask
 from lm_eval_dvoting.core.parts.rules.confidence import ConfidenceThreshold
 from lm_eval_dvoting.core.parts.rules.fixed import FixedSchedule
@@ -125,6 +125,14 @@ CONFIDENCE = dict(threshold=[0.9, 0.3, 0.05, 0.6])
 FIXED = dict(steps=[1, 2, 4], remasking=["low_confidence", "random"])  # steps: gen_length / k
 
 
+@pytest.fixture(params=["one run", "runs of a row or two"])
+def runs(request, monkeypatch) -> None:
+    """A rule's rows in one `RowBatch` (the tiny vocabulary), or cut into runs of one or two
+    rows (`row_batches`, as on the CPU at a real vocabulary)."""
+    if request.param != "one run":
+        monkeypatch.setitem(rules.BATCH_ELEMENTS, "cpu", 5000)  # 8 to 16 positions x 256
+
+
 @pytest.fixture(scope="module")
 def llada() -> Any:
     from conftest import fixture_folder
@@ -133,7 +141,7 @@ def llada() -> Any:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_batched_confidence_rule_gives_each_row_its_per_row_tokens(llada, seed, monkeypatch):
+def test_batched_confidence_rule_gives_each_row_its_per_row_tokens(llada, seed, monkeypatch, runs):
     """Rows decoded together give, bit for bit, the tokens of today's per-row commit and the
     tokens each row gets alone (its own generator). (Planted: the noise drawn in the
     distributions' order instead of the rows'; then one row's generator read in
@@ -146,17 +154,17 @@ def test_batched_confidence_rule_gives_each_row_its_per_row_tokens(llada, seed, 
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_batched_confidence_rule_keeps_a_shared_generators_stream(llada, seed, monkeypatch):
+def test_batched_confidence_rule_keeps_a_shared_generators_stream(llada, seed, monkeypatch, runs):
     """Rows sharing one generator draw from it in row order, each a whole block's noise, as
     the per-row commit drew. (Planted: the noise drawn in the distributions' order instead of
-    the rows': failed.)"""
+    the rows': failed; the runs committed last first: failed in runs.)"""
     batched = decoded(llada, mixed_rows(llada, seed, shared=True, **CONFIDENCE))
     monkeypatch.setattr(ConfidenceThreshold, "commit", per_row_confidence_commit)
     assert batched == decoded(llada, mixed_rows(llada, seed, shared=True, **CONFIDENCE))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_batched_fixed_schedule_gives_each_row_its_per_row_tokens(llada, seed, monkeypatch):
+def test_batched_fixed_schedule_gives_each_row_its_per_row_tokens(llada, seed, monkeypatch, runs):
     """As for the confidence rule: both remaskings, steps committing several tokens or one.
     (Planted: a row's remasking noise drawn before its block noise: failed; the remasking
     noise read at the block's first positions instead of its masked ones: failed.)"""
@@ -167,9 +175,10 @@ def test_batched_fixed_schedule_gives_each_row_its_per_row_tokens(llada, seed, m
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_batched_fixed_schedule_keeps_a_shared_generators_stream(llada, seed, monkeypatch):
+def test_batched_fixed_schedule_keeps_a_shared_generators_stream(llada, seed, monkeypatch, runs):
     """Rows sharing one generator: each row's block noise, then its remasking noise, row
-    after row. (Planted: all the block noise first, then all the remasking noise: failed.)"""
+    after row. (Planted: all the block noise first, then all the remasking noise: failed;
+    the runs committed last first: failed in runs.)"""
     batched = decoded(llada, mixed_rows(llada, seed, shared=True, **FIXED))
     monkeypatch.setattr(FixedSchedule, "commit", per_row_fixed_commit)
     assert batched == decoded(llada, mixed_rows(llada, seed, shared=True, **FIXED))

@@ -14,6 +14,7 @@ from lm_eval_dvoting.core.decoding.rules import (
     RowWork,
     ScheduledWork,
     Window,
+    row_batches,
     token_lists,
 )
 from lm_eval_dvoting.core.decoding.state import DecodeRow, masked_block
@@ -45,11 +46,15 @@ class ConfidenceThreshold(FirstMaskedBlock):
         return works
 
     def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
+        """The rows in as few runs as `row_batches` allows, no host sync."""
+        for run in row_batches(works):
+            self._commit_run(run)
+        return []
+
+    def _commit_run(self, works: Sequence[ScheduledWork]) -> None:
         """All the rows at once (`RowBatch`): one softmax and gather for every row's
         positions, the candidates one call per distribution, the noise drawn row by row
-        from each row's generator as a row alone draws it; no host sync."""
-        if not works:
-            return []
+        from each row's generator as a row alone draws it."""
         batch = RowBatch(works, self.mask_id)
         batch.draw_noise(works)
         chosen = batch.candidates()
@@ -57,7 +62,6 @@ class ConfidenceThreshold(FirstMaskedBlock):
         threshold = batch.per_row([work.row.threshold for work in batch.works])
         commit = (probability >= threshold) | batch.first_max(probability)
         batch.write(torch.where(commit, chosen, self.mask_id))  # its wanted positions are masks
-        return []
 
 
 @register

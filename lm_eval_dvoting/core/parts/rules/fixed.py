@@ -16,6 +16,7 @@ from lm_eval_dvoting.core.decoding.rules import (
     ScheduledWork,
     Window,
     block_size,
+    row_batches,
     token_lists,
 )
 from lm_eval_dvoting.core.decoding.state import DecodeRow
@@ -63,9 +64,8 @@ class FixedSchedule:
     def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
         """Commit each row's share, all rows at once; a fixed-schedule row never goes on
         within a step."""
-        sharing = [work for work in works if work.wanted]
-        if sharing:
-            self._commit_shares(sharing)
+        for run in row_batches([work for work in works if work.wanted]):
+            self._commit_shares(run)
         for work in works:
             row, progress = work.row, work.row.progress
             progress.step_in_block += 1
