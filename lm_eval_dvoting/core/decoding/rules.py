@@ -4,12 +4,15 @@ and the block helpers. The rules themselves are parts, one file each under
 `EntropyThreshold` in entropy.py, `ConfidenceThreshold` in confidence.py; block diffusion's
 `BlockThreshold` in decoding/blocks.py). This module imports no part.
 
-A rule turns each row into a `RowWork` at the start of a step (`begin`): the positions it
-wants logits for. The row batch fetches the logits of every row's wanted positions in one
-output-head call and hands them over (`RowWork.receive`); then each rule commits for all
-its rows at once (`commit`), and returns the rows that go on in another round of the same
-step (only the entropy rule's block hand-over does). Rows are independent: each draws
-from its own generator, so no row's tokens depend on the others in its round.
+A rule turns each row into a `RowWork` at the start of a step (`begin`, or `begin_many` for
+all its rows with one host read, `token_lists`): the positions it wants logits for. The row
+batch fetches the logits of every row's wanted positions in one output-head call and hands
+them over (`RowWork.receive`); then each rule commits for all its rows at once (`commit`),
+and returns the rows that go on in another round of the same step (only the entropy rule's
+block hand-over does). Rows are independent: each draws from its own generator, so no
+row's tokens depend on the others in its round. `RowBatch` (the fixed schedule's and the
+confidence rule's commit) stacks the rows' logits into one float64 tensor and reads
+nothing back to the host.
 """
 
 from __future__ import annotations
@@ -105,9 +108,10 @@ def host_to_device(values: list[Any], dtype: torch.dtype, device: torch.device) 
 
 
 # float64 logits elements one `RowBatch` holds at most, by device type: on the CPU a larger
-# batch costs more than the per-row calls it saves (measured: 16 rows x 8 positions x 126,464
-# tokens twice as slow as row by row: fresh buffers of that size fault their pages in at every
-# step); elsewhere it bounds each float64 temporary to 1 GiB
+# batch costs more than the per-row calls it saves (measured, 16 rows x 8 positions x 126,464
+# tokens at temperature 0.7: twice as slow in one batch as in runs of one row, the Gumbel
+# arithmetic's float64 temporaries far past the caches; at 256 tokens the rows batch); elsewhere
+# it bounds each float64 temporary to 1 GiB
 BATCH_ELEMENTS = {"cpu": 2**20, "other": 2**27}
 
 
@@ -213,9 +217,10 @@ class RowBatch:
                 then(work)
 
     def candidates(self) -> torch.Tensor:
-        """Each wanted position's candidate: the argmax at temperature 0, else LLaDA's
-        float64 Gumbel-max with its row's block noise (`draw_noise` first) from the tokens
-        top-p/top-k keep (`state.candidates`, one call per distribution)."""
+        """Each wanted position's candidate, as `state.candidates` gives it for a row alone:
+        the argmax at temperature 0, else LLaDA's float64 Gumbel-max with the row's block
+        noise (`draw_noise` first) from the tokens top-p/top-k keep; one call per
+        distribution."""
         chosen = torch.empty(self.bounds[-1], dtype=torch.long, device=self.device)
         for (temperature, top_p, top_k), lo, hi in self.groups:
             a, b = self.bounds[lo], self.bounds[hi]
