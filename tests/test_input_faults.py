@@ -31,10 +31,9 @@ from lm_eval.api.instance import Instance
 
 from lm_eval_dvoting.core import likelihood
 from lm_eval_dvoting.core.decoding import generate
+from lm_eval_dvoting.core.decoding import rules as batched
 from lm_eval_dvoting.core.likelihood import score_requests
-from lm_eval_dvoting.core.parts.rules import confidence as confidence_rule
 from lm_eval_dvoting.core.parts.rules import entropy as entropy_rule
-from lm_eval_dvoting.core.parts.rules import fixed as fixed_rule
 from lm_eval_dvoting.core.strategies import StrategySettings, run_strategy
 from lm_eval_dvoting.integration.arg_parsing import whole_number as _whole_number
 from lm_eval_dvoting.integration.harness import LLaDAEvalModel
@@ -71,17 +70,17 @@ def test_decision_path_is_float64_with_a_bfloat16_model(tiny_llada_dir, monkeypa
         return wrapper
 
     monkeypatch.setattr(entropy_rule, "entropy", spy("entropy", entropy_rule.entropy))
-    for rule in (fixed_rule, confidence_rule):
-        monkeypatch.setattr(rule, "candidates", spy("candidates", rule.candidates))
+    # the fixed schedule and the confidence rule batch their rows (decoding/rules.py, RowBatch)
+    monkeypatch.setattr(batched, "filtered_gumbel", spy("candidates", batched.filtered_gumbel))
     committed = spy("committed", entropy_rule.committed_candidates)
     monkeypatch.setattr(entropy_rule, "committed_candidates", committed)
-    original_share = fixed_rule.FixedSchedule._commit_share
+    original_batch = batched.RowBatch.__init__
 
-    def commit_share(work: Any, logits64: torch.Tensor) -> None:
-        seen["confidence"].append(logits64.dtype)  # the softmax confidence is taken of these
-        original_share(work, logits64)
+    def batch(self: Any, *args: Any) -> None:
+        original_batch(self, *args)
+        seen["confidence"].append(self.logits64.dtype)  # the softmax confidence is taken of these
 
-    monkeypatch.setattr(fixed_rule.FixedSchedule, "_commit_share", staticmethod(commit_share))
+    monkeypatch.setattr(batched.RowBatch, "__init__", batch)
     original_logits = likelihood._logits_at
 
     def logits_at(*args: Any) -> torch.Tensor:

@@ -145,9 +145,7 @@ class RowDecoder:
         logits = self.forward.run(self.active, *self._cache_plan())
         self._show_predictions(logits)
         before = self._progress_marks()
-        works = [
-            self.rule(row).begin(i, row, logits.window(i)) for i, row in enumerate(self.active)
-        ]
+        works = self._begin(logits)
         for row in self.active:
             row.nfe += 1
         while works:  # rounds: the entropy rule's rows whose block completed go on to the next
@@ -155,8 +153,22 @@ class RowDecoder:
             for work, found in zip(asking, logits.many([(w.index, w.wanted) for w in asking])):
                 work.receive(found)
             works = self._commit(works)
-        self._check_progress(before)
-        return self._retire()
+        return self._retire(self._check_progress(before))
+
+    def _begin(self, logits: StepLogits) -> list[RowWork]:
+        """Each active row's work for the step, in row order: a rule with `begin_many`
+        begins all its rows at once (one host read for all of them), the others row by row
+        in row order."""
+        items = [(i, row, logits.window(i)) for i, row in enumerate(self.active)]
+        works: dict[int, RowWork] = {}
+        for name, rule in self.rules.items():
+            if hasattr(rule, "begin_many"):
+                mine = [item for item in items if self.rule_of[item[1]] == name]
+                works.update(zip([i for i, _, _ in mine], rule.begin_many(mine) if mine else []))
+        for item in items:
+            if item[0] not in works:
+                works[item[0]] = self.rule(item[1]).begin(*item)
+        return [works[i] for i in range(len(items))]
 
     def _progress_marks(self) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
         """Each active row's masks left (on the device, no sync) and schedule position."""
@@ -167,24 +179,26 @@ class RowDecoder:
         ]
         return masks, positions
 
-    def _check_progress(self, before: tuple[torch.Tensor, list[tuple[int, int, int]]]) -> None:
+    def _check_progress(self, before: tuple[torch.Tensor, list[tuple[int, int, int]]]) -> list[int]:
         """Raise if a row's step committed nothing and moved no schedule on: its rule would
         then decode it the same way forever (the entropy and confidence rules commit at least
         one token per step; the fixed schedule and block diffusion move their schedule on at
-        every step, through steps that commit nothing by design). One sync for all rows."""
+        every step, through steps that commit nothing by design). One sync for all rows;
+        returns each row's masks left."""
         masks, positions = before
         masks_now, positions_now = self._progress_marks()
-        stuck = (masks == masks_now).tolist()
+        then, now = torch.stack([masks, masks_now]).tolist()
         for i, row in enumerate(self.active):
-            if stuck[i] and positions[i] == positions_now[i]:
+            if then[i] == now[i] and positions[i] == positions_now[i]:
                 rule, named = type(self.rule(row)).__name__, f" ({row.label})" if row.label else ""
                 raise RuntimeError(
                     f"commit rule {rule} ({_rule_setting(row)}) committed nothing in step "
-                    f"{row.nfe} of row {i}{named}: {int(masks[i])} of its {row.gen_length} "
+                    f"{row.nfe} of row {i}{named}: {then[i]} of its {row.gen_length} "
                     "generated positions are still masked, and a step that changes nothing "
                     "would decode it forever; this is a bug in the rule, please report it with "
                     "the settings"
                 )
+        return now
 
     def _show_predictions(self, logits: StepLogits) -> None:
         """Hand each observed row (`DecodeRow.observe`) this step's full prediction, before
@@ -243,8 +257,11 @@ class RowDecoder:
                 going_on += self.rules[name].commit(by_rule[name])
         return going_on
 
-    def _retire(self) -> list[DecodeRow]:
-        finished = [row for row in self.active if not self._has_masks(row)]
+    def _retire(self, masks_left: list[int]) -> list[DecodeRow]:
+        """Drop the rows that need no other step (`_has_masks`, told the masks each row
+        has left: no host read of its own)."""
+        active = zip(self.active, masks_left)
+        finished = [row for row, left in active if not self._has_masks(row, left)]
         for row in finished:
             if (
                 not row.keep_cache
@@ -254,14 +271,17 @@ class RowDecoder:
         self.active = [row for row in self.active if row not in finished]
         return finished
 
-    def _has_masks(self, row: DecodeRow) -> bool:
+    def _has_masks(self, row: DecodeRow, masks_left: int | None = None) -> bool:
         """Whether the row needs another step (block diffusion: its rule says, as a block
-        with editing goes on after its last mask is filled)."""
+        with editing goes on after its last mask is filled); `masks_left`, when known,
+        spares a host read."""
         if self.rule(row).is_done(row):
             return False
         if row.block is not None:
             return True
-        return bool((row.tokens == self.mask_id).any())
+        if masks_left is None:
+            return bool((row.tokens == self.mask_id).any())
+        return masks_left > 0
 
 
 def _rule_setting(row: DecodeRow) -> str:

@@ -449,13 +449,24 @@ def candidates(
     """
     if temperature == 0:
         return logits64.argmax(-1)
-    removed = removed_by_filters(logits64, temperature, top_p, top_k)
-    if removed is not None:
-        logits64 = logits64.masked_fill(removed, float("-inf"))
     shape = logits64.shape if block_masked is None else (block_masked.numel(), logits64.shape[-1])
     noise = torch.rand(shape, dtype=torch.float64, device=logits64.device, generator=generator)
     if shape[0] != logits64.shape[0]:  # some block positions are not masked
         noise = noise[block_masked]
+    return filtered_gumbel(logits64, temperature, noise, top_p, top_k)
+
+
+def filtered_gumbel(
+    logits64: torch.Tensor,
+    temperature: float,
+    noise: torch.Tensor,
+    top_p: float | None = None,
+    top_k: int | None = None,
+) -> torch.Tensor:
+    """`gumbel_noised` over the tokens top-p/top-k keep at `temperature` (> 0)."""
+    removed = removed_by_filters(logits64, temperature, top_p, top_k)
+    if removed is not None:
+        logits64 = logits64.masked_fill(removed, float("-inf"))
     return gumbel_noised(logits64, temperature, noise)
 
 

@@ -10,11 +10,14 @@ import torch
 
 from lm_eval_dvoting.core.decoding.rules import (
     FirstMaskedBlock,
+    RowBatch,
     RowWork,
     ScheduledWork,
     Window,
+    row_batches,
+    token_lists,
 )
-from lm_eval_dvoting.core.decoding.state import DecodeRow, candidates, suppress_mask
+from lm_eval_dvoting.core.decoding.state import DecodeRow, masked_block
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
 DEFAULT_THRESHOLD = 0.9  # Fast-dLLM's
@@ -30,29 +33,35 @@ class ConfidenceThreshold(FirstMaskedBlock):
     A block is done when it has no mask left; the next one starts in the next step."""
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> ScheduledWork:
-        start = self.block_start(row)
-        masked = row.tokens[start : start + row.block_length] == self.mask_id
-        return ScheduledWork(
-            index,
-            row,
-            wanted=(start + masked.nonzero().squeeze(1)).tolist(),
-            start=start,
-            masked=masked,
-        )
+        return self.begin_many([(index, row, window)])[0]
+
+    def begin_many(self, items: Sequence[tuple[int, DecodeRow, Window]]) -> list[ScheduledWork]:
+        """Each row's work on the block holding its first mask: that block's masked
+        positions, from one host read of all the rows' tokens."""
+        tokens = token_lists([row for _, row, _ in items])
+        works = []
+        for (index, row, _), row_tokens in zip(items, tokens):
+            start, wanted = masked_block(row_tokens, self.mask_id, row.block_length)
+            works.append(ScheduledWork(index, row, wanted=wanted, start=start))
+        return works
 
     def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
-        for work in works:
-            row, masked = work.row, work.masked
-            logits64 = suppress_mask(work.logits, self.mask_id)
-            chosen = candidates(
-                logits64, row.temperature, row.generator, masked, row.top_p, row.top_k
-            )
-            probability = torch.softmax(logits64, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
-            commit = probability >= row.threshold
-            commit[int(probability.argmax())] = True  # the first maximum: leftmost on ties
-            positions = torch.tensor(work.wanted, device=row.tokens.device)
-            row.tokens[positions[commit]] = chosen[commit].to(row.tokens.dtype)
+        """The rows in as few runs as `row_batches` allows, no host sync."""
+        for run in row_batches(works):
+            self._commit_run(run)
         return []
+
+    def _commit_run(self, works: Sequence[ScheduledWork]) -> None:
+        """All the rows at once (`RowBatch`): one softmax and gather for every row's
+        positions, the candidates one call per distribution, the noise drawn row by row
+        from each row's generator as a row alone draws it."""
+        batch = RowBatch(works, self.mask_id)
+        batch.draw_noise(works)
+        chosen = batch.candidates()
+        probability = torch.softmax(batch.logits64, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+        threshold = batch.per_row([work.row.threshold for work in batch.works])
+        commit = (probability >= threshold) | batch.first_max(probability)
+        batch.write(torch.where(commit, chosen, self.mask_id))  # its wanted positions are masks
 
 
 @register

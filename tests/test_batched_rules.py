@@ -1,0 +1,241 @@
+"""The commit rules batched over rows (issue 43): one stacked logits tensor per rule and step,
+the noise still drawn from each row's own generator as a row alone draws it, and one host
+read per step for all of a rule's rows.
+
+The references are today's per-row commits, transcribed: a batch of rows of different prompts,
+lengths, blocks, temperatures, filters and seeds must decode to their tokens bit for bit
+(float32 on the CPU), and to the tokens each row gets alone."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+import torch
+from references import load_float32
+from torch.overrides import TorchFunctionMode
+
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, rules
+from lm_eval_dvoting.core.decoding.state import candidates, suppress_mask
+from lm_eval_dvoting.core.parts.rules.confidence import ConfidenceThreshold
+from lm_eval_dvoting.core.parts.rules.fixed import FixedSchedule
+
+# ---------------------------------------------------------------- the per-row references
+
+
+def per_row_confidence_commit(self: ConfidenceThreshold, works: list) -> list:
+    """`ConfidenceThreshold.commit` before issue 43: row by row."""
+    for work in works:
+        row = work.row
+        masked = row.tokens[work.start : work.start + row.block_length] == self.mask_id
+        logits64 = suppress_mask(work.logits, self.mask_id)
+        chosen = candidates(logits64, row.temperature, row.generator, masked, row.top_p, row.top_k)
+        probability = torch.softmax(logits64, dim=-1).gather(-1, chosen[:, None]).squeeze(-1)
+        commit = probability >= row.threshold
+        commit[int(probability.argmax())] = True
+        positions = torch.tensor(work.wanted)
+        row.tokens[positions[commit]] = chosen[commit].to(row.tokens.dtype)
+    return []
+
+
+def per_row_fixed_commit(self: FixedSchedule, works: list) -> list:
+    """`FixedSchedule.commit` before issue 43: row by row."""
+    for work in works:
+        row, progress = work.row, work.row.progress
+        if work.wanted:
+            _per_row_share(work, suppress_mask(work.logits, self.mask_id), self.mask_id)
+        progress.step_in_block += 1
+        if progress.step_in_block == row.steps_per_block:
+            progress.block, progress.step_in_block = progress.block + 1, 0
+    return []
+
+
+def _per_row_share(work: Any, logits64: torch.Tensor, mask_id: int) -> None:
+    """`FixedSchedule._commit_share` before issue 43."""
+    row = work.row
+    block = row.tokens[work.start : work.start + row.block_length]
+    masked = block == mask_id
+    chosen = torch.zeros_like(block)
+    chosen[masked] = candidates(
+        logits64, row.temperature, row.generator, masked, row.top_p, row.top_k
+    )
+    confidence = torch.full(block.shape, float("-inf"), dtype=torch.float64)
+    if row.remasking == "low_confidence":
+        probs = torch.softmax(logits64, dim=-1)
+        confidence[masked] = probs.gather(-1, chosen[masked][:, None]).squeeze(-1)
+    else:
+        noise = torch.rand(block.shape, dtype=torch.float64, generator=row.generator)
+        confidence[masked] = noise[masked]
+    picked = confidence.topk(row.progress.counts[row.progress.step_in_block]).indices
+    block[picked] = chosen[picked]
+
+
+# ------------------------------------------------------------------------- the row mix
+
+TEMPERATURES = [0.0, 0.7, 1.0, 0.5, 2.0, 0.3]
+FILTERS = [(None, None), (0.9, None), (None, 5), (0.8, 3), (1.0, None), (0.5, 1)]
+SHAPES = [(16, 4), (16, 8), (12, 4), (16, 16), (8, 8)]  # (gen_length, block_length)
+
+
+def mixed_rows(model: Any, seed: int, shared: bool, **rule: Any) -> list[DecodeRow]:
+    """Ten rows unlike each other: prompt, lengths, block, temperature, filters, seed; every
+    fourth has a given token in its first block (not all of that block is masked)."""
+    prompts = torch.Generator().manual_seed(seed)
+    one = torch.Generator().manual_seed(seed + 100)
+    rows = []
+    for i in range(10):
+        gen_length, block_length = SHAPES[i % len(SHAPES)]
+        tokens = torch.full((gen_length,), model.mask_token_id)
+        if i % 4 == 3:
+            tokens[1] = 7
+        top_p, top_k = FILTERS[(i + seed) % len(FILTERS)]
+        settings = {k: v[i % len(v)] if isinstance(v, list) else v for k, v in rule.items()}
+        if "steps" in settings:
+            settings["steps"] = gen_length // settings["steps"]  # steps per position
+        rows.append(
+            DecodeRow(
+                prompt=torch.randint(0, 240, (2 + (i * 3) % 7,), generator=prompts),
+                tokens=tokens,
+                block_length=block_length,
+                temperature=TEMPERATURES[(i + seed) % len(TEMPERATURES)],
+                top_p=top_p,
+                top_k=top_k,
+                generator=one if shared else torch.Generator().manual_seed(seed * 10 + i),
+                **settings,
+            )
+        )
+    return rows
+
+
+def decoded(model: Any, rows: list[DecodeRow]) -> list[list[int]]:
+    decoder = RowDecoder(model)
+    for row in rows:
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    return [row.tokens.tolist() + [row.nfe] for row in rows]
+
+
+def alone(model: Any, rows: list[DecodeRow]) -> list[list[int]]:
+    return [decoded(model, [row])[0] for row in rows]
+
+
+CONFIDENCE = dict(threshold=[0.9, 0.3, 0.05, 0.6])
+FIXED = dict(steps=[1, 2, 4], remasking=["low_confidence", "random"])  # steps: gen_length / k
+
+
+@pytest.fixture(params=["one run", "runs of a row or two"])
+def runs(request, monkeypatch) -> None:
+    """A rule's rows in one `RowBatch` (the tiny vocabulary), or cut into runs of one or two
+    rows (`row_batches`, as on the CPU at a real vocabulary)."""
+    if request.param != "one run":
+        monkeypatch.setitem(rules.BATCH_ELEMENTS, "cpu", 5000)  # 8 to 16 positions x 256
+
+
+@pytest.fixture(scope="module")
+def llada() -> Any:
+    from conftest import fixture_folder
+
+    return load_float32(str(fixture_folder("llada")))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batched_confidence_rule_gives_each_row_its_per_row_tokens(llada, seed, monkeypatch, runs):
+    """Rows decoded together give, bit for bit, the tokens of today's per-row commit and the
+    tokens each row gets alone (its own generator). (Planted: the noise drawn in the
+    distributions' order instead of the rows'; then one row's generator read in
+    another row's place; each failed.)"""
+    batched = decoded(llada, mixed_rows(llada, seed, shared=False, **CONFIDENCE))
+    assert batched == alone(llada, mixed_rows(llada, seed, shared=False, **CONFIDENCE))
+    assert len({row[-1] for row in batched}) > 1  # rows finish at different steps
+    monkeypatch.setattr(ConfidenceThreshold, "commit", per_row_confidence_commit)
+    assert batched == decoded(llada, mixed_rows(llada, seed, shared=False, **CONFIDENCE))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_confidence_rule_keeps_a_shared_generators_stream(llada, seed, monkeypatch, runs):
+    """Rows sharing one generator draw from it in row order, each a whole block's noise, as
+    the per-row commit drew. (Planted: the noise drawn in the distributions' order instead of
+    the rows': failed; the runs committed last first: failed in runs.)"""
+    batched = decoded(llada, mixed_rows(llada, seed, shared=True, **CONFIDENCE))
+    monkeypatch.setattr(ConfidenceThreshold, "commit", per_row_confidence_commit)
+    assert batched == decoded(llada, mixed_rows(llada, seed, shared=True, **CONFIDENCE))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_fixed_schedule_gives_each_row_its_per_row_tokens(llada, seed, monkeypatch, runs):
+    """As for the confidence rule: both remaskings, steps committing several tokens or one.
+    (Planted: a row's remasking noise drawn before its block noise: failed; the remasking
+    noise read at the block's first positions instead of its masked ones: failed.)"""
+    batched = decoded(llada, mixed_rows(llada, seed, shared=False, **FIXED))
+    assert batched == alone(llada, mixed_rows(llada, seed, shared=False, **FIXED))
+    monkeypatch.setattr(FixedSchedule, "commit", per_row_fixed_commit)
+    assert batched == decoded(llada, mixed_rows(llada, seed, shared=False, **FIXED))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_batched_fixed_schedule_keeps_a_shared_generators_stream(llada, seed, monkeypatch, runs):
+    """Rows sharing one generator: each row's block noise, then its remasking noise, row
+    after row. (Planted: all the block noise first, then all the remasking noise: failed;
+    the runs committed last first: failed in runs.)"""
+    batched = decoded(llada, mixed_rows(llada, seed, shared=True, **FIXED))
+    monkeypatch.setattr(FixedSchedule, "commit", per_row_fixed_commit)
+    assert batched == decoded(llada, mixed_rows(llada, seed, shared=True, **FIXED))
+
+
+# ------------------------------------------------------------------------ host syncs
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the calls that read a tensor's values on the host (a sync on an accelerator):
+    tolist, item, bool/int/float, nonzero, boolean-mask indexing."""
+
+    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.READS or (name in ("__getitem__", "__setitem__") and _by_mask(args[1])):
+            self.calls[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _by_mask(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+@pytest.mark.parametrize("rule", ["confidence", "fixed"])
+def test_a_rule_reads_the_host_once_per_step_for_all_rows(llada, rule):
+    """begin and commit of ten rows (sampled and greedy, given tokens) read the device once:
+    all the rows' tokens in one copy. (Planted: each row's tokens read on its own, as
+    before issue 43: failed with 10 reads.)"""
+    settings = CONFIDENCE if rule == "confidence" else FIXED
+    rows = mixed_rows(llada, 0, shared=False, **settings)
+    rule = (ConfidenceThreshold if rule == "confidence" else FixedSchedule)(llada.mask_token_id)
+    logits = torch.Generator().manual_seed(5)
+    for _ in range(2):  # the second step: blocks partly committed
+        with HostReads() as reads:
+            works = rule.begin_many([(i, row, None) for i, row in enumerate(rows)])
+            for work in works:
+                work.receive(torch.randn(len(work.wanted), 256, generator=logits))
+            rule.commit(works)
+        assert dict(reads.calls) == {"tolist": 1}
+
+
+def test_a_decoder_step_reads_the_host_once_per_rule_and_once_for_progress(llada):
+    """A step of twenty rows under two rules: each rule reads its rows' tokens once, and the
+    row batch reads every row's masks left once (the progress guard and the retiring share
+    it). (Planted: each row's masks read on its own when retiring, as before issue 43:
+    failed with 23 reads.)"""
+    decoder = RowDecoder(llada)
+    for row in mixed_rows(llada, 0, False, **CONFIDENCE) + mixed_rows(llada, 1, False, **FIXED):
+        decoder.add(row)
+    for _ in range(3):
+        with HostReads() as reads:
+            decoder.step()
+        assert dict(reads.calls) == {"tolist": 3}
