@@ -67,7 +67,7 @@ from bench.common import (
     write_section,
 )
 from bench.timing import TimedModel
-from bench.workloads import real_vocab_workload
+from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
 
 CACHES = ("none", "prefix", "dual")
@@ -220,16 +220,7 @@ def run_repeat(
 
 def run_real(args: argparse.Namespace, results: Results, save: Callable[[], None]) -> None:
     """Part 1: every real-shape cell, `--repeats` times; saved after each repeat."""
-    work = real_vocab_workload(
-        1,
-        args.gen_length,
-        args.prompt_length,
-        d_model=args.width,
-        n_layers=args.layers,
-        n_heads=args.heads,
-        name="real-shape",
-        std=0.02,
-    )
+    work = real_shape_workload(args)
     results["real_description"] = work.description
     model = PassCounter(work.model)
     real = results.setdefault("real", {})

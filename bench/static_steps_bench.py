@@ -43,7 +43,7 @@ from bench.common import (
     save_json,
     write_section,
 )
-from bench.workloads import real_vocab_workload
+from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import RowDecoder
 
 START, END = markers("static_steps_bench")
@@ -103,19 +103,7 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
 
 
 def run(args: argparse.Namespace, results: Results) -> None:
-    dtype = getattr(torch, args.dtype)
-    work = real_vocab_workload(
-        1,
-        args.gen_length,
-        args.prompt_length,
-        d_model=args.width,
-        n_layers=args.layers,
-        n_heads=args.heads,
-        name="real-shape",
-        std=0.02,
-        device=args.device,
-        dtype=dtype,
-    )
+    work = real_shape_workload(args, args.device, getattr(torch, args.dtype))
     results["description"] = work.description
     prompt = work.prompts[0].to(args.device)
     if args.warm_up:  # the first steps on a GPU cost many times a later one

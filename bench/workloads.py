@@ -182,3 +182,22 @@ def real_vocab_workload(
         "answer = first generated token"
     )
     return Workload(name, model, prompts, extract, gen_length, description)
+
+
+def real_shape_workload(
+    args: Any, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> Workload:
+    """The real-shape proxy of the suites' `add_real_shape_arguments` flags: one random prompt
+    of `--prompt-length`, LLaDA-8B's vocabulary, `--width`, `--layers` and `--heads`."""
+    return real_vocab_workload(
+        1,
+        args.gen_length,
+        args.prompt_length,
+        d_model=args.width,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        name="real-shape",
+        std=0.02,
+        device=device,
+        dtype=dtype,
+    )
