@@ -168,6 +168,11 @@ def table(results: Results) -> list[str]:
     return lines
 
 
+def _benchmark_like(busy: list[str]) -> list[str]:
+    """The busy processes that explain noise here (Python jobs), not the sandbox's own."""
+    return [process.strip() for process in busy if "python" in process]
+
+
 def section(results: Results) -> list[str]:
     meta = results["meta"]
     spread = max(
@@ -186,7 +191,7 @@ def section(results: Results) -> list[str]:
         "",
         f"- command: `{meta['command']}`",
         *[f"- {name}: {value}" for name, value in meta["facts"].items()],
-        f"- load average before: {meta['load_before']}; busy: {', '.join(meta['busy']) or '-'}",
+        f"- load average before: {meta['load_before']}; busy: {', '.join(_benchmark_like(meta['busy'])) or '-'}",
         "",
         *table(results),
         "",
