@@ -179,6 +179,7 @@ def section(results: Results) -> list[str]:
         figure["reuse_spread"] / max(figure["reuse"], 1e-9)
         for figure in cell_figures(results).values()
     )
+    busy = ", ".join(_benchmark_like(meta["busy"]))
     return [
         START,
         "## Static-shape cached steps and CUDA graphs (`cached_steps`)",
@@ -191,7 +192,7 @@ def section(results: Results) -> list[str]:
         "",
         f"- command: `{meta['command']}`",
         *[f"- {name}: {value}" for name, value in meta["facts"].items()],
-        f"- load average before: {meta['load_before']}; busy: {', '.join(_benchmark_like(meta['busy'])) or '-'}",
+        f"- load average before: {meta['load_before']}; busy: {busy or '-'}",
         "",
         *table(results),
         "",
