@@ -221,3 +221,31 @@ def test_a_capture_that_fails_falls_back_under_auto_and_is_refused_when_asked(
     assert torch.equal(row.tokens, dynamic.tokens)
     assert decoder.forward.static_steps.mode == "static"
     assert "no CUDA graphs (operation not permitted" in caplog.text
+
+
+def test_buffers_hold_no_row_past_its_block_and_uncaptured_shapes_go_first(model):
+    """The buffers refer to the kept keys weakly (a finished block's keys are freed with
+    the row's next block), and making room drops a shape without a graph before one with."""
+    import gc
+    import weakref
+
+    EagerReplay.captured = 0
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    steps = decoder.forward.static_steps = StaticSteps(model, "graphs")
+    steps.graph_class = EagerReplay
+    row = _rows(["dual"], dict(steps=16))[0]
+    decoder.add(row)
+    for _ in range(4):  # block 1: a full pass, then 3 reuse steps (captured on the 2nd)
+        decoder.step()
+    first_block = weakref.ref(row.kept)
+    decoder.step()  # block 2's full pass keeps new keys
+    gc.collect()
+    assert first_block() is None
+    (captured,) = steps.shapes.values()
+    assert captured.graph is not None
+    for width in (1, 2):  # two more shapes, never captured: the first one's room is reused
+        steps._shape(
+            [row.kept], torch.zeros((1, width), dtype=torch.long)
+        )  # a pass of another length
+    assert len(steps.shapes) == 2 and captured in steps.shapes.values()

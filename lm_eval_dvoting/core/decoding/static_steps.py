@@ -28,21 +28,21 @@ fresh passes (over whole sequences, at a new block) run eagerly.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.kept import stack_kept
 from lm_eval_dvoting.core.decoding.state import KeptKeysValues
 from lm_eval_dvoting.models.adapters import lora_layers
-from lm_eval_dvoting.models.common import PrefixCache, StaticKeyValues
+from lm_eval_dvoting.models.common import StaticKeyValues
 
 log = logging.getLogger(__name__)
 
 CACHED_STEPS = ("auto", "dynamic", "static", "graphs")
-GRAPHS_KEPT = 3  # shapes whose buffers and graph stay (each holds a copy of the kept keys)
+GRAPHS_KEPT = 2  # shapes whose buffers (a copy of the rows' kept keys each) and graph stay
 # a shape is captured on the second step in a row that finds its buffers filled as they are:
 # the rows of the pass hold still (one row, or the fixed schedule), so replays will follow;
 # rows that change at every step (threshold rules at many rows) would capture and replay once
@@ -83,18 +83,27 @@ def resolve_cached_steps(asked: str, model: torch.nn.Module, device: torch.devic
 class CudaGraph:
     """`pass_` captured as a CUDA graph; `replay()` runs it again and returns its output.
 
-    The warm-up on a side stream (as PyTorch's CUDA-graph notes ask) writes the pass's own
-    key/value columns with the values the replay writes again, so it changes nothing."""
+    Warm-up and capture run on a side stream of the model's device, made current for them
+    (a capture on another GPU's stream would record nothing: the kernels would run eagerly
+    and every replay would return the capture's output again). The warm-up (as PyTorch's
+    CUDA-graph notes ask) writes the pass's own key/value columns with the values the replay
+    writes again, so it changes nothing. A first replay over a poisoned output checks that
+    the graph computes it (one host sync per capture)."""
 
     def __init__(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> None:
-        side = torch.cuda.Stream(device=device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            pass_()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.output = pass_()
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                pass_()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, stream=side):
+                self.output = pass_()
+            self.output.fill_(float("nan"))
+            self.graph.replay()
+            if bool(torch.isnan(self.output).any()):
+                raise RuntimeError("the captured graph did not compute the pass's output")
         log.debug("cached_steps=graphs: captured a pass of %s", tuple(self.output.shape))
 
     def replay(self) -> torch.Tensor:
@@ -110,11 +119,19 @@ class _Shape:
     ids: torch.Tensor
     attention: torch.Tensor
     positions: torch.Tensor
-    filled_from: tuple[Any, ...] = ()
+    filled_from: list[weakref.ref[KeptKeysValues]] = field(default_factory=list)
     steady: int = 0  # steps in a row over the same fill
     graph: Any = None
-    output: torch.Tensor | None = None
-    kept_alive: list[KeptKeysValues] = field(default_factory=list)
+
+    def filled_from_these(self, kept: Sequence[KeptKeysValues], attention: torch.Tensor) -> bool:
+        """Whether the buffers hold these rows' kept keys for these queries (the query mask
+        is part of the fill; for one set of kept keys a row's queries are always the same)."""
+        same_rows = len(self.filled_from) == len(kept)
+        return (
+            same_rows
+            and all(ref() is k for ref, k in zip(self.filled_from, kept))
+            and self.attention.shape == attention.shape
+        )
 
 
 class StaticSteps:
@@ -138,12 +155,11 @@ class StaticSteps:
         """The pass's hidden states: `ids`, `attention` and `positions` as for the dynamic
         pass (left-padded queries), `kept[r]` row r's kept keys and values."""
         shape = self._shape(kept, ids)
-        # the buffers hold the kept keys of these very objects (held alive, so never reused
-        # ids) and these query lengths; anything else refills them
-        filled_from = (*map(id, kept), *attention.shape, ids.shape[1])
-        if shape.filled_from != filled_from:
+        # the buffers hold the kept keys of these very objects (weakly referenced: a row's
+        # kept keys are not held past its block) for these query lengths; else refill them
+        if not shape.filled_from_these(kept, attention):
             _fill(shape, kept, ids, attention)
-            shape.filled_from, shape.kept_alive, shape.steady = filled_from, list(kept), 0
+            shape.filled_from, shape.steady = [weakref.ref(k) for k in kept], 0
         shape.steady += 1
         if self.mode == "graphs":
             return self._replayed(shape, ids, attention, positions)
@@ -156,10 +172,21 @@ class StaticSteps:
         if key in self.shapes:
             self.shapes.move_to_end(key)
             return self.shapes[key]
-        while len(self.shapes) >= (GRAPHS_KEPT if self.mode == "graphs" else 1):
-            self.shapes.popitem(last=False)
+        self._evict()
         self.shapes[key] = _allocate(kept, ids, width)
         return self.shapes[key]
+
+    def _evict(self) -> None:
+        """Make room for a new shape before allocating it: shapes without a graph go first
+        (they cost only a refill to rebuild), then the least recently used. `static` keeps
+        one shape; `graphs` at most `GRAPHS_KEPT`, each a copy of the rows' kept keys."""
+        limit = GRAPHS_KEPT if self.mode == "graphs" else 1
+        for key in [k for k, shape in self.shapes.items() if shape.graph is None]:
+            if len(self.shapes) < limit:
+                return
+            del self.shapes[key]
+        while len(self.shapes) >= limit:
+            self.shapes.popitem(last=False)
 
     def _pass(
         self,
@@ -206,11 +233,11 @@ class StaticSteps:
 
 
 def _prefix_width(kept: Sequence[KeptKeysValues]) -> int:
-    return max(k.prefix_keys[0].shape[1] for k in kept)
+    return max(_length(k.prefix_keys) for k in kept)
 
 
 def _suffix_width(kept: Sequence[KeptKeysValues]) -> int:
-    return max(0 if k.suffix_keys is None else k.suffix_keys[0].shape[1] for k in kept)
+    return max(_length(k.suffix_keys) for k in kept)
 
 
 def _allocate(kept: Sequence[KeptKeysValues], ids: torch.Tensor, width: int) -> _Shape:
@@ -235,16 +262,32 @@ def _allocate(kept: Sequence[KeptKeysValues], ids: torch.Tensor, width: int) -> 
 def _fill(
     shape: _Shape, kept: Sequence[KeptKeysValues], ids: torch.Tensor, attention: torch.Tensor
 ) -> None:
-    """Copy the rows' kept keys and values into the buffers, in the dynamic path's layout
-    (`caches.stack_kept`: its padding and its key mask), around the pass's columns."""
-    stacked: PrefixCache = stack_kept(kept, ids.device)
-    before, length = stacked.keys[0].shape[2], ids.shape[1]
-    cache = shape.cache
-    cache.slot.copy_(torch.arange(before, before + length, device=ids.device))
-    cache.mask.copy_(stacked.key_mask(attention, ids))
+    """Copy the rows' kept keys and values into the buffers around the pass's columns, in
+    the dynamic path's layout (`kept.stack_kept`: each prefix left-padded, each suffix
+    right-padded, zeros in the padding) and with its key mask, row by row (no stacked copy
+    of them all on the way)."""
+    cache, device = shape.cache, ids.device
+    before, after = _prefix_width(kept), _prefix_width(kept) + ids.shape[1]
+    cache.slot.copy_(torch.arange(before, after, device=device))
+    spans = [(before - _length(k.prefix_keys), after + _length(k.suffix_keys)) for k in kept]
+    mask = torch.zeros_like(cache.mask)
+    mask[:, before:after] = attention
+    for row, (start, end) in enumerate(spans):
+        mask[row, start:before] = 1
+        mask[row, after:end] = 1
+    cache.mask.copy_(mask)
     for layer, (keys, values) in enumerate(zip(cache.keys, cache.values)):
-        keys[:, :, :before].copy_(stacked.keys[layer])
-        values[:, :, :before].copy_(stacked.values[layer])
-        if stacked.suffix_keys:
-            keys[:, :, before + length :].copy_(stacked.suffix_keys[layer])
-            values[:, :, before + length :].copy_(stacked.suffix_values[layer])
+        for row, (k, (start, end)) in enumerate(zip(kept, spans)):
+            for buffer, prefix, suffix in (
+                (keys, k.prefix_keys, k.suffix_keys),
+                (values, k.prefix_values, k.suffix_values),
+            ):
+                buffer[row, :, :start].zero_()
+                buffer[row, :, start:before].copy_(prefix[layer])
+                if suffix is not None:
+                    buffer[row, :, after:end].copy_(suffix[layer])
+                buffer[row, :, end:].zero_()
+
+
+def _length(layers: list[torch.Tensor] | None) -> int:
+    return 0 if layers is None else layers[0].shape[1]
