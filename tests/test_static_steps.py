@@ -219,7 +219,7 @@ def test_a_capture_that_fails_falls_back_under_auto_and_is_refused_when_asked(
     while decoder.active:
         decoder.step()
     assert torch.equal(row.tokens, dynamic.tokens)
-    assert decoder.forward.static_steps.mode == "static"
+    assert decoder.forward.static_steps.mode == "static" == model.cached_steps
     assert "no CUDA graphs (operation not permitted" in caplog.text
 
 

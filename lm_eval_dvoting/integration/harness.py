@@ -192,7 +192,7 @@ class DVotingEvalModel(TemplateLM):
             args["reference"],
         )
         self.max_length = self._checked_max_length(max_length)
-        self.cached_steps = self._set_cached_steps(cached_steps)
+        self._set_cached_steps(cached_steps)
         # task sampling values reported as unused
         self._ignored_sampling: set[tuple[Any, ...]] = set()
         self.costs = CostBook()  # cost totals and settings used of the requests computed
@@ -312,14 +312,20 @@ class DVotingEvalModel(TemplateLM):
                 self.family,
             )
 
-    def _set_cached_steps(self, asked: str) -> str:
+    def _set_cached_steps(self, asked: str) -> None:
         """The models' `cached_steps` (`core/decoding/static_steps.py`), as the decoder reads
         it; `graphs` where it cannot apply (e.g. a model spread over GPUs) is refused here,
-        after loading and before any decoding. Returns the mode the policy's steps run."""
-        models = [m for m in (self.model, self.reference_model) if m is not None]
-        for model in models:
-            model.cached_steps = asked
-        return [resolve_cached_steps(asked, model, self._device) for model in models][0]
+        after loading and before any decoding."""
+        for model in (self.model, self.reference_model):
+            if model is not None:
+                resolve_cached_steps(asked, model, self._device)
+                model.cached_steps = asked
+
+    @property
+    def cached_steps(self) -> str:
+        """The mode the policy's cached steps run in now (`auto` resolved; `static` once a
+        CUDA-graph capture failed under `auto`, which sets the model's to `static`)."""
+        return resolve_cached_steps(self.model.cached_steps, self.model, self._device)
 
     def _read_adapter_and_reference(self, peft: str | None, reference: str | None) -> Any:
         """Read the adapter `peft` and find the folder of the RFG `reference` (None: none),

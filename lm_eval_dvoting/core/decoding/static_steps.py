@@ -228,7 +228,7 @@ class StaticSteps:
                     "cached_steps=static (the same tokens, without graphs)"
                 ) from error
             log.warning("cached_steps=auto: no CUDA graphs (%s); static buffers instead", error)
-            self.mode = "static"
+            self.mode = self.model.cached_steps = "static"  # for the later decoders too
             return None
 
 
