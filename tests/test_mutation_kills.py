@@ -1443,6 +1443,7 @@ def test_the_model_info_of_a_fresh_model_is_exactly_its_settings_and_sources():
             "dtype": "float32",
             "device": "cpu",
             "device_map": None,
+            "cached_steps": "static",  # auto, off a GPU
             "settings": settings,
             "settings_used": [],
             "tasks": {},
@@ -2039,6 +2040,7 @@ def test_a_model_built_with_no_args_has_the_documented_defaults():
         "dtype": "float32",
         "device": "cpu",
         "device_map": None,
+        "cached_steps": "static",  # auto, off a GPU
         "settings": settings,
         "settings_used": [],
         "tasks": {},
