@@ -16,6 +16,9 @@ importing only those below it (no circle):
 |   |             | threshold / joint-threshold rule |
 | 2 | `caches.py` | the cache policies (`none`, `prefix`, `dual`, `block`): what a pass |
 |   |             | covers and keeps; lazy logits |
+| 2 | `static_steps.py` | the reuse passes of `prefix`/`dual` over fixed buffers, and |
+|   |                   | their CUDA graphs (`cached_steps`) |
+| 1 | `kept.py` | a row's kept keys and values: their layout in a reuse pass |
 | 1 | `state.py` | the row, the result, the settings' checks, the float64 numerics |
 
 Which rule, cache policy, strategy and vote a decode uses, and what each reads and can do,
