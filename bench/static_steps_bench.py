@@ -86,6 +86,8 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
     for cache, mode, rows, block in cells(args):
         groups.setdefault((rows, block), []).append((cache, mode))
     for (rows, block), members in groups.items():
+        if args.device == "cuda":  # the peak of each group: its decoders' buffers side by side
+            torch.cuda.reset_peak_memory_stats()
         decoders = {}
         for cache, mode in members:
             model.cached_steps = mode
@@ -96,9 +98,10 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
         for _ in range(args.block):  # one block: the fixed schedule commits one a step
             for key, decoder in decoders.items():
                 times[key].append(_step(decoder, args.device))
+        peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None
         for key in decoders:
             tokens = [row.tokens.tolist() for row in kept[key]]
-            found[key] = {"steps": times[key], "tokens": tokens}
+            found[key] = {"steps": times[key], "tokens": tokens, "group_peak_gib": peak}
     return found
 
 
@@ -173,6 +176,22 @@ def _benchmark_like(busy: list[str]) -> list[str]:
     return [process.strip() for process in busy if "python" in process]
 
 
+def peak_lines(results: Results) -> list[str]:
+    """The GPU's peak memory while each (rows, block) group of cells ran (none on the CPU)."""
+    peaks = {
+        key.split("/", 2)[2]: cell["group_peak_gib"]
+        for key, cell in results["repeats"][0].items()
+        if cell.get("group_peak_gib") is not None
+    }
+    if not peaks:
+        return []
+    listed = ", ".join(f"{group} {gib:.1f} GiB" for group, gib in peaks.items())
+    return [
+        "",
+        f"Peak GPU memory while each group of cells ran (all its modes' decoders): {listed}.",
+    ]
+
+
 def section(results: Results) -> list[str]:
     meta = results["meta"]
     spread = max(
@@ -195,6 +214,7 @@ def section(results: Results) -> list[str]:
         f"- load average before: {meta['load_before']}; busy: {busy or '-'}",
         "",
         *table(results),
+        *peak_lines(results),
         "",
         "*reuse step*: a step whose pass reuses the kept keys and values (all but the block's "
         "first); *step over a block*: the mean over the block's steps, its full first pass "

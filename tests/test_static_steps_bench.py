@@ -44,3 +44,12 @@ def test_a_changed_token_and_the_ratios_come_from_the_results(run):
     lines = static_steps_bench.table(results)
     assert "| 2 | dual | static | 2.0 / 2.0 | 2.0 / 2.0 | 4.00x | NO |" in lines
     assert "| 2 | dual | dynamic | 2.0 / 2.0 | 2.0 / 2.0 | 4.00x | yes |" in lines
+
+
+def test_the_gpu_peaks_are_listed_when_recorded(run):
+    results, _ = run
+    assert static_steps_bench.peak_lines(results) == []  # the CPU records none
+    for key, cell in results["repeats"][0].items():
+        cell["group_peak_gib"] = 3.0 if "/rows2/" in key else 1.5
+    (line,) = static_steps_bench.peak_lines(results)[1:]
+    assert "rows1/block0 1.5 GiB" in line and "rows2/block3 3.0 GiB" in line
