@@ -81,7 +81,7 @@ from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
 from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer
-from lm_eval_dvoting.core.decoding.static_steps import CACHED_STEPS, resolve_cached_steps
+from lm_eval_dvoting.core.decoding.static_steps import check_cached_steps, resolve_cached_steps
 from lm_eval_dvoting.core.guidance import GuidedModel
 from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
 from lm_eval_dvoting.core.parts import default_cache
@@ -998,12 +998,8 @@ DVotingEvalModel.__init__.__signature__ = _constructor_signature()  # type: igno
 
 def _checked_cached_steps(asked: Any, device: torch.device) -> str:
     """The model arg `cached_steps`, checked before the checkpoint is read: one of
-    `CACHED_STEPS`, and `graphs` only on a CUDA device."""
-    if asked not in CACHED_STEPS:
-        raise ValueError(
-            f"cached_steps must be one of {', '.join(CACHED_STEPS)}, got {asked!r}: leave it "
-            "out (auto: CUDA graphs where they apply, else static buffers)"
-        )
+    `static_steps.CACHED_STEPS`, and `graphs` only on a CUDA device."""
+    check_cached_steps(asked)
     if asked == "graphs" and device.type != "cuda":
         raise ValueError(
             f"cached_steps=graphs needs a CUDA device, got device={device}: leave cached_steps "

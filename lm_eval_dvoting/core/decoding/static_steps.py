@@ -62,13 +62,20 @@ def graph_capturable(model: torch.nn.Module, device: torch.device) -> str | None
     return None
 
 
+def check_cached_steps(asked: Any) -> str:
+    """`asked` if it is one of `CACHED_STEPS`, else a ValueError saying what is allowed."""
+    if asked not in CACHED_STEPS:
+        raise ValueError(
+            f"cached_steps must be one of {', '.join(CACHED_STEPS)}, got {asked!r}: leave it "
+            "out (auto: CUDA graphs where they apply, else static buffers)"
+        )
+    return str(asked)
+
+
 def resolve_cached_steps(asked: str, model: torch.nn.Module, device: torch.device) -> str:
     """The mode that runs: `asked` (`CACHED_STEPS`), with `auto` resolved; `graphs` where it
     cannot apply is refused, naming why."""
-    if asked not in CACHED_STEPS:
-        raise ValueError(
-            f"cached_steps must be one of {CACHED_STEPS}, got {asked!r}: leave it out (auto)"
-        )
+    check_cached_steps(asked)
     why_not = graph_capturable(model, device)
     if asked == "auto":
         return "static" if why_not else "graphs"
@@ -123,14 +130,11 @@ class _Shape:
     steady: int = 0  # steps in a row over the same fill
     graph: Any = None
 
-    def filled_from_these(self, kept: Sequence[KeptKeysValues], attention: torch.Tensor) -> bool:
-        """Whether the buffers hold these rows' kept keys for these queries (the query mask
-        is part of the fill; for one set of kept keys a row's queries are always the same)."""
-        same_rows = len(self.filled_from) == len(kept)
-        return (
-            same_rows
-            and all(ref() is k for ref, k in zip(self.filled_from, kept))
-            and self.attention.shape == attention.shape
+    def filled_from_these(self, kept: Sequence[KeptKeysValues]) -> bool:
+        """Whether the buffers hold these rows' kept keys (the query mask is part of the
+        fill too: for one set of kept keys a row's queries are always the same)."""
+        return len(self.filled_from) == len(kept) and all(
+            ref() is k for ref, k in zip(self.filled_from, kept)
         )
 
 
@@ -157,7 +161,7 @@ class StaticSteps:
         shape = self._shape(kept, ids)
         # the buffers hold the kept keys of these very objects (weakly referenced: a row's
         # kept keys are not held past its block) for these query lengths; else refill them
-        if not shape.filled_from_these(kept, attention):
+        if not shape.filled_from_these(kept):
             _fill(shape, kept, ids, attention)
             shape.filled_from, shape.steady = [weakref.ref(k) for k in kept], 0
         shape.steady += 1
@@ -266,16 +270,16 @@ def _fill(
     the dynamic path's layout (`kept.stack_kept`: each prefix left-padded, each suffix
     right-padded, zeros in the padding) and with its key mask, row by row (no stacked copy
     of them all on the way)."""
-    cache, device = shape.cache, ids.device
-    before, after = _prefix_width(kept), _prefix_width(kept) + ids.shape[1]
-    cache.slot.copy_(torch.arange(before, after, device=device))
+    cache = shape.cache
+    before = _prefix_width(kept)
+    after = before + ids.shape[1]
+    cache.slot.copy_(torch.arange(before, after, device=ids.device))
     spans = [(before - _length(k.prefix_keys), after + _length(k.suffix_keys)) for k in kept]
-    mask = torch.zeros_like(cache.mask)
-    mask[:, before:after] = attention
+    cache.mask.zero_()
+    cache.mask[:, before:after] = attention
     for row, (start, end) in enumerate(spans):
-        mask[row, start:before] = 1
-        mask[row, after:end] = 1
-    cache.mask.copy_(mask)
+        cache.mask[row, start:before] = 1
+        cache.mask[row, after:end] = 1
     for layer, (keys, values) in enumerate(zip(cache.keys, cache.values)):
         for row, (k, (start, end)) in enumerate(zip(kept, spans)):
             for buffer, prefix, suffix in (
