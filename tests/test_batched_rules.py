@@ -17,8 +17,9 @@ from references import load_float32
 from torch.overrides import TorchFunctionMode
 
 from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, rules
-from lm_eval_dvoting.core.decoding.state import candidates, suppress_mask
+from lm_eval_dvoting.core.decoding.state import DreamDecoding, candidates, suppress_mask
 from lm_eval_dvoting.core.parts.rules.confidence import ConfidenceThreshold
+from lm_eval_dvoting.core.parts.rules.entropy import EntropyThreshold
 from lm_eval_dvoting.core.parts.rules.fixed import FixedSchedule
 
 # ---------------------------------------------------------------- the per-row references
@@ -123,6 +124,7 @@ def alone(model: Any, rows: list[DecodeRow]) -> list[list[int]]:
 
 CONFIDENCE = dict(threshold=[0.9, 0.3, 0.05, 0.6])
 FIXED = dict(steps=[1, 2, 4], remasking=["low_confidence", "random"])  # steps: gen_length / k
+DREAM_ORDERS = ["maskgit_plus", "topk_margin", "entropy"]  # origin reads which positions commit
 
 
 @pytest.fixture(params=["one run", "runs of a row or two"])
@@ -227,15 +229,61 @@ def test_a_rule_reads_the_host_once_per_step_for_all_rows(llada, rule):
         assert dict(reads.calls) == {"tolist": 1}
 
 
-def test_a_decoder_step_reads_the_host_once_per_rule_and_once_for_progress(llada):
-    """A step of twenty rows under two rules: each rule reads its rows' tokens once, and the
-    row batch reads every row's masks left once (the progress guard and the retiring share
-    it). (Planted: each row's masks read on its own when retiring, as before issue 43:
-    failed with 23 reads.)"""
+def test_a_decoder_step_reads_the_host_once_for_tokens_and_once_for_progress(llada):
+    """A step of twenty rows under two rules: one read of every row's tokens (the step's
+    snapshot, which both rules begin from), and one of every row's masks left (the progress
+    guard and the retiring share it). (Planted: each row's masks read on its own when
+    retiring, as before issue 43: failed with 23 reads; each rule reading its own rows'
+    tokens, the snapshot dropped: failed with 4.)"""
     decoder = RowDecoder(llada)
     for row in mixed_rows(llada, 0, False, **CONFIDENCE) + mixed_rows(llada, 1, False, **FIXED):
         decoder.add(row)
     for _ in range(3):
         with HostReads() as reads:
             decoder.step()
-        assert dict(reads.calls) == {"tolist": 3}
+        assert dict(reads.calls) == {"tolist": 2}
+
+
+DREAM = dict(rule="dream", steps=[1, 2], dream=[DreamDecoding(alg) for alg in DREAM_ORDERS])
+
+
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize("rules_of_rows", [[CONFIDENCE, FIXED], [DREAM]])
+def test_a_cached_step_plans_on_the_snapshot(llada, cache, rules_of_rows):
+    """With a cache, the step's plan (each row's block start and whether a later step reuses
+    its pass, Dream's progress included) is taken from the same snapshot: still two reads
+    per step, however many rows. (Planted: the snapshot dropped: failed with 4 to 22 reads.)"""
+
+    def rows() -> list[DecodeRow]:
+        return [
+            row
+            for seed, rule in enumerate(rules_of_rows)
+            for row in mixed_rows(llada, seed, False, cache=cache, **rule)
+        ]
+
+    decoded(llada, rows())  # Dream's shares are computed once per schedule: here
+    decoder = RowDecoder(llada)
+    for row in rows():
+        decoder.add(row)
+    while decoder.active:
+        with HostReads() as reads:
+            decoder.step()
+        assert dict(reads.calls) == {"tolist": 2}
+
+
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_an_entropy_step_reads_the_host_once_more_per_round(llada, cache, monkeypatch):
+    """dVoting's entropy rule reads one thing more: its rows' entropies, once per round of
+    the step (a round per block hand-over), and no committed token. (Planted: the committed
+    tokens read back to the host, as before: failed with a read more per round.)"""
+    rounds = []
+    commit = EntropyThreshold.commit
+    monkeypatch.setattr(EntropyThreshold, "commit", lambda *a: rounds.append(1) or commit(*a))
+    decoder = RowDecoder(llada)
+    for row in mixed_rows(llada, 0, False, alpha=[0.5, 2.0, 0.05], cache=cache):
+        decoder.add(row)
+    while decoder.active:
+        rounds.clear()
+        with HostReads() as reads:
+            decoder.step()
+        assert dict(reads.calls) == {"tolist": 2 + len(rounds)}

@@ -112,7 +112,6 @@ class BlockThreshold:
             row,
             wanted=(start + wanted.nonzero().squeeze(1)).tolist(),
             start=start,
-            masked=masked,
         )
 
     def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:

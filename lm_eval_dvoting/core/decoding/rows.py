@@ -25,7 +25,13 @@ import torch
 
 from lm_eval_dvoting.core.decoding.blocks import align
 from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits, cache_policy
-from lm_eval_dvoting.core.decoding.rules import RowWork, inside_window
+from lm_eval_dvoting.core.decoding.rules import (
+    RowWork,
+    host_to_device,
+    host_tokens,
+    inside_window,
+    read_tokens,
+)
 from lm_eval_dvoting.core.decoding.state import (
     BlockDecoding,
     DecodeResult,
@@ -142,10 +148,15 @@ class RowDecoder:
         rows that finished."""
         if not self.active:
             return []
-        logits = self.forward.run(self.active, *self._cache_plan())
-        self._show_predictions(logits)
-        before = self._progress_marks()
-        works = self._begin(logits)
+        self._take_snapshot()
+        try:  # the step is planned on the snapshot, which holds until the commits
+            logits = self.forward.run(self.active, *self._cache_plan())
+            self._show_predictions(logits)
+            before = self._progress_marks()
+            works = self._begin(logits)
+        finally:
+            for row in self.active:
+                row.step_tokens = None
         for row in self.active:
             row.nfe += 1
         while works:  # rounds: the entropy rule's rows whose block completed go on to the next
@@ -154,6 +165,13 @@ class RowDecoder:
                 work.receive(found)
             works = self._commit(works)
         return self._retire(self._check_progress(before))
+
+    def _take_snapshot(self) -> None:
+        """Every active row's tokens on the host, in one read (`DecodeRow.step_tokens`): the
+        cache plan, the temporal vote's prediction and the rules' `begin` plan the step on
+        it instead of reading the device row by row."""
+        for row, tokens in zip(self.active, read_tokens(self.active)):
+            row.step_tokens = tokens
 
     def _begin(self, logits: StepLogits) -> list[RowWork]:
         """Each active row's work for the step, in row order: a rule with `begin_many`
@@ -210,7 +228,10 @@ class RowDecoder:
         watched = [(i, row) for i, row in enumerate(self.active) if row.observe is not None]
         if not watched:
             return
-        masked = [(row.tokens == self.mask_id).nonzero().flatten().tolist() for _, row in watched]
+        masked = [
+            [p for p, token in enumerate(host_tokens(row)) if token == self.mask_id]
+            for _, row in watched
+        ]
         for (i, row), positions in zip(watched, masked):
             if not inside_window(logits.window(i), positions):
                 fix = "cache=none" if row.block is not None else "cache=none or cache=prefix"
@@ -224,7 +245,8 @@ class RowDecoder:
                 i, positions, row_logits
             )  # the rules' request for the block is served from these
             prediction = row.tokens.clone()
-            prediction[positions] = argmax_without(row_logits, self.mask_id)
+            at = host_to_device(positions, torch.long, prediction.device)
+            prediction[at] = argmax_without(row_logits, self.mask_id)
             row.observe(row.nfe, prediction[row.lead : prediction.numel() - row.trail])
 
     def _cache_plan(self) -> tuple[list[int], list[bool]]:

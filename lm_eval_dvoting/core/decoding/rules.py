@@ -5,7 +5,9 @@ and the block helpers. The rules themselves are parts, one file each under
 `BlockThreshold` in decoding/blocks.py). This module imports no part.
 
 A rule turns each row into a `RowWork` at the start of a step (`begin`, or `begin_many` for
-all its rows with one host read, `token_lists`): the positions it wants logits for. The row
+all its rows at once): the positions it wants logits for, found on the host from the
+step's snapshot of the rows' tokens (`token_lists`: the row batch reads every row's tokens
+in one copy at the start of a step, and the cache plan and the rules share it). The row
 batch fetches the logits of every row's wanted positions in one output-head call and hands
 them over (`RowWork.receive`); then each rule commits for all its rows at once (`commit`),
 and returns the rows that go on in another round of the same step (only the entropy rule's
@@ -53,12 +55,11 @@ class ScheduledWork(RowWork):
     diffusion's."""
 
     start: int = 0  # the block's first generation index
-    masked: torch.Tensor | None = None  # bool over the block
 
 
 def first_masked_block_start(row: DecodeRow, mask_id: int) -> int:
     """The start of the block holding the row's first mask (an active row has one)."""
-    return masked_block(row.tokens.tolist(), mask_id, row.block_length)[0]
+    return masked_block(host_tokens(row), mask_id, row.block_length)[0]
 
 
 class FirstMaskedBlock:
@@ -89,12 +90,26 @@ def begins(sizes: Sequence[int]) -> list[int]:
     return [0, *itertools.accumulate(sizes[:-1])]
 
 
-def token_lists(rows: Sequence[DecodeRow]) -> list[list[int]]:
-    """Each row's tokens as a host list, read with one device-to-host copy for all the rows
-    (a rule's `begin_many`: the one host sync its rows need in a step)."""
+def read_tokens(rows: Sequence[DecodeRow]) -> list[list[int]]:
+    """Each row's tokens as a host list, read with one device-to-host copy for all the rows."""
+    if not rows:
+        return []
     flat = torch.cat([row.tokens for row in rows]).tolist()
     sizes = [row.tokens.numel() for row in rows]
     return [flat[b : b + n] for b, n in zip(begins(sizes), sizes)]
+
+
+def token_lists(rows: Sequence[DecodeRow]) -> list[list[int]]:
+    """Each row's tokens on the host: the step's snapshot (`DecodeRow.step_tokens`, which
+    the row batch takes of all its rows in one read at the start of a step) where a row has
+    one, the others read in one copy. Read-only: everything that plans the step shares it."""
+    unread = iter(read_tokens([row for row in rows if row.step_tokens is None]))
+    return [next(unread) if row.step_tokens is None else row.step_tokens for row in rows]
+
+
+def host_tokens(row: DecodeRow) -> list[int]:
+    """One row's tokens on the host (`token_lists`)."""
+    return token_lists([row])[0]
 
 
 def host_to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -202,6 +202,10 @@ class DecodeRow:
     top_p: float | None = None
     top_k: int | None = None
     dream: DreamDecoding | None = None  # Dream's algorithms (`rule="dream"`)
+    # `tokens` as the row batch read them on the host at the start of the current step, for
+    # all its rows in one copy; set from then until the step's commits (`RowDecoder.step`),
+    # None otherwise (decoding/rules.py's `token_lists` reads `tokens` then)
+    step_tokens: list[int] | None = field(default=None, repr=False)
 
     @property
     def gen_length(self) -> int:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from typing import Any, Sequence
 
 import torch
@@ -45,9 +46,16 @@ from lm_eval_dvoting.core.decoding.rules import (
     RowWork,
     ScheduledWork,
     Window,
+    host_to_device,
+    host_tokens,
 )
 from lm_eval_dvoting.core.decoding.sampling import filtered, gumbel_argmax, tempered
-from lm_eval_dvoting.core.decoding.state import DecodeRow, DreamDecoding, suppress_mask
+from lm_eval_dvoting.core.decoding.state import (
+    DecodeRow,
+    DreamDecoding,
+    masked_block,
+    suppress_mask,
+)
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
 
@@ -62,30 +70,27 @@ class DreamSchedule(FirstMaskedBlock):
         return progress.step_in_block + 1 < progress.block_steps
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> ScheduledWork:
-        start = self.block_start(row)
-        masked = row.tokens[start : start + row.block_length] == self.mask_id
+        tokens = host_tokens(row)
+        start, wanted = masked_block(tokens, self.mask_id, row.block_length)
         progress, block = row.progress, start // row.block_length
         # the block's first step (origin may fill a block before its last step): its share
         if progress.block_steps == 0 or block != progress.block:
             progress.block, progress.step_in_block = block, 0
-            progress.block_steps = block_steps(
-                row.steps_per_block, int(masked.sum()), masked.numel()
-            )
-        wanted = (start + masked.nonzero().squeeze(1)).tolist()
-        return ScheduledWork(index, row, wanted=wanted, start=start, masked=masked)
+            size = min(row.block_length, len(tokens) - start)
+            progress.block_steps = block_steps(row.steps_per_block, len(wanted), size)
+        return ScheduledWork(index, row, wanted=wanted, start=start)
 
     def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
         for work in works:
             row, progress = work.row, work.row.progress
             step, steps = progress.step_in_block, progress.block_steps
-            t, s = timesteps(steps, row.dream.eps)[step : step + 2]
+            share = commit_shares(steps, row.dream.eps)[step]
             logits64 = suppress_mask(work.logits, self.mask_id)
             if row.dream.alg == "origin":
-                self._commit_origin(work, logits64, transfer_share(t, s, step == steps - 1))
+                self._commit_origin(work, logits64, transfer_share(share, step == steps - 1))
             else:
-                count = (
-                    len(work.wanted) if step == steps - 1 else commit_count(len(work.wanted), t, s)
-                )
+                last = step == steps - 1
+                count = len(work.wanted) if last else commit_count(len(work.wanted), share)
                 self._commit_confident(work, logits64, count)
             progress.step_in_block += 1
             if progress.step_in_block == steps:
@@ -111,7 +116,7 @@ class DreamSchedule(FirstMaskedBlock):
             chosen = draw(logits[picked], probs[picked], row)  # committed positions draw
         else:
             chosen = chosen[picked]
-        positions = torch.tensor(work.wanted, device=row.tokens.device)[picked]
+        positions = host_to_device(work.wanted, torch.long, row.tokens.device)[picked]
         row.tokens[positions] = chosen.to(row.tokens.dtype)
 
     @staticmethod
@@ -123,7 +128,7 @@ class DreamSchedule(FirstMaskedBlock):
         if not bool(transfer.any()):
             return
         logits, probs = dream_distribution(logits64[transfer], row)
-        positions = torch.tensor(work.wanted, device=row.tokens.device)[transfer]
+        positions = host_to_device(work.wanted, torch.long, row.tokens.device)[transfer]
         row.tokens[positions] = draw(logits, probs, row).to(row.tokens.dtype)
 
 
@@ -166,20 +171,29 @@ def block_steps(steps_per_block: int, masked: int, block_length: int) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def timesteps(steps: int, eps: float) -> tuple[torch.Tensor, ...]:
-    """Dream's float32 timesteps, linspace(1, eps, steps + 1), as 0-d tensors (made once per
-    schedule: every row and step of it reads them)."""
-    return tuple(torch.linspace(1, eps, steps + 1))
+def commit_shares(steps: int, eps: float) -> tuple[float, ...]:
+    """Per step, the file's `1 - s / t` over its float32 timesteps `linspace(1, eps, steps +
+    1)`, computed in float32 as the file does and kept as Python floats (a float32 is exact
+    in one), once per schedule: a step's count is then host arithmetic, with no tensor read."""
+    t = torch.linspace(1, eps, steps + 1)
+    return tuple((1 - t[1:] / t[:-1]).tolist())
 
 
-def commit_count(masked: int, t: torch.Tensor, s: torch.Tensor) -> int:
-    """`int(num_mask_token * (1 - s / t))` in float32, as the file (its last step commits all)."""
-    return int(torch.tensor(float(masked), dtype=torch.float32) * (1 - s / t))
+def commit_count(masked: int, share: float) -> int:
+    """`int(num_mask_token * (1 - s / t))` in float32, as the file (its last step commits
+    all): `masked * share` is exact in a float (24 + 24 significant bits at most), so one
+    rounding to float32 gives the float32 product."""
+    return int(as_float32(masked * share))
 
 
-def transfer_share(t: torch.Tensor, s: torch.Tensor, last: bool) -> float:
+def as_float32(value: float) -> float:
+    """`value` rounded to the nearest float32 (ties to even, as the float32 arithmetic)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def transfer_share(share: float, last: bool) -> float:
     """origin's probability that a masked position commits in this step."""
-    return 1.0 if last else float(1 - s / t)
+    return 1.0 if last else share
 
 
 def chosen_positions(

@@ -7,7 +7,6 @@ one-token fallback at most once per step). `decoder=entropy` on
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -17,6 +16,9 @@ from lm_eval_dvoting.core.decoding.rules import (
     FirstMaskedBlock,
     RowWork,
     Window,
+    begins,
+    host_to_device,
+    host_tokens,
     inside_window,
 )
 from lm_eval_dvoting.core.decoding.sampling import removed_by_filters
@@ -29,6 +31,8 @@ from lm_eval_dvoting.core.decoding.state import (
 )
 from lm_eval_dvoting.core.parts.base import CommitRule, register
 
+COMMITTED = -1  # a committed position in a row's host copy of its tokens (never the mask id)
+
 
 @dataclass(eq=False)
 class _ThresholdWork(RowWork):
@@ -36,7 +40,9 @@ class _ThresholdWork(RowWork):
     masked positions, and the next block's, fetched ahead when the current one surely
     completes in this step."""
 
-    tokens: list[int] = field(default_factory=list)  # host copy of row.tokens, kept in step with it
+    # host copy of row.tokens, in step with its masks: a position committed in this step
+    # holds `COMMITTED` there (its token is on the device: the rule reads nothing back)
+    tokens: list[int] = field(default_factory=list)
     window: Window = None
     start: int = 0
     positions: list[int] = field(default_factory=list)  # the block's masked generation indices
@@ -54,7 +60,7 @@ class EntropyThreshold(FirstMaskedBlock):
     """dVoting's entropy-threshold rule with the hand-over to the next block."""
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> _ThresholdWork:
-        work = _ThresholdWork(index, row, tokens=row.tokens.tolist(), window=window)
+        work = _ThresholdWork(index, row, tokens=list(host_tokens(row)), window=window)
         self._next_block(work)  # an active row has a mask left
         work.wanted = list(work.positions)
         if len(work.positions) == 1 and (ahead := self._positions_after(work)):
@@ -96,28 +102,29 @@ class EntropyThreshold(FirstMaskedBlock):
 
     def _commit_round(self, works: list[_ThresholdWork]) -> list[_ThresholdWork]:
         """Every row's current block in one round: one float64 entropy pass for all rows'
-        positions, the decisions (a handful of positions per row) on host lists, and the
-        candidates computed at the committed positions only (`committed_candidates`). Row
-        by row the numbers are those of a row alone: every operation works along the
+        positions, read to the host (the one read the rule needs: its decisions, a handful
+        of positions per row, are taken on host lists), and the candidates computed at the
+        committed positions only (`committed_candidates`), written on the device. Row by
+        row the numbers are those of a row alone: every operation works along the
         vocabulary. A row whose block completes goes on to its next block."""
         sizes = [int(w.logits.shape[0]) for w in works]
         logits64 = suppress_mask(torch.cat([w.logits for w in works]), self.mask_id)
         entropies = entropy(logits64).tolist()
         commits = [
-            self._decide(w, entropies[b : b + n]) for w, b, n in zip(works, _begins(sizes), sizes)
+            self._decide(w, entropies[b : b + n]) for w, b, n in zip(works, begins(sizes), sizes)
         ]
         chosen = committed_candidates(logits64, [w.row for w in works], sizes, commits)
         going_on = []
-        for work, size, commit, values in zip(works, sizes, commits, chosen):
+        for work, size, commit, at in zip(works, sizes, commits, begins([len(c) for c in commits])):
             if not commit:
                 continue  # nothing confident and the fallback already used in this step
             picked = [work.positions[k] for k in commit]
-            row = work.row
-            row.tokens[torch.tensor(picked, device=row.tokens.device)] = torch.tensor(
-                values, dtype=row.tokens.dtype, device=row.tokens.device
-            )
-            for position, value in zip(picked, values):
-                work.tokens[position] = value
+            tokens = work.row.tokens
+            tokens[host_to_device(picked, torch.long, tokens.device)] = chosen[
+                at : at + len(commit)
+            ].to(tokens.dtype)
+            for position in picked:
+                work.tokens[position] = COMMITTED
             if len(commit) == size and self._next_block(work):
                 going_on.append(work)  # the block is complete: on to the next one
         return going_on
@@ -133,17 +140,14 @@ class EntropyThreshold(FirstMaskedBlock):
         return commit
 
 
-def _begins(sizes: Sequence[int]) -> list[int]:
-    return [0, *itertools.accumulate(sizes[:-1])]
-
-
 def committed_candidates(
     logits64: torch.Tensor,
     rows: Sequence[DecodeRow],
     sizes: Sequence[int],
     commits: Sequence[list[int]],
-) -> list[list[int]]:
-    """The token committed at each of `commits` (per row, indices into its slice).
+) -> torch.Tensor:
+    """The token committed at each of `commits` (per row, indices into its slice), on the
+    device, the rows' laid end to end.
 
     Temperature 0: the argmax. T > 0: LLaDA's float64 Gumbel-max, argmax(exp(logits) /
     (-log u)^T), with u drawn from the row's generator for the committed positions
@@ -153,10 +157,8 @@ def committed_candidates(
     decoder's largest float64 cost and leaves every committed token's distribution
     as it is.) At T > 0 the draw is from the tokens top-p/top-k keep (decoding/sampling.py).
     """
-    flat = [begin + k for begin, commit in zip(_begins(sizes), commits) for k in commit]
-    if not flat:
-        return [[] for _ in commits]
-    picked = logits64[torch.tensor(flat, device=logits64.device)]
+    flat = [begin + k for begin, commit in zip(begins(sizes), commits) for k in commit]
+    picked = logits64[host_to_device(flat, torch.long, logits64.device)]
     chosen = picked.argmax(-1)
     # rows of one temperature and filters share the arithmetic
     by_temperature: dict[tuple[float, Any, Any], list[tuple[int, int, DecodeRow]]] = {}
@@ -174,8 +176,7 @@ def committed_candidates(
         if removed is not None:
             sampled = sampled.masked_fill(removed, float("-inf"))
         chosen[indices] = gumbel_noised(sampled, temperature, noise)
-    values = chosen.tolist()
-    return [values[b : b + len(c)] for b, c in zip(_begins([len(c) for c in commits]), commits)]
+    return chosen
 
 
 def _uniform_noise(
