@@ -95,14 +95,33 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
             decoders[key] = entering_decoder(model, prompt, args, "fixed", cache, block, rows)
         kept = {key: list(decoder.active) for key, decoder in decoders.items()}
         times: dict[str, list[float]] = {key: [] for key in decoders}
+        refused: dict[str, str] = {}
         for _ in range(args.block):  # one block: the fixed schedule commits one a step
             for key, decoder in decoders.items():
-                times[key].append(_step(decoder, args.device))
+                if key in refused:
+                    continue
+                try:
+                    times[key].append(_step(decoder, args.device))
+                except RuntimeError as error:  # a capture refused: said, the others go on
+                    refused[key] = str(error)
         peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None
-        for key in decoders:
+        for key, decoder in decoders.items():
             tokens = [row.tokens.tolist() for row in kept[key]]
             found[key] = {"steps": times[key], "tokens": tokens, "group_peak_gib": peak}
+            found[key].update(graphs=graphs_held(decoder), **_refusal(refused, key))
     return found
+
+
+def graphs_held(decoder: RowDecoder) -> int | None:
+    """The CUDA graphs the cell's decoder holds at the block's end (None: not `graphs`)."""
+    steps = decoder.forward.static_steps
+    if steps is None or steps.mode != "graphs":
+        return None
+    return sum(shape.graph is not None for shape in steps.shapes.values())
+
+
+def _refusal(refused: dict[str, str], key: str) -> dict[str, str]:
+    return {"refused": refused[key]} if key in refused else {}
 
 
 def run(args: argparse.Namespace, results: Results) -> None:
@@ -130,6 +149,8 @@ def cell_figures(results: Results) -> dict[str, dict[str, float]]:
     block) and of the mean step over the block (ms), and whether its tokens are dynamic's."""
     figures: dict[str, dict[str, float]] = {}
     for key in results["repeats"][0]:
+        if any("refused" in r[key] for r in results["repeats"]):
+            continue  # `refusal_lines` says why
         reuse = [statistics.mean(r[key]["steps"][1:]) * 1e3 for r in results["repeats"]]
         block = [statistics.mean(r[key]["steps"]) * 1e3 for r in results["repeats"]]
         cache, mode, rest = key.split("/", 2)
@@ -160,6 +181,8 @@ def table(results: Results) -> list[str]:
         none = [figures[f"none/dynamic/rows{rows}/block{b}"]["block"] for b in (0, last)]
         for key in [k for k in figures if f"/rows{rows}/block0" in k]:
             cache, mode, _ = key.split("/", 2)
+            if key.replace("/block0", f"/block{last}") not in figures:
+                continue
             pair = [figures[key.replace("/block0", f"/block{b}")] for b in (0, last)]
             reuse = " / ".join(f"{p['reuse']:.1f}" for p in pair) if cache != "none" else "-"
             blocks = " / ".join(f"{p['block']:.1f}" for p in pair)
@@ -192,6 +215,29 @@ def peak_lines(results: Results) -> list[str]:
     ]
 
 
+def graph_lines(results: Results) -> list[str]:
+    """The graphs each `graphs` cell held at its block's end, and the cells whose capture was
+    refused (`cached_steps=graphs` raises: the bench goes on with the other cells)."""
+    cells = results["repeats"][0]
+    held = [
+        f"{key} {cell['graphs']}" for key, cell in cells.items() if cell.get("graphs") is not None
+    ]
+    refused = [
+        f"- refused, {key}: {cell['refused']}"
+        for r in results["repeats"]
+        for key, cell in r.items()
+        if "refused" in cell
+    ]
+    lines = (
+        ["", f"CUDA graphs held at the block's end (first repeat): {', '.join(held)}."]
+        if held
+        else []
+    )
+    return lines + (
+        ["", "Cells that stopped (left out of the table):", *refused] if refused else []
+    )
+
+
 def section(results: Results) -> list[str]:
     meta = results["meta"]
     spread = max(
@@ -215,6 +261,7 @@ def section(results: Results) -> list[str]:
         "",
         *table(results),
         *peak_lines(results),
+        *graph_lines(results),
         "",
         "*reuse step*: a step whose pass reuses the kept keys and values (all but the block's "
         "first); *step over a block*: the mean over the block's steps, its full first pass "

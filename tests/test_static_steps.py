@@ -5,6 +5,7 @@ own input tensors; `cached_steps` resolves and refuses as documented."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Callable
 
 import pytest
@@ -18,6 +19,7 @@ from lm_eval_dvoting.core.decoding.caches import ForwardPass
 from lm_eval_dvoting.core.decoding.kept import stack_kept
 from lm_eval_dvoting.core.decoding.rows import RowDecoder
 from lm_eval_dvoting.core.decoding.static_steps import (
+    CudaGraph,
     StaticSteps,
     graph_capturable,
     resolve_cached_steps,
@@ -249,3 +251,58 @@ def test_buffers_hold_no_row_past_its_block_and_uncaptured_shapes_go_first(model
             [row.kept], torch.zeros((1, width), dtype=torch.long)
         )  # a pass of another length
     assert len(steps.shapes) == 2 and captured in steps.shapes.values()
+
+
+class CpuCapture(CudaGraph):
+    """`CudaGraph` with its CUDA capture done on the CPU: the "graph" recomputes the pass
+    into the captured output at each replay, as a real graph does, or (`fault`) writes
+    nothing (a capture that recorded nothing) or the output one float step off."""
+
+    fault: str | None = None
+    captured = 0
+
+    def _capture(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
+        expected, self.output = pass_(), pass_()
+        self.graph = SimpleNamespace(replay=lambda: self._recompute(pass_))
+        CpuCapture.captured += 1
+        return expected
+
+    def _recompute(self, pass_: Callable[[], torch.Tensor]) -> None:
+        if self.fault == "records nothing":
+            return
+        found = pass_()
+        if self.fault == "one step off":
+            found = torch.nextafter(found, torch.full_like(found, float("inf")))
+        self.output.copy_(found)
+
+
+@pytest.mark.parametrize("fault", [None, "records nothing", "one step off"])
+@pytest.mark.parametrize("strict", [False, True], ids=["auto", "graphs"])
+def test_a_capture_whose_replay_is_not_the_eager_pass_is_refused(
+    model, fault, strict, monkeypatch, caplog
+):
+    """Each capture's first replay must give the eager warm-up's output bit for bit: a
+    faithful graph is kept and replayed; one that records nothing or drifts by one float
+    step falls back to static buffers under `auto` (same tokens) and is refused under
+    `graphs`. (Planted: the comparison dropped: the drifting graph was kept, and replayed.)"""
+    dynamic = _decode(model, "dynamic", ["dual"], dict(steps=16))[0]
+    monkeypatch.setattr(CpuCapture, "fault", fault)
+    CpuCapture.captured = 0
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    decoder.forward.static_steps = StaticSteps(model, "graphs", strict=strict)
+    decoder.forward.static_steps.graph_class = CpuCapture
+    row = _rows(["dual"], dict(steps=16))[0]
+    decoder.add(row)
+    if strict and fault:
+        with pytest.raises(RuntimeError, match=r"replay does not give the eager pass's output"):
+            while decoder.active:
+                decoder.step()
+        return
+    while decoder.active:
+        decoder.step()
+    assert torch.equal(row.tokens, dynamic.tokens)
+    assert CpuCapture.captured == 1  # one graph for the row's 4 blocks, or one refusal
+    mode = decoder.forward.static_steps.mode
+    assert mode == ("graphs" if fault is None else "static")
+    assert ("replay does not give the eager pass's output" in caplog.text) == bool(fault)

@@ -3,6 +3,7 @@ against `dynamic`'s (a changed token shows as NO), and the ratios from the step 
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -53,3 +54,37 @@ def test_the_gpu_peaks_are_listed_when_recorded(run):
         cell["group_peak_gib"] = 3.0 if "/rows2/" in key else 1.5
     (line,) = static_steps_bench.peak_lines(results)[1:]
     assert "rows1/block0 1.5 GiB" in line and "rows2/block3 3.0 GiB" in line
+
+
+def test_a_cell_that_raises_is_left_out_and_said_and_the_others_go_on(tmp_path, monkeypatch):
+    """A cell whose step raises (on a GPU: `cached_steps=graphs` refusing a capture) stops;
+    the other cells of its group run their block, and the report leaves it out of the table
+    and says why. (Planted: the error not caught: the run stopped.)"""
+    step = static_steps_bench._step
+
+    def refusing(decoder, device):
+        steps = decoder.forward.static_steps
+        if steps is not None and len(decoder.active) == 2:
+            raise RuntimeError("cached_steps=graphs: capturing the reuse pass failed (test)")
+        return step(decoder, device)
+
+    monkeypatch.setattr(static_steps_bench, "_step", refusing)
+    json_path, out = tmp_path / "s.json", tmp_path / "B.md"
+    argv = TINY.split() + ["--rows", "1", "2", "--repeats", "1", "--json", str(json_path)]
+    assert static_steps_bench.main(argv + ["--out", str(out)]) == 0
+    cells = json.loads(json_path.read_text())["repeats"][0]
+    stopped = sorted(key for key, cell in cells.items() if "refused" in cell)
+    assert stopped == [f"{c}/static/rows2/block{b}" for c in ("dual", "prefix") for b in (0, 3)]
+    assert all(len(cells[key]["steps"]) == 4 for key in cells if key not in stopped)
+    text = out.read_text()
+    assert "| 2 | dual | static |" not in text and "| 2 | dual | dynamic |" in text
+    assert "- refused, dual/static/rows2/block0: cached_steps=graphs: capturing" in text
+
+
+def test_the_graphs_a_cell_held_are_listed(run):
+    results, _ = run
+    cells = copy.deepcopy(results)
+    assert static_steps_bench.graph_lines(cells) == []  # no graphs mode on the CPU
+    cells["repeats"][0]["dual/static/rows1/block0"]["graphs"] = 1
+    (line,) = static_steps_bench.graph_lines(cells)[1:]
+    assert line == "CUDA graphs held at the block's end (first repeat): dual/static/rows1/block0 1."

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -94,24 +95,38 @@ class CudaGraph:
     (a capture on another GPU's stream would record nothing: the kernels would run eagerly
     and every replay would return the capture's output again). The warm-up (as PyTorch's
     CUDA-graph notes ask) writes the pass's own key/value columns with the values the replay
-    writes again, so it changes nothing. A first replay over a poisoned output checks that
-    the graph computes it (one host sync per capture)."""
+    writes again, so it changes nothing, and its output is what the graph must give: a first
+    replay over a poisoned output must equal it bit for bit (the same kernels on the same
+    inputs; one host sync per capture), or the capture is refused (`auto` then goes on with
+    static buffers)."""
 
     def __init__(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> None:
-        with torch.cuda.device(device):
-            side = torch.cuda.Stream(device=device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                pass_()
-            torch.cuda.current_stream(device).wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, stream=side):
-                self.output = pass_()
-            self.output.fill_(float("nan"))
-            self.graph.replay()
-            if bool(torch.isnan(self.output).any()):
-                raise RuntimeError("the captured graph did not compute the pass's output")
+        on_device = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
+        with on_device:  # (off CUDA: a stand-in's capture, in the tests)
+            self._check(self._capture(pass_, device))
         log.debug("cached_steps=graphs: captured a pass of %s", tuple(self.output.shape))
+
+    def _capture(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
+        """Warm up on a side stream, then capture there (`self.graph`, `self.output`); the
+        warm-up's output."""
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            expected = pass_()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=side):
+            self.output = pass_()
+        return expected
+
+    def _check(self, expected: torch.Tensor) -> None:
+        """Refuse a graph whose replay does not give the eager pass's output."""
+        self.output.fill_(float("nan"))
+        self.graph.replay()
+        if not torch.equal(self.output, expected):
+            raise RuntimeError(
+                "the captured graph's replay does not give the eager pass's output (bit for bit)"
+            )
 
     def replay(self) -> torch.Tensor:
         self.graph.replay()
