@@ -18,6 +18,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.static_steps_bench",
         "cached steps of cache=prefix|dual: dynamic, static buffers, CUDA graphs",
     ),
+    "host-reads": (
+        "bench.host_reads_bench",
+        "host reads (syncs on a GPU) per decoder step, per commit rule and cache (CPU)",
+    ),
     "fastdllm": (
         "bench.fastdllm_bench",
         "Fast-dLLM's own LLaDA generate against ours: same model, tokens and times (issue #43)",

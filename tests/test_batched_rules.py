@@ -8,14 +8,13 @@ lengths, blocks, temperatures, filters and seeds must decode to their tokens bit
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import pytest
 import torch
 from references import load_float32
-from torch.overrides import TorchFunctionMode
 
+from bench.host_reads_bench import HostReads
 from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, rules
 from lm_eval_dvoting.core.decoding.state import DreamDecoding, candidates, suppress_mask
 from lm_eval_dvoting.core.parts.rules.confidence import ConfidenceThreshold
@@ -187,28 +186,6 @@ def test_batched_fixed_schedule_keeps_a_shared_generators_stream(llada, seed, mo
 
 
 # ------------------------------------------------------------------------ host syncs
-
-
-class HostReads(TorchFunctionMode):
-    """Counts the calls that read a tensor's values on the host (a sync on an accelerator):
-    tolist, item, bool/int/float, nonzero, boolean-mask indexing."""
-
-    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in self.READS or (name in ("__getitem__", "__setitem__") and _by_mask(args[1])):
-            self.calls[name] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _by_mask(index: Any) -> bool:
-    items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
 
 
 @pytest.mark.parametrize("rule", ["confidence", "fixed"])

@@ -1,0 +1,111 @@
+"""Suite `host-reads`: how many times a decoder step reads the device on the host (each such
+read waits for the queued kernels on a GPU), per commit rule and cache, 16 rows of the
+official-tiny LLaDA fixture on the CPU (prompts of 3 to 7 tokens, answer 32, block 8, every
+step after the first; temperature 0 and 0.7).
+
+    .venv/bin/python -m bench host-reads
+    # another commit's decoder under the same counter (this file run as a script, so that
+    # the package is imported from PYTHONPATH, not from the current folder):
+    git worktree add /tmp/base REV && PYTHONPATH=/tmp/base .venv/bin/python bench/host_reads_bench.py
+
+What it counts (`HostReads`, which tests/test_batched_rules.py pins with): the calls that copy
+a tensor's values to the host (`tolist`, `item`, `bool`/`int`/`float`/`index`, `nonzero`,
+boolean-mask indexing). What it does not: the time a read costs, which on a GPU depends on
+what is queued before it (no GPU here), nor the copies of host lists to the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
+from lm_eval_dvoting.core.decoding.state import DreamDecoding
+from lm_eval_dvoting.models.loading import load_model
+
+FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "official-tiny" / "llada"
+RULES: dict[str, dict[str, Any]] = {
+    "entropy (alpha=0.5)": dict(alpha=0.5),
+    "confidence (threshold=0.9)": dict(threshold=0.9),
+    "fixed (steps=16)": dict(steps=16),
+    "dream (alg=entropy, steps=32)": dict(rule="dream", steps=32, dream=DreamDecoding("entropy")),
+}
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the calls that read a tensor's values on the host (a sync on an accelerator):
+    tolist, item, bool/int/float, nonzero, boolean-mask indexing."""
+
+    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.READS or (name in ("__getitem__", "__setitem__") and _by_mask(args[1])):
+            self.calls[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _by_mask(index: Any) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: float) -> list[int]:
+    """The host reads of each step but the first (which may make a schedule's constants)."""
+    decoder = RowDecoder(model)
+    for i in range(16):
+        row = DecodeRow(
+            prompt=torch.arange(3 + i % 5),
+            tokens=torch.full((32,), model.mask_token_id),
+            block_length=8,
+            temperature=temperature,
+            generator=torch.Generator().manual_seed(i),
+            cache=cache,
+            **rule,
+        )
+        decoder.add(row)
+    decoder.step()
+    counts = []
+    while decoder.active:
+        with HostReads() as reads:
+            decoder.step()
+        counts.append(sum(reads.calls.values()))
+    return counts
+
+
+def table(model: Any) -> list[str]:
+    lines = [
+        "| rule | cache | temperature | reads per step: mean (min-max) |",
+        "|---|---|---:|---|",
+    ]
+    for name, rule in RULES.items():
+        for cache in ("none", "dual"):
+            for temperature in (0.0, 0.7):
+                counts = reads_per_step(model, rule, cache, temperature)
+                spread = f"{statistics.mean(counts):.1f} ({min(counts)}-{max(counts)})"
+                lines.append(f"| {name} | {cache} | {temperature} | {spread} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    argparse.ArgumentParser(prog="python -m bench host-reads", description=__doc__).parse_args(argv)
+    torch.set_num_threads(1)
+    model = load_model(str(FIXTURE), device="cpu", dtype="float32")
+    print("\n".join(table(model)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
