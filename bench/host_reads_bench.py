@@ -4,9 +4,8 @@ official-tiny LLaDA fixture on the CPU (prompts of 3 to 7 tokens, answer 32, blo
 step after the first; temperature 0 and 0.7).
 
     .venv/bin/python -m bench host-reads
-    # another commit's decoder under the same counter (this file run as a script, so that
-    # the package is imported from PYTHONPATH, not from the current folder):
-    git worktree add /tmp/base REV && PYTHONPATH=/tmp/base .venv/bin/python bench/host_reads_bench.py
+    # another commit's decoder under the same counter:
+    git worktree add /tmp/base REV && .venv/bin/python -m bench host-reads --package /tmp/base
 
 What it counts (`HostReads`, which tests/test_batched_rules.py pins with): the calls that copy
 a tensor's values to the host (`tolist`, `item`, `bool`/`int`/`float`/`index`, `nonzero`,
@@ -26,16 +25,12 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
-from lm_eval_dvoting.core.decoding.state import DreamDecoding
-from lm_eval_dvoting.models.loading import load_model
-
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "official-tiny" / "llada"
 RULES: dict[str, dict[str, Any]] = {
     "entropy (alpha=0.5)": dict(alpha=0.5),
     "confidence (threshold=0.9)": dict(threshold=0.9),
     "fixed (steps=16)": dict(steps=16),
-    "dream (alg=entropy, steps=32)": dict(rule="dream", steps=32, dream=DreamDecoding("entropy")),
+    "dream (alg=entropy, steps=32)": dict(rule="dream", steps=32, dream="entropy"),
 }
 
 
@@ -63,6 +58,11 @@ def _by_mask(index: Any) -> bool:
 
 def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: float) -> list[int]:
     """The host reads of each step but the first (which may make a schedule's constants)."""
+    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
+    from lm_eval_dvoting.core.decoding.state import DreamDecoding
+
+    if "dream" in rule:
+        rule = dict(rule, dream=DreamDecoding(rule["dream"]))
     decoder = RowDecoder(model)
     for i in range(16):
         row = DecodeRow(
@@ -98,14 +98,27 @@ def table(model: Any) -> list[str]:
     return lines
 
 
+def import_package_from(folder: str) -> None:
+    """Make `import lm_eval_dvoting` load the package in `folder` (another commit's
+    checkout), whatever was imported before."""
+    if not (Path(folder) / "lm_eval_dvoting" / "__init__.py").exists():
+        raise SystemExit(f"--package {folder}: no lm_eval_dvoting/ package there")
+    for name in [name for name in sys.modules if name.split(".")[0] == "lm_eval_dvoting"]:
+        del sys.modules[name]
+    sys.path.insert(0, str(Path(folder).resolve()))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    argparse.ArgumentParser(prog="python -m bench host-reads", description=__doc__).parse_args(argv)
+    p = argparse.ArgumentParser(prog="python -m bench host-reads", description=__doc__)
+    p.add_argument("--package", help="a checkout whose lm_eval_dvoting to count (default: this)")
+    args = p.parse_args(argv)
+    if args.package:
+        import_package_from(args.package)
+    from lm_eval_dvoting.models.loading import load_model
+
     torch.set_num_threads(1)
     model = load_model(str(FIXTURE), device="cpu", dtype="float32")
+    print(f"lm_eval_dvoting from {Path(sys.modules['lm_eval_dvoting'].__file__).parent.parent}")
     print("\n".join(table(model)))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -104,3 +104,12 @@ def test_the_docs_run_only_suites_that_exist():
     assert not re.findall(r"python3? bench/\w+\.py", text)
     named = set(re.findall(r"python3? -m bench ([a-z][\w-]*)", text))  # not --help, SUITE
     assert named and named <= set(SUITES)
+
+
+def test_host_reads_refuses_a_package_folder_without_the_package(tmp_path):
+    """`--package` names a checkout to count another commit's decoder; a folder without the
+    package is refused before anything is imported or loaded."""
+    from bench import host_reads_bench
+
+    with pytest.raises(SystemExit, match=r"--package .*: no lm_eval_dvoting/ package there"):
+        host_reads_bench.main(["--package", str(tmp_path)])
