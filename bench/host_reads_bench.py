@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import statistics
 import sys
 from pathlib import Path
@@ -99,13 +100,19 @@ def table(model: Any) -> list[str]:
 
 
 def import_package_from(folder: str) -> None:
-    """Make `import lm_eval_dvoting` load the package in `folder` (another commit's
-    checkout), whatever was imported before."""
-    if not (Path(folder) / "lm_eval_dvoting" / "__init__.py").exists():
+    """Make `import lm_eval_dvoting` (and its submodules, found through its `__path__`) load
+    the package in `folder` (another commit's checkout), whatever was imported before."""
+    package = Path(folder).resolve() / "lm_eval_dvoting"
+    if not (package / "__init__.py").exists():
         raise SystemExit(f"--package {folder}: no lm_eval_dvoting/ package there")
     for name in [name for name in sys.modules if name.split(".")[0] == "lm_eval_dvoting"]:
         del sys.modules[name]
-    sys.path.insert(0, str(Path(folder).resolve()))
+    spec = importlib.util.spec_from_file_location(
+        "lm_eval_dvoting", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lm_eval_dvoting"] = module
+    spec.loader.exec_module(module)
 
 
 def main(argv: list[str] | None = None) -> int:
