@@ -5,8 +5,9 @@ own input tensors; `cached_steps` resolves and refuses as documented."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from types import SimpleNamespace
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -197,6 +198,25 @@ def test_the_model_arg_is_checked_before_loading_and_recorded():
     assert lm.get_model_info()["dvoting"]["cached_steps"] == "dynamic"
 
 
+def _one_dual_row(
+    model: nn.Module, graph_class: Any, strict: bool, refusal: str | None
+) -> tuple[RowDecoder, DecodeRow, DecodeRow]:
+    """One `dual` row decoded under `graphs` captured by `graph_class` (strict: asked by
+    name), to the end or, with `refusal`, until that error is raised; the decoder, the row,
+    and the row as the dynamic path decodes it."""
+    dynamic = _decode(model, "dynamic", ["dual"], dict(steps=16))[0]
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    decoder.forward.static_steps = StaticSteps(model, "graphs", strict=strict)
+    decoder.forward.static_steps.graph_class = graph_class
+    row = _rows(["dual"], dict(steps=16))[0]
+    decoder.add(row)
+    with pytest.raises(RuntimeError, match=refusal) if refusal else nullcontext():
+        while decoder.active:
+            decoder.step()
+    return decoder, row, dynamic
+
+
 class FailingCapture:
     def __init__(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> None:
         raise RuntimeError("operation not permitted when stream is capturing")
@@ -206,20 +226,10 @@ class FailingCapture:
 def test_a_capture_that_fails_falls_back_under_auto_and_is_refused_when_asked(
     model, strict, caplog
 ):
-    dynamic = _decode(model, "dynamic", ["dual"], dict(steps=16))[0]
-    model.cached_steps = "static"
-    decoder = RowDecoder(model, pad_token_id=MASK)
-    decoder.forward.static_steps = StaticSteps(model, "graphs", strict=strict)
-    decoder.forward.static_steps.graph_class = FailingCapture
-    row = _rows(["dual"], dict(steps=16))[0]
-    decoder.add(row)
+    refusal = r"cached_steps=graphs: capturing .* failed" if strict else None
+    decoder, row, dynamic = _one_dual_row(model, FailingCapture, strict, refusal)
     if strict:
-        with pytest.raises(RuntimeError, match=r"cached_steps=graphs: capturing .* failed"):
-            while decoder.active:
-                decoder.step()
         return
-    while decoder.active:
-        decoder.step()
     assert torch.equal(row.tokens, dynamic.tokens)
     assert decoder.forward.static_steps.mode == "static" == model.cached_steps
     assert "no CUDA graphs (operation not permitted" in caplog.text
@@ -285,22 +295,12 @@ def test_a_capture_whose_replay_is_not_the_eager_pass_is_refused(
     faithful graph is kept and replayed; one that records nothing or drifts by one float
     step falls back to static buffers under `auto` (same tokens) and is refused under
     `graphs`. (Planted: the comparison dropped: the drifting graph was kept, and replayed.)"""
-    dynamic = _decode(model, "dynamic", ["dual"], dict(steps=16))[0]
     monkeypatch.setattr(CpuCapture, "fault", fault)
     CpuCapture.captured = 0
-    model.cached_steps = "static"
-    decoder = RowDecoder(model, pad_token_id=MASK)
-    decoder.forward.static_steps = StaticSteps(model, "graphs", strict=strict)
-    decoder.forward.static_steps.graph_class = CpuCapture
-    row = _rows(["dual"], dict(steps=16))[0]
-    decoder.add(row)
-    if strict and fault:
-        with pytest.raises(RuntimeError, match=r"replay does not give the eager pass's output"):
-            while decoder.active:
-                decoder.step()
+    refusal = r"replay does not give the eager pass's output" if strict and fault else None
+    decoder, row, dynamic = _one_dual_row(model, CpuCapture, strict, refusal)
+    if refusal:
         return
-    while decoder.active:
-        decoder.step()
     assert torch.equal(row.tokens, dynamic.tokens)
     assert CpuCapture.captured == 1  # one graph for the row's 4 blocks, or one refusal
     mode = decoder.forward.static_steps.mode
