@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Issue #43's GPU cells in one run, for a lent GPU machine (about 6 minutes on an H100):
+# Issue #43's GPU cells in one run, for a lent GPU machine (about 7 minutes on an H100):
+#   0. tests/test_static_steps_gpu.py (`pytest -m gpu`): real CUDA graphs against the eager
+#      paths on the official-tiny fixtures, token for token and pass for pass;
 #   1. `bench static-steps` at LLaDA-8B's full shape in bfloat16 (32 layers), 1 and 16 rows:
 #      cache none / prefix / dual under cached_steps dynamic, static and graphs;
 #   2. the same at 4 layers in float32: every mode's tokens must be dynamic's exactly;
@@ -38,6 +40,10 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept un
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+if [ "${SMOKE:-0}" != 1 ]; then  # on the CPU its tests only skip
+    part gpu_tests 120 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
+        tests/test_static_steps_gpu.py
+fi
 part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
     --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" --warm-up "$WARM" \
     --json "$OUT/static_steps_bf16.json" --out "$OUT/static_steps_bf16.md"

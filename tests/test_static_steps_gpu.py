@@ -1,0 +1,97 @@
+"""`cached_steps=graphs` on a CUDA device, against the eager paths (issue 43): run with
+`python -m pytest -m gpu -n 0 tests/test_static_steps_gpu.py` (bench/gpu_session.sh runs it
+first); skipped where no CUDA device is present, as on the CPU machines and in CI.
+
+The official-tiny LLaDA and Dream fixtures on the GPU, the rows of tests/test_static_steps.py
+(prompts, answers and blocks unlike each other) with generators on the GPU:
+
+* every mode (`dynamic`, `static`, `graphs`) decodes the same tokens, float32 and bfloat16,
+  for `prefix`, `dual` and mixed batches under the fixed, entropy and confidence rules;
+* one row under the fixed schedule: real CUDA graphs are captured and kept (the mode stays
+  `graphs`: no capture was refused), and every reuse pass, replayed, is the dynamic path's
+  pass over the same inputs, bit for bit, over the four blocks' fills.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import fixture_folder
+from test_static_steps import MASK, RULES, CheckedSteps, _rows
+from torch import nn
+
+from lm_eval_dvoting.core.decoding import DecodeRow
+from lm_eval_dvoting.core.decoding.rows import RowDecoder
+from lm_eval_dvoting.core.decoding.static_steps import CudaGraph
+from lm_eval_dvoting.models.loading import load_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def family(request) -> str:
+    return request.param
+
+
+def _model(family: str, dtype: str) -> nn.Module:
+    return load_model(str(fixture_folder(family)), device="cuda", dtype=dtype)
+
+
+def _rows_on_gpu(caches: list[str], rule: dict) -> list[DecodeRow]:
+    rows = _rows(caches, rule)
+    for k, row in enumerate(rows):  # the CPU rows' seeds, on the device's generator
+        row.generator = torch.Generator(device=CUDA).manual_seed(100 + k)
+    return rows
+
+
+def _decode(model: nn.Module, mode: str, caches: list[str], rule: dict) -> list[DecodeRow]:
+    model.cached_steps = mode
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    rows = _rows_on_gpu(caches, rule)
+    for row in rows:
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    assert model.cached_steps == mode  # a refused capture would have fallen back to static
+    return rows
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rule", RULES, ids=list(RULES))
+@pytest.mark.parametrize(
+    "caches",
+    [["prefix"] * 4, ["dual"] * 4, ["dual", "prefix", "none", "dual"]],
+    ids=["prefix", "dual", "mixed"],
+)
+def test_every_mode_gives_the_dynamic_tokens_on_the_gpu(family, dtype, caches, rule):
+    model = _model(family, dtype)
+    dynamic = _decode(model, "dynamic", caches, RULES[rule])
+    for mode in ("static", "graphs"):
+        found = _decode(model, mode, caches, RULES[rule])
+        for expected, row in zip(dynamic, found):
+            assert torch.equal(row.tokens, expected.tokens), mode
+            assert row.nfe == expected.nfe, mode
+
+
+@pytest.mark.parametrize("cache", ["dual", "prefix"])
+def test_real_graphs_are_captured_and_each_replay_is_the_eager_pass(family, cache):
+    """One row, 4 blocks of 4 positions, one commit a step: 12 reuse passes, each checked
+    against the dynamic pass over its inputs; `dual` keeps one graph for all blocks,
+    `prefix` captures one a block (its pass shrinks), 2 kept at most."""
+    model = _model(family, "float32")
+    model.cached_steps = "graphs"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    CheckedSteps.checked = 0
+    decoder.forward.static_steps = CheckedSteps(model, "graphs", strict=True)
+    assert decoder.forward.static_steps.graph_class is CudaGraph
+    row = _rows_on_gpu([cache], dict(steps=16))[0]
+    decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    shapes = decoder.forward.static_steps.shapes.values()
+    assert row.nfe == 16 and CheckedSteps.checked == 12
+    assert sum(shape.graph is not None for shape in shapes) >= 1
