@@ -477,3 +477,17 @@ def test_run_strategy_picks_the_block_cache_unless_a_temporal_vote_needs_every_s
     )
     [settings] = seen
     assert (settings.cache, settings.block_decoding) == (cache, "threshold")
+
+
+def test_block_diffusion_rows_take_no_token_snapshot(model, monkeypatch):
+    """LLaDA2's rows plan on their schedule, not on host tokens: the row batch's per-step
+    snapshot (`RowDecoder._take_snapshot`) reads none of their tokens. (Planted: every active
+    row read: failed, with one read per step.)"""
+    from lm_eval_dvoting.core.decoding import rows as rows_module
+
+    read = []
+    original = rows_module.read_tokens
+    monkeypatch.setattr(rows_module, "read_tokens", lambda rs: read.append(len(rs)) or original(rs))
+    prompt = torch.tensor([_prompts()[0]])
+    generate(model, prompt, gen_length=16, block_length=8, block=BlockDecoding(), cache="none")
+    assert read and set(read) == {0}  # a snapshot of no row: no read (read_tokens([]) is [])

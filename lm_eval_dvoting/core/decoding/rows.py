@@ -169,8 +169,10 @@ class RowDecoder:
     def _take_snapshot(self) -> None:
         """Every active row's tokens on the host, in one read (`DecodeRow.step_tokens`): the
         cache plan, the temporal vote's prediction and the rules' `begin` plan the step on
-        it instead of reading the device row by row."""
-        for row, tokens in zip(self.active, read_tokens(self.active)):
+        it instead of reading the device row by row. Block diffusion's rows (LLaDA2) plan on
+        their schedule and their device tensors: they are left out."""
+        planned = [row for row in self.active if row.block is None]
+        for row, tokens in zip(planned, read_tokens(planned)):
             row.step_tokens = tokens
 
     def _begin(self, logits: StepLogits) -> list[RowWork]:
