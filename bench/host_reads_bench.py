@@ -9,8 +9,9 @@ step after the first; temperature 0 and 0.7).
 
 What it counts (`HostReads`, which tests/test_batched_rules.py pins with): the calls that copy
 a tensor's values to the host (`tolist`, `item`, `bool`/`int`/`float`/`index`, `nonzero`,
-boolean-mask indexing). What it does not: the time a read costs, which on a GPU depends on
-what is queued before it (no GPU here), nor the copies of host lists to the device.
+`cpu`, `numpy`, boolean-mask indexing). What it does not: the time a read costs, which on a
+GPU depends on what is queued before it (no GPU here), nor the copies of host lists to the
+device.
 """
 
 from __future__ import annotations
@@ -37,9 +38,13 @@ RULES: dict[str, dict[str, Any]] = {
 
 class HostReads(TorchFunctionMode):
     """Counts the calls that read a tensor's values on the host (a sync on an accelerator):
-    tolist, item, bool/int/float, nonzero, boolean-mask indexing."""
+    tolist, item, bool/int/float, nonzero, cpu, numpy, boolean-mask indexing. (On the CPU a
+    `cpu()` or `numpy()` of a host tensor reads nothing, but is counted all the same.)"""
 
-    READS = {"tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
+    READS = {
+        *("tolist", "item", "nonzero", "cpu", "numpy"),
+        *("__bool__", "__int__", "__float__", "__index__"),
+    }
 
     def __init__(self) -> None:
         super().__init__()

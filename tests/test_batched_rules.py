@@ -264,3 +264,57 @@ def test_an_entropy_step_reads_the_host_once_more_per_round(llada, cache, monkey
         with HostReads() as reads:
             decoder.step()
         assert dict(reads.calls) == {"tolist": 2 + len(rounds)}
+
+
+def test_observed_rows_get_their_predictions_on_the_host_in_one_copy(llada):
+    """Rows watched by the temporal vote add two reads per step for all of them: whether
+    any row's argmax is the mask token (its argmax is then redone without it), and their
+    predictions, which come to the host in one copy, each row its own CPU tensor. (Planted:
+    each row's prediction copied on its own: failed with 10 copies for 10 watched rows;
+    the mask check row by row, as before: failed with 10 reads.)"""
+    seen: list[torch.Tensor] = []
+    decoder = RowDecoder(llada)
+    for row in mixed_rows(llada, 0, False, **CONFIDENCE):
+        row.observe = lambda step, prediction: seen.append(prediction)
+        decoder.add(row)
+    while decoder.active:
+        with HostReads() as reads:
+            decoder.step()
+        assert dict(reads.calls) == {"tolist": 3, "cpu": 1}
+    assert seen and all(p.device.type == "cpu" and p._base is None for p in seen)
+
+
+class _CommitsThenReads(ConfidenceThreshold):
+    """The confidence rule, with a commit that then reads the row's host tokens back."""
+
+    after_commit: list[tuple[list[int], list[int]]] = []
+
+    def commit(self, works):
+        super().commit(works)
+        _CommitsThenReads.after_commit = [
+            (rules.host_tokens(work.row), work.row.tokens.tolist()) for work in works
+        ]
+        return []
+
+
+def test_the_snapshot_holds_only_until_the_rules_have_begun(llada, monkeypatch):
+    """The snapshot is the tokens at the step's start: a commit that reads the host tokens
+    sees its own commits, and no row keeps a snapshot after a step, nor after a step that
+    raised. (Planted: the snapshot not cleared: failed, the commit read the step's start.)"""
+    decoder = RowDecoder(llada)
+    decoder.rules["confidence"] = _CommitsThenReads(llada.mask_token_id)
+    rows = mixed_rows(llada, 0, False, **CONFIDENCE)
+    for row in rows:
+        decoder.add(row)
+    decoder.step()
+    read, committed = zip(*_CommitsThenReads.after_commit)
+    assert len(read) == len(rows) and read == committed
+    assert all(row.step_tokens is None for row in rows)
+
+    def fails(*args):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(decoder.forward, "run", fails)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        decoder.step()
+    assert all(row.step_tokens is None for row in rows)

@@ -27,6 +27,7 @@ from lm_eval_dvoting.core.decoding.blocks import align
 from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits, cache_policy
 from lm_eval_dvoting.core.decoding.rules import (
     RowWork,
+    Window,
     host_to_device,
     host_tokens,
     inside_window,
@@ -37,7 +38,7 @@ from lm_eval_dvoting.core.decoding.state import (
     DecodeResult,
     DecodeRow,
     DreamDecoding,
-    argmax_without,
+    argmaxes_without,
     check_prompt_batch,
     validate_row,
     validate_row_settings,
@@ -221,12 +222,13 @@ class RowDecoder:
         return now
 
     def _show_predictions(self, logits: StepLogits) -> None:
-        """Hand each observed row (`DecodeRow.observe`) this step's full prediction, before
-        the commits: its fixed tokens, and the most likely token (mask token excluded) at
-        every still-masked position of the whole generation region, future blocks
-        included. One head call for all observed rows, whose logits the rules then reuse;
-        no extra forward pass. (The prediction is the argmax at any temperature: the rules'
-        Gumbel noise is drawn for the positions they commit only, and is not spent here.)"""
+        """Hand each observed row (`DecodeRow.observe`) this step's full prediction, on the
+        host, before the commits: its fixed tokens, and the most likely token (mask token
+        excluded) at every still-masked position of the whole generation region, future
+        blocks included. One head call for all observed rows, whose logits the rules then
+        reuse (no extra forward pass), and one copy of all their predictions to the host.
+        (The prediction is the argmax at any temperature: the rules' Gumbel noise is drawn
+        for the positions they commit only, and is not spent here.)"""
         watched = [(i, row) for i, row in enumerate(self.active) if row.observe is not None]
         if not watched:
             return
@@ -235,21 +237,19 @@ class RowDecoder:
             for _, row in watched
         ]
         for (i, row), positions in zip(watched, masked):
-            if not inside_window(logits.window(i), positions):
-                fix = "cache=none" if row.block is not None else "cache=none or cache=prefix"
-                raise ValueError(
-                    f"cache={row.cache} computes no prediction beyond the current block, which an "
-                    f"observed row (strategy=temporal or vote=temporal) needs: use {fix}"
-                )
+            _check_whole_prediction(row, logits.window(i), positions)
         found = logits.many([(i, positions) for (i, _), positions in zip(watched, masked)])
-        for (i, row), positions, row_logits in zip(watched, masked, found):
-            logits.remember(
-                i, positions, row_logits
-            )  # the rules' request for the block is served from these
+        best = argmaxes_without(found, self.mask_id)
+        predictions = []
+        for (i, row), positions, row_logits, row_best in zip(watched, masked, found, best):
+            # the rules' request for the block is served from these
+            logits.remember(i, positions, row_logits)
             prediction = row.tokens.clone()
-            at = host_to_device(positions, torch.long, prediction.device)
-            prediction[at] = argmax_without(row_logits, self.mask_id)
-            row.observe(row.nfe, prediction[row.lead : prediction.numel() - row.trail])
+            prediction[host_to_device(positions, torch.long, prediction.device)] = row_best
+            predictions.append(prediction[row.lead : prediction.numel() - row.trail])
+        on_host = torch.cat(predictions).cpu().split([p.numel() for p in predictions])
+        for (_, row), prediction in zip(watched, on_host):
+            row.observe(row.nfe, prediction.clone())  # its own: an observer may keep it
 
     def _cache_plan(self) -> tuple[list[int], list[bool]]:
         """Each row's current block start, and whether a later step in that block could
@@ -306,6 +306,16 @@ class RowDecoder:
         if masks_left is None:
             return bool((row.tokens == self.mask_id).any())
         return masks_left > 0
+
+
+def _check_whole_prediction(row: DecodeRow, window: Window, positions: list[int]) -> None:
+    """Refuse an observed row whose cache computes no logits at some of its masks."""
+    if not inside_window(window, positions):
+        fix = "cache=none" if row.block is not None else "cache=none or cache=prefix"
+        raise ValueError(
+            f"cache={row.cache} computes no prediction beyond the current block, which an "
+            f"observed row (strategy=temporal or vote=temporal) needs: use {fix}"
+        )
 
 
 def _rule_setting(row: DecodeRow) -> str:

@@ -163,8 +163,8 @@ class DecodeRow:
     `rule` names the registered commit rule that decodes the row). `cache`
     is the row's cache policy (`CACHE_POLICIES`). `owner` is free for the caller (the
     strategies keep the sample's spec there). `observe`, when set, is called at every step
-    with the step's 0-based index and the row's full prediction (`RowDecoder.step`; temporal
-    voting).
+    with the step's 0-based index and the row's full prediction, a CPU tensor
+    (`RowDecoder.step`, one copy for all observed rows; temporal voting).
     """
 
     prompt: torch.Tensor  # (prompt_length,) token ids, no padding
@@ -205,7 +205,7 @@ class DecodeRow:
     # `tokens` as the row batch read them on the host at the start of the current step, for
     # all its rows in one copy; set from then until the step's commits (`RowDecoder.step`),
     # None otherwise (decoding/rules.py's `token_lists` reads `tokens` then)
-    step_tokens: list[int] | None = field(default=None, repr=False)
+    step_tokens: list[int] | None = field(default=None, init=False, repr=False)
 
     @property
     def gen_length(self) -> int:
@@ -424,15 +424,19 @@ def suppress_mask(logits: torch.Tensor, mask_id: int) -> torch.Tensor:
     return logits64
 
 
-def argmax_without(logits: torch.Tensor, token: int) -> torch.Tensor:
-    """Each row's argmax with `token` (the mask) excluded: `suppress_mask(logits).argmax(-1)`
-    without copying every row to float64 (only the rows whose argmax is `token` are redone)."""
-    best = logits.argmax(-1)
-    hit = best == token
-    if bool(hit.any()):
-        rows = logits[hit].clone()
-        rows[:, token] = float("-inf")
-        best[hit] = rows.argmax(-1)
+def argmaxes_without(logits: Sequence[torch.Tensor], token: int) -> list[torch.Tensor]:
+    """Each tensor's row-wise argmax with `token` (the mask) excluded, as
+    `suppress_mask(logits).argmax(-1)` gives it, without copying every row to float64: only
+    the tensors where some argmax is `token` are redone (a float32 copy with `token` at
+    -inf), found with one host read for all of them."""
+    best = [rows.argmax(-1) for rows in logits]
+    hit = [b == token for b in best]
+    redo = torch.stack([h.any() for h in hit]).tolist() if best else []
+    for k, rows in enumerate(logits):
+        if redo[k]:
+            without = rows.clone()
+            without[:, token] = float("-inf")
+            best[k] = torch.where(hit[k], without.argmax(-1), best[k])
     return best
 
 
