@@ -102,7 +102,9 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
                     continue
                 try:
                     times[key].append(_step(decoder, args.device))
-                except RuntimeError as error:  # a capture refused: said, the others go on
+                except RuntimeError as error:  # a refused capture: said, the others go on
+                    if not str(error).startswith("cached_steps=graphs"):
+                        raise  # anything else (out of memory, a bug) stops the run
                     refused[key] = str(error)
         peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None
         for key, decoder in decoders.items():

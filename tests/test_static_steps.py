@@ -306,3 +306,16 @@ def test_a_capture_whose_replay_is_not_the_eager_pass_is_refused(
     mode = decoder.forward.static_steps.mode
     assert mode == ("graphs" if fault is None else "static")
     assert ("replay does not give the eager pass's output" in caplog.text) == bool(fault)
+
+
+def test_same_bits_compares_the_bits_not_the_values():
+    """The graph check's comparison: -0.0 is not 0.0, a NaN equals the same NaN, for every
+    floating dtype a pass runs in; another dtype or shape is not the same."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        values = torch.tensor([1.5, 0.0, float("nan")], dtype=dtype)
+        assert static_module.same_bits(values, values.clone())
+        signed = values.clone()
+        signed[1] = -0.0
+        assert not static_module.same_bits(values, signed)
+    assert not static_module.same_bits(torch.zeros(2), torch.zeros(2, dtype=torch.float64))
+    assert not static_module.same_bits(torch.zeros(2), torch.zeros(1, 2))

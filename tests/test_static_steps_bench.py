@@ -88,3 +88,16 @@ def test_the_graphs_a_cell_held_are_listed(run):
     cells["repeats"][0]["dual/static/rows1/block0"]["graphs"] = 1
     (line,) = static_steps_bench.graph_lines(cells)[1:]
     assert line == "CUDA graphs held at the block's end (first repeat): dual/static/rows1/block0 1."
+
+
+def test_an_error_that_is_not_a_refused_capture_stops_the_run(tmp_path, monkeypatch):
+    """Only a refused capture is a cell's to report; anything else (out of memory, a bug)
+    stops the run with its own error. (Planted: every RuntimeError caught: failed.)"""
+
+    def out_of_memory(decoder, device):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(static_steps_bench, "_step", out_of_memory)
+    argv = TINY.split() + ["--rows", "1", "--repeats", "1", "--json", str(tmp_path / "s.json")]
+    with pytest.raises(RuntimeError, match="CUDA out of memory"):
+        static_steps_bench.main(argv + ["--out", str(tmp_path / "B.md")])

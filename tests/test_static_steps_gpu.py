@@ -77,21 +77,26 @@ def test_every_mode_gives_the_dynamic_tokens_on_the_gpu(family, dtype, caches, r
             assert row.nfe == expected.nfe, mode
 
 
-@pytest.mark.parametrize("cache", ["dual", "prefix"])
-def test_real_graphs_are_captured_and_each_replay_is_the_eager_pass(family, cache):
+@pytest.mark.parametrize("cache, replays, held", [("dual", 11, 1), ("prefix", 8, 2)])
+def test_real_graphs_are_captured_and_each_replay_is_the_eager_pass(
+    family, cache, replays, held, monkeypatch
+):
     """One row, 4 blocks of 4 positions, one commit a step: 12 reuse passes, each checked
-    against the dynamic pass over its inputs; `dual` keeps one graph for all blocks,
-    `prefix` captures one a block (its pass shrinks), 2 kept at most."""
+    against the dynamic pass over its inputs. `dual` captures once (its shape holds over the
+    blocks) at the first block's second reuse pass and replays from there on: 11 replays,
+    1 graph; `prefix` captures one a block (its pass shrinks): 8 replays, 2 graphs kept."""
     model = _model(family, "float32")
     model.cached_steps = "graphs"
+    replayed = []
+    replay = CudaGraph.replay
+    monkeypatch.setattr(CudaGraph, "replay", lambda graph: replayed.append(1) or replay(graph))
     decoder = RowDecoder(model, pad_token_id=MASK)
     CheckedSteps.checked = 0
     decoder.forward.static_steps = CheckedSteps(model, "graphs", strict=True)
-    assert decoder.forward.static_steps.graph_class is CudaGraph
     row = _rows_on_gpu([cache], dict(steps=16))[0]
     decoder.add(row)
     while decoder.active:
         decoder.step()
     shapes = decoder.forward.static_steps.shapes.values()
     assert row.nfe == 16 and CheckedSteps.checked == 12
-    assert sum(shape.graph is not None for shape in shapes) >= 1
+    assert (len(replayed), sum(shape.graph is not None for shape in shapes)) == (replays, held)

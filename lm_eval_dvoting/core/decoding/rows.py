@@ -178,8 +178,8 @@ class RowDecoder:
 
     def _begin(self, logits: StepLogits) -> list[RowWork]:
         """Each active row's work for the step, in row order: a rule with `begin_many`
-        begins all its rows at once (one host read for all of them), the others row by row
-        in row order."""
+        begins all its rows at once, the others row by row in row order (both plan on the
+        step's snapshot: no host read of their own)."""
         items = [(i, row, logits.window(i)) for i, row in enumerate(self.active)]
         works: dict[int, RowWork] = {}
         for name, rule in self.rules.items():

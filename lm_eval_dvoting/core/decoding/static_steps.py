@@ -120,10 +120,12 @@ class CudaGraph:
         return expected
 
     def _check(self, expected: torch.Tensor) -> None:
-        """Refuse a graph whose replay does not give the eager pass's output."""
+        """Refuse a graph whose replay does not give the eager pass's output, bit for bit
+        (compared as integers: -0.0 is not 0.0, and a NaN the pass itself computes is
+        equal to itself)."""
         self.output.fill_(float("nan"))
         self.graph.replay()
-        if not torch.equal(self.output, expected):
+        if not same_bits(self.output, expected):
             raise RuntimeError(
                 "the captured graph's replay does not give the eager pass's output (bit for bit)"
             )
@@ -131,6 +133,17 @@ class CudaGraph:
     def replay(self) -> torch.Tensor:
         self.graph.replay()
         return self.output.clone()  # the next replay overwrites the graph's output
+
+
+BITS_OF_SIZE = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> int dtype
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` (of one floating dtype and shape) hold the same bits."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    bits = BITS_OF_SIZE[a.element_size()]
+    return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
 
 
 @dataclass(eq=False)

@@ -37,7 +37,8 @@ class ConfidenceThreshold(FirstMaskedBlock):
 
     def begin_many(self, items: Sequence[tuple[int, DecodeRow, Window]]) -> list[ScheduledWork]:
         """Each row's work on the block holding its first mask: that block's masked
-        positions, from one host read of all the rows' tokens."""
+        positions, from the rows' host tokens (`token_lists`: the step's snapshot, or one
+        read of all the rows outside a step)."""
         tokens = token_lists([row for _, row, _ in items])
         works = []
         for (index, row, _), row_tokens in zip(items, tokens):

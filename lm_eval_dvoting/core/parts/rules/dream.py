@@ -46,6 +46,7 @@ from lm_eval_dvoting.core.decoding.rules import (
     RowWork,
     ScheduledWork,
     Window,
+    block_size,
     host_to_device,
     host_tokens,
 )
@@ -70,15 +71,14 @@ class DreamSchedule(FirstMaskedBlock):
         return progress.step_in_block + 1 < progress.block_steps
 
     def begin(self, index: int, row: DecodeRow, window: Window) -> ScheduledWork:
-        tokens = host_tokens(row)
-        start, wanted = masked_block(tokens, self.mask_id, row.block_length)
+        start, wanted = masked_block(host_tokens(row), self.mask_id, row.block_length)
+        work = ScheduledWork(index, row, wanted=wanted, start=start)
         progress, block = row.progress, start // row.block_length
         # the block's first step (origin may fill a block before its last step): its share
         if progress.block_steps == 0 or block != progress.block:
             progress.block, progress.step_in_block = block, 0
-            size = min(row.block_length, len(tokens) - start)
-            progress.block_steps = block_steps(row.steps_per_block, len(wanted), size)
-        return ScheduledWork(index, row, wanted=wanted, start=start)
+            progress.block_steps = block_steps(row.steps_per_block, len(wanted), block_size(work))
+        return work
 
     def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
         for work in works:
@@ -181,8 +181,9 @@ def commit_shares(steps: int, eps: float) -> tuple[float, ...]:
 
 def commit_count(masked: int, share: float) -> int:
     """`int(num_mask_token * (1 - s / t))` in float32, as the file (its last step commits
-    all): `masked * share` is exact in a float (24 + 24 significant bits at most), so one
-    rounding to float32 gives the float32 product."""
+    all): for `masked` up to 2^24 (a float32 holds it exactly, as the file's tensor does)
+    `masked * share` is exact in a float (24 + 24 significant bits at most), so one rounding
+    to float32 gives the float32 product."""
     return int(as_float32(masked * share))
 
 

@@ -40,8 +40,8 @@ class FixedSchedule:
         return self.begin_many([(index, row, window)])[0]
 
     def begin_many(self, items: Sequence[tuple[int, DecodeRow, Window]]) -> list[ScheduledWork]:
-        """Each row's share of its block this step, from one host read of all the rows'
-        tokens."""
+        """Each row's share of its block this step, from the rows' host tokens
+        (`token_lists`: the step's snapshot, or one read of all the rows outside a step)."""
         tokens = token_lists([row for _, row, _ in items])
         return [self._share(i, row, row_tokens) for (i, row, _), row_tokens in zip(items, tokens)]
 
