@@ -149,8 +149,9 @@ def test_ranked_rows_batched_give_each_row_its_per_row_tokens(
 ):
     """Ranked rows decoded together give, bit for bit, the tokens and passes of the per-row
     commit and those each row gets alone. (Planted: ties to the rightmost: failed; the
-    candidates at temperature 0 taken at the rows' first positions instead of the chosen
-    ones: failed.)"""
+    chosen positions' block offsets taken for their rows in the stacked logits: failed;
+    topk_margin/entropy drawing a row of noise per masked position, not per chosen one:
+    failed.)"""
     batched = decoded(llada, dream_rows(llada, seed, False, RANKED))
     assert max(batch_sizes) > 1  # some commits did batch rows
     assert batched == alone(llada, dream_rows(llada, seed, False, RANKED))
@@ -165,7 +166,8 @@ def test_a_shared_generator_is_drawn_in_the_rows_order(llada, seed, algs, monkey
     before choosing, the others' chosen positions after; origin's coins, alg_temp's
     multinomial) in the rows' order, as the per-row commit drew. (Planted: the noise drawn
     in the batch's group order instead of the rows': failed; every ranked row's noise drawn
-    before the row-by-row rows': failed (mixed).)"""
+    before the row-by-row rows': failed (mixed); the runs committed last first: failed in
+    runs.)"""
     batched = decoded(llada, dream_rows(llada, seed, True, algs))
     monkeypatch.setattr(DreamSchedule, "commit", per_row_dream_commit)
     assert batched == decoded(llada, dream_rows(llada, seed, True, algs))
@@ -174,7 +176,7 @@ def test_a_shared_generator_is_drawn_in_the_rows_order(llada, seed, algs, monkey
 @pytest.mark.parametrize("seed", [0, 1])
 def test_mixed_rows_give_each_row_its_per_row_tokens(llada, seed, monkeypatch, runs):
     """origin and alg_temp > 0 rows between the ranked ones, each with its own generator.
-    (Planted: the alg_temp > 0 rows batched as ranked: failed.)"""
+    (Planted: the alg_temp > 0 rows batched as ranked, their multinomial dropped: failed.)"""
     batched = decoded(llada, dream_rows(llada, seed, False, MIXED))
     monkeypatch.setattr(DreamSchedule, "commit", per_row_dream_commit)
     assert batched == decoded(llada, dream_rows(llada, seed, False, MIXED))
@@ -186,7 +188,7 @@ def test_mixed_rows_give_each_row_its_per_row_tokens(llada, seed, monkeypatch, r
 def test_a_ranked_commit_reads_nothing_back(llada):
     """The commit of ten ranked rows (greedy and sampled, filters, given tokens) reads
     nothing from the device; begin reads each row's tokens (no step snapshot here).
-    (Planted: a count read from a device tensor (`int(...)`): failed.)"""
+    (Planted: an `int()` of a device tensor in the commit: failed.)"""
     rows = dream_rows(llada, 0, False, RANKED)
     rule = DreamSchedule(llada.mask_token_id)
     logits = torch.Generator().manual_seed(5)
@@ -203,8 +205,8 @@ def test_a_ranked_commit_reads_nothing_back(llada):
 def test_a_dream_step_reads_the_host_twice(llada, algs):
     """A decoder step of twenty Dream rows (ranked, and alg_temp > 0 ones among them; origin
     reads which positions commit): one read of every row's tokens, one of
-    every row's masks left, whatever the rows. (Planted: each row's confidence order read
-    back with tolist: failed with 12 reads and more.)"""
+    every row's masks left, whatever the rows. (Planted: an `int()` of a device tensor in
+    the batched commit: failed.)"""
     decoder = RowDecoder(llada)
     for row in dream_rows(llada, 0, False, algs) + dream_rows(llada, 1, True, algs):
         decoder.add(row)

@@ -132,7 +132,7 @@ class DreamSchedule(FirstMaskedBlock):
         """maskgit_plus / topk_margin / entropy at `alg_temp` > 0: the `count` positions
         drawn from softmax(confidence / alg_temp) commit (`torch.multinomial`, row by row)."""
         row = work.row
-        logits, probs = dream_distribution(logits64, *dream_key(row)[1:])
+        logits, probs = dream_distribution(logits64, row.temperature, row.top_p, row.top_k)
         chosen = None
         if row.dream.alg == "maskgit_plus" and row.temperature > 0:
             # the confidence is the drawn candidate's: every masked position draws
@@ -157,7 +157,9 @@ class DreamSchedule(FirstMaskedBlock):
         transfer = coins < share
         if not bool(transfer.any()):
             return
-        logits, probs = dream_distribution(logits64[transfer], *dream_key(row)[1:])
+        logits, probs = dream_distribution(
+            logits64[transfer], row.temperature, row.top_p, row.top_k
+        )
         positions = host_to_device(work.wanted, torch.long, row.tokens.device)[transfer]
         row.tokens[positions] = draw(logits, probs, row).to(row.tokens.dtype)
 
