@@ -23,6 +23,12 @@ positions:
   n float64 uniforms, drawn every step), its token drawn as above at the positions that
   commit only.
 
+The rows of a step commit together where they rank (maskgit_plus, topk_margin, entropy at
+`alg_temp` 0 or None: `DreamBatch`, one call per distribution for all their positions, no host
+read); origin (whose coins decide which positions draw) and `alg_temp` > 0 (`torch.multinomial`)
+rows commit row by row. Every row draws as above from its own generator, in the rows' order: a
+generator shared by rows gives each the numbers it gave row by row.
+
 Where we differ from the file, on purpose:
 * the commit count is the row's own: the file averages the masked count over the batch, so
   its counts depend on the other rows; ours equal the file's at batch size 1;
