@@ -12,9 +12,9 @@ batch fetches the logits of every row's wanted positions in one output-head call
 them over (`RowWork.receive`); then each rule commits for all its rows at once (`commit`),
 and returns the rows that go on in another round of the same step (only the entropy rule's
 block hand-over does). Rows are independent: each draws from its own generator, so no
-row's tokens depend on the others in its round. `RowBatch` (the fixed schedule's and the
-confidence rule's commit) stacks the rows' logits into one float64 tensor and reads
-nothing back to the host.
+row's tokens depend on the others in its round. `RowBatch` (the fixed schedule's, the
+confidence rule's and Dream's commit; Dream's `origin` and `alg_temp` > 0 rows commit row by
+row) stacks the rows' logits into one float64 tensor and reads nothing back to the host.
 """
 
 from __future__ import annotations
@@ -162,20 +162,26 @@ def block_size(work: ScheduledWork) -> int:
 class RowBatch:
     """One commit of a rule's rows, batched over the rows: every row's wanted positions (the
     masked positions of its block, in order) laid end to end in one float64 logits tensor,
-    the mask token suppressed (`logits64`). Rows drawing from one distribution
-    (`sampling_key`) sit side by side, so that each distribution's arithmetic is one call on
-    a slice. Row r of `works` (that order) owns `logits64[bounds[r]:bounds[r + 1]]`, and
-    row r of the (rows, width) layout of whole blocks (`padded`).
+    the mask token suppressed (`logits64`). Rows drawing from one distribution (`key`:
+    `sampling_key`, or the rule's own) sit side by side, so that each distribution's
+    arithmetic is one call on a slice. Row r of `works` (that order) owns
+    `logits64[bounds[r]:bounds[r + 1]]`, and row r of the (rows, width) layout of whole
+    blocks (`padded`).
 
     The positions' indices travel to the device in one copy; no step reads the device.
     Every operation works along the vocabulary or within a row, so a row's numbers are its
     own alone (to the last bit of a vectorised exp or log, as in the entropy rule's batch).
     """
 
-    def __init__(self, works: Sequence[ScheduledWork], mask_id: int) -> None:
-        groups: dict[tuple[float, float | None, int | None], list[ScheduledWork]] = {}
+    def __init__(
+        self,
+        works: Sequence[ScheduledWork],
+        mask_id: int,
+        key: Callable[[DecodeRow], tuple[Any, ...]] = sampling_key,
+    ) -> None:
+        groups: dict[tuple[Any, ...], list[ScheduledWork]] = {}
         for work in works:
-            groups.setdefault(sampling_key(work.row), []).append(work)
+            groups.setdefault(key(work.row), []).append(work)
         self.works = [work for members in groups.values() for work in members]
         counts = [len(members) for members in groups.values()]
         self.groups = list(zip(groups, begins(counts), itertools.accumulate(counts)))
@@ -188,8 +194,7 @@ class RowBatch:
             stacked[a:b].copy_(work.logits)  # float64 in one pass (torch.cat takes two)
         self.logits64 = suppress_mask(stacked, mask_id)
         self._noise_at = self._lay_out_noise()
-        rows = sum((self.sizes[r] for r in self._sampled_rows()), 0)
-        self.noise = torch.empty((rows, vocab), dtype=torch.float64, device=self.device)
+        self.noise: torch.Tensor | None = None  # the block noise (`draw_noise`)
         self._send_indices()
 
     def _sampled_rows(self) -> list[int]:
@@ -223,6 +228,9 @@ class RowBatch:
         every generator's stream, shared by rows or not, is what it was row by row; `then`
         draws whatever else a row draws after its block noise."""
         where = {id(work): r for r, work in enumerate(self.works)}
+        rows = sum((self.sizes[r] for r in self._sampled_rows()), 0)
+        vocab = self.logits64.shape[-1]
+        self.noise = torch.empty((rows, vocab), dtype=torch.float64, device=self.device)
         for work in works:
             r = where[id(work)]
             if r in self._noise_at:

@@ -23,6 +23,12 @@ positions:
   n float64 uniforms, drawn every step), its token drawn as above at the positions that
   commit only.
 
+The rows of a step commit together where they rank (maskgit_plus, topk_margin, entropy at
+`alg_temp` 0 or None: `DreamBatch`, one call per distribution for all their positions, no host
+read); origin (whose coins decide which positions draw) and `alg_temp` > 0 (`torch.multinomial`)
+rows commit row by row. Every row draws as above from its own generator, in the rows' order: a
+generator shared by rows gives each the numbers it gave row by row.
+
 Where we differ from the file, on purpose:
 * the commit count is the row's own: the file averages the masked count over the batch, so
   its counts depend on the other rows; ours equal the file's at batch size 1;
@@ -35,6 +41,7 @@ Where we differ from the file, on purpose:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import struct
 from typing import Any, Sequence
@@ -43,17 +50,19 @@ import torch
 
 from lm_eval_dvoting.core.decoding.rules import (
     FirstMaskedBlock,
+    RowBatch,
     RowWork,
     ScheduledWork,
     Window,
+    begins,
     block_size,
     host_to_device,
     host_tokens,
+    row_batches,
 )
 from lm_eval_dvoting.core.decoding.sampling import filtered, gumbel_argmax, tempered
 from lm_eval_dvoting.core.decoding.state import (
     DecodeRow,
-    DreamDecoding,
     masked_block,
     suppress_mask,
 )
@@ -81,29 +90,55 @@ class DreamSchedule(FirstMaskedBlock):
         return work
 
     def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
+        """Each row's commits of this step: the rows that choose their most confident
+        positions all at once (`DreamBatch`), in as few runs as `row_batches` allows; origin
+        and `alg_temp` > 0 rows one by one, at their place in the rows' order."""
+        amounts = {id(work): self._amount(work) for work in works}
+        busy = [work for work in works if work.row.dream.alg == "origin" or amounts[id(work)]]
+        for run in row_batches(busy):
+            self._commit_run(run, amounts)
         for work in works:
-            row, progress = work.row, work.row.progress
-            step, steps = progress.step_in_block, progress.block_steps
-            share = commit_shares(steps, row.dream.eps)[step]
-            logits64 = suppress_mask(work.logits, self.mask_id)
-            if row.dream.alg == "origin":
-                self._commit_origin(work, logits64, transfer_share(share, step == steps - 1))
-            else:
-                last = step == steps - 1
-                count = len(work.wanted) if last else commit_count(len(work.wanted), share)
-                self._commit_confident(work, logits64, count)
+            progress = work.row.progress
             progress.step_in_block += 1
-            if progress.step_in_block == steps:
+            if progress.step_in_block == progress.block_steps:
                 progress.step_in_block, progress.block_steps = 0, 0
         return []
 
     @staticmethod
-    def _commit_confident(work: ScheduledWork, logits64: torch.Tensor, count: int) -> None:
-        """maskgit_plus / topk_margin / entropy: the `count` chosen positions commit."""
-        if count == 0:
-            return  # nothing commits: no candidate is needed, no noise is drawn
+    def _amount(work: ScheduledWork) -> float:
+        """origin: the probability that a masked position commits; the others: how many
+        commit (host arithmetic on the row's progress)."""
+        row, progress = work.row, work.row.progress
+        step, steps = progress.step_in_block, progress.block_steps
+        share, last = commit_shares(steps, row.dream.eps)[step], step == steps - 1
+        if row.dream.alg == "origin":
+            return transfer_share(share, last)
+        return len(work.wanted) if last else commit_count(len(work.wanted), share)
+
+    def _commit_run(self, works: Sequence[ScheduledWork], amounts: dict[int, float]) -> None:
+        """One run: the ranked rows batched, each row's random draws in the rows' order (a
+        row alone's draws: a generator shared by rows gives each what it gave row by row)."""
+        ranked = [work for work in works if by_rank(work.row)]
+        counts = [int(amounts[id(work)]) for work in ranked]
+        batch = DreamBatch(ranked, self.mask_id, counts) if ranked else None
+        for work in works:
+            if by_rank(work.row):
+                batch.draw_noise(work)
+                continue
+            logits64 = suppress_mask(work.logits, self.mask_id)
+            if work.row.dream.alg == "origin":
+                self._commit_origin(work, logits64, amounts[id(work)])
+            else:
+                self._commit_drawn(work, logits64, int(amounts[id(work)]))
+        if batch is not None:
+            batch.commit()
+
+    @staticmethod
+    def _commit_drawn(work: ScheduledWork, logits64: torch.Tensor, count: int) -> None:
+        """maskgit_plus / topk_margin / entropy at `alg_temp` > 0: the `count` positions
+        drawn from softmax(confidence / alg_temp) commit (`torch.multinomial`, row by row)."""
         row = work.row
-        logits, probs = dream_distribution(logits64, row)
+        logits, probs = dream_distribution(logits64, row.temperature, row.top_p, row.top_k)
         chosen = None
         if row.dream.alg == "maskgit_plus" and row.temperature > 0:
             # the confidence is the drawn candidate's: every masked position draws
@@ -111,7 +146,8 @@ class DreamSchedule(FirstMaskedBlock):
             confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
         else:
             confidence = dream_confidence(probs, row.dream.alg)
-        picked = chosen_positions(confidence, count, row.dream, row.generator)
+        weights = torch.softmax(confidence / row.dream.alg_temp, dim=-1)
+        picked = torch.multinomial(weights, count, replacement=False, generator=row.generator)
         if chosen is None:  # the others' confidence does not depend on the draw: only the
             chosen = draw(logits[picked], probs[picked], row)  # committed positions draw
         else:
@@ -127,9 +163,115 @@ class DreamSchedule(FirstMaskedBlock):
         transfer = coins < share
         if not bool(transfer.any()):
             return
-        logits, probs = dream_distribution(logits64[transfer], row)
+        logits, probs = dream_distribution(
+            logits64[transfer], row.temperature, row.top_p, row.top_k
+        )
         positions = host_to_device(work.wanted, torch.long, row.tokens.device)[transfer]
         row.tokens[positions] = draw(logits, probs, row).to(row.tokens.dtype)
+
+
+def by_rank(row: DecodeRow) -> bool:
+    """Whether a row commits its most confident positions (maskgit_plus, topk_margin,
+    entropy at `alg_temp` 0 or None): those rows batch."""
+    return row.dream.alg != "origin" and not row.dream.alg_temp
+
+
+def dream_key(row: DecodeRow) -> tuple[str, float, float | None, int | None]:
+    """What a ranked row's arithmetic depends on: (alg, temperature, top_p, top_k); Dream
+    reads its confidences from the filtered distribution at every temperature, so the
+    filters stay at temperature 0 (unlike `sampling_key`)."""
+    return (row.dream.alg, row.temperature, row.top_p, row.top_k)
+
+
+class DreamBatch:
+    """One commit of ranked rows (`by_rank`), batched over the rows on a `RowBatch` whose
+    rows sit side by side by `dream_key`: per group one call each for the distribution
+    (`dream_distribution`), the confidence and the candidates; one stable descending sort of
+    every row's confidences (ties to the leftmost); the tokens written row by row. Nothing
+    is read back to the host: the counts are host ints, the index lists go to the device in
+    one copy.
+
+    The noise (`draw_noise`, row by row in the rule's order) has the shapes a row alone
+    draws: maskgit_plus at temperature > 0 one row of V for every masked position (its
+    candidates decide its confidences), the others one for each committed position, in the
+    order chosen; none at temperature 0.
+    """
+
+    def __init__(self, works: Sequence[ScheduledWork], mask_id: int, counts: list[int]) -> None:
+        self.batch = batch = RowBatch(works, mask_id, key=dream_key)
+        self.mask_id, self.where = mask_id, {id(work): r for r, work in enumerate(batch.works)}
+        given = {id(work): count for work, count in zip(works, counts)}
+        self.counts = [given[id(work)] for work in batch.works]  # in the batch's order
+        self.picks = [0, *itertools.accumulate(self.counts)]
+        sizes = [self._noise_size(r) for r in range(len(batch.works))]
+        self.noise_at = begins(sizes)
+        vocab = batch.logits64.shape[-1]
+        self.noise = torch.empty((sum(sizes), vocab), dtype=torch.float64, device=batch.device)
+        take = [r * batch.width + j for r, n in enumerate(self.counts) for j in range(n)]
+        rows = [r * batch.width for r, n in enumerate(self.counts) for _ in range(n)]
+        self.take, self.row_base = host_to_device(take + rows, torch.long, batch.device).view(2, -1)
+
+    def _noise_size(self, r: int) -> int:
+        """Row r's noise rows: its masked positions (maskgit_plus drawing), its count (the
+        others drawing), none (temperature 0)."""
+        row = self.batch.works[r].row
+        if row.temperature == 0:
+            return 0
+        if row.dream.alg == "maskgit_plus":
+            return self.batch.bounds[r + 1] - self.batch.bounds[r]
+        return self.counts[r]
+
+    def draw_noise(self, work: ScheduledWork) -> None:
+        """The row's noise from its own generator (= `torch.rand` of the shape it draws)."""
+        r = self.where[id(work)]
+        size = self._noise_size(r)
+        if size:
+            rows = self.noise[self.noise_at[r] : self.noise_at[r] + size]
+            rows.uniform_(generator=work.row.generator)
+
+    def _group_noise(self, lo: int, hi: int, size: int) -> torch.Tensor:
+        """The noise of the group of rows [lo, hi): `size` rows from its first row's."""
+        return self.noise[self.noise_at[lo] : self.noise_at[lo] + size]
+
+    def _confidences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every masked position's filtered logits (over `logits64`), `probs`, confidence,
+        and (maskgit_plus at temperature > 0) its drawn candidate."""
+        batch = self.batch
+        probs = torch.empty_like(batch.logits64)
+        confidence = torch.empty(probs.shape[0], dtype=torch.float64, device=batch.device)
+        drawn = torch.zeros(probs.shape[0], dtype=torch.long, device=batch.device)
+        for (alg, temperature, top_p, top_k), lo, hi in batch.groups:
+            a, b = batch.bounds[lo], batch.bounds[hi]
+            logits, probs[a:b] = dream_distribution(batch.logits64[a:b], temperature, top_p, top_k)
+            batch.logits64[a:b] = logits
+            if alg == "maskgit_plus" and temperature > 0:
+                drawn[a:b] = gumbel_argmax(logits, self._group_noise(lo, hi, b - a))
+                confidence[a:b] = probs[a:b].gather(-1, drawn[a:b, None]).squeeze(-1)
+            else:
+                confidence[a:b] = dream_confidence(probs[a:b], alg)
+        return probs, confidence, drawn
+
+    def commit(self) -> None:
+        """Each row's `count` most confident positions commit their candidates."""
+        batch = self.batch
+        probs, confidence, drawn = self._confidences()
+        ranked = torch.sort(
+            batch.padded(confidence, float("-inf")), dim=1, descending=True, stable=True
+        ).indices  # block offsets, each row's leftmost first among equals
+        order = torch.arange(batch.bounds[-1], device=batch.device)
+        picked = batch.padded(order, 0).view(-1)[self.row_base + ranked.view(-1)[self.take]]
+        tokens = torch.empty(self.picks[-1], dtype=torch.long, device=batch.device)
+        for (alg, temperature, _, _), lo, hi in batch.groups:
+            a, b = self.picks[lo], self.picks[hi]
+            if temperature == 0:
+                tokens[a:b] = probs[picked[a:b]].max(dim=-1).indices
+            elif alg == "maskgit_plus":
+                tokens[a:b] = drawn[picked[a:b]]
+            else:
+                noise = self._group_noise(lo, hi, b - a)
+                tokens[a:b] = gumbel_argmax(batch.logits64[picked[a:b]], noise)
+        values = torch.full_like(order, self.mask_id)  # its wanted positions are masks
+        batch.write(values.index_copy_(0, picked, tokens))
 
 
 def _noise(shape: Sequence[int], device: torch.device, row: DecodeRow) -> torch.Tensor:
@@ -137,9 +279,12 @@ def _noise(shape: Sequence[int], device: torch.device, row: DecodeRow) -> torch.
     return torch.rand(tuple(shape), dtype=torch.float64, device=device, generator=row.generator)
 
 
-def dream_distribution(logits64: torch.Tensor, row: DecodeRow) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dream's `sample_tokens` up to its softmax: the tempered, filtered logits and `probs`."""
-    logits = filtered(tempered(logits64, row.temperature), row.top_p, row.top_k)
+def dream_distribution(
+    logits64: torch.Tensor, temperature: float, top_p: float | None, top_k: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's `sample_tokens` up to its softmax: the tempered, filtered logits and `probs`
+    (each position's along the vocabulary: one call for rows of one distribution)."""
+    logits = filtered(tempered(logits64, temperature), top_p, top_k)
     return logits, torch.softmax(logits, dim=-1)
 
 
@@ -195,17 +340,6 @@ def as_float32(value: float) -> float:
 def transfer_share(share: float, last: bool) -> float:
     """origin's probability that a masked position commits in this step."""
     return 1.0 if last else share
-
-
-def chosen_positions(
-    confidence: torch.Tensor, count: int, dream: DreamDecoding, generator: torch.Generator | None
-) -> torch.Tensor:
-    """Which of the block's masked positions commit: the `count` most confident (ties to
-    the leftmost), or a draw without replacement from softmax(confidence / alg_temp)."""
-    if not dream.alg_temp:
-        return torch.sort(confidence, descending=True, stable=True).indices[:count]
-    weights = torch.softmax(confidence / dream.alg_temp, dim=-1)
-    return torch.multinomial(weights, count, replacement=False, generator=generator)
 
 
 @register
