@@ -5,6 +5,7 @@ own input tensors; `cached_steps` resolves and refuses as documented."""
 
 from __future__ import annotations
 
+import functools
 from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -93,19 +94,23 @@ def _decode(model: nn.Module, mode: str, caches: list[str], rule: dict) -> list[
     return rows
 
 
-@pytest.mark.parametrize("rule", RULES, ids=list(RULES))
-@pytest.mark.parametrize(
-    "caches",
-    [["prefix"] * 4, ["dual"] * 4, ["dual", "prefix", "none", "dual"]],
-    ids=["prefix", "dual", "mixed"],
-)
-def test_static_steps_give_the_dynamic_paths_tokens(model, caches, rule):
-    dynamic = _decode(model, "dynamic", caches, RULES[rule])
+CACHE_MIXES = [["prefix"] * 4, ["dual"] * 4, ["dual", "prefix", "none", "dual"]]
+CACHE_MIX_IDS = ["prefix", "dual", "mixed"]
+
+
+def assert_modes_decode_alike(decode: Callable[..., list[DecodeRow]], caches, rule) -> None:
+    """`static` and `graphs` decode the rows to `dynamic`'s tokens, in as many steps."""
+    dynamic = decode("dynamic", caches, rule)
     for mode in ("static", "graphs"):
-        found = _decode(model, mode, caches, RULES[rule])
-        for expected, row in zip(dynamic, found):
+        for expected, row in zip(dynamic, decode(mode, caches, rule)):
             assert torch.equal(row.tokens, expected.tokens), mode
             assert row.nfe == expected.nfe, mode
+
+
+@pytest.mark.parametrize("rule", RULES, ids=list(RULES))
+@pytest.mark.parametrize("caches", CACHE_MIXES, ids=CACHE_MIX_IDS)
+def test_static_steps_give_the_dynamic_paths_tokens(model, caches, rule):
+    assert_modes_decode_alike(functools.partial(_decode, model), caches, RULES[rule])
 
 
 def _block(row: DecodeRow) -> list[int]:

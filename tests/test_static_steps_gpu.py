@@ -14,10 +14,20 @@ The official-tiny LLaDA and Dream fixtures on the GPU, the rows of tests/test_st
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from conftest import fixture_folder
-from test_static_steps import MASK, RULES, CheckedSteps, _rows
+from test_static_steps import (
+    CACHE_MIX_IDS,
+    CACHE_MIXES,
+    MASK,
+    RULES,
+    CheckedSteps,
+    _rows,
+    assert_modes_decode_alike,
+)
 from torch import nn
 
 from lm_eval_dvoting.core.decoding import DecodeRow
@@ -62,19 +72,10 @@ def _decode(model: nn.Module, mode: str, caches: list[str], rule: dict) -> list[
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("rule", RULES, ids=list(RULES))
-@pytest.mark.parametrize(
-    "caches",
-    [["prefix"] * 4, ["dual"] * 4, ["dual", "prefix", "none", "dual"]],
-    ids=["prefix", "dual", "mixed"],
-)
+@pytest.mark.parametrize("caches", CACHE_MIXES, ids=CACHE_MIX_IDS)
 def test_every_mode_gives_the_dynamic_tokens_on_the_gpu(family, dtype, caches, rule):
     model = _model(family, dtype)
-    dynamic = _decode(model, "dynamic", caches, RULES[rule])
-    for mode in ("static", "graphs"):
-        found = _decode(model, mode, caches, RULES[rule])
-        for expected, row in zip(dynamic, found):
-            assert torch.equal(row.tokens, expected.tokens), mode
-            assert row.nfe == expected.nfe, mode
+    assert_modes_decode_alike(functools.partial(_decode, model), caches, RULES[rule])
 
 
 @pytest.mark.parametrize("cache, replays, held", [("dual", 11, 1), ("prefix", 8, 2)])
