@@ -41,7 +41,7 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept un
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
 if [ "${SMOKE:-0}" != 1 ]; then  # on the CPU its tests only skip
-    part gpu_tests 120 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
+    part gpu_tests 150 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
         tests/test_static_steps_gpu.py
 fi
 part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
