@@ -16,6 +16,10 @@
 #   SMOKE=1 OUT=/tmp/gpu_smoke bash bench/gpu_session.sh
 #   # then, here, each suite's section from its JSON, e.g.
 #   .venv/bin/python -m bench static-steps --report-only --json FILES/static_steps_bf16.json
+#   # a second call (fresh $OUT, bench/.fastdllm carried): Fast-dLLM's 16-row cells alone
+#   PART=fastdllm16 bash bench/gpu_session.sh  # about 8 minutes; stops starting cells at 480 s
+#   # then, here: python -m bench fastdllm --report-only --json FILES1/fastdllm.json \
+#   #     --merge FILES2/fastdllm16.json
 set -u
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
@@ -24,10 +28,12 @@ if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu BF16=float32 LAYERS=1 F32_LAYERS=1 ROWS="1 2" REPEATS=1 WARM=0
     SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
     FAST="--tiny --rows 1 --repeats 1"
+    FAST16="--tiny --rows 2 --repeats 1"
 else
     DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
     SHAPE=""
     FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30"  # 16 rows: 7-9 min more
+    FAST16="--device cuda --rows 16 --repeats 1 --deadline-s 480"
 fi
 
 part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept under $OUT
@@ -40,6 +46,15 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept un
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+if [ "${PART:-all}" = fastdllm16 ]; then  # the second call: nothing else
+    if [ ! -d bench/.fastdllm ]; then
+        echo "bench/.fastdllm/ is absent: run python -m bench fastdllm --export here, carry it"
+        exit 2
+    fi
+    part fastdllm16 560 "$PY" -m bench fastdllm $FAST16 --json "$OUT/fastdllm16.json" \
+        --out "$OUT/fastdllm16.md"
+    exit 0
+fi
 if [ "${SMOKE:-0}" != 1 ]; then  # on the CPU its tests only skip
     part gpu_tests 150 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
         tests/test_static_steps_gpu.py
