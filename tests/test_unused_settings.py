@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Iterator
 
 import pytest
 
@@ -25,8 +26,18 @@ GEN_LENGTH = 32  # hex needs a multiple of 32
 
 
 @pytest.fixture(scope="module")
-def lm() -> LLaDAEvalModel:
+def shared_lm() -> LLaDAEvalModel:
     return LLaDAEvalModel(pretrained="tiny-arith", device="cpu", batch_size=8)
+
+
+@pytest.fixture
+def lm(shared_lm: LLaDAEvalModel) -> Iterator[LLaDAEvalModel]:
+    """The module's model, switched back to the settings it was built with after each test:
+    a test's `use_strategy` must not reach the next test (pytest-xdist orders a worker's
+    tests as it likes; `remasking=random` left over once failed the block diffusion tests)."""
+    built = shared_lm.settings.strategy
+    yield shared_lm
+    shared_lm.use_strategy(built)
 
 
 class _Request:
