@@ -21,11 +21,10 @@ from lm_eval_dvoting.core.decoding.rules import (
     host_tokens,
     inside_window,
 )
-from lm_eval_dvoting.core.decoding.sampling import removed_by_filters
 from lm_eval_dvoting.core.decoding.state import (
     DecodeRow,
     entropy,
-    gumbel_noised,
+    filtered_gumbel,
     masked_block,
     suppress_mask,
 )
@@ -171,11 +170,7 @@ def committed_candidates(
     for (temperature, top_p, top_k), members in by_temperature.items():
         indices = torch.cat([torch.arange(o, o + n, device=logits64.device) for o, n, _ in members])
         noise = _uniform_noise([(n, row) for _, n, row in members], picked.shape[-1], picked.device)
-        sampled = picked[indices]
-        removed = removed_by_filters(sampled, temperature, top_p, top_k)
-        if removed is not None:
-            sampled = sampled.masked_fill(removed, float("-inf"))
-        chosen[indices] = gumbel_noised(sampled, temperature, noise)
+        chosen[indices] = filtered_gumbel(picked[indices], temperature, noise, top_p, top_k)
     return chosen
 
 
