@@ -37,9 +37,13 @@ RULES: dict[str, dict[str, Any]] = {
 
 
 class HostReads(TorchFunctionMode):
-    """Counts the calls that read a tensor's values on the host (a sync on an accelerator):
-    tolist, item, bool/int/float, nonzero, cpu, numpy, boolean-mask indexing. (On the CPU a
-    `cpu()` or `numpy()` of a host tensor reads nothing, but is counted all the same.)"""
+    """Counts the calls that wait for the device on a GPU: the reads of a tensor's values on
+    the host (tolist, item, bool/int/float, nonzero, cpu, numpy, boolean-mask indexing) and
+    the blocking copies of host data to the device (`tensor(..., device=)` /
+    `as_tensor(..., device=)`, counted as `to_device`, and `.to(device)` of a host tensor
+    without `non_blocking=True`: PyTorch waits for the stream after such a copy). On the CPU
+    these read or copy nothing, but are counted all the same: the decoder runs the same calls
+    on a GPU."""
 
     READS = {
         *("tolist", "item", "nonzero", "cpu", "numpy"),
@@ -51,15 +55,29 @@ class HostReads(TorchFunctionMode):
         self.calls: collections.Counter[str] = collections.Counter()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if name in self.READS or (name in ("__getitem__", "__setitem__") and _by_mask(args[1])):
             self.calls[name] += 1
-        return func(*args, **(kwargs or {}))
+        elif _blocking_copy_to_device(name, args, kwargs):
+            self.calls["to_device"] += 1
+        return func(*args, **kwargs)
 
 
 def _by_mask(index: Any) -> bool:
     items = index if isinstance(index, tuple) else (index,)
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in items)
+
+
+def _blocking_copy_to_device(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Host data to a device without `non_blocking=True` (the device named: on the CPU it is
+    the CPU, on a GPU the GPU)."""
+    if name in ("tensor", "as_tensor"):
+        return kwargs.get("device") is not None
+    if name != "to" or kwargs.get("non_blocking") or args[0].device.type != "cpu":
+        return False
+    targets = [*args[1:], kwargs.get("device")]
+    return any(isinstance(t, (torch.device, str)) for t in targets)
 
 
 def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: float) -> list[int]:

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.rules import Window
+from lm_eval_dvoting.core.decoding.rules import Window, host_to_device
 from lm_eval_dvoting.core.decoding.state import DecodeRow
 from lm_eval_dvoting.core.decoding.static_steps import StaticSteps, resolve_cached_steps
 
@@ -117,9 +117,7 @@ class StepLogits:
 
     def _recall(self, index: int, positions: list[int]) -> torch.Tensor:
         rows, logits = self._known[index]
-        return logits[
-            torch.tensor([rows[p] for p in positions], dtype=torch.long, device=logits.device)
-        ]
+        return logits[host_to_device([rows[p] for p in positions], torch.long, logits.device)]
 
     def _compute(self, wanted: Sequence[tuple[int, list[int]]]) -> list[torch.Tensor]:
         if not wanted:
@@ -150,7 +148,7 @@ class StepLogits:
             _, local, offset, _, _ = self._where[index]
             locals_ += [local] * len(positions)
             columns += [offset + p for p in positions]
-        where = torch.tensor([locals_, columns], dtype=torch.long, device=outputs.device)
+        where = host_to_device([locals_, columns], torch.long, outputs.device)
         return list(outputs[where[0], where[1]].split([len(p) for _, p in run]))
 
 
@@ -229,7 +227,7 @@ class ForwardPass:
         if not self.block_causal:
             return {}
         return {
-            "block_lengths": torch.tensor(
-                [rows[i].block_length for i in members], device=self.device
+            "block_lengths": host_to_device(
+                [rows[i].block_length for i in members], torch.long, self.device
             )
         }

@@ -115,11 +115,12 @@ def host_tokens(row: DecodeRow) -> list[int]:
 def host_to_device(values: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """`values` on `device` without a host sync: on CUDA through pinned memory, copied
     asynchronously (PyTorch's caching host allocator keeps the buffer until the copy has
-    run); elsewhere an ordinary copy."""
+    run); on the CPU no copy; elsewhere an ordinary copy. (A plain `torch.tensor(values,
+    device=...)` on CUDA waits for every kernel queued before it: a sync.)"""
     tensor = torch.tensor(values, dtype=dtype)
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
-    return tensor.to(device)
+    return tensor if device.type == "cpu" else tensor.to(device)
 
 
 # float64 logits elements one `RowBatch` holds at most, by device type: on the CPU a larger

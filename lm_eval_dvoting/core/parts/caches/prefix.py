@@ -15,7 +15,7 @@ import torch
 
 from lm_eval_dvoting.core.decoding.caches import cache_policy
 from lm_eval_dvoting.core.decoding.kept import stack_kept
-from lm_eval_dvoting.core.decoding.rules import Window
+from lm_eval_dvoting.core.decoding.rules import Window, host_to_device
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
 from lm_eval_dvoting.core.parts.base import CachePolicy, register
 from lm_eval_dvoting.models.common import PrefixCache as KeyValueCache
@@ -123,7 +123,7 @@ def _reuse(
     ids, attention, positions = left_pad(
         [s[b:e] for s, b, e in zip(sequences, begins, ends)], forward.pad_id, forward.device
     )
-    positions = positions + torch.tensor(begins, device=forward.device)[:, None]
+    positions = positions + host_to_device(begins, torch.long, forward.device)[:, None]
     if forward.static_steps is not None:  # cached_steps=static|graphs: fixed buffers
         hidden = forward.static_steps.run(kept, ids, attention, positions)
     else:
