@@ -1,7 +1,8 @@
-"""Suite `host-reads`: how many times a decoder step reads the device on the host (each such
-read waits for the queued kernels on a GPU), per commit rule and cache, 16 rows of the
-official-tiny LLaDA fixture on the CPU (prompts of 3 to 7 tokens, answer 32, block 8, every
-step after the first; temperature 0 and 0.7).
+"""Suite `host-reads`: how many times a decoder step waits for the device on the host (on a
+GPU each such read, or blocking copy to the device, waits for the queued kernels), per commit
+rule and cache, 16 rows of the official-tiny LLaDA fixture (block diffusion: the LLaDA2
+fixture) on the CPU (prompts of 3 to 7 tokens, answer 32, block 8, every step after the
+first; temperature 0 and 0.7).
 
     .venv/bin/python -m bench host-reads
     # another commit's decoder under the same counter:
@@ -9,9 +10,11 @@ step after the first; temperature 0 and 0.7).
 
 What it counts (`HostReads`, which tests/test_batched_rules.py pins with): the calls that copy
 a tensor's values to the host (`tolist`, `item`, `bool`/`int`/`float`/`index`, `nonzero`,
-`cpu`, `numpy`, boolean-mask indexing). What it does not: the time a read costs, which on a
-GPU depends on what is queued before it (no GPU here), nor the copies of host lists to the
-device.
+`cpu`, `numpy`, boolean-mask indexing) and the blocking copies of host data to the device
+(`tensor(..., device=)`, `.to(device)` of a host tensor without `non_blocking`). The MoE
+layers' own read of their experts' token counts (one per layer and pass, the model's, not
+the decoder's) is left out. What it does not count: the time a wait costs, which on a
+GPU depends on what is queued before it (no GPU here).
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "official-tiny" / "llada"
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "official-tiny"
 RULES: dict[str, dict[str, Any]] = {
     "entropy (alpha=0.5)": dict(alpha=0.5),
     "confidence (threshold=0.9)": dict(threshold=0.9),
     "fixed (steps=16)": dict(steps=16),
     "dream (alg=entropy, steps=32)": dict(rule="dream", steps=32, dream="entropy"),
+    # block diffusion, on the LLaDA2 fixture: LLaDA2.0's default, LLaDA2.1's quality mode
+    "block diffusion (LLaDA2.0)": dict(block=dict()),
+    "block diffusion (LLaDA2.1, 0.7/0.5)": dict(block=dict(threshold=0.7, editing_threshold=0.5)),
 }
 
 
@@ -77,16 +83,31 @@ def _blocking_copy_to_device(name: str, args: tuple[Any, ...], kwargs: dict[str,
     if name != "to" or kwargs.get("non_blocking") or args[0].device.type != "cpu":
         return False
     targets = [*args[1:], kwargs.get("device")]
-    return any(isinstance(t, (torch.device, str)) for t in targets)
+    return any(isinstance(t, (torch.device, str)) for t in targets) and not _in_host_to_device()
+
+
+def _in_host_to_device() -> bool:
+    """Whether the copy is `host_to_device`'s (decoding/rules.py): on CUDA it is pinned and
+    non-blocking; on the CPU it may be a plain `.to`, which waits for nothing there."""
+    frame = sys._getframe(3)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "host_to_device":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: float) -> list[int]:
     """The host reads of each step but the first (which may make a schedule's constants)."""
     from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
-    from lm_eval_dvoting.core.decoding.state import DreamDecoding
+    from lm_eval_dvoting.core.decoding.state import BlockDecoding, DreamDecoding
 
     if "dream" in rule:
         rule = dict(rule, dream=DreamDecoding(rule["dream"]))
+    if "block" in rule:
+        rule = dict(rule, block=BlockDecoding(**rule["block"]))
     decoder = RowDecoder(model)
     for i in range(16):
         row = DecodeRow(
@@ -102,19 +123,42 @@ def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: fl
     decoder.step()
     counts = []
     while decoder.active:
-        with HostReads() as reads:
+        with MoeLayerPasses() as model_reads, HostReads() as reads:
             decoder.step()
-        counts.append(sum(reads.calls.values()))
+        counts.append(sum(reads.calls.values()) - model_reads.count)
     return counts
 
 
-def table(model: Any) -> list[str]:
+class MoeLayerPasses:
+    """Counts the MoE layers' passes (`models/moe.py`'s `Experts.forward`), each of which
+    reads its experts' token counts once: the model's reads, not the decoder's."""
+
+    def __enter__(self) -> "MoeLayerPasses":
+        from lm_eval_dvoting.models.moe import Experts
+
+        self.count, self._forward = 0, Experts.forward
+
+        def counted(experts: Any, *args: Any) -> Any:
+            self.count += 1
+            return self._forward(experts, *args)
+
+        Experts.forward = counted
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from lm_eval_dvoting.models.moe import Experts
+
+        Experts.forward = self._forward
+
+
+def table(models: dict[str, Any]) -> list[str]:
     lines = [
         "| rule | cache | temperature | reads per step: mean (min-max) |",
         "|---|---|---:|---|",
     ]
     for name, rule in RULES.items():
-        for cache in ("none", "dual"):
+        model = models["llada2" if "block" in rule else "llada"]
+        for cache in ("none", "block" if "block" in rule else "dual"):
             for temperature in (0.0, 0.7):
                 counts = reads_per_step(model, rule, cache, temperature)
                 spread = f"{statistics.mean(counts):.1f} ({min(counts)}-{max(counts)})"
@@ -148,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     from lm_eval_dvoting.models.loading import load_model
 
     torch.set_num_threads(1)
-    model = load_model(str(FIXTURE), device="cpu", dtype="float32")
+    models = {
+        name: load_model(str(FIXTURES / name), device="cpu", dtype="float32")
+        for name in ("llada", "llada2")
+    }
     print(f"lm_eval_dvoting from {Path(sys.modules['lm_eval_dvoting'].__file__).parent.parent}")
-    print("\n".join(table(model)))
+    print("\n".join(table(models)))
     return 0

@@ -267,11 +267,11 @@ def test_the_threshold_is_strict_and_the_quota_falls_back_to_the_most_confident(
     masked = torch.tensor([True, True, True, False])
     confidence = torch.tensor([0.95, 0.5, 0.96, 0.99], dtype=torch.float64)
     at_threshold = BlockThreshold._unmasked(
-        masked, confidence, BlockDecoding(threshold=0.95), 0, 4, 16
+        masked, 3, confidence, BlockDecoding(threshold=0.95), 0, 4, 16
     )
     assert at_threshold.tolist() == [False, False, True, False]  # 0.95 is not above 0.95
     none_above = BlockThreshold._unmasked(
-        masked, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4, 16
+        masked, 3, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4, 16
     )
     assert none_above.tolist() == [
         True,
@@ -479,15 +479,48 @@ def test_run_strategy_picks_the_block_cache_unless_a_temporal_vote_needs_every_s
     assert (settings.cache, settings.block_decoding) == (cache, "threshold")
 
 
-def test_block_diffusion_rows_take_no_token_snapshot(model, monkeypatch):
-    """LLaDA2's rows plan on their schedule, not on host tokens: the row batch's per-step
-    snapshot (`RowDecoder._take_snapshot`) reads none of their tokens. (Planted: every active
-    row read: failed, with one read per step.)"""
-    from lm_eval_dvoting.core.decoding import rows as rows_module
+@pytest.mark.parametrize("cache", ["none", "block"])
+@pytest.mark.parametrize("settings", [BlockDecoding(), QUALITY], ids=["2.0", "2.1"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_block_diffusion_step_reads_the_host_twice_for_all_rows(
+    model, cache, settings, temperature, monkeypatch
+):
+    """LLaDA2's rows plan on the step's snapshot of every row's tokens and commit on the
+    device; what a block's outcome depends on (its tokens after the commit, whether it
+    edited) is read with the progress read: two reads per step, however many rows, blocks
+    finishing and rows stopping at an end token included. (Planted: each row's block read
+    on its own after its commit: failed with 8 reads for 6 rows; the quota's fallback chosen
+    on the host, as before: failed.) The model's MoE layers
+    read their experts' token counts, one read per layer and pass (models/moe.py), which is
+    the model's, not the decoder's: counted apart."""
+    from bench.host_reads_bench import HostReads
+    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
+    from lm_eval_dvoting.models.moe import Experts
 
-    read = []
-    original = rows_module.read_tokens
-    monkeypatch.setattr(rows_module, "read_tokens", lambda rs: read.append(len(rs)) or original(rs))
-    prompt = torch.tensor([_prompts()[0]])
-    generate(model, prompt, gen_length=16, block_length=8, block=BlockDecoding(), cache="none")
-    assert read and set(read) == {0}  # a snapshot of no row: no read (read_tokens([]) is [])
+    moe_layer_passes = []
+    experts = Experts.forward
+    monkeypatch.setattr(Experts, "forward", lambda *a: moe_layer_passes.append(1) or experts(*a))
+
+    decoder = RowDecoder(model)
+    for i, prompt in enumerate(_prompts()):
+        generator = torch.Generator().manual_seed(i)
+        tokens = torch.full((11,), model.mask_token_id)
+        decoder.add(
+            DecodeRow(
+                prompt=torch.tensor(prompt),
+                tokens=tokens,
+                block_length=4,
+                block=settings,
+                cache=cache,
+                temperature=temperature,
+                generator=generator,
+            )
+        )
+    steps = 0
+    while decoder.active:
+        moe_layer_passes.clear()
+        with HostReads() as reads:
+            decoder.step()
+        assert dict(reads.calls) == {"tolist": 2 + len(moe_layer_passes)}
+        steps += 1
+    assert steps > 3

@@ -192,7 +192,9 @@ def block_causal_bias(
     position is its count of real keys before it), so blocks are aligned at the row's
     first real token whatever its padding or cached prefix, as upstream aligns them."""
     key_positions = key_mask.long().cumsum(-1) - 1
-    blocks = block_lengths.to(key_mask.device).long()[:, None]
+    if block_lengths.device != key_mask.device:  # (a caller's host tensor; the decoder's is there)
+        block_lengths = block_lengths.to(key_mask.device)
+    blocks = block_lengths.long()[:, None]
     see = (key_positions // blocks)[:, None, :] <= (query_positions.long() // blocks)[:, :, None]
     see = see & key_mask.bool()[:, None, :]
     bias = torch.zeros(see.shape, dtype=dtype, device=key_mask.device)

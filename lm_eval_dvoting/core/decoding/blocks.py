@@ -49,11 +49,12 @@ answer, it only saves the passes).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.rules import RowWork, ScheduledWork
+from lm_eval_dvoting.core.decoding.rules import RowWork, ScheduledWork, host_to_device, host_tokens
 from lm_eval_dvoting.core.decoding.sampling import filtered
 from lm_eval_dvoting.core.decoding.state import (
     LLADA2_STEPS,
@@ -73,7 +74,7 @@ def align(row: DecodeRow, mask_id: int) -> None:
     row.tokens = torch.cat([row.prompt[row.prompt.numel() - lead :], row.tokens, masks])
     row.prompt = row.prompt[: row.prompt.numel() - lead]
     row.lead, row.trail = lead, trail
-    row.editable = row.tokens == mask_id
+    row.editable = (row.tokens == mask_id).tolist()  # on the host: the rule plans with it
     row.progress.block, row.progress.step_in_block, row.progress.post = -1, 0, 0
 
 
@@ -83,17 +84,33 @@ def block_schedule(block_length: int, steps: int) -> list[int]:
     return [base + 1 if s < remainder else base for s in range(steps)]
 
 
+@dataclass(eq=False)
+class BlockWork(ScheduledWork):
+    """A block-diffusion row's work in one step, with what its commit and its settling
+    need from the step's snapshot (its commit reads nothing from the device)."""
+
+    tokens: list[int] = field(default_factory=list)  # the row's tokens at the step's start
+    masked: list[bool] = field(default_factory=list)  # which `wanted` positions were masks
+
+
 class BlockThreshold:
-    """LLaDA2.0's threshold decoding and LLaDA2.1's joint threshold decoding (module docstring)."""
+    """LLaDA2.0's threshold decoding and LLaDA2.1's joint threshold decoding (module docstring).
+
+    Host reads: a step plans on the row batch's snapshot of the tokens (`begin`) and commits
+    on the device; what the block's outcome depends on (the block's tokens after the commit,
+    and whether it edited) is read with the row batch's progress read (`facts_to_read`),
+    after which `settle` decides on the host whether the block is done and where the row
+    goes on. No read of a row's own."""
 
     def __init__(self, mask_id: int, end_ids: Sequence[int]) -> None:
         self.mask_id = mask_id
-        self.end_ids = torch.tensor(sorted(set(end_ids)), dtype=torch.long)
+        self.end_ids = frozenset(end_ids)
+        self.unsettled: dict[DecodeRow, tuple[BlockWork, torch.Tensor]] = {}
 
     def block_start(self, row: DecodeRow) -> int:
         """The first index (into the row's re-laid tokens) of the block it decodes now."""
         if row.progress.block < 0:
-            self._advance(row, 0)
+            self._advance(row, host_tokens(row), 0)
         return row.progress.block * row.block_length
 
     def is_done(self, row: DecodeRow) -> bool:
@@ -101,48 +118,62 @@ class BlockThreshold:
         self.block_start(row)
         return row.progress.block >= row.num_blocks
 
-    def begin(self, index: int, row: DecodeRow, window: object) -> ScheduledWork:
+    def begin(self, index: int, row: DecodeRow, window: object) -> BlockWork:
         """The block's masked positions, and (editing) its editable ones: this step's logits."""
         start = self.block_start(row)
-        block = slice(start, start + row.block_length)
-        masked = row.tokens[block] == self.mask_id
-        wanted = masked | row.editable[block] if row.block.editing_threshold is not None else masked
-        return ScheduledWork(
-            index,
-            row,
-            wanted=(start + wanted.nonzero().squeeze(1)).tolist(),
-            start=start,
-        )
+        tokens = host_tokens(row)
+        editing = row.block.editing_threshold is not None
+        wanted = [
+            p
+            for p in range(start, start + row.block_length)
+            if tokens[p] == self.mask_id or (editing and row.editable[p])
+        ]
+        masked = [tokens[p] == self.mask_id for p in wanted]
+        return BlockWork(index, row, wanted=wanted, start=start, tokens=tokens, masked=masked)
 
-    def commit(self, works: Sequence[ScheduledWork]) -> list[RowWork]:
+    def commit(self, works: Sequence[BlockWork]) -> list[RowWork]:
+        """Each row's commits and edits, written on the device; the block's outcome is
+        settled after the row batch's progress read (`settle`)."""
         for work in works:
             row, settings = work.row, work.row.block
-            positions = torch.tensor(work.wanted, dtype=torch.long, device=row.tokens.device)
+            device = row.tokens.device
+            positions = host_to_device(work.wanted, torch.long, device)
+            masked = host_to_device(work.masked, torch.bool, device)
             chosen, confidence = self._candidates(work.logits, row)
-            masked = row.tokens[positions] == self.mask_id
             unmask = self._unmasked(
                 masked,
+                sum(work.masked),
                 confidence,
                 settings,
                 row.progress.step_in_block,
                 row.block_length,
                 row.gen_length - row.lead - row.trail,
             )
+            current = row.tokens[positions]
             edit = torch.zeros_like(masked)
             if settings.editing_threshold is not None:
-                edit = (
-                    ~masked
-                    & (confidence > settings.editing_threshold)
-                    & (chosen != row.tokens[positions])
-                )
-            write = unmask | edit
-            row.tokens[positions[write]] = chosen[write].to(row.tokens.dtype)
-            started_without_masks = not bool(masked.any())
+                edit = ~masked & (confidence > settings.editing_threshold) & (chosen != current)
+            row.tokens[positions] = torch.where(unmask | edit, chosen.to(current.dtype), current)
             row.progress.step_in_block += 1
-            row.progress.post += started_without_masks
-            if self._block_done(row, started_without_masks, bool(edit.any())):
-                self._finish_block(row, work.start)
+            row.progress.post += not any(work.masked)
+            block = row.tokens[work.start : work.start + row.block_length]
+            self.unsettled[row] = (work, torch.cat([block, edit.any().to(block.dtype)[None]]))
         return []
+
+    def facts_to_read(self) -> list[tuple[DecodeRow, torch.Tensor]]:
+        """Each row committed since the last call, with what its settling needs read: its
+        block's tokens after the commit, then 1 if it edited a token, else 0."""
+        return [(row, fact) for row, (_, fact) in self.unsettled.items()]
+
+    def settle(self, row: DecodeRow, facts: list[int]) -> None:
+        """After the read: whether the row's block is done, and if so, where the row goes
+        on (or that it stops), decided on the host."""
+        work, _ = self.unsettled.pop(row)
+        after = work.start + row.block_length
+        tokens = work.tokens[: work.start] + facts[:-1] + work.tokens[after:]
+        started_without_masks = not any(work.masked)
+        if self._block_done(row, tokens, started_without_masks, bool(facts[-1])):
+            self._finish_block(row, tokens, work.start)
 
     def _candidates(
         self, logits: torch.Tensor, row: DecodeRow
@@ -166,14 +197,16 @@ class BlockThreshold:
     @staticmethod
     def _unmasked(
         masked: torch.Tensor,
+        masks: int,
         confidence: torch.Tensor,
         settings: BlockDecoding,
         step: int,
         block_length: int,
         answer_length: int,
     ) -> torch.Tensor:
-        """The masked positions to commit: those above the threshold, or the quota's most
-        confident."""
+        """The masked positions to commit (`masks` of them are masked): those above the
+        threshold, or, if fewer than the quota are, the quota's most confident (chosen on
+        the device: no read)."""
         hot = masked & (confidence > settings.threshold)
         if settings.editing_threshold is not None:
             quota = 1  # upstream LLaDA2.1's num_to_transfer
@@ -183,15 +216,16 @@ class BlockThreshold:
             )  # upstream's min(steps, gen_length)
             schedule = block_schedule(block_length, steps)
             quota = schedule[step] if step < len(schedule) else 1
-        quota = min(quota, int(masked.sum()))
-        if int(hot.sum()) >= quota:
-            return hot
+        quota = min(quota, masks)
         ranked = confidence.masked_fill(~masked, -math.inf).topk(quota).indices
-        return torch.zeros_like(masked).index_fill_(0, ranked, True)
+        most_confident = torch.zeros_like(masked).index_fill_(0, ranked, True)
+        return torch.where(hot.sum() >= quota, hot, most_confident)
 
-    def _block_done(self, row: DecodeRow, started_without_masks: bool, edited: bool) -> bool:
+    def _block_done(
+        self, row: DecodeRow, tokens: list[int], started_without_masks: bool, edited: bool
+    ) -> bool:
         start = row.progress.block * row.block_length
-        masks_left = bool((row.tokens[start : start + row.block_length] == self.mask_id).any())
+        masks_left = self.mask_id in tokens[start : start + row.block_length]
         settings = row.block
         if settings.editing_threshold is None:
             return not masks_left
@@ -199,30 +233,30 @@ class BlockThreshold:
             return True
         return not masks_left and row.progress.post + 1 > settings.max_post_steps
 
-    def _finish_block(self, row: DecodeRow, start: int) -> None:
-        """Stop at an end token in the answer so far; else go on to the next block with a mask."""
+    def _finish_block(self, row: DecodeRow, tokens: list[int], start: int) -> None:
+        """Stop at an end token in the answer so far (`tokens`: the row's on the host); else
+        go on to the next block with a mask."""
         end = start + row.block_length
-        answer = row.tokens[row.lead : end]
-        is_end = torch.isin(answer, self.end_ids.to(answer.device))
-        if bool(is_end.any()):
-            first = row.lead + int(is_end.nonzero()[0])
-            row.tokens[first + 1 :] = row.tokens[first]
+        first = self._first_end(tokens, row.lead, end)
+        if first is not None:
+            row.tokens[first + 1 :] = tokens[first]
             row.progress.block = row.num_blocks
             return
-        self._advance(row, end)
+        self._advance(row, tokens, end)
 
-    def _advance(self, row: DecodeRow, after: int) -> None:
+    def _advance(self, row: DecodeRow, tokens: list[int], after: int) -> None:
         """Point the row at the first block at or after index `after` that holds a mask (none:
         done), unless the answer before that block already ends (then fill and stop)."""
         row.progress.step_in_block, row.progress.post = 0, 0
-        masks = (row.tokens[after:] == self.mask_id).nonzero()
-        if not len(masks):
+        if self.mask_id not in tokens[after:]:
             row.progress.block = row.num_blocks
             return
-        block = (after + int(masks[0])) // row.block_length
+        block = tokens.index(self.mask_id, after) // row.block_length
         row.progress.block = block
         start = block * row.block_length
-        if start > row.lead and bool(
-            torch.isin(row.tokens[row.lead : start], self.end_ids.to(row.tokens.device)).any()
-        ):
-            self._finish_block(row, start - row.block_length)
+        if start > row.lead and self._first_end(tokens, row.lead, start) is not None:
+            self._finish_block(row, tokens, start - row.block_length)
+
+    def _first_end(self, tokens: list[int], lo: int, hi: int) -> int | None:
+        """The index of the first end token in `tokens[lo:hi]` (None: there is none)."""
+        return next((k for k in range(lo, hi) if tokens[k] in self.end_ids), None)

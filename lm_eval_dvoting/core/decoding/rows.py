@@ -28,6 +28,7 @@ from lm_eval_dvoting.core.decoding.caches import ForwardPass, StepLogits, cache_
 from lm_eval_dvoting.core.decoding.rules import (
     RowWork,
     Window,
+    begins,
     host_to_device,
     host_tokens,
     inside_window,
@@ -170,10 +171,8 @@ class RowDecoder:
     def _take_snapshot(self) -> None:
         """Every active row's tokens on the host, in one read (`DecodeRow.step_tokens`): the
         cache plan, the temporal vote's prediction and the rules' `begin` plan the step on
-        it instead of reading the device row by row. Block diffusion's rows (LLaDA2) plan on
-        their schedule and their device tensors: they are left out."""
-        planned = [row for row in self.active if row.block is None]
-        for row, tokens in zip(planned, read_tokens(planned)):
+        it instead of reading the device row by row."""
+        for row, tokens in zip(self.active, read_tokens(self.active)):
             row.step_tokens = tokens
 
     def _begin(self, logits: StepLogits) -> list[RowWork]:
@@ -208,7 +207,7 @@ class RowDecoder:
         returns each row's masks left."""
         masks, positions = before
         masks_now, positions_now = self._progress_marks()
-        then, now = torch.stack([masks, masks_now]).tolist()
+        then, now = self._read_and_settle(masks, masks_now)
         for i, row in enumerate(self.active):
             if then[i] == now[i] and positions[i] == positions_now[i]:
                 rule, named = type(self.rule(row)).__name__, f" ({row.label})" if row.label else ""
@@ -220,6 +219,25 @@ class RowDecoder:
                     "the settings"
                 )
         return now
+
+    def _read_and_settle(
+        self, masks: torch.Tensor, masks_now: torch.Tensor
+    ) -> tuple[list[int], list[int]]:
+        """Each row's masks left before and after the commits, and what the rules left to
+        read (`facts_to_read`: block diffusion's block outcome), in one read; the rules then
+        settle their rows on what was read (`settle`)."""
+        pending = [
+            (rule, row, facts)
+            for rule in self.rules.values()
+            if hasattr(rule, "facts_to_read")
+            for row, facts in rule.facts_to_read()
+        ]
+        sizes = [masks.numel(), masks_now.numel(), *[facts.numel() for _, _, facts in pending]]
+        flat = torch.cat([masks, masks_now, *[facts for _, _, facts in pending]]).tolist()
+        then, now, *read = [flat[b : b + n] for b, n in zip(begins(sizes), sizes)]
+        for (rule, row, _), facts in zip(pending, read):
+            rule.settle(row, facts)
+        return then, now
 
     def _show_predictions(self, logits: StepLogits) -> None:
         """Hand each observed row (`DecodeRow.observe`) this step's full prediction, on the

@@ -188,9 +188,8 @@ class DecodeRow:
     # block diffusion: prompt tokens at the front of `tokens` (blocks align at the prompt's start)
     lead: int = 0
     trail: int = 0  # block diffusion: masks appended to fill the last block (decoded, then cut off)
-    editable: torch.Tensor | None = field(
-        default=None, repr=False
-    )  # block diffusion: bool over `tokens`
+    # block diffusion: whether each position of `tokens` may be edited (LLaDA2.1), on the host
+    editable: list[bool] | None = field(default=None, repr=False)
     keep_cache: bool = (
         False  # block cache: keep `kept` after the row finishes (a dVoting sample may share it)
     )

@@ -85,7 +85,11 @@ def _keep_finished(
     row: DecodeRow, start: int, cache: KeyValueCache, local: int, done: slice
 ) -> None:
     """Block diffusion: keep the row's keys and values up to `start` (what it kept before, and
-    this pass's `done` columns of batch row `local`): finished blocks are final."""
+    this pass's `done` columns of batch row `local`): finished blocks are final. A pass
+    within the block the row kept up to finishes none: what it keeps stays as it is, with
+    no copy (a copy of every kept key, per step, before)."""
+    if row.kept is not None and done.stop == done.start:
+        return
     keys = [k[local, :, done] for k in cache.new_keys]
     values = [v[local, :, done] for v in cache.new_values]
     kept = row.kept
