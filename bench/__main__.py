@@ -22,6 +22,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.host_reads_bench",
         "host reads (syncs on a GPU) per decoder step, per commit rule and cache (CPU)",
     ),
+    "refill": (
+        "bench.refill_bench",
+        "operators (kernel launches on a GPU) and CPU time of one refill of the static buffers",
+    ),
     "fastdllm": (
         "bench.fastdllm_bench",
         "Fast-dLLM's own LLaDA generate against ours: same model, tokens and times (issue #43)",

@@ -113,3 +113,16 @@ def test_host_reads_refuses_a_package_folder_without_the_package(tmp_path):
 
     with pytest.raises(SystemExit, match=r"--package .*: no lm_eval_dvoting/ package there"):
         host_reads_bench.main(["--package", str(tmp_path)])
+
+
+def test_refill_counts_the_operators_of_one_refill_and_refuses_bad_repeats(capsys):
+    """A refill's operators grow with the rows, not with rows x layers (32 here): a few a
+    row. (Planted: the old per-row-and-layer fill: failed with 263 at one row.)"""
+    from bench import refill_bench
+
+    one, _ = refill_bench.measure(1, 2, 8, repeats=1)
+    sixteen, _ = refill_bench.measure(16, 2, 8, repeats=1)
+    assert one < refill_bench.LAYERS and sixteen < 16 * 10
+    with pytest.raises(SystemExit):
+        refill_bench.main(["--repeats", "0"])
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err

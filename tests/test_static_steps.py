@@ -174,6 +174,87 @@ def test_the_buffers_are_filled_once_per_block_and_replays_are_exact(model, monk
     assert EagerReplay.captured == (1 if cache == "dual" else 4)
 
 
+class LayoutCheckedSteps(StaticSteps):
+    """After each step, the buffers of the step's shape must hold the dynamic path's layout
+    (`stack_kept`) exactly: each prefix left-padded and each suffix right-padded, zeros in
+    every padding, the same key mask."""
+
+    def run(self, kept, ids, attention, positions):
+        found = super().run(kept, ids, attention, positions)
+        shape = next(reversed(self.shapes.values()))  # the step's (the last one used)
+        dynamic = stack_kept(kept, ids.device)
+        before = dynamic.keys[0].shape[2]
+        after = before + ids.shape[1]
+        mask = dynamic.key_mask(attention, ids)
+        width = shape.cache.mask.shape[1]
+        assert torch.equal(shape.cache.mask[:, : mask.shape[1]], mask)
+        assert not shape.cache.mask[:, mask.shape[1] :].any()
+        for layer, buffers in enumerate((shape.cache.keys, shape.cache.values)):
+            for k, buffer in enumerate(buffers):
+                stacked = (dynamic.keys, dynamic.values)[layer][k]
+                assert torch.equal(buffer[:, :, :before], stacked)
+                suffix = buffer[:, :, after:]
+                if dynamic.suffix_keys:
+                    kept_suffix = (dynamic.suffix_keys, dynamic.suffix_values)[layer][k]
+                    assert torch.equal(suffix[:, :, : kept_suffix.shape[2]], kept_suffix)
+                    suffix = suffix[:, :, kept_suffix.shape[2] :]
+                assert not suffix.any() and width == after + (
+                    dynamic.suffix_keys[0].shape[2] if dynamic.suffix_keys else 0
+                )
+        return found
+
+
+def test_a_refill_writes_the_dynamic_layout(model, monkeypatch):
+    """Rows that move between blocks at different steps (the confidence rule, four rows of
+    different prompts and blocks, so the pass's rows, widths and paddings change): after
+    every step the buffers hold exactly what the dynamic path stacks, zeros in the
+    padding, and the same key mask. (Planted: each row's suffix written one column to the
+    right: failed. A padding left stale by an earlier fill of the same shape: the test
+    below.)"""
+    fills = []
+    fill = static_module._fill
+    monkeypatch.setattr(static_module, "_fill", lambda *a: fills.append(len(a[1])) or fill(*a))
+    model.cached_steps = "static"
+    for caches in (["dual"] * 4, ["prefix"] * 4, ["dual", "prefix", "dual", "dual"]):
+        decoder = RowDecoder(model, pad_token_id=MASK)
+        decoder.forward.static_steps = LayoutCheckedSteps(model, "static")
+        for row in _rows(caches, RULES["confidence"]):
+            decoder.add(row)
+        while decoder.active:
+            decoder.step()
+    assert len(fills) > 10 and max(fills) >= 3  # refills of many rows, checked
+
+
+def _kept(prefix: int, suffix: int, seed: int) -> Any:
+    """Random kept keys and values of 2 layers (2 key/value heads, head size 4)."""
+    from lm_eval_dvoting.core.decoding.state import KeptKeysValues
+
+    g = torch.Generator().manual_seed(seed)
+
+    def layers(length: int) -> list[torch.Tensor]:
+        return [torch.randn(2, length, 4, generator=g) + 1 for _ in range(2)]
+
+    return KeptKeysValues(0, layers(prefix), layers(prefix), layers(suffix), layers(suffix))
+
+
+def test_a_refill_of_the_same_shape_clears_what_the_last_fill_left():
+    """Two steps of one shape (2 rows, pass 3, width 15) whose first row's padding moves
+    (prefix 5 + suffix 5, then 3 + 7, beside a row of 5 + 7): the second fill must leave
+    zeros where the first wrote keys. (Planted: the zeroing dropped: failed.)"""
+
+    class Stub(nn.Module):
+        def hidden_states(self, ids, attention, positions, cache):
+            return torch.zeros(ids.shape)
+
+    steps = LayoutCheckedSteps(Stub(), "static")
+    ids = torch.zeros((2, 3), dtype=torch.long)
+    ones = torch.ones_like(ids)
+    other = _kept(5, 7, seed=0)
+    for first in (_kept(5, 5, seed=1), _kept(3, 7, seed=2)):
+        steps.run([first, other], ids, ones, ones)
+    assert len(steps.shapes) == 1
+
+
 def test_cached_steps_resolves_and_refuses(model):
     assert resolve_cached_steps("auto", model, CPU) == "static"
     assert resolve_cached_steps("dynamic", model, CPU) == "dynamic"
@@ -324,3 +405,25 @@ def test_same_bits_compares_the_bits_not_the_values():
         assert not static_module.same_bits(values, signed)
     assert not static_module.same_bits(torch.zeros(2), torch.zeros(2, dtype=torch.float64))
     assert not static_module.same_bits(torch.zeros(2), torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_kept_keys_lie_in_one_tensor_per_kind_so_a_refill_copies_all_layers_at_once(model, cache):
+    """A block's first pass keeps each row's keys (and values, and the dual cache's suffix)
+    of every layer in one tensor (`layers_in_one`), which `all_layers` hands to a refill
+    without a copy; per-layer tensors made otherwise are stacked, with the same values.
+    (Planted: the prefix kept with a clone per layer, as before: failed.)"""
+    from lm_eval_dvoting.core.decoding.kept import all_layers
+
+    rows = _rows([cache] * 2, RULES["fixed"])
+    ForwardPass(model, pad_id=MASK, device=CPU).run(rows, [0, 0], [True, True])
+    for row in rows:
+        kept = row.kept
+        lists = [kept.prefix_keys, kept.prefix_values]
+        lists += [kept.suffix_keys, kept.suffix_values] if cache == "dual" else []
+        for layers in lists:
+            whole = all_layers(layers)
+            assert all(torch.equal(whole[i], t) for i, t in enumerate(layers))
+            assert whole.data_ptr() == layers[0].data_ptr()  # a view: no copy
+            copied = all_layers([t.clone() for t in layers])
+            assert torch.equal(copied, whole) and copied.data_ptr() != whole.data_ptr()

@@ -1,6 +1,7 @@
 """A row's kept keys and values (`KeptKeysValues`): their layout in a reuse pass
-(`stack_kept`, the layout the static buffers copy too) and what a finished block-cache row
-can hand to a new one (`shared_block_prefix`)."""
+(`stack_kept`, the layout the static buffers copy too), what a finished block-cache row
+can hand to a new one (`shared_block_prefix`), and their layers in one tensor
+(`layers_in_one`, `all_layers`: a copy or a fill of every layer in one kernel)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,27 @@ def _stack(
 def _pad(tensor: torch.Tensor, length: int, left: bool) -> torch.Tensor:
     pad = length - tensor.shape[1]
     return torch.nn.functional.pad(tensor, (0, 0, pad, 0) if left else (0, 0, 0, pad))
+
+
+class LayersInOne(list):
+    """Per-layer tensors that are views of one (layers, ...) tensor, `whole` (`layers_in_one`
+    makes them; a list like any other, not to be changed in place)."""
+
+    def __init__(self, whole: torch.Tensor) -> None:
+        super().__init__(whole.unbind(0))
+        self.whole = whole
+
+
+def layers_in_one(tensors: Sequence[torch.Tensor]) -> LayersInOne:
+    """Copies of per-layer tensors (one shape) laid out in one (layers, ...) tensor, as its
+    per-layer views: one copy kernel for all the layers (a clone per layer is one each),
+    and `all_layers` hands them on whole."""
+    return LayersInOne(torch.stack(list(tensors)))
+
+
+def all_layers(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-layer tensors (one shape) as one (layers, ...) tensor, for reading: the tensor
+    they are views of where `layers_in_one` made them, else a stacked copy."""
+    if isinstance(tensors, LayersInOne):
+        return tensors.whole
+    return torch.stack(list(tensors))

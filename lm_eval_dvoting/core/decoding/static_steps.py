@@ -36,6 +36,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from lm_eval_dvoting.core.decoding.kept import all_layers
+from lm_eval_dvoting.core.decoding.rules import host_to_device
 from lm_eval_dvoting.core.decoding.state import KeptKeysValues
 from lm_eval_dvoting.models.adapters import lora_layers
 from lm_eval_dvoting.models.common import StaticKeyValues
@@ -151,6 +153,7 @@ class _Shape:
     """The buffers of one step shape, what fills them, and its graph once captured."""
 
     cache: StaticKeyValues
+    layers: tuple[torch.Tensor, torch.Tensor]  # keys, values: every layer's buffer in one
     ids: torch.Tensor
     attention: torch.Tensor
     positions: torch.Tensor
@@ -273,22 +276,22 @@ def _suffix_width(kept: Sequence[KeptKeysValues]) -> int:
 
 
 def _allocate(kept: Sequence[KeptKeysValues], ids: torch.Tensor, width: int) -> _Shape:
-    """Zeroed buffers (finite everywhere: a padded key's score must stay finite)."""
+    """Zeroed buffers (finite everywhere: a padded key's score must stay finite), every
+    layer's keys in one tensor and every layer's values in another (`_fill` writes a row of
+    all the layers at once); the model reads each layer's as a view of them."""
     first = kept[0].prefix_keys
     rows, device = ids.shape[0], ids.device
     kv_heads, head_dim = first[0].shape[0], first[0].shape[2]
-
-    def layer_buffers() -> list[torch.Tensor]:
-        size = (rows, kv_heads, width, head_dim)
-        return [torch.zeros(size, dtype=t.dtype, device=device) for t in first]
-
+    size = (len(first), rows, kv_heads, width, head_dim)
+    keys, values = (torch.zeros(size, dtype=first[0].dtype, device=device) for _ in range(2))
     cache = StaticKeyValues(
-        layer_buffers(),
-        layer_buffers(),
+        list(keys.unbind(0)),
+        list(values.unbind(0)),
         torch.zeros((rows, width), dtype=torch.long, device=device),
         torch.zeros(ids.shape[1], dtype=torch.long, device=device),
     )
-    return _Shape(cache, torch.zeros_like(ids), torch.zeros_like(ids), torch.zeros_like(ids))
+    ids_like = (torch.zeros_like(ids) for _ in range(3))
+    return _Shape(cache, (keys, values), *ids_like)
 
 
 def _fill(
@@ -296,29 +299,40 @@ def _fill(
 ) -> None:
     """Copy the rows' kept keys and values into the buffers around the pass's columns, in
     the dynamic path's layout (`kept.stack_kept`: each prefix left-padded, each suffix
-    right-padded, zeros in the padding) and with its key mask, row by row (no stacked copy
-    of them all on the way)."""
-    cache = shape.cache
+    right-padded, zeros in the padding), and set the key mask. Each copy or zeroing covers a
+    row's every layer at once (`kept.all_layers`): on a GPU a refill costs a few kernels a
+    row, not a few a row and layer, which matters where the rows of the pass change at every
+    step (the threshold rules at many rows)."""
+    cache, device = shape.cache, ids.device
     before = _prefix_width(kept)
     after = before + ids.shape[1]
-    cache.slot.copy_(torch.arange(before, after, device=ids.device))
+    cache.slot.copy_(torch.arange(before, after, device=device))
     spans = [(before - _length(k.prefix_keys), after + _length(k.suffix_keys)) for k in kept]
-    cache.mask.zero_()
+    cache.mask.copy_(_kept_key_mask(spans, before, after, cache.mask.shape[1], device))
     cache.mask[:, before:after] = attention
-    for row, (start, end) in enumerate(spans):
-        cache.mask[row, start:before] = 1
-        cache.mask[row, after:end] = 1
-    for layer, (keys, values) in enumerate(zip(cache.keys, cache.values)):
-        for row, (k, (start, end)) in enumerate(zip(kept, spans)):
-            for buffer, prefix, suffix in (
-                (keys, k.prefix_keys, k.suffix_keys),
-                (values, k.prefix_values, k.suffix_values),
-            ):
-                buffer[row, :, :start].zero_()
-                buffer[row, :, start:before].copy_(prefix[layer])
-                if suffix is not None:
-                    buffer[row, :, after:end].copy_(suffix[layer])
-                buffer[row, :, end:].zero_()
+    for row, (k, (start, end)) in enumerate(zip(kept, spans)):
+        for buffer, prefix, suffix in (
+            (shape.layers[0][:, row], k.prefix_keys, k.suffix_keys),
+            (shape.layers[1][:, row], k.prefix_values, k.suffix_values),
+        ):  # (layers, kv_heads, width, head_dim)
+            buffer[:, :, :start].zero_()
+            buffer[:, :, start:before].copy_(all_layers(prefix))
+            if suffix is not None:
+                buffer[:, :, after:end].copy_(all_layers(suffix))
+            buffer[:, :, end:].zero_()
+
+
+def _kept_key_mask(
+    spans: list[tuple[int, int]], before: int, after: int, width: int, device: torch.device
+) -> torch.Tensor:
+    """The (rows, width) 0/1 mask of the kept keys: row r's prefix at [start, before), its
+    suffix at [after, end) (`spans[r]` = (start, end)); the pass's columns are 0 here."""
+    bounds = host_to_device([[a for a, _ in spans], [b for _, b in spans]], torch.long, device)
+    starts, ends = bounds[:, :, None]
+    columns = torch.arange(width, device=device)
+    prefix = (columns >= starts) & (columns < before)
+    suffix = (columns >= after) & (columns < ends)
+    return (prefix | suffix).long()
 
 
 def _length(layers: list[torch.Tensor] | None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lm_eval_dvoting.core.decoding.kept import layers_in_one
 from lm_eval_dvoting.core.decoding.rules import Window
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues
 from lm_eval_dvoting.core.parts.base import register
@@ -38,5 +39,5 @@ class DualCache(PrefixCache):
 
     @classmethod
     def keep_suffix(cls, kept: KeptKeysValues, record: Any, local: int, suffix: slice) -> None:
-        kept.suffix_keys = [k[local, :, suffix].clone() for k in record.new_keys]
-        kept.suffix_values = [v[local, :, suffix].clone() for v in record.new_values]
+        kept.suffix_keys = layers_in_one([k[local, :, suffix] for k in record.new_keys])
+        kept.suffix_values = layers_in_one([v[local, :, suffix] for v in record.new_values])

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.caches import cache_policy
-from lm_eval_dvoting.core.decoding.kept import stack_kept
+from lm_eval_dvoting.core.decoding.kept import layers_in_one, stack_kept
 from lm_eval_dvoting.core.decoding.rules import Window, host_to_device
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
 from lm_eval_dvoting.core.parts.base import CachePolicy, register
@@ -98,8 +98,8 @@ def _cut(
     prefix = slice(first, first + prompt + start - shift)
     kept = KeptKeysValues(
         start,
-        [k[local, :, prefix].clone() for k in record.new_keys],
-        [v[local, :, prefix].clone() for v in record.new_values],
+        layers_in_one([k[local, :, prefix] for k in record.new_keys]),
+        layers_in_one([v[local, :, prefix] for v in record.new_values]),
     )
     suffix = slice(first + prompt + start + row.block_length, first + prompt + row.gen_length)
     cache_policy(row.cache).keep_suffix(kept, record, local, suffix)

@@ -1,0 +1,125 @@
+"""Suite `refill`: what one refill of the static buffers costs (`cached_steps=static|graphs`,
+core/decoding/static_steps.py's `_fill`: the rows' kept keys and values copied into the reuse
+pass's buffers, which happens at every step where the rows of the pass change, e.g. the
+threshold rules at many rows): the operators it runs (each a kernel launch on a GPU) and its
+time on this CPU, at LLaDA-8B's 32 layers with small and larger heads.
+
+    .venv/bin/python -m bench refill
+    # another commit's refill under the same measure:
+    git worktree add /tmp/base REV && .venv/bin/python -m bench refill --package /tmp/base
+
+The kept keys are laid out as the package itself keeps them (every layer in one tensor
+where it has `kept.layers_in_one`, else a copy per layer). Prefixes of 200-305 and suffixes
+of 195-300 columns per row, a pass of 32. What it counts: the `aten::` operators the refill
+calls at the top level, views left out (a GPU launches a kernel for each, at a few
+microseconds of host time apiece). Its time on the CPU is memory copies; on a GPU the launches
+are what grows with rows x layers (no GPU here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from bench.host_reads_bench import import_package_from
+
+CONFIGS = [(1, 2, 8), (16, 2, 8), (1, 8, 64), (4, 8, 64), (16, 8, 64)]  # rows, kv heads, size
+LAYERS, PASS = 32, 32
+VIEWS = {
+    *("aten::slice", "aten::select", "aten::as_strided", "aten::view", "aten::unbind"),
+    *("aten::transpose", "aten::alias", "aten::expand", "aten::unsqueeze", "aten::detach"),
+    *("aten::lift_fresh", "aten::empty", "aten::empty_strided", "aten::resolve_conj"),
+    "aten::resolve_neg",
+}
+
+
+def kept_rows(rows: int, heads: int, size: int) -> list[Any]:
+    """Each row's kept keys and values, laid out as the package keeps them."""
+    from lm_eval_dvoting.core.decoding import kept as kept_module
+    from lm_eval_dvoting.core.decoding.state import KeptKeysValues
+
+    generator = torch.Generator().manual_seed(0)
+    lay_out = getattr(kept_module, "layers_in_one", lambda ts: [t.clone() for t in ts])
+
+    def layers(length: int) -> list[torch.Tensor]:
+        return lay_out(
+            [torch.randn(heads, length, size, generator=generator) for _ in range(LAYERS)]
+        )
+
+    found = []
+    for row in range(rows):
+        prefix, suffix = 200 + 7 * row, 300 - 7 * row
+        found.append(
+            KeptKeysValues(0, layers(prefix), layers(prefix), layers(suffix), layers(suffix))
+        )
+    return found
+
+
+def operators(fill: Any) -> int:
+    """The top-level `aten::` operators `fill()` calls, views left out."""
+    with profile(activities=[ProfilerActivity.CPU]) as run:
+        fill()
+    top = [
+        e
+        for e in run.events()
+        if e.name.startswith("aten::")
+        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    ]
+    return sum(1 for e in top if e.name not in VIEWS)
+
+
+def measure(rows: int, heads: int, size: int, repeats: int) -> tuple[int, float]:
+    """(operators, median milliseconds) of one refill of a fresh shape's buffers."""
+    steps = importlib.import_module("lm_eval_dvoting.core.decoding.static_steps")
+    kept = kept_rows(rows, heads, size)
+    ids = torch.zeros((rows, PASS), dtype=torch.long)
+    width = steps._prefix_width(kept) + PASS + steps._suffix_width(kept)
+    shape = steps._allocate(kept, ids, width)
+
+    def fill() -> None:
+        steps._fill(shape, kept, ids, torch.ones_like(ids))
+
+    fill()
+    count = operators(fill)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fill()
+        times.append(time.perf_counter() - start)
+    return count, statistics.median(times) * 1e3
+
+
+def table(repeats: int) -> list[str]:
+    lines = [
+        f"| rows | kv heads x size | operators per refill ({LAYERS} layers) "
+        f"| ms on this CPU (median of {repeats}) |",
+        "|---:|---|---:|---:|",
+    ]
+    for rows, heads, size in CONFIGS:
+        count, ms = measure(rows, heads, size, repeats)
+        lines.append(f"| {rows} | {heads} x {size} | {count} | {ms:.1f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench refill", description=__doc__)
+    p.add_argument("--package", help="a checkout whose lm_eval_dvoting to measure (default: this)")
+    p.add_argument("--repeats", type=int, default=5, help="timed refills per cell (default 5)")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.package:
+        import_package_from(args.package)
+    torch.set_num_threads(1)
+    package = importlib.import_module("lm_eval_dvoting")
+    print(f"lm_eval_dvoting from {package.__file__.rsplit('/', 2)[0]}")
+    print("\n".join(table(args.repeats)))
+    return 0
