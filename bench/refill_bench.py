@@ -2,7 +2,9 @@
 core/decoding/static_steps.py's `_fill`: the rows' kept keys and values copied into the reuse
 pass's buffers, which happens at every step where the rows of the pass change, e.g. the
 threshold rules at many rows): the operators it runs (each a kernel launch on a GPU) and its
-time on this CPU, at LLaDA-8B's 32 layers with small and larger heads.
+time on this CPU, at LLaDA-8B's 32 layers with small and larger heads; and the operators of
+the dynamic path's stack of the same rows (`kept.stack_kept`, which the block cache, LLaDA2's
+default, runs at every step).
 
     .venv/bin/python -m bench refill
     # another commit's refill under the same measure:
@@ -75,9 +77,12 @@ def operators(fill: Any) -> int:
     return sum(1 for e in top if e.name not in VIEWS)
 
 
-def measure(rows: int, heads: int, size: int, repeats: int) -> tuple[int, float]:
-    """(operators, median milliseconds) of one refill of a fresh shape's buffers."""
+def measure(rows: int, heads: int, size: int, repeats: int) -> tuple[int, float, int]:
+    """(operators, median milliseconds) of one refill of a fresh shape's buffers, and the
+    operators of one `kept.stack_kept` of the same rows (the dynamic path's per-step stack,
+    and the block cache's, LLaDA2)."""
     steps = importlib.import_module("lm_eval_dvoting.core.decoding.static_steps")
+    stack_kept = importlib.import_module("lm_eval_dvoting.core.decoding.kept").stack_kept
     kept = kept_rows(rows, heads, size)
     ids = torch.zeros((rows, PASS), dtype=torch.long)
     width = steps._prefix_width(kept) + PASS + steps._suffix_width(kept)
@@ -93,18 +98,19 @@ def measure(rows: int, heads: int, size: int, repeats: int) -> tuple[int, float]
         start = time.perf_counter()
         fill()
         times.append(time.perf_counter() - start)
-    return count, statistics.median(times) * 1e3
+    stacked = operators(lambda: stack_kept(kept, torch.device("cpu")))
+    return count, statistics.median(times) * 1e3, stacked
 
 
 def table(repeats: int) -> list[str]:
     lines = [
         f"| rows | kv heads x size | operators per refill ({LAYERS} layers) "
-        f"| ms on this CPU (median of {repeats}) |",
-        "|---:|---|---:|---:|",
+        f"| ms on this CPU (median of {repeats}) | operators per stack_kept |",
+        "|---:|---|---:|---:|---:|",
     ]
     for rows, heads, size in CONFIGS:
-        count, ms = measure(rows, heads, size, repeats)
-        lines.append(f"| {rows} | {heads} x {size} | {count} | {ms:.1f} |")
+        count, ms, stacked = measure(rows, heads, size, repeats)
+        lines.append(f"| {rows} | {heads} x {size} | {count} | {ms:.1f} | {stacked} |")
     return lines
 
 

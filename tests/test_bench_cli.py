@@ -117,12 +117,14 @@ def test_host_reads_refuses_a_package_folder_without_the_package(tmp_path):
 
 def test_refill_counts_the_operators_of_one_refill_and_refuses_bad_repeats(capsys):
     """A refill's operators grow with the rows, not with rows x layers (32 here): a few a
-    row. (Planted: the old per-row-and-layer fill: failed with 263 at one row.)"""
+    row; the dynamic path's stack likewise. (Planted: the old per-row-and-layer fill: failed
+    with 263 at one row; the old per-layer stack: failed with 267.)"""
     from bench import refill_bench
 
-    one, _ = refill_bench.measure(1, 2, 8, repeats=1)
-    sixteen, _ = refill_bench.measure(16, 2, 8, repeats=1)
+    one, _, stacked_one = refill_bench.measure(1, 2, 8, repeats=1)
+    sixteen, _, stacked = refill_bench.measure(16, 2, 8, repeats=1)
     assert one < refill_bench.LAYERS and sixteen < 16 * 10
+    assert stacked_one < refill_bench.LAYERS and stacked < 16 * 10  # the dynamic stack too
     with pytest.raises(SystemExit):
         refill_bench.main(["--repeats", "0"])
     assert "--repeats must be at least 1, got 0" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from typing import Sequence
 
 import torch
 
+from lm_eval_dvoting.core.decoding.rules import host_to_device
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues
 from lm_eval_dvoting.models.common import PrefixCache
 
@@ -35,8 +36,8 @@ def shared_block_prefix(
         return None
     return KeptKeysValues(
         shared,
-        [k[:, :shared] for k in kept.prefix_keys],
-        [v[:, :shared] for v in kept.prefix_values],
+        LayersInOne(all_layers(kept.prefix_keys)[:, :, :shared]),
+        LayersInOne(all_layers(kept.prefix_values)[:, :, :shared]),
     )
 
 
@@ -62,7 +63,7 @@ def stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCa
 
 
 def _empty_like(layers: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [t[:, :0] for t in layers]
+    return LayersInOne(all_layers(layers)[:, :, :0])
 
 
 def _stack(
@@ -75,21 +76,23 @@ def _stack(
     stacked, and the (rows, length) 0/1 mask of the real positions."""
     lengths = [row[0].shape[1] for row in keys]
     longest = max(lengths)
-    mask = torch.zeros((len(keys), longest), dtype=torch.long, device=device)
-    for r, length in enumerate(lengths):
-        if left:
-            mask[r, longest - length :] = 1
-        else:
-            mask[r, :length] = 1
-    stacked_keys, stacked_values = [], []
-    for layer in range(len(keys[0])):
-        stacked_keys.append(torch.stack([_pad(row[layer], longest, left) for row in keys]))
-        stacked_values.append(torch.stack([_pad(row[layer], longest, left) for row in values]))
-    return stacked_keys, stacked_values, mask
+    real = host_to_device(lengths, torch.long, device)[:, None]
+    columns = torch.arange(longest, device=device)
+    mask = (columns >= longest - real if left else columns < real).long()
+    return _padded_rows(keys, longest, left), _padded_rows(values, longest, left), mask
+
+
+def _padded_rows(rows: Sequence[list[torch.Tensor]], length: int, left: bool) -> list[torch.Tensor]:
+    """Per layer, the rows' tensors padded to `length` and stacked: each row's every layer
+    padded at once (`all_layers`), the rows stacked into one (layers, rows, ...) tensor
+    whose per-layer views are returned (a few kernels a row, not a few a row and layer)."""
+    padded = [_pad(all_layers(row), length, left) for row in rows]
+    return list(torch.stack(padded, dim=1).unbind(0))
 
 
 def _pad(tensor: torch.Tensor, length: int, left: bool) -> torch.Tensor:
-    pad = length - tensor.shape[1]
+    """`tensor` (..., columns, head_dim) padded with zeros to `length` columns."""
+    pad = length - tensor.shape[-2]
     return torch.nn.functional.pad(tensor, (0, 0, pad, 0) if left else (0, 0, 0, pad))
 
 

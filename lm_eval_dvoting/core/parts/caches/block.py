@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.kept import stack_kept
+from lm_eval_dvoting.core.decoding.kept import LayersInOne, all_layers, stack_kept
 from lm_eval_dvoting.core.decoding.rules import host_to_device
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
 from lm_eval_dvoting.core.parts.base import BLOCK_CAUSAL, CachePolicy, register
@@ -88,12 +88,12 @@ def _keep_finished(
     this pass's `done` columns of batch row `local`): finished blocks are final. A pass
     within the block the row kept up to finishes none: what it keeps stays as it is, with
     no copy (a copy of every kept key, per step, before)."""
-    if row.kept is not None and done.stop == done.start:
-        return
-    keys = [k[local, :, done] for k in cache.new_keys]
-    values = [v[local, :, done] for v in cache.new_values]
     kept = row.kept
+    if kept is not None and done.stop == done.start:
+        return
+    keys = torch.stack([k[local, :, done] for k in cache.new_keys])  # (layers, kv, ...)
+    values = torch.stack([v[local, :, done] for v in cache.new_values])
     if kept is not None:
-        keys = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_keys, keys)]
-        values = [torch.cat([old, new], dim=1) for old, new in zip(kept.prefix_values, values)]
-    row.kept = KeptKeysValues(start, [k.clone() for k in keys], [v.clone() for v in values])
+        keys = torch.cat([all_layers(kept.prefix_keys), keys], dim=2)
+        values = torch.cat([all_layers(kept.prefix_values), values], dim=2)
+    row.kept = KeptKeysValues(start, LayersInOne(keys), LayersInOne(values))
