@@ -89,11 +89,13 @@ def _blocking_copy_to_device(name: str, args: tuple[Any, ...], kwargs: dict[str,
 def _in_host_to_device() -> bool:
     """Whether the copy is `host_to_device`'s (decoding/rules.py): on CUDA it is pinned and
     non-blocking; on the CPU it may be a plain `.to`, which waits for nothing there."""
-    frame = sys._getframe(3)
-    for _ in range(4):
+    frame = sys._getframe(1)
+    for _ in range(12):  # the mode's own frames, then the caller's (however torch nests them)
         if frame is None:
             return False
-        if frame.f_code.co_name == "host_to_device":
+        if frame.f_code.co_name == "host_to_device" and frame.f_code.co_filename.endswith(
+            "rules.py"
+        ):
             return True
         frame = frame.f_back
     return False

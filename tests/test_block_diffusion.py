@@ -524,3 +524,71 @@ def test_a_block_diffusion_step_reads_the_host_twice_for_all_rows(
         assert dict(reads.calls) == {"tolist": 2 + len(moe_layer_passes)}
         steps += 1
     assert steps > 3
+
+
+def _block_row(model, prompt: list[int], seed: int):
+    from lm_eval_dvoting.core.decoding import DecodeRow
+
+    return DecodeRow(
+        prompt=torch.tensor(prompt),
+        tokens=torch.full((11,), model.mask_token_id),
+        block_length=4,
+        block=QUALITY,
+        temperature=0.8,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def test_what_a_raising_step_left_unsettled_is_dropped_at_the_next_commit(model, monkeypatch):
+    """A step that raised between the commits and the read leaves its rows unsettled; a
+    decoder used again (its broken rows dropped) must not settle them on a later step's
+    read, with a stale snapshot. (Planted: the rule's pending rows not cleared at commit:
+    failed, the dropped row settled.)"""
+    from lm_eval_dvoting.core.decoding import RowDecoder
+    from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
+
+    decoder = RowDecoder(model)
+    dropped = _block_row(model, _prompts()[0], 0)
+    decoder.add(dropped)
+
+    def broken(*args):
+        raise RuntimeError("out of memory")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RowDecoder, "_read_and_settle", broken)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            decoder.step()
+    decoder.active, settled = [], []
+    settle = BlockThreshold.settle
+    monkeypatch.setattr(
+        BlockThreshold, "settle", lambda r, row, f: settled.append(row) or settle(r, row, f)
+    )
+    decoder.add(_block_row(model, _prompts()[1], 1))
+    decoder.step()
+    assert settled and dropped not in settled
+
+
+def test_a_rule_whose_facts_are_not_long_integers_is_refused(model, monkeypatch):
+    """`facts_to_read` must give 1-D long tensors: others would promote every row's masks
+    count in the shared read (to floats), so they are refused, naming the rule. (Planted:
+    the check dropped: nothing raised.)"""
+    from lm_eval_dvoting.core.decoding import RowDecoder
+    from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
+
+    facts = BlockThreshold.facts_to_read
+    monkeypatch.setattr(
+        BlockThreshold, "facts_to_read", lambda rule: [(r, f.double()) for r, f in facts(rule)]
+    )
+    decoder = RowDecoder(model)
+    decoder.add(_block_row(model, _prompts()[0], 0))
+    with pytest.raises(TypeError, match=r"BlockThreshold.facts_to_read must give 1-D long"):
+        decoder.step()
+
+
+def test_end_ids_given_as_a_tensor_still_stop_the_row():
+    """A model whose `end_token_ids` is a tensor: its ids are compared as ints with the host
+    tokens. (Planted: the ids kept as 0-dim tensors: failed, no token matched.)"""
+    from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
+
+    rule = BlockThreshold(250, torch.tensor([249, 7]))
+    assert rule._first_end([1, 7, 249], 0, 3) == 1

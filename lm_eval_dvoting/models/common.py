@@ -192,7 +192,9 @@ def block_causal_bias(
     position is its count of real keys before it), so blocks are aligned at the row's
     first real token whatever its padding or cached prefix, as upstream aligns them."""
     key_positions = key_mask.long().cumsum(-1) - 1
-    if block_lengths.device != key_mask.device:  # (a caller's host tensor; the decoder's is there)
+    # a caller's host tensor moves; the decoder's is on the device already (there `.to` would
+    # return it as it is: skipped all the same, so that no copy is ever asked for per pass)
+    if block_lengths.device != key_mask.device:
         block_lengths = block_lengths.to(key_mask.device)
     blocks = block_lengths.long()[:, None]
     see = (key_positions // blocks)[:, None, :] <= (query_positions.long() // blocks)[:, :, None]

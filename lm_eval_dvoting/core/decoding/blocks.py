@@ -104,7 +104,7 @@ class BlockThreshold:
 
     def __init__(self, mask_id: int, end_ids: Sequence[int]) -> None:
         self.mask_id = mask_id
-        self.end_ids = frozenset(end_ids)
+        self.end_ids = frozenset(int(i) for i in end_ids)  # ints: host tokens are ints
         self.unsettled: dict[DecodeRow, tuple[BlockWork, torch.Tensor]] = {}
 
     def block_start(self, row: DecodeRow) -> int:
@@ -133,32 +133,40 @@ class BlockThreshold:
 
     def commit(self, works: Sequence[BlockWork]) -> list[RowWork]:
         """Each row's commits and edits, written on the device; the block's outcome is
-        settled after the row batch's progress read (`settle`)."""
+        settled after the row batch's progress read (`settle`). (What a step that raised
+        left unsettled is dropped here: one round per step, so nothing else is pending.)"""
+        self.unsettled = {}
         for work in works:
-            row, settings = work.row, work.row.block
-            device = row.tokens.device
-            positions = host_to_device(work.wanted, torch.long, device)
-            masked = host_to_device(work.masked, torch.bool, device)
-            chosen, confidence = self._candidates(work.logits, row)
-            unmask = self._unmasked(
-                masked,
-                sum(work.masked),
-                confidence,
-                settings,
-                row.progress.step_in_block,
-                row.block_length,
-                row.gen_length - row.lead - row.trail,
-            )
-            current = row.tokens[positions]
-            edit = torch.zeros_like(masked)
-            if settings.editing_threshold is not None:
-                edit = ~masked & (confidence > settings.editing_threshold) & (chosen != current)
-            row.tokens[positions] = torch.where(unmask | edit, chosen.to(current.dtype), current)
+            edited = self._write(work)
+            row = work.row
             row.progress.step_in_block += 1
             row.progress.post += not any(work.masked)
             block = row.tokens[work.start : work.start + row.block_length]
-            self.unsettled[row] = (work, torch.cat([block, edit.any().to(block.dtype)[None]]))
+            self.unsettled[row] = (work, torch.cat([block, edited.to(block.dtype)[None]]))
         return []
+
+    def _write(self, work: BlockWork) -> torch.Tensor:
+        """The row's commits (and LLaDA2.1's edits) written into its tokens on the device;
+        whether it edited any token (a device bool: no read)."""
+        row, settings = work.row, work.row.block
+        positions = host_to_device(work.wanted, torch.long, row.tokens.device)
+        masked = host_to_device(work.masked, torch.bool, row.tokens.device)
+        chosen, confidence = self._candidates(work.logits, row)
+        unmask = self._unmasked(
+            masked,
+            sum(work.masked),
+            confidence,
+            settings,
+            row.progress.step_in_block,
+            row.block_length,
+            row.gen_length - row.lead - row.trail,
+        )
+        current = row.tokens[positions]
+        edit = torch.zeros_like(masked)
+        if settings.editing_threshold is not None:
+            edit = ~masked & (confidence > settings.editing_threshold) & (chosen != current)
+        row.tokens[positions] = torch.where(unmask | edit, chosen.to(current.dtype), current)
+        return edit.any()
 
     def facts_to_read(self) -> list[tuple[DecodeRow, torch.Tensor]]:
         """Each row committed since the last call, with what its settling needs read: its
@@ -166,8 +174,9 @@ class BlockThreshold:
         return [(row, fact) for row, (_, fact) in self.unsettled.items()]
 
     def settle(self, row: DecodeRow, facts: list[int]) -> None:
-        """After the read: whether the row's block is done, and if so, where the row goes
-        on (or that it stops), decided on the host."""
+        """After the read (once per row and step, which forgets the row): whether the row's
+        block is done, and if so, where the row goes on (or that it stops), decided on the
+        host."""
         work, _ = self.unsettled.pop(row)
         after = work.start + row.block_length
         tokens = work.tokens[: work.start] + facts[:-1] + work.tokens[after:]
@@ -197,14 +206,14 @@ class BlockThreshold:
     @staticmethod
     def _unmasked(
         masked: torch.Tensor,
-        masks: int,
+        mask_count: int,
         confidence: torch.Tensor,
         settings: BlockDecoding,
         step: int,
         block_length: int,
         answer_length: int,
     ) -> torch.Tensor:
-        """The masked positions to commit (`masks` of them are masked): those above the
+        """The masked positions to commit (`mask_count` of them are masked): those above the
         threshold, or, if fewer than the quota are, the quota's most confident (chosen on
         the device: no read)."""
         hot = masked & (confidence > settings.threshold)
@@ -216,7 +225,7 @@ class BlockThreshold:
             )  # upstream's min(steps, gen_length)
             schedule = block_schedule(block_length, steps)
             quota = schedule[step] if step < len(schedule) else 1
-        quota = min(quota, masks)
+        quota = min(quota, mask_count)
         ranked = confidence.masked_fill(~masked, -math.inf).topk(quota).indices
         most_confident = torch.zeros_like(masked).index_fill_(0, ranked, True)
         return torch.where(hot.sum() >= quota, hot, most_confident)

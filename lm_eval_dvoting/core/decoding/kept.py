@@ -63,7 +63,10 @@ def stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCa
 
 
 def _empty_like(layers: list[torch.Tensor]) -> list[torch.Tensor]:
-    return LayersInOne(all_layers(layers)[:, :, :0])
+    """No columns of `layers`, as views (of one tensor where they are)."""
+    if isinstance(layers, LayersInOne):
+        return LayersInOne(layers.whole[:, :, :0])
+    return [t[:, :0] for t in layers]
 
 
 def _stack(
@@ -83,17 +86,18 @@ def _stack(
 
 
 def _padded_rows(rows: Sequence[list[torch.Tensor]], length: int, left: bool) -> list[torch.Tensor]:
-    """Per layer, the rows' tensors padded to `length` and stacked: each row's every layer
-    padded at once (`all_layers`), the rows stacked into one (layers, rows, ...) tensor
-    whose per-layer views are returned (a few kernels a row, not a few a row and layer)."""
-    padded = [_pad(all_layers(row), length, left) for row in rows]
-    return list(torch.stack(padded, dim=1).unbind(0))
-
-
-def _pad(tensor: torch.Tensor, length: int, left: bool) -> torch.Tensor:
-    """`tensor` (..., columns, head_dim) padded with zeros to `length` columns."""
-    pad = length - tensor.shape[-2]
-    return torch.nn.functional.pad(tensor, (0, 0, pad, 0) if left else (0, 0, 0, pad))
+    """Per layer, the rows' tensors padded with zeros to `length` columns and stacked: one
+    (layers, rows, kv_heads, length, head_dim) tensor, each row's every layer copied in at
+    once (`all_layers`), whose per-layer views are returned (a kernel a row, not one a row
+    and layer; no padded copy of a row on the way)."""
+    first = rows[0][0]
+    layers, kv_heads, _, head_dim = len(rows[0]), *first.shape
+    stacked = first.new_zeros((layers, len(rows), kv_heads, length, head_dim))
+    for r, row in enumerate(rows):
+        columns = row[0].shape[1]
+        where = slice(length - columns, length) if left else slice(0, columns)
+        stacked[:, r, :, where] = all_layers(row)
+    return list(stacked.unbind(0))
 
 
 class LayersInOne(list):

@@ -232,6 +232,12 @@ class RowDecoder:
             if hasattr(rule, "facts_to_read")
             for row, facts in rule.facts_to_read()
         ]
+        for rule, _, facts in pending:  # torch.cat would promote the masks' counts with them
+            if facts.dtype != torch.long or facts.dim() != 1:
+                raise TypeError(
+                    f"{type(rule).__name__}.facts_to_read must give 1-D long tensors, got "
+                    f"{facts.dtype} of shape {tuple(facts.shape)}: this is a bug in the rule"
+                )
         sizes = [masks.numel(), masks_now.numel(), *[facts.numel() for _, _, facts in pending]]
         flat = torch.cat([masks, masks_now, *[facts for _, _, facts in pending]]).tolist()
         then, now, *read = [flat[b : b + n] for b, n in zip(begins(sizes), sizes)]

@@ -202,8 +202,10 @@ class DecodeRow:
     top_k: int | None = None
     dream: DreamDecoding | None = None  # Dream's algorithms (`rule="dream"`)
     # `tokens` as the row batch read them on the host at the start of the current step, for
-    # all its rows in one copy; set from then until the step's commits (`RowDecoder.step`),
-    # None otherwise (decoding/rules.py's `token_lists` reads `tokens` then)
+    # all its rows in one copy; set from then until every rule's `begin` has returned
+    # (`RowDecoder.step`), None otherwise (decoding/rules.py's `token_lists` reads `tokens`
+    # then). A rule may keep the list past that (block diffusion's `BlockWork.tokens`): it
+    # is the step's start, never updated.
     step_tokens: list[int] | None = field(default=None, init=False, repr=False)
 
     @property
