@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.rules import Window, host_to_device
-from lm_eval_dvoting.core.decoding.state import DecodeRow
+from lm_eval_dvoting.core.decoding.state import DecodeRow, left_pad
 from lm_eval_dvoting.core.decoding.static_steps import StaticSteps, resolve_cached_steps
 
 
@@ -219,6 +219,14 @@ class ForwardPass:
         for policy in sorted(groups, key=_order):
             policy.run_pass(self, rows, groups[policy], starts, keeps, logits)
         return logits
+
+    def padded(
+        self, sequences: Sequence[torch.Tensor], begins: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`state.left_pad` of a cached pass's sequences, each row's positions counted on
+        from `begins` (the columns it keeps before them)."""
+        ids, attention, positions = left_pad(sequences, self.pad_id, self.device)
+        return ids, attention, positions + host_to_device(begins, torch.long, self.device)[:, None]
 
     def block_lengths(
         self, rows: Sequence[DecodeRow], members: Sequence[int]

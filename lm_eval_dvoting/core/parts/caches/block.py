@@ -12,8 +12,7 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_dvoting.core.decoding.kept import LayersInOne, all_layers, stack_kept
-from lm_eval_dvoting.core.decoding.rules import host_to_device
-from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
+from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues
 from lm_eval_dvoting.core.parts.base import BLOCK_CAUSAL, CachePolicy, register
 from lm_eval_dvoting.models.common import PrefixCache as KeyValueCache
 
@@ -62,8 +61,7 @@ def _block_pass(
     sequences = [
         torch.cat([rows[i].prompt, rows[i].tokens])[b:e] for i, b, e in zip(group, begins, ends)
     ]
-    ids, attention, positions = left_pad(sequences, forward.pad_id, forward.device)
-    positions = positions + host_to_device(begins, torch.long, forward.device)[:, None]
+    ids, attention, positions = forward.padded(sequences, begins)
     # `run_pass` never mixes rows that keep something with rows that do not
     fresh = rows[group[0]].kept is None
     cache = KeyValueCache() if fresh else stack_kept([rows[i].kept for i in group], forward.device)

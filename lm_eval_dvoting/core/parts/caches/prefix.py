@@ -15,7 +15,7 @@ import torch
 
 from lm_eval_dvoting.core.decoding.caches import cache_policy
 from lm_eval_dvoting.core.decoding.kept import layers_in_one, stack_kept
-from lm_eval_dvoting.core.decoding.rules import Window, host_to_device
+from lm_eval_dvoting.core.decoding.rules import Window
 from lm_eval_dvoting.core.decoding.state import DecodeRow, KeptKeysValues, left_pad
 from lm_eval_dvoting.core.parts.base import CachePolicy, register
 from lm_eval_dvoting.models.common import PrefixCache as KeyValueCache
@@ -120,10 +120,9 @@ def _reuse(
     policies = [cache_policy(rows[i].cache) for i in reusing]
     ends = [p.query_end(rows[i], starts[i]) for p, i in zip(policies, reusing)]
     sequences = [torch.cat([rows[i].prompt, rows[i].tokens]) for i in reusing]
-    ids, attention, positions = left_pad(
-        [s[b:e] for s, b, e in zip(sequences, begins, ends)], forward.pad_id, forward.device
+    ids, attention, positions = forward.padded(
+        [s[b:e] for s, b, e in zip(sequences, begins, ends)], begins
     )
-    positions = positions + host_to_device(begins, torch.long, forward.device)[:, None]
     if forward.static_steps is not None:  # cached_steps=static|graphs: fixed buffers
         hidden = forward.static_steps.run(kept, ids, attention, positions)
     else:
