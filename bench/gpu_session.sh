@@ -5,7 +5,9 @@
 #   1. `bench static-steps` at LLaDA-8B's full shape in bfloat16 (32 layers), 1 and 16 rows:
 #      cache none / prefix / dual under cached_steps dynamic, static and graphs;
 #   2. the same at 4 layers in float32: every mode's tokens must be dynamic's exactly;
-#   3. `bench fastdllm` (when bench/.fastdllm/ was exported here and carried along): Fast-dLLM's
+#   3. `bench refill` at LLaDA-8B's key/value heads in bfloat16: a refill of the static
+#      buffers (1, 4, 16 rows), its operators and time on the GPU (seconds);
+#   4. `bench fastdllm` (when bench/.fastdllm/ was exported here and carried along): Fast-dLLM's
 #      own LLaDA generate against ours, same weights, same tokens checked.
 # Each part has its own time limit and log; a part that fails does not stop the next.
 #
@@ -65,6 +67,11 @@ part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" --dtyp
 part static_steps_f32 120 "$PY" -m bench static-steps --device "$DEVICE" --dtype float32 \
     --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
     --json "$OUT/static_steps_f32.json" --out "$OUT/static_steps_f32.md"
+if [ "${SMOKE:-0}" = 1 ]; then
+    part refill 60 "$PY" -m bench refill --device cpu --repeats 1
+else
+    part refill 60 "$PY" -m bench refill --device cuda --dtype bfloat16 --real-shape
+fi
 if [ -d bench/.fastdllm ]; then
     part fastdllm 300 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \
         --out "$OUT/fastdllm.md"

@@ -9,6 +9,8 @@ default, runs at every step).
     .venv/bin/python -m bench refill
     # another commit's refill under the same measure:
     git worktree add /tmp/base REV && .venv/bin/python -m bench refill --package /tmp/base
+    # on a lent GPU (bench/gpu_session.sh): LLaDA-8B's 32 key/value heads x 128, bfloat16
+    python3 -m bench refill --device cuda --dtype bfloat16 --real-shape
 
 The kept keys are laid out as the package itself keeps them (every layer in one tensor
 where it has `kept.layers_in_one`, else a copy per layer). Prefixes of 200-305 and suffixes
@@ -33,6 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 from bench.host_reads_bench import import_package_from
 
 CONFIGS = [(1, 2, 8), (16, 2, 8), (1, 8, 64), (4, 8, 64), (16, 8, 64)]  # rows, kv heads, size
+REAL_SHAPE = [(1, 32, 128), (4, 32, 128), (16, 32, 128)]  # LLaDA-8B's key/value heads
 LAYERS, PASS = 32, 32
 VIEWS = {
     *("aten::slice", "aten::select", "aten::as_strided", "aten::view", "aten::unbind"),
@@ -42,7 +45,9 @@ VIEWS = {
 }
 
 
-def kept_rows(rows: int, heads: int, size: int) -> list[Any]:
+def kept_rows(
+    rows: int, heads: int, size: int, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> list[Any]:
     """Each row's kept keys and values, laid out as the package keeps them."""
     from lm_eval_dvoting.core.decoding import kept as kept_module
     from lm_eval_dvoting.core.decoding.state import KeptKeysValues
@@ -51,9 +56,8 @@ def kept_rows(rows: int, heads: int, size: int) -> list[Any]:
     lay_out = getattr(kept_module, "layers_in_one", lambda ts: [t.clone() for t in ts])
 
     def layers(length: int) -> list[torch.Tensor]:
-        return lay_out(
-            [torch.randn(heads, length, size, generator=generator) for _ in range(LAYERS)]
-        )
+        drawn = [torch.randn(heads, length, size, generator=generator) for _ in range(LAYERS)]
+        return lay_out([t.to(device, dtype) for t in drawn])
 
     found = []
     for row in range(rows):
@@ -77,14 +81,21 @@ def operators(fill: Any) -> int:
     return sum(1 for e in top if e.name not in VIEWS)
 
 
-def measure(rows: int, heads: int, size: int, repeats: int) -> tuple[int, float, int]:
+def measure(
+    rows: int,
+    heads: int,
+    size: int,
+    repeats: int,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[int, float, int]:
     """(operators, median milliseconds) of one refill of a fresh shape's buffers, and the
     operators of one `kept.stack_kept` of the same rows (the dynamic path's per-step stack,
     and the block cache's, LLaDA2)."""
     steps = importlib.import_module("lm_eval_dvoting.core.decoding.static_steps")
     stack_kept = importlib.import_module("lm_eval_dvoting.core.decoding.kept").stack_kept
-    kept = kept_rows(rows, heads, size)
-    ids = torch.zeros((rows, PASS), dtype=torch.long)
+    kept = kept_rows(rows, heads, size, device, dtype)
+    ids = torch.zeros((rows, PASS), dtype=torch.long, device=device)
     width = steps._prefix_width(kept) + PASS + steps._suffix_width(kept)
     shape = steps._allocate(kept, ids, width)
 
@@ -95,21 +106,33 @@ def measure(rows: int, heads: int, size: int, repeats: int) -> tuple[int, float,
     count = operators(fill)
     times = []
     for _ in range(repeats):
+        _synchronize(device)
         start = time.perf_counter()
         fill()
+        _synchronize(device)
         times.append(time.perf_counter() - start)
-    stacked = operators(lambda: stack_kept(kept, torch.device("cpu")))
+    stacked = operators(lambda: stack_kept(kept, torch.device(device)))
     return count, statistics.median(times) * 1e3, stacked
 
 
-def table(repeats: int) -> list[str]:
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def table(
+    repeats: int,
+    configs: list[tuple[int, int, int]] = CONFIGS,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> list[str]:
     lines = [
         f"| rows | kv heads x size | operators per refill ({LAYERS} layers) "
-        f"| ms on this CPU (median of {repeats}) | operators per stack_kept |",
+        f"| ms on {device} (median of {repeats}) | operators per stack_kept |",
         "|---:|---|---:|---:|---:|",
     ]
-    for rows, heads, size in CONFIGS:
-        count, ms, stacked = measure(rows, heads, size, repeats)
+    for rows, heads, size in configs:
+        count, ms, stacked = measure(rows, heads, size, repeats, device, dtype)
         lines.append(f"| {rows} | {heads} x {size} | {count} | {ms:.1f} | {stacked} |")
     return lines
 
@@ -119,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench refill", description=__doc__)
     p.add_argument("--package", help="a checkout whose lm_eval_dvoting to measure (default: this)")
     p.add_argument("--repeats", type=int, default=5, help="timed refills per cell (default 5)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--real-shape", action="store_true", help="LLaDA-8B's 32 kv heads x 128")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here; use --device cpu")
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.package:
@@ -127,5 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     package = importlib.import_module("lm_eval_dvoting")
     print(f"lm_eval_dvoting from {package.__file__.rsplit('/', 2)[0]}")
-    print("\n".join(table(args.repeats)))
+    configs = REAL_SHAPE if args.real_shape else CONFIGS
+    print("\n".join(table(args.repeats, configs, args.device, getattr(torch, args.dtype))))
     return 0
