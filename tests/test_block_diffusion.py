@@ -483,58 +483,49 @@ def test_run_strategy_picks_the_block_cache_unless_a_temporal_vote_needs_every_s
 @pytest.mark.parametrize("settings", [BlockDecoding(), QUALITY], ids=["2.0", "2.1"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_block_diffusion_step_reads_the_host_twice_for_all_rows(
-    model, cache, settings, temperature, monkeypatch
+    model, cache, settings, temperature
 ):
     """LLaDA2's rows plan on the step's snapshot of every row's tokens and commit on the
     device; what a block's outcome depends on (its tokens after the commit, whether it
     edited) is read with the progress read: two reads per step, however many rows, blocks
     finishing and rows stopping at an end token included. (Planted: each row's block read
     on its own after its commit: failed with 8 reads for 6 rows; the quota's fallback chosen
-    on the host, as before: failed.) The model's MoE layers
-    read their experts' token counts, one read per layer and pass (models/moe.py), which is
-    the model's, not the decoder's: counted apart."""
-    from bench.host_reads_bench import HostReads
-    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
-    from lm_eval_dvoting.models.moe import Experts
-
-    moe_layer_passes = []
-    experts = Experts.forward
-    monkeypatch.setattr(Experts, "forward", lambda *a: moe_layer_passes.append(1) or experts(*a))
+    on the host, as before: failed.) The model's MoE layers read their experts' token
+    counts, one read per layer and pass (models/moe.py), which is the model's, not the
+    decoder's: counted apart."""
+    from bench.host_reads_bench import HostReads, MoeLayerPasses
+    from lm_eval_dvoting.core.decoding import RowDecoder
 
     decoder = RowDecoder(model)
     for i, prompt in enumerate(_prompts()):
-        generator = torch.Generator().manual_seed(i)
-        tokens = torch.full((11,), model.mask_token_id)
-        decoder.add(
-            DecodeRow(
-                prompt=torch.tensor(prompt),
-                tokens=tokens,
-                block_length=4,
-                block=settings,
-                cache=cache,
-                temperature=temperature,
-                generator=generator,
-            )
-        )
+        decoder.add(_block_row(model, prompt, i, settings, cache, temperature))
     steps = 0
     while decoder.active:
-        moe_layer_passes.clear()
-        with HostReads() as reads:
+        with MoeLayerPasses() as model_reads, HostReads() as reads:
             decoder.step()
-        assert dict(reads.calls) == {"tolist": 2 + len(moe_layer_passes)}
+        assert dict(reads.calls) == {"tolist": 2 + model_reads.count}
         steps += 1
     assert steps > 3
 
 
-def _block_row(model, prompt: list[int], seed: int):
+def _block_row(
+    model,
+    prompt: list[int],
+    seed: int,
+    settings: BlockDecoding = QUALITY,
+    cache: str = "none",
+    temperature: float = 0.8,
+):
+    """A row of 11 positions, block 4, with its own generator."""
     from lm_eval_dvoting.core.decoding import DecodeRow
 
     return DecodeRow(
         prompt=torch.tensor(prompt),
         tokens=torch.full((11,), model.mask_token_id),
         block_length=4,
-        block=QUALITY,
-        temperature=0.8,
+        block=settings,
+        cache=cache,
+        temperature=temperature,
         generator=torch.Generator().manual_seed(seed),
     )
 

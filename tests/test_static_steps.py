@@ -189,18 +189,19 @@ class LayoutCheckedSteps(StaticSteps):
         width = shape.cache.mask.shape[1]
         assert torch.equal(shape.cache.mask[:, : mask.shape[1]], mask)
         assert not shape.cache.mask[:, mask.shape[1] :].any()
-        for layer, buffers in enumerate((shape.cache.keys, shape.cache.values)):
-            for k, buffer in enumerate(buffers):
-                stacked = (dynamic.keys, dynamic.values)[layer][k]
-                assert torch.equal(buffer[:, :, :before], stacked)
-                suffix = buffer[:, :, after:]
-                if dynamic.suffix_keys:
-                    kept_suffix = (dynamic.suffix_keys, dynamic.suffix_values)[layer][k]
-                    assert torch.equal(suffix[:, :, : kept_suffix.shape[2]], kept_suffix)
-                    suffix = suffix[:, :, kept_suffix.shape[2] :]
-                assert not suffix.any() and width == after + (
-                    dynamic.suffix_keys[0].shape[2] if dynamic.suffix_keys else 0
-                )
+        kept_suffix_width = dynamic.suffix_keys[0].shape[2] if dynamic.suffix_keys else 0
+        assert width == after + kept_suffix_width
+        for buffers, prefixes, suffixes in (
+            (shape.cache.keys, dynamic.keys, dynamic.suffix_keys),
+            (shape.cache.values, dynamic.values, dynamic.suffix_values),
+        ):
+            for layer, buffer in enumerate(buffers):
+                assert torch.equal(buffer[:, :, :before], prefixes[layer])
+                if suffixes:
+                    assert torch.equal(
+                        buffer[:, :, after : after + kept_suffix_width], suffixes[layer]
+                    )
+                assert not buffer[:, :, after + kept_suffix_width :].any()
         return found
 
 

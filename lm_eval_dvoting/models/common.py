@@ -192,8 +192,8 @@ def block_causal_bias(
     position is its count of real keys before it), so blocks are aligned at the row's
     first real token whatever its padding or cached prefix, as upstream aligns them."""
     key_positions = key_mask.long().cumsum(-1) - 1
-    # a caller's host tensor moves; the decoder's is on the device already (there `.to` would
-    # return it as it is: skipped all the same, so that no copy is ever asked for per pass)
+    # a caller's host tensor moves; the decoder's is on the device already, where `.to` is
+    # free but would count as a copy to the host-reads counter, which sees only the CPU
     if block_lengths.device != key_mask.device:
         block_lengths = block_lengths.to(key_mask.device)
     blocks = block_lengths.long()[:, None]

@@ -92,6 +92,11 @@ class BlockWork(ScheduledWork):
     tokens: list[int] = field(default_factory=list)  # the row's tokens at the step's start
     masked: list[bool] = field(default_factory=list)  # which `wanted` positions were masks
 
+    @property
+    def started_without_masks(self) -> bool:
+        """A post-fill step (LLaDA2.1): the block held no mask when the step began."""
+        return not any(self.masked)
+
 
 class BlockThreshold:
     """LLaDA2.0's threshold decoding and LLaDA2.1's joint threshold decoding (module docstring).
@@ -140,7 +145,7 @@ class BlockThreshold:
             edited = self._write(work)
             row = work.row
             row.progress.step_in_block += 1
-            row.progress.post += not any(work.masked)
+            row.progress.post += work.started_without_masks
             block = row.tokens[work.start : work.start + row.block_length]
             self.unsettled[row] = (work, torch.cat([block, edited.to(block.dtype)[None]]))
         return []
@@ -169,8 +174,8 @@ class BlockThreshold:
         return edit.any()
 
     def facts_to_read(self) -> list[tuple[DecodeRow, torch.Tensor]]:
-        """Each row committed since the last call, with what its settling needs read: its
-        block's tokens after the commit, then 1 if it edited a token, else 0."""
+        """Each row of the last commit not settled yet, with what its settling needs read:
+        its block's tokens after the commit, then 1 if it edited a token, else 0."""
         return [(row, fact) for row, (_, fact) in self.unsettled.items()]
 
     def settle(self, row: DecodeRow, facts: list[int]) -> None:
@@ -180,8 +185,7 @@ class BlockThreshold:
         work, _ = self.unsettled.pop(row)
         after = work.start + row.block_length
         tokens = work.tokens[: work.start] + facts[:-1] + work.tokens[after:]
-        started_without_masks = not any(work.masked)
-        if self._block_done(row, tokens, started_without_masks, bool(facts[-1])):
+        if self._block_done(row, tokens, work.started_without_masks, bool(facts[-1])):
             self._finish_block(row, tokens, work.start)
 
     def _candidates(
@@ -257,10 +261,11 @@ class BlockThreshold:
         """Point the row at the first block at or after index `after` that holds a mask (none:
         done), unless the answer before that block already ends (then fill and stop)."""
         row.progress.step_in_block, row.progress.post = 0, 0
-        if self.mask_id not in tokens[after:]:
+        try:
+            block = tokens.index(self.mask_id, after) // row.block_length
+        except ValueError:  # no mask left
             row.progress.block = row.num_blocks
             return
-        block = tokens.index(self.mask_id, after) // row.block_length
         row.progress.block = block
         start = block * row.block_length
         if start > row.lead and self._first_end(tokens, row.lead, start) is not None:
