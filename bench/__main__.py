@@ -26,6 +26,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.refill_bench",
         "operators (kernel launches on a GPU) and CPU time of one refill of the static buffers",
     ),
+    "experts": (
+        "bench.experts_bench",
+        "a MoE layer's routed experts: grouped GEMMs against the loop over experts",
+    ),
     "fastdllm": (
         "bench.fastdllm_bench",
         "Fast-dLLM's own LLaDA generate against ours: same model, tokens and times (issue #43)",

@@ -2,7 +2,8 @@
 
 A suite (`python -m bench SUITE`, listed in `bench/__main__.py`) parses its own sizes and
 builds its parser from the flags here (`--out`, `--json`, `--quick`, `--threads`,
-`--report-only`), so that a flag means the same in every suite; records the machine it ran
+`--report-only`; `--repeats`, `--device`, `--dtype` for the suites that also run on a GPU), so
+that a flag means the same in every suite; records the machine it ran
 on with `run_facts` (or `machine_description` alone); saves its raw numbers with `save_json`
 under `RESULTS` (bench/results/) unless `--json` says otherwise; and writes its own part of
 BENCHMARKS.md between two marker lines with `write_section`, leaving the rest of the file as
@@ -12,11 +13,14 @@ it is.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import platform
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +71,58 @@ def add_threads_flag(p: argparse.ArgumentParser, default: int = 1) -> None:
         default=default,
         help="torch intra-op threads (1: the CPU is shared)",
     )
+
+
+def add_device_flags(p: argparse.ArgumentParser, repeats_help: str) -> None:
+    """`--package`, `--repeats` (5), `--device cpu|cuda` and `--dtype float32|bfloat16`: the
+    flags of a suite that also runs on a lent GPU (`parse_device_args` reads them)."""
+    p.add_argument("--package", help="a checkout whose lm_eval_dvoting to measure (default: this)")
+    p.add_argument("--repeats", type=int, default=5, help=f"{repeats_help} (default 5)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
+
+def check_device_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (`p.error`) `--device cuda` without a CUDA device and `--repeats` below 1."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here; use --device cpu")
+    if args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
+
+
+def parse_device_args(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed by `p` (built with `add_device_flags`), what cannot run refused
+    (`check_device_flags`), and `--package`'s lm_eval_dvoting loaded when given (the folder
+    measured is printed)."""
+    args = p.parse_args(argv)
+    check_device_flags(p, args)
+    if args.package:
+        import_package_from(args.package)
+    package = importlib.import_module("lm_eval_dvoting")
+    print(f"lm_eval_dvoting from {package.__file__.rsplit('/', 2)[0]}")
+    return args
+
+
+def import_package_from(folder: str) -> None:
+    """Make `import lm_eval_dvoting` (and its submodules, found through its `__path__`) load
+    the package in `folder` (another commit's checkout), whatever was imported before."""
+    package = Path(folder).resolve() / "lm_eval_dvoting"
+    if not (package / "__init__.py").exists():
+        raise SystemExit(f"--package {folder}: no lm_eval_dvoting/ package there")
+    for name in [name for name in sys.modules if name.split(".")[0] == "lm_eval_dvoting"]:
+        del sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        "lm_eval_dvoting", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["lm_eval_dvoting"] = module
+    spec.loader.exec_module(module)
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (a timer's edge on a GPU; nothing on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def add_real_shape_arguments(

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Issue #43's GPU cells in one run, for a lent GPU machine (about 7 minutes on an H100):
-#   0. tests/test_static_steps_gpu.py (`pytest -m gpu`): real CUDA graphs against the eager
-#      paths on the official-tiny fixtures, token for token and pass for pass;
+#   0. tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`): real CUDA
+#      graphs against the eager paths on the official-tiny fixtures, token for token and pass
+#      for pass; the MoE layers' grouped GEMMs against their loop over experts;
 #   1. `bench static-steps` at LLaDA-8B's full shape in bfloat16 (32 layers), 1 and 16 rows:
 #      cache none / prefix / dual under cached_steps dynamic, static and graphs;
 #   2. the same at 4 layers in float32: every mode's tokens must be dynamic's exactly;
 #   3. `bench refill` at LLaDA-8B's key/value heads in bfloat16: a refill of the static
 #      buffers (1, 4, 16 rows), its operators and time on the GPU (seconds);
-#   4. `bench fastdllm` (when bench/.fastdllm/ was exported here and carried along): Fast-dLLM's
+#   4. `bench experts` in bfloat16: a LLaDA2.0-mini MoE layer's experts, grouped GEMMs against
+#      the loop over experts (operators, host reads, time; seconds);
+#   5. `bench fastdllm` (when bench/.fastdllm/ was exported here and carried along): Fast-dLLM's
 #      own LLaDA generate against ours, same weights, same tokens checked.
 # Each part has its own time limit and log; a part that fails does not stop the next.
 #
@@ -59,7 +62,7 @@ if [ "${PART:-all}" = fastdllm16 ]; then  # the second call: nothing else
 fi
 if [ "${SMOKE:-0}" != 1 ]; then  # on the CPU its tests only skip
     part gpu_tests 150 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
-        tests/test_static_steps_gpu.py
+        tests/test_static_steps_gpu.py tests/test_moe_gpu.py
 fi
 part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
     --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" --warm-up "$WARM" \
@@ -71,6 +74,11 @@ if [ "${SMOKE:-0}" = 1 ]; then
     part refill 60 "$PY" -m bench refill --device cpu --repeats 1
 else
     part refill 60 "$PY" -m bench refill --device cuda --dtype bfloat16 --real-shape
+fi
+if [ "${SMOKE:-0}" = 1 ]; then
+    part experts 60 "$PY" -m bench experts --quick --repeats 1
+else
+    part experts 60 "$PY" -m bench experts --device cuda --dtype bfloat16
 fi
 if [ -d bench/.fastdllm ]; then
     part fastdllm 300 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \

@@ -11,17 +11,18 @@ first; temperature 0 and 0.7).
 What it counts (`HostReads`, which tests/test_batched_rules.py pins with): the calls that copy
 a tensor's values to the host (`tolist`, `item`, `bool`/`int`/`float`/`index`, `nonzero`,
 `cpu`, `numpy`, boolean-mask indexing) and the blocking copies of host data to the device
-(`tensor(..., device=)`, `.to(device)` of a host tensor without `non_blocking`). The MoE
-layers' own read of their experts' token counts (one per layer and pass, the model's, not
-the decoder's) is left out. What it does not count: the time a wait costs, which on a
-GPU depends on what is queued before it (no GPU here).
+(`tensor(..., device=)`, `.to(device)` of a host tensor without `non_blocking`), the model's
+included: LLaDA2's MoE layers read nothing on the CPU (their grouped GEMMs, models/moe.py).
+Packages before that change read their experts' token counts once per MoE layer and pass,
+which `--package` then counts in the block-diffusion rows (the tables of docs/PERFORMANCE.md
+left those reads out). What it does not count: the time a wait costs, which on a GPU depends
+on what is queued before it (no GPU here).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import importlib.util
 import statistics
 import sys
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from bench import common
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "official-tiny"
 RULES: dict[str, dict[str, Any]] = {
@@ -125,32 +128,10 @@ def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: fl
     decoder.step()
     counts = []
     while decoder.active:
-        with MoeLayerPasses() as model_reads, HostReads() as reads:
+        with HostReads() as reads:
             decoder.step()
-        counts.append(sum(reads.calls.values()) - model_reads.count)
+        counts.append(sum(reads.calls.values()))
     return counts
-
-
-class MoeLayerPasses:
-    """Counts the MoE layers' passes (`models/moe.py`'s `Experts.forward`), each of which
-    reads its experts' token counts once: the model's reads, not the decoder's."""
-
-    def __enter__(self) -> "MoeLayerPasses":
-        from lm_eval_dvoting.models.moe import Experts
-
-        self.count, self._forward = 0, Experts.forward
-
-        def counted(experts: Any, *args: Any) -> Any:
-            self.count += 1
-            return self._forward(experts, *args)
-
-        Experts.forward = counted
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        from lm_eval_dvoting.models.moe import Experts
-
-        Experts.forward = self._forward
 
 
 def table(models: dict[str, Any]) -> list[str]:
@@ -168,29 +149,13 @@ def table(models: dict[str, Any]) -> list[str]:
     return lines
 
 
-def import_package_from(folder: str) -> None:
-    """Make `import lm_eval_dvoting` (and its submodules, found through its `__path__`) load
-    the package in `folder` (another commit's checkout), whatever was imported before."""
-    package = Path(folder).resolve() / "lm_eval_dvoting"
-    if not (package / "__init__.py").exists():
-        raise SystemExit(f"--package {folder}: no lm_eval_dvoting/ package there")
-    for name in [name for name in sys.modules if name.split(".")[0] == "lm_eval_dvoting"]:
-        del sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        "lm_eval_dvoting", package / "__init__.py", submodule_search_locations=[str(package)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["lm_eval_dvoting"] = module
-    spec.loader.exec_module(module)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m bench host-reads", description=__doc__)
     p.add_argument("--package", help="a checkout whose lm_eval_dvoting to count (default: this)")
     args = p.parse_args(argv)
     if args.package:
-        import_package_from(args.package)
+        common.import_package_from(args.package)
     from lm_eval_dvoting.models.loading import load_model
 
     torch.set_num_threads(1)

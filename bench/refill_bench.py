@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench.host_reads_bench import import_package_from
+from bench import common
 
 CONFIGS = [(1, 2, 8), (16, 2, 8), (1, 8, 64), (4, 8, 64), (16, 8, 64)]  # rows, kv heads, size
 REAL_SHAPE = [(1, 32, 128), (4, 32, 128), (16, 32, 128)]  # LLaDA-8B's key/value heads
@@ -106,18 +106,13 @@ def measure(
     count = operators(fill)
     times = []
     for _ in range(repeats):
-        _synchronize(device)
+        common.synchronize(device)
         start = time.perf_counter()
         fill()
-        _synchronize(device)
+        common.synchronize(device)
         times.append(time.perf_counter() - start)
     stacked = operators(lambda: stack_kept(kept, torch.device(device)))
     return count, statistics.median(times) * 1e3, stacked
-
-
-def _synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def table(
@@ -140,21 +135,10 @@ def table(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m bench refill", description=__doc__)
-    p.add_argument("--package", help="a checkout whose lm_eval_dvoting to measure (default: this)")
-    p.add_argument("--repeats", type=int, default=5, help="timed refills per cell (default 5)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    common.add_device_flags(p, "timed refills per cell")
     p.add_argument("--real-shape", action="store_true", help="LLaDA-8B's 32 kv heads x 128")
-    args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device here; use --device cpu")
-    if args.repeats < 1:
-        p.error(f"--repeats must be at least 1, got {args.repeats}")
-    if args.package:
-        import_package_from(args.package)
+    args = common.parse_device_args(p, argv)
     torch.set_num_threads(1)
-    package = importlib.import_module("lm_eval_dvoting")
-    print(f"lm_eval_dvoting from {package.__file__.rsplit('/', 2)[0]}")
     configs = REAL_SHAPE if args.real_shape else CONFIGS
     print("\n".join(table(args.repeats, configs, args.device, getattr(torch, args.dtype))))
     return 0

@@ -329,3 +329,15 @@ def test_target_modules_that_match_some_module_are_accepted(targets, tmp_path):
     model = load_model(OFFICIAL / "llada", device="cpu", dtype="float32")
     adapters.attach(model, adapters.read_adapter(folder))
     assert len(adapters.lora_layers(model)) == 2  # q_proj of both blocks, as saved
+
+
+def test_a_lora_on_a_routed_expert_is_refused_as_such(tmp_path):
+    """The routed experts' weights are stacked (models/moe.py), so an adapter made on
+    upstream's per-expert modules cannot attach there: refused, saying why."""
+    folder, _ = peft_adapter(OFFICIAL / "llada2", tmp_path / "a", ["gate_proj"])
+    expert = "base_model.model.model.layers.1.mlp.experts.3.gate_proj"
+    _edit_weights(folder, lambda w: w | {f"{expert}.lora_A.weight": torch.zeros(4, 64)})
+    _edit_weights(folder, lambda w: w | {f"{expert}.lora_B.weight": torch.zeros(32, 4)})
+    model = load_model(OFFICIAL / "llada2", device="cpu", dtype="float32")
+    with pytest.raises(AdapterError, match=r"experts\.3\.gate_proj: a routed expert's projection"):
+        adapters.check_fits(model, adapters.read_adapter(folder))

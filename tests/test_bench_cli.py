@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import common, report, run
 from bench.__main__ import SUITES
@@ -128,3 +129,42 @@ def test_refill_counts_the_operators_of_one_refill_and_refuses_bad_repeats(capsy
     with pytest.raises(SystemExit):
         refill_bench.main(["--repeats", "0"])
     assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_experts_counts_a_fixed_number_of_operators_and_no_read_for_the_grouped_gemms(capsys):
+    """The grouped GEMMs run the same operators however many experts are hit and read
+    nothing on the host; the loop over experts runs a few per expert hit and reads the counts
+    once; both give the same bits on the CPU. (Planted: the counts read in the grouped path:
+    failed with 1 read.)"""
+    from bench import experts_bench
+
+    experts = experts_bench.random_experts(experts_bench.QUICK, "cpu", torch.float32)
+    few = experts_bench.step_input(experts_bench.QUICK, 2, "cpu", torch.float32)
+    many = experts_bench.step_input(experts_bench.QUICK, 40, "cpu", torch.float32)
+    cells = [experts_bench.measure(experts, inputs, 1, "cpu") for inputs in (few, many)]
+    assert cells[0]["hit"] < cells[1]["hit"] == experts_bench.QUICK["experts"]
+    assert cells[0]["operators"]["grouped"] == cells[1]["operators"]["grouped"]
+    assert cells[1]["operators"]["loop"] > cells[0]["operators"]["loop"] + 5
+    assert all(c["reads"] == {"grouped": 0, "loop": 1} and c["gap"] == 0 for c in cells)
+    assert experts_bench.main(["--quick", "--repeats", "1"]) == 0
+    assert "| 16 x 32 | 8 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        experts_bench.main(["--repeats", "0"])
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_experts_measures_an_older_package_by_its_loop_alone(monkeypatch):
+    """`--package` of a commit before the grouped GEMMs (no `grouped_applies`): the cell
+    holds its loop's figures only, and the table leaves the grouped columns empty."""
+    from types import SimpleNamespace
+
+    import lm_eval_dvoting.models
+    from bench import experts_bench
+
+    experts = experts_bench.random_experts(experts_bench.QUICK, "cpu", torch.float32)
+    inputs = experts_bench.step_input(experts_bench.QUICK, 4, "cpu", torch.float32)
+    monkeypatch.setattr(lm_eval_dvoting.models, "moe", SimpleNamespace())  # as found before
+    cell = experts_bench.measure(experts, inputs, 1, "cpu")
+    assert set(cell["ms"]) == {"loop"} and "gap" not in cell
+    row = experts_bench.table({(1, 4): cell}, "cpu", 1)[-1]
+    assert row.startswith(f"| 1 x 4 | {cell['hit']} | - / {cell['operators']['loop']} | - / ")

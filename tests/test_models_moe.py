@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from lm_eval_dvoting.models.loading import CheckpointError, load_model
@@ -86,17 +88,137 @@ def test_llada2_block_causal_padded_row_matches_the_row_alone(llada2_fixture: Pa
     assert _gap(padded[1, 3:], alone[0]) < TOLERANCE
 
 
-def test_experts_run_batched_equal_a_loop_over_tokens():
+def _experts(count: int, width: int, hidden: int, dtype: torch.dtype = torch.float32) -> Experts:
     torch.manual_seed(0)
-    experts = Experts(5, 8, 6)
+    experts = Experts(count, width, hidden).to(dtype)
+    for weight in experts.parameters():
+        nn.init.normal_(weight, std=0.5)
+    return experts
+
+
+def _routing(tokens: int, experts: int, k: int, seed: int = 1):
+    """Random (chosen, weights) with k different experts per token, in no sorted order."""
+    g = torch.Generator().manual_seed(seed)
+    chosen = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(tokens)])
+    return chosen, torch.rand(tokens, k, generator=g)
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "loop"])
+def test_experts_run_batched_equal_a_loop_over_tokens(monkeypatch, grouped: bool):
+    """Both ways of running the experts (grouped GEMMs, the loop over experts) give each
+    token the weighted sum of its experts, each expert's SwiGLU written out by hand."""
+    from lm_eval_dvoting.models import moe
+
+    experts = _experts(5, 8, 4)  # widths of 16 bytes: the grouped GEMMs apply on the CPU
+    assert moe.grouped_applies(torch.zeros(1, 8), experts.gate_proj)
+    if not grouped:
+        monkeypatch.setattr(moe, "grouped_applies", lambda x, weight: False)
     x = torch.randn(11, 8)
-    chosen = torch.randint(0, 5, (11, 2))
-    chosen[:, 1] = (chosen[:, 0] + 1) % 5  # two different experts per token
-    weights = torch.rand(11, 2)
+    chosen, weights = _routing(11, 5, 2)
+
+    def swiglu(e: int, v: torch.Tensor) -> torch.Tensor:
+        gate, up = experts.gate_proj[e] @ v, experts.up_proj[e] @ v
+        return experts.down_proj[e] @ (F.silu(gate) * up)
+
     slow = torch.stack(
-        [sum(weights[t, j] * experts[int(chosen[t, j])](x[t]) for j in range(2)) for t in range(11)]
+        [sum(weights[t, j] * swiglu(int(chosen[t, j]), x[t]) for j in range(2)) for t in range(11)]
     )
     assert _gap(experts(x, chosen, weights), slow) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_grouped_experts_equal_the_loop_bit_for_bit_on_the_cpu(monkeypatch, dtype):
+    """The grouped GEMMs and the loop over experts (what CUDA runs outside bfloat16 on
+    compute capability 9/10) give the same bits on the CPU, every expert hit or not."""
+    from lm_eval_dvoting.models import moe
+
+    experts = _experts(16, 64, 32, dtype)
+    x = torch.randn(40, 64).to(dtype)
+    chosen, weights = _routing(40, 12, 4)  # experts 12-15 receive nothing
+    grouped = experts(x, chosen, weights)
+    monkeypatch.setattr(moe, "grouped_applies", lambda x, weight: False)
+    assert torch.equal(grouped, experts(x, chosen, weights))
+
+
+def test_a_tokens_experts_are_added_in_ascending_order(monkeypatch):
+    """A token's weighted expert outputs are added in float32 from its lowest expert up,
+    whatever order the router gave them in (no atomics: the same order on every device).
+    Expert outputs 1, 1e8, -1e8 (experts 0, 1, 2) sum to 0 that way, to 1 from expert 1."""
+    experts = _experts(3, 8, 4)
+    outputs = torch.tensor([1.0, 1e8, -1e8])
+
+    def run(x: torch.Tensor, routing) -> torch.Tensor:
+        expert_of = torch.searchsorted(routing.ends, torch.arange(len(x)), right=True)
+        return outputs[expert_of, None].expand(-1, x.shape[-1]).contiguous()
+
+    monkeypatch.setattr(Experts, "run", staticmethod(run))
+    chosen = torch.tensor([[1, 2, 0], [0, 1, 2], [2, 0, 1]])
+    out = experts(torch.zeros(3, 8), chosen, torch.ones(3, 3))
+    assert torch.equal(out, torch.zeros(3, 8))
+    assert (outputs[1] + outputs[2]) + outputs[0] == 1  # the order matters for these
+
+
+def test_grouped_experts_read_nothing_on_the_host_and_the_loop_reads_once(monkeypatch):
+    """The grouped GEMMs take the experts' bounds on the device: a MoE layer's pass waits
+    for nothing (on a GPU); the loop over experts reads the counts once."""
+    from bench.host_reads_bench import HostReads
+    from lm_eval_dvoting.models import moe
+
+    experts = _experts(8, 16, 8)
+    x = torch.randn(6, 16)
+    chosen, weights = _routing(6, 8, 2)
+    with HostReads() as reads:
+        experts(x, chosen, weights)
+    assert dict(reads.calls) == {}
+    monkeypatch.setattr(moe, "grouped_applies", lambda x, weight: False)
+    with HostReads() as reads:
+        experts(x, chosen, weights)
+    assert dict(reads.calls) == {"tolist": 1}
+
+
+def test_grouped_gemms_apply_where_the_widths_are_16_bytes():
+    from lm_eval_dvoting.models.moe import grouped_applies
+
+    assert grouped_applies(torch.zeros(1, 8), torch.zeros(2, 4, 8))  # 16 and 32 bytes
+    assert not grouped_applies(torch.zeros(1, 6), torch.zeros(2, 4, 6))  # 24 bytes
+    assert grouped_applies(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(2, 8, 8))
+    assert not grouped_applies(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(2, 4, 8))
+    assert not grouped_applies(torch.zeros(1, 8, device="meta"), torch.zeros(2, 4, 8))
+
+
+def test_the_model_stacks_the_experts_a_checkpoint_names_one_by_one(llada2_fixture: Path):
+    model = _load(str(llada2_fixture))
+    stored = load_file(str(llada2_fixture / "model.safetensors"))
+    layer = next(n for n in stored if ".experts.1.up_proj." in n).split(".experts.")[0]
+    experts = model.get_submodule(f"{layer}.experts")
+    assert f"{layer}.experts.up_proj" in model.state_dict()
+    for e in range(len(experts)):
+        assert torch.equal(experts.up_proj[e], stored[f"{layer}.experts.{e}.up_proj.weight"])
+
+
+def test_a_file_of_the_models_own_state_dict_loads_too(llada2_fixture: Path, tmp_path: Path):
+    """A checkpoint written from this package's `state_dict()` holds the experts stacked:
+    it loads as the official per-expert layout does, to the same weights."""
+    model = _load(str(llada2_fixture))
+    folder = _copy(llada2_fixture, tmp_path)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / "model.safetensors"))
+    again = load_model(folder, device="cpu", dtype="float32")
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in state.items())
+
+
+def test_a_missing_or_misshapen_expert_is_named(llada2_fixture: Path, tmp_path: Path):
+    folder = _copy(llada2_fixture, tmp_path)
+    stored = load_file(str(llada2_fixture / "model.safetensors"))
+    name = next(n for n in stored if ".experts.3.down_proj." in n)
+    save_file({k: v for k, v in stored.items() if k != name}, str(folder / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=rf"(?s)missing \['{re.escape(name)}'\]"):
+        load_model(folder, device="cpu")
+    save_file(
+        {**stored, name: stored[name][:, :-1].contiguous()}, str(folder / "model.safetensors")
+    )
+    with pytest.raises(CheckpointError, match=rf"{re.escape(name)} has shape \(64, 31\)"):
+        load_model(folder, device="cpu")
 
 
 def _copy(folder: Path, tmp_path: Path) -> Path:

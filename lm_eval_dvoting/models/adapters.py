@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import torch
 
 from lm_eval_dvoting.models.loading import CheckpointError
+from lm_eval_dvoting.models.moe import Experts
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # adapters shipped with the package: the demo's RFG policy (demo/train_adapter.py)
@@ -233,8 +234,7 @@ def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
     for name, (lora_a, lora_b) in adapter.weights.items():
         module = modules.get(name)
         if not isinstance(module, torch.nn.Linear):
-            kind = "no such module" if module is None else type(module).__name__
-            problems.append(f"{name}: {kind} in the model")
+            problems.append(f"{name}: {_what_is_there(modules, name, module)} in the model")
             continue
         want_a, want_b = (rank, module.in_features), (module.out_features, rank)
         if tuple(lora_a.shape) != want_a or tuple(lora_b.shape) != want_b:
@@ -250,6 +250,18 @@ def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
             f"peft={adapter.source}: the adapter does not fit this model ({type(model).__name__}): "
             f"{shown}. Use an adapter trained on this checkpoint's architecture"
         )
+
+
+def _what_is_there(modules: dict[str, Any], name: str, module: Any) -> str:
+    """What an adapted module's name finds in the model when it is no linear layer."""
+    if module is not None:
+        return type(module).__name__
+    if isinstance(modules.get(name.rsplit(".", 2)[0]), Experts):  # "...experts.3.gate_proj"
+        return (
+            "a routed expert's projection, stacked with the other experts' (models/moe.py: a "
+            "LoRA on routed experts is not supported)"
+        )
+    return "no such module"
 
 
 def attach(model: torch.nn.Module, adapter: Adapter) -> None:

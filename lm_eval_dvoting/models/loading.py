@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from lm_eval_dvoting.models import placement
+from lm_eval_dvoting.models import moe, placement
 from lm_eval_dvoting.models.families import (
     FAMILIES,
     Family,
@@ -582,8 +582,17 @@ def _read_state(
 
 def _fill(model: nn.Module, state: dict[str, torch.Tensor], misfit: str) -> None:
     """Assign `state` to the meta-device `model` (eval mode, no gradients), refused with
-    `misfit` and the names when its tensors are not exactly the model's."""
-    expected = set(model.state_dict())
+    `misfit` and the names when its tensors are not exactly the model's. The experts of a
+    mixture-of-experts layer are named one by one in an official checkpoint and stacked in
+    the model (models/moe.py): names are checked as the checkpoint has them, either way (a
+    file written from this package's `state_dict()` holds them stacked)."""
+    per_expert = {
+        stacked: slices
+        for stacked, slices in moe.checkpoint_names(model).items()
+        if stacked not in state
+    }
+    expected = set(model.state_dict()) - per_expert.keys()
+    expected |= {name for slices in per_expert.values() for name in slices}
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
         raise CheckpointError(
@@ -591,6 +600,10 @@ def _fill(model: nn.Module, state: dict[str, torch.Tensor], misfit: str) -> None
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
+    try:
+        moe.stack_checkpoint(state, per_expert)
+    except ValueError as err:
+        raise CheckpointError(f"{misfit} of this config: {err}") from None
     model.load_state_dict(state, assign=True)
     model.eval().requires_grad_(False)
 
