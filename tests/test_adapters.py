@@ -341,3 +341,24 @@ def test_a_lora_on_a_routed_expert_is_refused_as_such(tmp_path):
     model = load_model(OFFICIAL / "llada2", device="cpu", dtype="float32")
     with pytest.raises(AdapterError, match=r"experts\.3\.gate_proj: a routed expert's projection"):
         adapters.check_fits(model, adapters.read_adapter(folder))
+
+
+def test_an_adapter_on_the_experts_alone_is_refused_as_such(tmp_path):
+    """LLaDA-MoE's fixture has an MoE MLP in every layer, so `gate_proj` names only routed
+    experts: the adapter is not taken for another model's, it is refused for what it adapts."""
+    folder, _ = peft_adapter(OFFICIAL / "llada_moe", tmp_path / "a", ["q_proj"])
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(
+        json.dumps(config | {"target_modules": ["gate_proj"]})
+    )
+    expert = "base_model.model.model.layers.0.mlp.experts.1.gate_proj"
+    _edit_weights(
+        folder,
+        lambda w: {
+            f"{expert}.lora_A.weight": torch.zeros(4, 64),
+            f"{expert}.lora_B.weight": torch.zeros(32, 4),
+        },
+    )
+    model = load_model(OFFICIAL / "llada_moe", device="cpu", dtype="float32")
+    with pytest.raises(AdapterError, match=r"experts\.1\.gate_proj: a routed expert's projection"):
+        adapters.attach(model, adapters.read_adapter(folder))

@@ -140,6 +140,64 @@ def test_grouped_experts_equal_the_loop_bit_for_bit_on_the_cpu(monkeypatch, dtyp
     assert torch.equal(grouped, experts(x, chosen, weights))
 
 
+def _index_add_forward(experts: Experts, x, chosen, weights) -> torch.Tensor:
+    """The layer as it ran before the grouped GEMMs (f711f85): the assignments sorted by
+    expert, a loop over the experts that received tokens, `index_add_` of their weighted
+    outputs (on the CPU it adds in index order: each token's experts ascending)."""
+    tokens, k = chosen.shape
+    order = chosen.flatten().argsort(stable=True)
+    counts = torch.bincount(chosen.flatten(), minlength=len(experts)).tolist()
+    token_of, weight_of = order // k, weights.flatten()[order]
+    out = torch.zeros((tokens, x.shape[-1]), dtype=torch.float32)
+    begin = 0
+    for expert, count in enumerate(counts):
+        if count:
+            rows = token_of[begin : begin + count]
+            y = experts.expert(expert, x[rows]).float() * weight_of[begin : begin + count, None]
+            out.index_add_(0, rows, y)
+            begin += count
+    return out.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_layer_gives_the_bits_it_gave_before_the_grouped_gemms(dtype, k):
+    """The same bits as the old loop with `index_add_`, k = 1 included (what keeps the
+    fixtures' decodes as they were). (Planted: the sum in the router's order instead of
+    ascending: failed.)"""
+    experts = _experts(16, 64, 32, dtype)
+    x = torch.randn(40, 64).to(dtype)
+    chosen, weights = _routing(40, 12, k, seed=k)  # experts 12-15 receive nothing
+    with torch.no_grad():
+        assert torch.equal(
+            experts(x, chosen, weights), _index_add_forward(experts, x, chosen, weights)
+        )
+
+
+def test_a_large_pass_runs_in_parts_of_the_tokens(monkeypatch):
+    """Past `ASSIGNMENTS_AT_ONCE` (token, expert) pairs the tokens run in consecutive parts,
+    each token's sum as a whole pass gives it (up to the GEMMs' rounding for other row
+    counts), and an empty pass gives an empty result."""
+    from lm_eval_dvoting.models import moe
+
+    experts = _experts(8, 16, 8)
+    x = torch.randn(23, 16)
+    chosen, weights = _routing(23, 8, 2)
+    whole = experts(x, chosen, weights)
+    calls, route = [], Experts.route
+
+    def counted(self: Experts, chosen: torch.Tensor):
+        calls.append(len(chosen))
+        return route(self, chosen)
+
+    monkeypatch.setattr(moe, "ASSIGNMENTS_AT_ONCE", 10)  # 5 tokens at k = 2
+    monkeypatch.setattr(Experts, "route", counted)
+    parts = experts(x, chosen, weights)
+    assert calls == [5, 5, 5, 5, 3] and _gap(parts, whole) < 1e-5
+    empty = experts(x[:0], chosen[:0], weights[:0])
+    assert empty.shape == (0, 16) and empty.dtype == x.dtype
+
+
 def test_a_tokens_experts_are_added_in_ascending_order(monkeypatch):
     """A token's weighted expert outputs are added in float32 from its lowest expert up,
     whatever order the router gave them in (no atomics: the same order on every device).

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import torch
 
 from lm_eval_dvoting.models.loading import CheckpointError
-from lm_eval_dvoting.models.moe import Experts
+from lm_eval_dvoting.models.moe import Experts, checkpoint_names
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # adapters shipped with the package: the demo's RFG policy (demo/train_adapter.py)
@@ -212,7 +212,10 @@ def check_targets(model: torch.nn.Module, adapter: Adapter) -> None:
             "layers_pattern",
         )
         matching = SimpleNamespace(**{key: adapter.config.get(key) for key in keys})
-        if any(check_target_module_exists(matching, name) for name in modules if name):
+        # the routed experts' projections count as the model's (upstream has a module each;
+        # `check_fits` then refuses a LoRA on them, saying why)
+        routed = [name.removesuffix(".weight") for name in _routed_expert_weights(model)]
+        if any(check_target_module_exists(matching, name) for name in [*modules, *routed] if name):
             return
     leaves = sorted({name.rsplit(".", 1)[-1] for name in linear})
     raise AdapterError(
@@ -250,6 +253,11 @@ def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
             f"peft={adapter.source}: the adapter does not fit this model ({type(model).__name__}): "
             f"{shown}. Use an adapter trained on this checkpoint's architecture"
         )
+
+
+def _routed_expert_weights(model: torch.nn.Module) -> list[str]:
+    """Upstream's names of the routed experts' weights (`...experts.N.gate_proj.weight`)."""
+    return [name for slices in checkpoint_names(model).values() for name in slices]
 
 
 def _what_is_there(modules: dict[str, Any], name: str, module: Any) -> str:

@@ -37,6 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# (token, expert) pairs one grouped pass takes at most: its temporaries (the gathered inputs,
+# the outputs in float32: pairs x width each) stay within ~0.5 GB at LLaDA2's widths
+ASSIGNMENTS_AT_ONCE = 65536
 
 
 class SwiGLU(nn.Module):
@@ -83,17 +86,32 @@ class Experts(nn.Module):
 
         `chosen` (tokens, k) long, `weights` (tokens, k) float32; the weighted sum is
         taken in float32, over each token's experts in ascending order, and returned in x's
-        dtype.
+        dtype. Passes of more than `ASSIGNMENTS_AT_ONCE` (token, expert) pairs run in
+        consecutive parts of the tokens, which bounds the temporaries.
         """
+        part = max(1, ASSIGNMENTS_AT_ONCE // chosen.shape[1])
+        if len(x) <= part:
+            return self._forward(x, chosen, weights)
+        pieces = zip(x.split(part), chosen.split(part), weights.split(part))
+        return torch.cat([self._forward(*piece) for piece in pieces])
+
+    def _forward(
+        self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         tokens, k = chosen.shape
+        if not tokens:
+            return torch.zeros_like(x)
         chosen, by_expert = chosen.sort(dim=1)  # a token's experts ascending: the sum's order
         routing = self.route(chosen)
         y = self.run(x[routing.order // k], routing).float()  # a fresh tensor: written in place
         y.mul_(weights.gather(1, by_expert).flatten()[routing.order, None])
-        per_token = torch.empty_like(y).index_copy_(0, routing.order, y).view(tokens, k, -1)
-        out = per_token[:, 0]  # summed in place: no temporaries of the tokens' size
+        # slot[t, j]: the row of y holding token t's j-th expert (ascending)
+        slot = torch.empty_like(routing.order)
+        slot[routing.order] = torch.arange(len(slot), device=slot.device)
+        slot = slot.view(tokens, k)
+        out = y[slot[:, 0]]
         for j in range(1, k):
-            out += per_token[:, j]
+            out += y[slot[:, j]]
         return out.to(x.dtype)
 
     def route(self, chosen: torch.Tensor) -> Routing:
@@ -128,6 +146,8 @@ def grouped_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Experts.run` runs grouped GEMMs for inputs `x` and stacked `weight` (see the
     module docstring)."""
     aligned = all(size * x.element_size() % 16 == 0 for size in weight.shape[1:])
+    if not hasattr(F, "grouped_mm"):  # an older PyTorch than the 2.13 this package installs
+        return False
     if x.device.type == "cpu":
         return aligned
     if x.device.type == "cuda":
@@ -137,7 +157,8 @@ def grouped_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 @functools.cache
 def _has_grouped_kernel(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] in (9, 10)
+    # NVIDIA only: ROCm reports gfx numbers as the capability (MI300: 9.4)
+    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] in (9, 10)
 
 
 def checkpoint_names(model: nn.Module) -> dict[str, list[str]]:
