@@ -82,20 +82,15 @@ def add_device_flags(p: argparse.ArgumentParser, repeats_help: str) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
 
 
-def check_device_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse (`p.error`) `--device cuda` without a CUDA device and `--repeats` below 1."""
+def parse_device_args(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed by `p` (built with `add_device_flags`), what cannot run refused
+    (`p.error`: `--device cuda` without a CUDA device, `--repeats` below 1), and `--package`'s
+    lm_eval_dvoting loaded when given (the folder measured is printed)."""
+    args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device here; use --device cpu")
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
-
-
-def parse_device_args(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """`argv` parsed by `p` (built with `add_device_flags`), what cannot run refused
-    (`check_device_flags`), and `--package`'s lm_eval_dvoting loaded when given (the folder
-    measured is printed)."""
-    args = p.parse_args(argv)
-    check_device_flags(p, args)
     if args.package:
         import_package_from(args.package)
     package = importlib.import_module("lm_eval_dvoting")
@@ -119,10 +114,15 @@ def import_package_from(folder: str) -> None:
     spec.loader.exec_module(module)
 
 
-def synchronize(device: str) -> None:
-    """Wait for the device's queued work (a timer's edge on a GPU; nothing on the CPU)."""
+def timed(fn: Any, device: str = "cpu") -> float:
+    """Seconds of one call of `fn()`; on a GPU the queued work is waited for at both edges."""
     if device == "cuda":
         torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def add_real_shape_arguments(

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import torch
@@ -43,12 +42,13 @@ CELLS = [(1, 32), (16, 32), (1, 512), (16, 512)]  # rows x tokens of one step's 
 
 
 def random_experts(shape: dict[str, int], device: str, dtype: torch.dtype) -> Any:
+    """The routed experts of one layer, random weights as the moe suite draws them."""
+    from bench.moe_bench import fill_random
     from lm_eval_dvoting.models.moe import Experts
 
     torch.manual_seed(0)
     experts = Experts(shape["experts"], shape["width"], shape["hidden"])
-    for weight in experts.parameters():
-        torch.nn.init.normal_(weight, std=0.02)
+    fill_random(experts)
     return experts.to(device, dtype).requires_grad_(False)
 
 
@@ -82,14 +82,6 @@ def both_ways(experts: Any, call: Callable[[], torch.Tensor]) -> dict[str, Calla
     return {"grouped": call, "loop": looped}
 
 
-def timed(fn: Callable[[], Any], device: str) -> float:
-    common.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    common.synchronize(device)
-    return time.perf_counter() - start
-
-
 def reads(fn: Callable[[], Any]) -> int:
     with HostReads() as counted:
         fn()
@@ -114,7 +106,7 @@ def measure(
     }
     for repeat in range(repeats):
         for name in list(ways)[:: 1 if repeat % 2 == 0 else -1]:
-            cell["ms"][name].append(timed(ways[name], device) * 1e3)
+            cell["ms"][name].append(common.timed(ways[name], device) * 1e3)
     if "grouped" in ways:
         apart = outputs["grouped"].float() - outputs["loop"].float()
         cell["gap"] = apart.abs().max().item()

@@ -83,6 +83,7 @@ from bench.common import (
     omp_prefix,
     run_facts,
     save_json,
+    timed,
     utc_now,
     write_section,
 )
@@ -262,13 +263,6 @@ def step_call(
         return layer(x, rotary, None, cache, 0)
 
     return call
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds of one call."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def moe_parts(mlp: torch.nn.Module, x: torch.Tensor, reverse: bool) -> dict[str, float]:

@@ -26,7 +26,6 @@ import argparse
 import importlib
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -104,13 +103,7 @@ def measure(
 
     fill()
     count = operators(fill)
-    times = []
-    for _ in range(repeats):
-        common.synchronize(device)
-        start = time.perf_counter()
-        fill()
-        common.synchronize(device)
-        times.append(time.perf_counter() - start)
+    times = [common.timed(fill, device) for _ in range(repeats)]
     stacked = operators(lambda: stack_kept(kept, torch.device(device)))
     return count, statistics.median(times) * 1e3, stacked
 

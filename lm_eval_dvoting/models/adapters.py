@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import torch
 
 from lm_eval_dvoting.models.loading import CheckpointError
-from lm_eval_dvoting.models.moe import Experts, checkpoint_names
+from lm_eval_dvoting.models.moe import checkpoint_names
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 # adapters shipped with the package: the demo's RFG policy (demo/train_adapter.py)
@@ -214,8 +214,8 @@ def check_targets(model: torch.nn.Module, adapter: Adapter) -> None:
         matching = SimpleNamespace(**{key: adapter.config.get(key) for key in keys})
         # the routed experts' projections count as the model's (upstream has a module each;
         # `check_fits` then refuses a LoRA on them, saying why)
-        routed = [name.removesuffix(".weight") for name in _routed_expert_weights(model)]
-        if any(check_target_module_exists(matching, name) for name in [*modules, *routed] if name):
+        names = [*modules, *_routed_expert_modules(model)]
+        if any(check_target_module_exists(matching, name) for name in names if name):
             return
     leaves = sorted({name.rsplit(".", 1)[-1] for name in linear})
     raise AdapterError(
@@ -232,12 +232,13 @@ def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
     is a linear layer of `model`, with the shapes the rank says."""
     check_targets(model, adapter)
     modules = dict(model.named_modules())
+    routed = _routed_expert_modules(model)
     rank = int(adapter.config["r"])
     problems = []
     for name, (lora_a, lora_b) in adapter.weights.items():
         module = modules.get(name)
         if not isinstance(module, torch.nn.Linear):
-            problems.append(f"{name}: {_what_is_there(modules, name, module)} in the model")
+            problems.append(f"{name}: {_what_is_there(module, name in routed)} in the model")
             continue
         want_a, want_b = (rank, module.in_features), (module.out_features, rank)
         if tuple(lora_a.shape) != want_a or tuple(lora_b.shape) != want_b:
@@ -255,16 +256,22 @@ def check_fits(model: torch.nn.Module, adapter: Adapter) -> None:
         )
 
 
-def _routed_expert_weights(model: torch.nn.Module) -> list[str]:
-    """Upstream's names of the routed experts' weights (`...experts.N.gate_proj.weight`)."""
-    return [name for slices in checkpoint_names(model).values() for name in slices]
+def _routed_expert_modules(model: torch.nn.Module) -> set[str]:
+    """Upstream's names of the routed experts' projections (`...experts.N.gate_proj`): a
+    module each there, slices of one stacked weight here (models/moe.py)."""
+    return {
+        name.removesuffix(".weight")
+        for slices in checkpoint_names(model).values()
+        for name in slices
+    }
 
 
-def _what_is_there(modules: dict[str, Any], name: str, module: Any) -> str:
-    """What an adapted module's name finds in the model when it is no linear layer."""
+def _what_is_there(module: Any, routed: bool) -> str:
+    """What an adapted module's name finds in the model when it is no linear layer (`routed`:
+    the name is a routed expert's projection)."""
     if module is not None:
         return type(module).__name__
-    if isinstance(modules.get(name.rsplit(".", 2)[0]), Experts):  # "...experts.3.gate_proj"
+    if routed:
         return (
             "a routed expert's projection, stacked with the other experts' (models/moe.py: a "
             "LoRA on routed experts is not supported)"

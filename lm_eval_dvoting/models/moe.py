@@ -38,7 +38,8 @@ from torch import nn
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # (token, expert) pairs one grouped pass takes at most: its temporaries (the gathered inputs,
-# the outputs in float32: pairs x width each) stay within ~0.5 GB at LLaDA2's widths
+# the outputs in float32: pairs x width each) stay within 0.5 GB each at LLaDA2.0-mini's
+# width of 2048 (1 GB at -flash's 4096)
 ASSIGNMENTS_AT_ONCE = 65536
 
 
@@ -145,14 +146,13 @@ class Experts(nn.Module):
 def grouped_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `Experts.run` runs grouped GEMMs for inputs `x` and stacked `weight` (see the
     module docstring)."""
-    aligned = all(size * x.element_size() % 16 == 0 for size in weight.shape[1:])
     if not hasattr(F, "grouped_mm"):  # an older PyTorch than the 2.13 this package installs
         return False
-    if x.device.type == "cpu":
-        return aligned
+    if any(size * x.element_size() % 16 for size in weight.shape[1:]):  # unaligned widths
+        return False
     if x.device.type == "cuda":
-        return aligned and x.dtype == torch.bfloat16 and _has_grouped_kernel(x.device)
-    return False
+        return x.dtype == torch.bfloat16 and _has_grouped_kernel(x.device)
+    return x.device.type == "cpu"
 
 
 @functools.cache
