@@ -20,7 +20,7 @@ SUITES: dict[str, tuple[str, str]] = {
     ),
     "host-reads": (
         "bench.host_reads_bench",
-        "host reads (syncs on a GPU) per decoder step, per commit rule and cache (CPU)",
+        "host reads (syncs on a GPU) and commit operators per decoder step, per rule (CPU)",
     ),
     "refill": (
         "bench.refill_bench",

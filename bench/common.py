@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from lm_eval_dvoting.integration import strict_json
 
@@ -123,6 +124,29 @@ def timed(fn: Any, device: str = "cpu") -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+# operators that launch no kernel: views, and allocations without a fill
+VIEWS = {
+    *("aten::slice", "aten::select", "aten::as_strided", "aten::view", "aten::unbind"),
+    *("aten::transpose", "aten::alias", "aten::expand", "aten::unsqueeze", "aten::detach"),
+    *("aten::lift_fresh", "aten::empty", "aten::empty_strided", "aten::resolve_conj"),
+    "aten::resolve_neg",
+}
+
+
+def operators(call: Any) -> int:
+    """The top-level `aten::` operators `call()` runs, views left out (on a GPU each is a
+    kernel launch, at a few microseconds of host time apiece)."""
+    with profile(activities=[ProfilerActivity.CPU]) as run:
+        call()
+    top = [
+        e
+        for e in run.events()
+        if e.name.startswith("aten::")
+        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    ]
+    return sum(1 for e in top if e.name not in VIEWS)
 
 
 def add_real_shape_arguments(

@@ -33,8 +33,8 @@ from typing import Any, Callable
 import torch
 
 from bench import common
+from bench.common import operators
 from bench.host_reads_bench import HostReads
-from bench.refill_bench import operators
 
 SHAPE = dict(experts=256, width=2048, hidden=512, k=8)  # LLaDA2.0-mini's MoE layers
 QUICK = dict(experts=8, width=64, hidden=32, k=2)

@@ -17,6 +17,10 @@ Packages before that change read their experts' token counts once per MoE layer 
 which `--package` then counts in the block-diffusion rows (the tables of docs/PERFORMANCE.md
 left those reads out). What it does not count: the time a wait costs, which on a GPU depends
 on what is queued before it (no GPU here).
+
+It also counts the operators of each step's commits (`RowDecoder._commit`, every rule's commit
+of every row: the `aten::` operators called at the top level, views left out, each a kernel
+launch on a GPU), which tell a commit batched over the rows from a loop over them.
 """
 
 from __future__ import annotations
@@ -104,8 +108,12 @@ def _in_host_to_device() -> bool:
     return False
 
 
-def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: float) -> list[int]:
-    """The host reads of each step but the first (which may make a schedule's constants)."""
+def per_step(
+    model: Any, rule: dict[str, Any], cache: str, temperature: float
+) -> tuple[list[int], list[int]]:
+    """The host reads of each step but the first (which may make a schedule's constants),
+    and the operators of that step's commits (`RowDecoder._commit`: every rule's commit of
+    every row, views left out; each a kernel launch on a GPU)."""
     from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
     from lm_eval_dvoting.core.decoding.state import BlockDecoding, DreamDecoding
 
@@ -126,27 +134,46 @@ def reads_per_step(model: Any, rule: dict[str, Any], cache: str, temperature: fl
         )
         decoder.add(row)
     decoder.step()
-    counts = []
+    reads, commits = [], []
+    decoder._commit = _counting_operators(decoder._commit, commits)
     while decoder.active:
-        with HostReads() as reads:
+        commits.append(0)
+        with HostReads() as counted:
             decoder.step()
-        counts.append(sum(reads.calls.values()))
-    return counts
+        reads.append(sum(counted.calls.values()))
+    return reads, commits
+
+
+def _counting_operators(commit: Any, counts: list[int]) -> Any:
+    """`commit`, adding the operators of each call to `counts[-1]`."""
+
+    def counted(works: Any) -> Any:
+        returned = []
+        counts[-1] += common.operators(lambda: returned.append(commit(works)))
+        return returned[0]
+
+    return counted
 
 
 def table(models: dict[str, Any]) -> list[str]:
     lines = [
-        "| rule | cache | temperature | reads per step: mean (min-max) |",
-        "|---|---|---:|---|",
+        "| rule | cache | temperature | reads per step: mean (min-max) "
+        "| commit operators per step: mean (min-max) |",
+        "|---|---|---:|---|---|",
     ]
     for name, rule in RULES.items():
         model = models["llada2" if "block" in rule else "llada"]
         for cache in ("none", "block" if "block" in rule else "dual"):
             for temperature in (0.0, 0.7):
-                counts = reads_per_step(model, rule, cache, temperature)
-                spread = f"{statistics.mean(counts):.1f} ({min(counts)}-{max(counts)})"
-                lines.append(f"| {name} | {cache} | {temperature} | {spread} |")
+                reads, commits = per_step(model, rule, cache, temperature)
+                lines.append(
+                    f"| {name} | {cache} | {temperature} | {_spread(reads)} | {_spread(commits)} |"
+                )
     return lines
+
+
+def _spread(counts: list[int]) -> str:
+    return f"{statistics.mean(counts):.1f} ({min(counts)}-{max(counts)})"
 
 
 def main(argv: list[str] | None = None) -> int:

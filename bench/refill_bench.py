@@ -29,19 +29,13 @@ import sys
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from bench import common
+from bench.common import operators
 
 CONFIGS = [(1, 2, 8), (16, 2, 8), (1, 8, 64), (4, 8, 64), (16, 8, 64)]  # rows, kv heads, size
 REAL_SHAPE = [(1, 32, 128), (4, 32, 128), (16, 32, 128)]  # LLaDA-8B's key/value heads
 LAYERS, PASS = 32, 32
-VIEWS = {
-    *("aten::slice", "aten::select", "aten::as_strided", "aten::view", "aten::unbind"),
-    *("aten::transpose", "aten::alias", "aten::expand", "aten::unsqueeze", "aten::detach"),
-    *("aten::lift_fresh", "aten::empty", "aten::empty_strided", "aten::resolve_conj"),
-    "aten::resolve_neg",
-}
 
 
 def kept_rows(
@@ -65,19 +59,6 @@ def kept_rows(
             KeptKeysValues(0, layers(prefix), layers(prefix), layers(suffix), layers(suffix))
         )
     return found
-
-
-def operators(fill: Any) -> int:
-    """The top-level `aten::` operators `fill()` calls, views left out."""
-    with profile(activities=[ProfilerActivity.CPU]) as run:
-        fill()
-    top = [
-        e
-        for e in run.events()
-        if e.name.startswith("aten::")
-        and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-    ]
-    return sum(1 for e in top if e.name not in VIEWS)
 
 
 def measure(

@@ -262,23 +262,146 @@ def test_bad_block_settings_are_named(field, value):
 
 
 def test_the_threshold_is_strict_and_the_quota_falls_back_to_the_most_confident():
+    from lm_eval_dvoting.core.decoding.blocks import unmasked
+
+    masked = torch.tensor([[True, True, True, False]] * 3)
+    confidence = torch.tensor([[0.95, 0.5, 0.96, 0.99]] * 3, dtype=torch.float64)
+    # row 0: threshold 0.95, quota 1; rows 1 and 2: threshold 0.97, quotas 2 and 0
+    threshold = torch.tensor([0.95, 0.97, 0.97], dtype=torch.float64)
+    quota = torch.tensor([1.0, 2.0, 0.0], dtype=torch.float64)
+    assert unmasked(masked, confidence, threshold, quota).tolist() == [
+        [False, False, True, False],  # 0.95 is not above 0.95; 0.99 is no mask
+        [True, False, True, False],  # none above: the quota's two most confident masks
+        [False, False, False, False],  # quota 0 (a block without masks): nothing
+    ]
+
+
+def test_the_quota_fall_back_breaks_ties_to_the_leftmost_mask_row_by_row():
+    from lm_eval_dvoting.core.decoding.blocks import unmasked
+
+    masked = torch.tensor([[False, True, True, True, True], [True, True, True, True, False]])
+    confidence = torch.tensor(
+        [[0.9, 0.2, 0.4, 0.4, 0.4], [0.3, 0.3, 0.1, 0.3, 0.3]], dtype=torch.float64
+    )
+    commit = unmasked(
+        masked, confidence, torch.full((2,), 0.95, dtype=torch.float64), torch.tensor([2.0, 3.0])
+    )
+    assert commit.tolist() == [
+        [False, False, True, True, False],
+        [True, True, False, True, False],
+    ]
+
+
+def test_block_diffusion_commits_every_row_of_a_step_in_one_batch(model, monkeypatch):
+    """The rows of a step commit together: one `unmasked` call for 4 rows (the batch), and
+    the same tokens as each row decoded alone."""
+    from lm_eval_dvoting.core.decoding import blocks
+
+    calls = []
+    real = blocks.unmasked
+    monkeypatch.setattr(blocks, "unmasked", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    prompts = _prompts()[:4]
+    ids, attention, _ = left_pad([torch.tensor(p) for p in prompts], 0, torch.device("cpu"))
+    kwargs = dict(gen_length=11, block_length=4, block=QUALITY, temperature=0.8)
+    seeds = [torch.Generator().manual_seed(row) for row in range(4)]
+    together = generate(model, ids, attention, generator=seeds, **kwargs)
+    assert calls and max(calls) == 4
+    for row, prompt in enumerate(prompts):
+        alone = generate(
+            model, torch.tensor([prompt]), generator=[torch.Generator().manual_seed(row)], **kwargs
+        )
+        assert torch.equal(alone.tokens[0], together.tokens[row])
+
+
+def _row_by_row_commit(self, works) -> None:
+    """The commit as it was, row by row (commit 0fe4e7f), for `BlockThreshold._commit_run`:
+    each row draws `torch.rand((wanted, V))` from its generator, in the rows' order, and
+    takes the quota's fall-back with `topk`."""
+    from lm_eval_dvoting.core.decoding.blocks import block_schedule
+    from lm_eval_dvoting.core.decoding.sampling import filtered
+    from lm_eval_dvoting.core.decoding.state import LLADA2_STEPS, suppress_mask
+
+    for work in works:
+        row, settings = work.row, work.row.block
+        positions, masked = torch.tensor(work.wanted), torch.tensor(work.masked)
+        logits64 = suppress_mask(work.logits, self.mask_id)
+        if row.temperature == 0:
+            chosen, probs = logits64.argmax(-1), torch.softmax(logits64, dim=-1)
+        else:
+            noise = torch.rand(logits64.shape, dtype=torch.float64, generator=row.generator)
+            scaled = filtered(logits64 / row.temperature, row.top_p, row.top_k, top_k_first=True)
+            chosen = (scaled - torch.log(-torch.log(noise))).argmax(-1)
+            probs = torch.softmax(scaled, dim=-1)
+        confidence = probs.gather(-1, chosen[:, None]).squeeze(-1)
+        steps = min(settings.steps or LLADA2_STEPS, row.gen_length - row.lead - row.trail)
+        schedule = block_schedule(row.block_length, steps)
+        step = row.progress.step_in_block
+        quota = (
+            1
+            if settings.editing_threshold is not None
+            else (schedule[step] if step < len(schedule) else 1)
+        )
+        quota = min(quota, sum(work.masked))
+        hot = masked & (confidence > settings.threshold)
+        ranked = confidence.masked_fill(~masked, -float("inf")).topk(quota).indices
+        top = torch.zeros_like(masked).index_fill_(0, ranked, True)
+        commit = torch.where(hot.sum() >= quota, hot, top)
+        current = row.tokens[positions]
+        edit = torch.zeros_like(masked)
+        if settings.editing_threshold is not None:
+            edit = ~masked & (confidence > settings.editing_threshold) & (chosen != current)
+        row.tokens[positions] = torch.where(commit | edit, chosen, current)
+        block = row.tokens[work.start : work.start + row.block_length]
+        self.unsettled[row] = (work, torch.cat([block, edit.any().long()[None]]))
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own-generators", "shared-generator"])
+def test_the_batched_commit_gives_the_row_by_row_commits_tokens(model, monkeypatch, shared):
+    """Every setting, temperatures 0 and 0.8 with and without filters, partly kept answers,
+    both caches: the rows committed in one batch give the tokens and passes of the rows
+    committed one by one (`_row_by_row_commit`), each generator drawn from as before."""
     from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
 
-    masked = torch.tensor([True, True, True, False])
-    confidence = torch.tensor([0.95, 0.5, 0.96, 0.99], dtype=torch.float64)
-    at_threshold = BlockThreshold._unmasked(
-        masked, 3, confidence, BlockDecoding(threshold=0.95), 0, 4, 16
-    )
-    assert at_threshold.tolist() == [False, False, True, False]  # 0.95 is not above 0.95
-    none_above = BlockThreshold._unmasked(
-        masked, 3, confidence, BlockDecoding(threshold=0.97, steps=2), 0, 4, 16
-    )
-    assert none_above.tolist() == [
-        True,
-        False,
-        True,
-        False,
-    ]  # quota 2 (4 over 2 steps): the two most confident masks
+    prompts = _prompts()
+    ids, attention, _ = left_pad([torch.tensor(p) for p in prompts], 0, torch.device("cpu"))
+    kept = torch.full((len(prompts), 11), model.mask_token_id)
+    kept[:, 1], kept[::2, 10] = 17, 5
+    cases = [
+        (settings, temperature, filters, init, cache)
+        for settings in SETTINGS.values()
+        for temperature, filters in ((0.0, (None, None)), (0.8, (None, None)), (0.8, (0.9, 20)))
+        for init, cache in ((None, "none"), (kept, "block"))
+    ]
+    compared, batched = 0, BlockThreshold._commit_run
+    for settings, temperature, (top_p, top_k), init, cache in cases:
+        results = []
+        for commit in (batched, _row_by_row_commit):
+            monkeypatch.setattr(BlockThreshold, "_commit_run", commit)
+            generators = (
+                torch.Generator().manual_seed(3)
+                if shared
+                else [torch.Generator().manual_seed(r) for r in range(len(prompts))]
+            )
+            results.append(
+                generate(
+                    model,
+                    ids,
+                    attention,
+                    gen_length=11,
+                    block_length=4,
+                    block=settings,
+                    cache=cache,
+                    temperature=temperature,
+                    generator=generators,
+                    top_p=top_p,
+                    top_k=top_k,
+                    init_tokens=init,
+                )
+            )
+        assert torch.equal(results[0].tokens, results[1].tokens)
+        assert torch.equal(results[0].nfe, results[1].nfe)
+        compared += int(results[0].nfe.sum())
+    assert compared > 1000  # many steps, not a few
 
 
 @pytest.mark.parametrize("settings", ["threshold", "speed"])

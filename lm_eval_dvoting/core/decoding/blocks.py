@@ -16,7 +16,8 @@ pass (attention bidirectional inside a block, causal across blocks):
   pass, commit the quota's most confident masked positions instead (the block length
   spread evenly over `steps` steps, remainder to the early ones, capped at the masks left;
   `steps` defaults to upstream's 32 whatever the block length, and is capped at the
-  answer's length, as upstream's `min(steps, gen_length)`).
+  answer's length, as upstream's `min(steps, gen_length)`). Ties for the quota go to the
+  leftmost (upstream's `torch.topk` leaves their order unspecified).
   A block is done when no mask is left.
 * LLaDA2.1 (joint threshold, `editing_threshold` set): the same commits with a quota of 1
   (upstream's `num_to_transfer`), and in the same step every *editable* position of the
@@ -29,6 +30,11 @@ pass (attention bidirectional inside a block, causal across blocks):
   tail in the first block) never is, as upstream; nor are the tokens a dVoting sample
   keeps because the earlier samples agree on them (our choice: the agreement is what
   dVoting keeps; upstream has no such tokens).
+
+The rows of a step commit together (`BlockThreshold._commit_run` on a `RowBatch`: one call
+per distribution, not one per row; each row's noise drawn from its own generator in the
+rows' order, of the shape a row alone draws: a row of uniforms per position it asks logits
+for).
 
 Candidates: the argmax at temperature 0 (upstream LLaDA2.0 samples even there, a hub bug
 its authors confirmed: LLADA2_DECODING.md section 1); a float64 Gumbel-max draw from
@@ -54,13 +60,18 @@ from typing import Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.rules import RowWork, ScheduledWork, host_to_device, host_tokens
+from lm_eval_dvoting.core.decoding.rules import (
+    RowBatch,
+    RowWork,
+    ScheduledWork,
+    host_to_device,
+    host_tokens,
+    row_batches,
+)
 from lm_eval_dvoting.core.decoding.sampling import filtered
 from lm_eval_dvoting.core.decoding.state import (
     LLADA2_STEPS,
-    BlockDecoding,
     DecodeRow,
-    suppress_mask,
 )
 
 
@@ -137,41 +148,61 @@ class BlockThreshold:
         return BlockWork(index, row, wanted=wanted, start=start, tokens=tokens, masked=masked)
 
     def commit(self, works: Sequence[BlockWork]) -> list[RowWork]:
-        """Each row's commits and edits, written on the device; the block's outcome is
-        settled after the row batch's progress read (`settle`). (What a step that raised
-        left unsettled is dropped here: one round per step, so nothing else is pending.)"""
+        """Each row's commits and edits, written on the device, all the rows at once (in as
+        few runs as `row_batches` allows); the block's outcome is settled after the row
+        batch's progress read (`settle`). (What a step that raised left unsettled is dropped
+        here: one round per step, so nothing else is pending.)"""
         self.unsettled = {}
+        for run in row_batches(works):
+            self._commit_run(run)
         for work in works:
-            edited = self._write(work)
-            row = work.row
-            row.progress.step_in_block += 1
-            row.progress.post += work.started_without_masks
-            block = row.tokens[work.start : work.start + row.block_length]
-            self.unsettled[row] = (work, torch.cat([block, edited.to(block.dtype)[None]]))
+            work.row.progress.step_in_block += 1
+            work.row.progress.post += work.started_without_masks
         return []
 
-    def _write(self, work: BlockWork) -> torch.Tensor:
-        """The row's commits (and LLaDA2.1's edits) written into its tokens on the device;
-        whether it edited any token (a device bool: no read)."""
-        row, settings = work.row, work.row.block
-        positions = host_to_device(work.wanted, torch.long, row.tokens.device)
-        masked = host_to_device(work.masked, torch.bool, row.tokens.device)
-        chosen, confidence = self._candidates(work.logits, row)
-        unmask = self._unmasked(
-            masked,
-            sum(work.masked),
-            confidence,
-            settings,
-            row.progress.step_in_block,
-            row.block_length,
-            row.gen_length - row.lead - row.trail,
-        )
-        current = row.tokens[positions]
-        edit = torch.zeros_like(masked)
-        if settings.editing_threshold is not None:
-            edit = ~masked & (confidence > settings.editing_threshold) & (chosen != current)
-        row.tokens[positions] = torch.where(unmask | edit, chosen.to(current.dtype), current)
-        return edit.any()
+    def _commit_run(self, works: Sequence[BlockWork]) -> None:
+        """The rows' commits (and LLaDA2.1's edits) on a `RowBatch`: one call per
+        distribution for the candidates, one for the threshold and the quota's fall-back,
+        one write per row; each row's block after the commit, and whether it edited, kept
+        unread for `settle` (`facts_to_read`)."""
+        batch = RowBatch(works, self.mask_id, noise_per_block=False)
+        batch.draw_noise(works)  # each row's noise from its generator, as a row alone draws
+        chosen, confidence = self._candidates(batch)
+        masked, current = _snapshot_at_wanted(batch)
+        threshold, editing_threshold, quota = self._limits(batch)
+        padded = batch.padded(masked, False), batch.padded(confidence, 0.0)
+        commit = unmasked(*padded, threshold, quota).view(-1)[batch.padded_at]
+        edited = torch.zeros(len(batch.works), dtype=torch.long, device=batch.device)
+        if any(work.row.block.editing_threshold is not None for work in batch.works):
+            edit = ~masked & (confidence > editing_threshold[batch.row_of]) & (chosen != current)
+            commit, edited = commit | edit, batch.padded(edit, False).any(1).long()
+        batch.write(torch.where(commit, chosen, current))
+        self._keep_facts(batch.works, edited)
+
+    def _limits(self, batch: RowBatch) -> torch.Tensor:
+        """Per row of the batch (float64, one copy): its threshold, its editing threshold
+        (LLaDA2.0: inf, no edit) and this step's quota (`_quota`)."""
+        works = batch.works
+        editing = [work.row.block.editing_threshold for work in works]
+        return host_to_device(
+            [work.row.block.threshold for work in works]
+            + [math.inf if e is None else e for e in editing]
+            + [float(self._quota(work)) for work in works],
+            torch.float64,
+            batch.device,
+        ).view(3, -1)
+
+    def _keep_facts(self, works: Sequence[BlockWork], edited: torch.Tensor) -> None:
+        """Each row's block after the commit, then 1 if it edited a token, else 0 (`edited`,
+        long, per row): one tensor for the rows, row r's facts a view of it, kept for the
+        progress read."""
+        pieces: list[torch.Tensor] = []
+        for r, work in enumerate(works):
+            pieces += [work.row.tokens[work.start : work.start + work.row.block_length]]
+            pieces += [edited[r : r + 1]]
+        sizes = [a.numel() + b.numel() for a, b in zip(pieces[::2], pieces[1::2])]
+        for work, facts in zip(works, torch.cat(pieces).split(sizes)):
+            self.unsettled[work.row] = (work, facts)
 
     def facts_to_read(self) -> list[tuple[DecodeRow, torch.Tensor]]:
         """Each row of the last commit not settled yet, with what its settling needs read:
@@ -188,51 +219,43 @@ class BlockThreshold:
         if self._block_done(row, tokens, work.started_without_masks, bool(facts[-1])):
             self._finish_block(row, tokens, work.start)
 
-    def _candidates(
-        self, logits: torch.Tensor, row: DecodeRow
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each position's candidate and its confidence (its probability at the row's
-        temperature, under the top-k/top-p filters when given)."""
-        logits64 = suppress_mask(logits, self.mask_id)
-        if row.temperature == 0:
-            chosen = logits64.argmax(-1)
-            probs = torch.softmax(logits64, dim=-1)
-        else:
-            noise = torch.rand(
-                logits64.shape, dtype=torch.float64, device=logits64.device, generator=row.generator
-            )
-            # LLaDA2's upstream sampler: top-k, then top-p, on the tempered logits
-            scaled = filtered(logits64 / row.temperature, row.top_p, row.top_k, top_k_first=True)
-            chosen = (scaled - torch.log(-torch.log(noise))).argmax(-1)
-            probs = torch.softmax(scaled, dim=-1)
-        return chosen, probs.gather(-1, chosen[:, None]).squeeze(-1)
+    @staticmethod
+    def _candidates(batch: RowBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each wanted position's candidate and its confidence (its probability at the row's
+        temperature, under the top-k/top-p filters when given), one call per distribution:
+        the argmax at temperature 0, else a float64 Gumbel-max with the row's noise."""
+        chosen = torch.empty(batch.bounds[-1], dtype=torch.long, device=batch.device)
+        confidence = torch.empty(batch.bounds[-1], dtype=torch.float64, device=batch.device)
+        for (temperature, top_p, top_k), lo, hi in batch.groups:
+            a, b = batch.bounds[lo], batch.bounds[hi]
+            logits64 = batch.logits64[a:b]
+            if a == b:
+                continue
+            if temperature == 0:
+                chosen[a:b] = logits64.argmax(-1)
+                probs = torch.softmax(logits64, dim=-1)
+            else:
+                # LLaDA2's upstream sampler: top-k, then top-p, on the tempered logits
+                scaled = filtered(logits64 / temperature, top_p, top_k, top_k_first=True)
+                chosen[a:b] = (scaled - torch.log(-torch.log(batch.noise_of(a, b)))).argmax(-1)
+                probs = torch.softmax(scaled, dim=-1)
+            confidence[a:b] = probs.gather(-1, chosen[a:b, None]).squeeze(-1)
+        return chosen, confidence
 
     @staticmethod
-    def _unmasked(
-        masked: torch.Tensor,
-        mask_count: int,
-        confidence: torch.Tensor,
-        settings: BlockDecoding,
-        step: int,
-        block_length: int,
-        answer_length: int,
-    ) -> torch.Tensor:
-        """The masked positions to commit (`mask_count` of them are masked): those above the
-        threshold, or, if fewer than the quota are, the quota's most confident (chosen on
-        the device: no read)."""
-        hot = masked & (confidence > settings.threshold)
+    def _quota(work: BlockWork) -> int:
+        """How many masked positions the row commits at least in this step: upstream's
+        per-step quota (LLaDA2.1: 1), capped at the block's masks."""
+        row, settings = work.row, work.row.block
         if settings.editing_threshold is not None:
             quota = 1  # upstream LLaDA2.1's num_to_transfer
         else:
-            steps = min(
-                settings.steps or LLADA2_STEPS, answer_length
-            )  # upstream's min(steps, gen_length)
-            schedule = block_schedule(block_length, steps)
+            answer_length = row.gen_length - row.lead - row.trail
+            steps = min(settings.steps or LLADA2_STEPS, answer_length)  # upstream's min
+            schedule = block_schedule(row.block_length, steps)
+            step = row.progress.step_in_block
             quota = schedule[step] if step < len(schedule) else 1
-        quota = min(quota, mask_count)
-        ranked = confidence.masked_fill(~masked, -math.inf).topk(quota).indices
-        most_confident = torch.zeros_like(masked).index_fill_(0, ranked, True)
-        return torch.where(hot.sum() >= quota, hot, most_confident)
+        return min(quota, sum(work.masked))
 
     def _block_done(
         self, row: DecodeRow, tokens: list[int], started_without_masks: bool, edited: bool
@@ -274,3 +297,30 @@ class BlockThreshold:
     def _first_end(self, tokens: list[int], lo: int, hi: int) -> int | None:
         """The index of the first end token in `tokens[lo:hi]` (None: there is none)."""
         return next((k for k in range(lo, hi) if tokens[k] in self.end_ids), None)
+
+
+def unmasked(
+    masked: torch.Tensor, confidence: torch.Tensor, threshold: torch.Tensor, quota: torch.Tensor
+) -> torch.Tensor:
+    """Which positions commit, per row of a (rows, width) layout (`masked`: which are masks;
+    `confidence`: each candidate's; `threshold`, `quota`: a value per row): the masks whose
+    confidence is strictly above the threshold, or, where fewer than the quota are, the
+    quota's most confident masks (ties to the leftmost: a stable sort), chosen on the
+    device (no read)."""
+    hot = masked & (confidence > threshold[:, None])
+    ranked = torch.sort(
+        confidence.masked_fill(~masked, -math.inf), dim=1, descending=True, stable=True
+    ).indices
+    columns = torch.arange(masked.shape[1], device=masked.device)
+    most_confident = torch.zeros_like(masked).scatter_(1, ranked, columns < quota[:, None])
+    return torch.where((hot.sum(1) >= quota)[:, None], hot, most_confident)
+
+
+def _snapshot_at_wanted(batch: RowBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether each wanted position was a mask, and its token, at the step's start (from
+    the step's snapshot, `BlockWork.tokens`: one copy, no read)."""
+    works = batch.works
+    flags = [m for work in works for m in work.masked]
+    tokens = [work.tokens[p] for work in works for p in work.wanted]
+    both = host_to_device(flags + tokens, torch.long, batch.device).view(2, -1)
+    return both[0].bool(), both[1]

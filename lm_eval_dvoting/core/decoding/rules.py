@@ -172,6 +172,10 @@ class RowBatch:
     The positions' indices travel to the device in one copy; no step reads the device.
     Every operation works along the vocabulary or within a row, so a row's numbers are its
     own alone (to the last bit of a vectorised exp or log, as in the entropy rule's batch).
+
+    A sampled row's noise (`draw_noise`) is a row of uniforms per position of its whole
+    block (LLaDA's rules draw over the block), or, with `noise_per_block=False`, per wanted
+    position only (block diffusion draws over the positions it asks logits for).
     """
 
     def __init__(
@@ -179,6 +183,7 @@ class RowBatch:
         works: Sequence[ScheduledWork],
         mask_id: int,
         key: Callable[[DecodeRow], tuple[Any, ...]] = sampling_key,
+        noise_per_block: bool = True,
     ) -> None:
         groups: dict[tuple[Any, ...], list[ScheduledWork]] = {}
         for work in works:
@@ -189,6 +194,7 @@ class RowBatch:
         self.bounds = [0, *itertools.accumulate(len(work.wanted) for work in self.works)]
         self.sizes = [block_size(work) for work in self.works]
         self.width = max(self.sizes)
+        self.noise_per_block = noise_per_block
         self.device, vocab = works[0].logits.device, works[0].logits.shape[-1]
         stacked = torch.empty((self.bounds[-1], vocab), dtype=torch.float64, device=self.device)
         for work, a, b in zip(self.works, self.bounds, self.bounds[1:]):
@@ -201,11 +207,14 @@ class RowBatch:
     def _sampled_rows(self) -> list[int]:
         return [r for r, work in enumerate(self.works) if work.row.temperature > 0]
 
+    def _noise_size(self, r: int) -> int:
+        """Row r's rows of noise: its block's positions, or its wanted positions."""
+        return self.sizes[r] if self.noise_per_block else len(self.works[r].wanted)
+
     def _lay_out_noise(self) -> dict[int, int]:
-        """Each sampled row's first row in `noise` (its whole block's noise, in `works`
-        order)."""
+        """Each sampled row's first row in `noise` (in `works` order)."""
         sampled = self._sampled_rows()
-        return dict(zip(sampled, begins([self.sizes[r] for r in sampled])))
+        return dict(zip(sampled, begins([self._noise_size(r) for r in sampled])))
 
     def _send_indices(self) -> None:
         """Per wanted position: its generation index, its row, its place in `padded`'s
@@ -216,7 +225,8 @@ class RowBatch:
             positions += work.wanted
             rows += [r] * len(offsets)
             padded += [r * self.width + k for k in offsets]
-            noise += [self._noise_at.get(r, 0) + k for k in offsets]
+            rows_of_noise = offsets if self.noise_per_block else range(len(offsets))
+            noise += [self._noise_at.get(r, 0) + k for k in rows_of_noise]
         self.noise_rows = noise  # host copy: tells a slice from a gather
         sent = host_to_device(positions + rows + padded + noise, torch.long, self.device)
         self.positions, self.row_of, self.padded_at, self.noise_at = sent.view(4, -1)
@@ -229,13 +239,13 @@ class RowBatch:
         every generator's stream, shared by rows or not, is what it was row by row; `then`
         draws whatever else a row draws after its block noise."""
         where = {id(work): r for r, work in enumerate(self.works)}
-        rows = sum((self.sizes[r] for r in self._sampled_rows()), 0)
+        rows = sum((self._noise_size(r) for r in self._sampled_rows()), 0)
         vocab = self.logits64.shape[-1]
         self.noise = torch.empty((rows, vocab), dtype=torch.float64, device=self.device)
         for work in works:
             r = where[id(work)]
             if r in self._noise_at:
-                rows = self.noise[self._noise_at[r] : self._noise_at[r] + self.sizes[r]]
+                rows = self.noise[self._noise_at[r] : self._noise_at[r] + self._noise_size(r)]
                 rows.uniform_(generator=work.row.generator)  # = torch.rand of that shape
             if then is not None:
                 then(work)
@@ -251,11 +261,11 @@ class RowBatch:
             if temperature == 0:
                 chosen[a:b] = self.logits64[a:b].argmax(-1)
             else:
-                noise = self._noise_of(a, b)
+                noise = self.noise_of(a, b)
                 chosen[a:b] = filtered_gumbel(self.logits64[a:b], temperature, noise, top_p, top_k)
         return chosen
 
-    def _noise_of(self, a: int, b: int) -> torch.Tensor:
+    def noise_of(self, a: int, b: int) -> torch.Tensor:
         """The noise rows of wanted positions [a, b): a slice where whole blocks are masked."""
         first = self.noise_rows[a]
         if self.noise_rows[a:b] == list(range(first, first + b - a)):
