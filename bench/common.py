@@ -138,15 +138,30 @@ VIEWS = {
 def operators(call: Any) -> int:
     """The top-level `aten::` operators `call()` runs, views left out (on a GPU each is a
     kernel launch, at a few microseconds of host time apiece)."""
+    return len(top_operators(call))
+
+
+def top_operators(call: Any) -> list[Any]:
+    """The profiler's events of `operators`: `within(event, label)` tells those run inside a
+    `torch.profiler.record_function(label)`."""
     with profile(activities=[ProfilerActivity.CPU]) as run:
         call()
-    top = [
+    return [
         e
         for e in run.events()
         if e.name.startswith("aten::")
         and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+        and e.name not in VIEWS
     ]
-    return sum(1 for e in top if e.name not in VIEWS)
+
+
+def within(event: Any, name: str) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name == name:
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def add_real_shape_arguments(

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import functools
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -109,11 +111,32 @@ def _in_host_to_device() -> bool:
 
 
 def per_step(
-    model: Any, rule: dict[str, Any], cache: str, temperature: float
-) -> tuple[list[int], list[int]]:
-    """The host reads of each step but the first (which may make a schedule's constants),
-    and the operators of that step's commits (`RowDecoder._commit`: every rule's commit of
-    every row, views left out; each a kernel launch on a GPU)."""
+    model: Any,
+    rule: dict[str, Any],
+    cache: str,
+    temperature: float,
+    rows: int = 16,
+    most_steps: int | None = None,
+) -> tuple[list[int], list[int], list[int]]:
+    """Of each step but the first (which may make a schedule's constants): the host reads,
+    the operators of its commits (`RowDecoder._commit`: every rule's commit of every row)
+    and those of the whole step but the model's calls (views left out; each a kernel launch
+    on a GPU: what the decoder adds to the model's pass); `most_steps`: stop after these."""
+    decoder = _decoder(model, rule, cache, temperature, rows)
+    decoder.step()
+    reads, commits, steps = [], [], []
+    decoder._commit = _labelled(decoder._commit, COMMIT_LABEL)
+    while decoder.active and len(reads) != most_steps:
+        with HostReads() as counted, _labelled_model(model):
+            events = common.top_operators(decoder.step)
+        reads.append(sum(counted.calls.values()))
+        commits.append(sum(common.within(e, COMMIT_LABEL) for e in events))
+        steps.append(sum(not common.within(e, MODEL_LABEL) for e in events))
+    return reads, commits, steps
+
+
+def _decoder(model: Any, rule: dict[str, Any], cache: str, temperature: float, rows: int) -> Any:
+    """A `RowDecoder` holding `rows` rows: prompts of 3 to 7 tokens, answer 32, block 8."""
     from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder
     from lm_eval_dvoting.core.decoding.state import BlockDecoding, DreamDecoding
 
@@ -122,7 +145,7 @@ def per_step(
     if "block" in rule:
         rule = dict(rule, block=BlockDecoding(**rule["block"]))
     decoder = RowDecoder(model)
-    for i in range(16):
+    for i in range(rows):
         row = DecodeRow(
             prompt=torch.arange(3 + i % 5),
             tokens=torch.full((32,), model.mask_token_id),
@@ -133,42 +156,50 @@ def per_step(
             **rule,
         )
         decoder.add(row)
-    decoder.step()
-    reads, commits = [], []
-    decoder._commit = _counting_operators(decoder._commit, commits)
-    while decoder.active:
-        commits.append(0)
-        with HostReads() as counted:
-            decoder.step()
-        reads.append(sum(counted.calls.values()))
-    return reads, commits
+    return decoder
 
 
-def _counting_operators(commit: Any, counts: list[int]) -> Any:
-    """`commit`, adding the operators of each call to `counts[-1]`."""
+MODEL_LABEL, COMMIT_LABEL = "the model", "the commits"  # the profiler's labels
 
-    def counted(works: Any) -> Any:
-        returned = []
-        counts[-1] += common.operators(lambda: returned.append(commit(works)))
-        return returned[0]
 
-    return counted
+@contextlib.contextmanager
+def _labelled_model(model: Any) -> Iterator[None]:
+    """The model's calls labelled `MODEL_LABEL` for the profiler (signatures kept: the
+    decoder inspects them), so that a step's operators can leave the model's out."""
+    names = [n for n in ("forward", "hidden_states", "logits_from_hidden") if hasattr(model, n)]
+    for name in names:
+        setattr(model, name, _labelled(getattr(model, name), MODEL_LABEL))
+    try:
+        yield
+    finally:
+        for name in names:
+            delattr(model, name)  # the class's method again
+
+
+def _labelled(method: Any, label: str) -> Any:
+    """`method`, its calls labelled `label` for the profiler."""
+
+    @functools.wraps(method)
+    def labelled(*args: Any, **kwargs: Any) -> Any:
+        with torch.profiler.record_function(label):
+            return method(*args, **kwargs)
+
+    return labelled
 
 
 def table(models: dict[str, Any]) -> list[str]:
     lines = [
         "| rule | cache | temperature | reads per step: mean (min-max) "
-        "| commit operators per step: mean (min-max) |",
-        "|---|---|---:|---|---|",
+        "| commit operators per step | step operators outside the model |",
+        "|---|---|---:|---|---|---|",
     ]
     for name, rule in RULES.items():
         model = models["llada2" if "block" in rule else "llada"]
         for cache in ("none", "block" if "block" in rule else "dual"):
             for temperature in (0.0, 0.7):
-                reads, commits = per_step(model, rule, cache, temperature)
-                lines.append(
-                    f"| {name} | {cache} | {temperature} | {_spread(reads)} | {_spread(commits)} |"
-                )
+                reads, commits, steps = per_step(model, rule, cache, temperature)
+                spreads = " | ".join(_spread(counts) for counts in (reads, commits, steps))
+                lines.append(f"| {name} | {cache} | {temperature} | {spreads} |")
     return lines
 
 

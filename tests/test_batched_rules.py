@@ -221,6 +221,30 @@ def test_a_decoder_step_reads_the_host_once_for_tokens_and_once_for_progress(lla
         assert dict(reads.calls) == {"tolist": 2}
 
 
+@pytest.mark.parametrize(
+    "rule",
+    [
+        "fixed (steps=16)",
+        "confidence (threshold=0.9)",
+        "dream (alg=entropy, steps=32)",
+        "block diffusion (LLaDA2.1, 0.7/0.5)",
+    ],
+)
+def test_what_a_step_launches_outside_the_model_hardly_grows_with_the_rows(llada, rule):
+    """The operators of a decoder step outside the model's calls (on a GPU each a kernel
+    launch; `bench host-reads` counts them), sampled at temperature 0.7, grow by at most 4
+    a row from 4 rows to 16: what is left per row is its own noise draw and its write.
+    (Planted: the masks left counted row by row, as before: failed in all four; the
+    attention mask of a pass written row by row: failed for block diffusion.)"""
+    from bench.host_reads_bench import FIXTURES, RULES, per_step
+
+    model = load_float32(str(FIXTURES / "llada2")) if "block" in rule else llada
+    most = {}
+    for rows in (4, 16):
+        most[rows] = max(per_step(model, RULES[rule], "none", 0.7, rows, most_steps=6)[2])
+    assert most[16] - most[4] <= 4 * 12, most
+
+
 DREAM = dict(rule="dream", steps=[1, 2], dream=[DreamDecoding(alg) for alg in DREAM_ORDERS])
 
 
@@ -318,3 +342,34 @@ def test_the_snapshot_holds_only_until_the_rules_have_begun(llada, monkeypatch):
     with pytest.raises(RuntimeError, match="out of memory"):
         decoder.step()
     assert all(row.step_tokens is None for row in rows)
+
+
+# ------------------------------------------------------------- the pass's inputs, batched
+
+
+def test_left_pad_lays_out_rows_given_whole_or_in_pieces():
+    from lm_eval_dvoting.core.decoding.state import left_pad
+
+    row = DecodeRow(prompt=torch.tensor([7, 8, 9]), tokens=torch.tensor([1, 2]), block_length=2)
+    assert [p.tolist() for p in row.sequence()] == [[7, 8, 9], [1, 2]]
+    assert [p.tolist() for p in row.sequence(1, 4)] == [[8, 9], [1]]
+    assert [p.tolist() for p in row.sequence(4, 5)] == [[], [2]]
+    ids, attention, positions = left_pad(
+        [torch.tensor([4]), row.sequence(1, 4), torch.tensor([5, 6, 3, 2])], 0, torch.device("cpu")
+    )
+    assert ids.tolist() == [[0, 0, 0, 4], [0, 8, 9, 1], [5, 6, 3, 2]]
+    assert attention.tolist() == [[0, 0, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]]
+    assert positions.tolist() == [[0, 0, 0, 0], [0, 0, 1, 2], [0, 1, 2, 3]]
+
+
+def test_the_head_s_split_logits_are_joined_without_a_copy_and_nothing_else_is():
+    logits = torch.randn(7, 5)
+    parts = list(logits.split([2, 0, 4, 1]))
+    joined = rules.end_to_end(parts)
+    assert joined is not None and joined.data_ptr() == logits.data_ptr()
+    assert torch.equal(joined, logits)
+    assert rules.end_to_end(parts[2:]).data_ptr() == parts[2].data_ptr()
+    assert rules.end_to_end([parts[2], parts[0]]) is None  # out of order
+    assert rules.end_to_end([parts[0], parts[3]]) is None  # a gap
+    assert rules.end_to_end([parts[0], logits[2:4].clone()]) is None  # another storage
+    assert rules.end_to_end([logits[:, :2], logits[:, 2:4]]) is None  # not contiguous

@@ -374,30 +374,15 @@ def test_the_batched_commit_gives_the_row_by_row_commits_tokens(model, monkeypat
     ]
     compared, batched = 0, BlockThreshold._commit_run
     for settings, temperature, (top_p, top_k), init, cache in cases:
+        kwargs = dict(block=settings, cache=cache, temperature=temperature, init_tokens=init)
+        kwargs.update(gen_length=11, block_length=4, top_p=top_p, top_k=top_k)
         results = []
         for commit in (batched, _row_by_row_commit):
             monkeypatch.setattr(BlockThreshold, "_commit_run", commit)
-            generators = (
-                torch.Generator().manual_seed(3)
-                if shared
-                else [torch.Generator().manual_seed(r) for r in range(len(prompts))]
-            )
-            results.append(
-                generate(
-                    model,
-                    ids,
-                    attention,
-                    gen_length=11,
-                    block_length=4,
-                    block=settings,
-                    cache=cache,
-                    temperature=temperature,
-                    generator=generators,
-                    top_p=top_p,
-                    top_k=top_k,
-                    init_tokens=init,
-                )
-            )
+            seeds = [3] if shared else range(len(prompts))
+            generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+            generators = generators[0] if shared else generators
+            results.append(generate(model, ids, attention, generator=generators, **kwargs))
         assert torch.equal(results[0].tokens, results[1].tokens)
         assert torch.equal(results[0].nfe, results[1].nfe)
         compared += int(results[0].nfe.sum())

@@ -221,7 +221,7 @@ class ForwardPass:
         return logits
 
     def padded(
-        self, sequences: Sequence[torch.Tensor], begins: Sequence[int]
+        self, sequences: Sequence[Sequence[torch.Tensor]], begins: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`state.left_pad` of a cached pass's sequences, each row's positions counted on
         from `begins` (the columns it keeps before them)."""

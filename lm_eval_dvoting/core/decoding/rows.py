@@ -19,6 +19,7 @@ block-causal model (LLaDA2) decodes by block diffusion (decoding/blocks.py) with
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import torch
@@ -190,24 +191,37 @@ class RowDecoder:
                 works[item[0]] = self.rule(item[1]).begin(*item)
         return [works[i] for i in range(len(items))]
 
-    def _progress_marks(self) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
-        """Each active row's masks left (on the device, no sync) and schedule position."""
-        masks = torch.stack([(row.tokens == self.mask_id).sum() for row in self.active])
-        positions = [
+    def _progress_marks(self) -> tuple[list[int], list[tuple[int, int, int]]]:
+        """Each active row's masks left before the commits, counted on the step's snapshot
+        (no device work), and its schedule position."""
+        masks = [host_tokens(row).count(self.mask_id) for row in self.active]
+        return masks, self._positions()
+
+    def _positions(self) -> list[tuple[int, int, int]]:
+        return [
             (row.progress.block, row.progress.step_in_block, row.progress.post)
             for row in self.active
         ]
-        return masks, positions
 
-    def _check_progress(self, before: tuple[torch.Tensor, list[tuple[int, int, int]]]) -> list[int]:
+    def _masks_left(self) -> torch.Tensor:
+        """Each active row's masks left, on the device (no sync), counted over every row's
+        tokens laid end to end: a few kernels whatever the number of rows."""
+        tokens = [row.tokens for row in self.active]
+        is_mask = torch.cat(tokens) == self.mask_id
+        counted = torch.cat([is_mask.new_zeros(1, dtype=torch.long), is_mask.cumsum(0)])
+        ends = list(itertools.accumulate(t.numel() for t in tokens))
+        bounds = host_to_device([0, *ends[:-1], *ends], torch.long, counted.device)
+        return counted[bounds[len(tokens) :]] - counted[bounds[: len(tokens)]]
+
+    def _check_progress(self, before: tuple[list[int], list[tuple[int, int, int]]]) -> list[int]:
         """Raise if a row's step committed nothing and moved no schedule on: its rule would
         then decode it the same way forever (the entropy and confidence rules commit at least
         one token per step; the fixed schedule and block diffusion move their schedule on at
         every step, through steps that commit nothing by design). One sync for all rows;
         returns each row's masks left."""
-        masks, positions = before
-        masks_now, positions_now = self._progress_marks()
-        then, now = self._read_and_settle(masks, masks_now)
+        then, positions = before
+        positions_now = self._positions()
+        now = self._read_and_settle(self._masks_left())
         for i, row in enumerate(self.active):
             if then[i] == now[i] and positions[i] == positions_now[i]:
                 rule, named = type(self.rule(row)).__name__, f" ({row.label})" if row.label else ""
@@ -220,11 +234,9 @@ class RowDecoder:
                 )
         return now
 
-    def _read_and_settle(
-        self, masks: torch.Tensor, masks_now: torch.Tensor
-    ) -> tuple[list[int], list[int]]:
-        """Each row's masks left before and after the commits, and what the rules left to
-        read (`facts_to_read`: block diffusion's block outcome), in one read; the rules then
+    def _read_and_settle(self, masks_now: torch.Tensor) -> list[int]:
+        """Each row's masks left after the commits, and what the rules left to read
+        (`facts_to_read`: block diffusion's block outcome), in one read; the rules then
         settle their rows on what was read (`settle`)."""
         pending = [
             (rule, row, facts)
@@ -238,12 +250,12 @@ class RowDecoder:
                     f"{type(rule).__name__}.facts_to_read must give 1-D long tensors, got "
                     f"{facts.dtype} of shape {tuple(facts.shape)}: this is a bug in the rule"
                 )
-        sizes = [masks.numel(), masks_now.numel(), *[facts.numel() for _, _, facts in pending]]
-        flat = torch.cat([masks, masks_now, *[facts for _, _, facts in pending]]).tolist()
-        then, now, *read = [flat[b : b + n] for b, n in zip(begins(sizes), sizes)]
+        sizes = [masks_now.numel(), *[facts.numel() for _, _, facts in pending]]
+        flat = torch.cat([masks_now, *[facts for _, _, facts in pending]]).tolist()
+        now, *read = [flat[b : b + n] for b, n in zip(begins(sizes), sizes)]
         for (rule, row, _), facts in zip(pending, read):
             rule.settle(row, facts)
-        return then, now
+        return now
 
     def _show_predictions(self, logits: StepLogits) -> None:
         """Hand each observed row (`DecodeRow.observe`) this step's full prediction, on the

@@ -149,6 +149,26 @@ def row_batches(works: Sequence[ScheduledWork]) -> list[list[ScheduledWork]]:
     return runs
 
 
+def end_to_end(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """`torch.cat(tensors)` (2-D, one width) as a view, where they lie end to end in one
+    storage (the output head's call split row by row: `StepLogits.many`); else None."""
+    first = tensors[0]
+    storage, offset = first.untyped_storage().data_ptr(), first.storage_offset()
+    for tensor in tensors:
+        if (
+            tensor.dim() != 2
+            or not tensor.is_contiguous()
+            or tensor.untyped_storage().data_ptr() != storage
+            or tensor.storage_offset() != offset
+            or tensor.dtype != first.dtype
+            or tensor.shape[1:] != first.shape[1:]
+        ):
+            return None
+        offset += tensor.numel()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return first.as_strided((rows, first.shape[1]), (first.shape[1], 1))
+
+
 def sampling_key(row: DecodeRow) -> tuple[float, float | None, int | None]:
     """The distribution a row's candidates come from: (temperature, top_p, top_k), the
     filters dropped at temperature 0 (the argmax, which no filter removes)."""
@@ -196,9 +216,13 @@ class RowBatch:
         self.width = max(self.sizes)
         self.noise_per_block = noise_per_block
         self.device, vocab = works[0].logits.device, works[0].logits.shape[-1]
-        stacked = torch.empty((self.bounds[-1], vocab), dtype=torch.float64, device=self.device)
-        for work, a, b in zip(self.works, self.bounds, self.bounds[1:]):
-            stacked[a:b].copy_(work.logits)  # float64 in one pass (torch.cat takes two)
+        joined = end_to_end([work.logits for work in self.works])
+        if joined is not None:  # the head's split of one call, in the batch's order
+            stacked = joined.double()
+        else:
+            stacked = torch.empty((self.bounds[-1], vocab), dtype=torch.float64, device=self.device)
+            for work, a, b in zip(self.works, self.bounds, self.bounds[1:]):
+                stacked[a:b].copy_(work.logits)  # float64 in one pass (torch.cat takes two)
         self.logits64 = suppress_mask(stacked, mask_id)
         self._noise_at = self._lay_out_noise()
         self.noise: torch.Tensor | None = None  # the block noise (`draw_noise`)

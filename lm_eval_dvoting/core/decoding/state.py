@@ -221,6 +221,16 @@ class DecodeRow:
     def num_blocks(self) -> int:
         return self.gen_length // self.block_length
 
+    def sequence(self, begin: int = 0, end: int | None = None) -> list[torch.Tensor]:
+        """The prompt and the tokens end to end, cut to [begin, end), as two views (no
+        copy: `left_pad` lays them out)."""
+        length = self.prompt.numel()
+        end = length + self.tokens.numel() if end is None else end
+        return [
+            self.prompt[min(begin, length) : min(end, length)],
+            self.tokens[max(begin - length, 0) : max(end - length, 0)],
+        ]
+
     @property
     def steps_per_block(self) -> int:
         return self.steps // self.num_blocks
@@ -402,16 +412,23 @@ def masked_block(
 
 
 def left_pad(
-    sequences: Sequence[torch.Tensor], pad_id: int, device: torch.device
+    sequences: Sequence[torch.Tensor | Sequence[torch.Tensor]], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded ids, 0/1 attention mask and positions (0.. over the real tokens)."""
-    width = max(s.numel() for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long, device=device)
-    for i, sequence in enumerate(sequences):
-        ids[i, width - sequence.numel() :] = sequence
-        attention[i, width - sequence.numel() :] = 1
-    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+    """Left-padded ids, 0/1 attention mask and positions (0.. over the real tokens). A
+    sequence may come in pieces laid end to end (`DecodeRow.sequence`). The ids and the mask
+    are each one concatenation of views, padding included: a few kernels on a GPU whatever
+    the number of rows, not a few a row."""
+    rows = [[s] if isinstance(s, torch.Tensor) else list(s) for s in sequences]
+    lengths = [sum(piece.numel() for piece in pieces) for pieces in rows]
+    width = max(lengths)
+    pad = torch.full((width,), pad_id, dtype=torch.long, device=device)
+    ones, zeros = (torch.full((width,), bit, dtype=torch.long, device=device) for bit in (1, 0))
+    laid = [(pad[: width - n], *pieces) for pieces, n in zip(rows, lengths)]
+    pieces = [p if p.device == device else p.to(device) for row in laid for p in row]
+    ids = torch.cat(pieces).long()
+    masks = [piece for n in lengths for piece in (zeros[: width - n], ones[:n])]
+    attention = torch.cat(masks).view(len(rows), width)
+    return ids.view(len(rows), width), attention, (attention.cumsum(-1) - 1).clamp(min=0)
 
 
 # ----------------------------------------------------------------- float64 numerics

@@ -58,10 +58,9 @@ def _block_pass(
     begins = [0 if rows[i].kept is None else rows[i].kept.prefix_keys[0].shape[1] for i in group]
     block_starts = [rows[i].prompt.numel() + starts[i] for i in group]
     ends = [start + rows[i].block_length for i, start in zip(group, block_starts)]
-    sequences = [
-        torch.cat([rows[i].prompt, rows[i].tokens])[b:e] for i, b, e in zip(group, begins, ends)
-    ]
+    sequences = [rows[i].sequence(b, e) for i, b, e in zip(group, begins, ends)]
     ids, attention, positions = forward.padded(sequences, begins)
+    lengths = [e - b for b, e in zip(begins, ends)]
     # `run_pass` never mixes rows that keep something with rows that do not
     fresh = rows[group[0]].kept is None
     cache = KeyValueCache() if fresh else stack_kept([rows[i].kept for i in group], forward.device)
@@ -70,11 +69,11 @@ def _block_pass(
     )
     width = ids.shape[1]
     for local, (i, begin, start) in enumerate(zip(group, begins, block_starts)):
-        first = width - sequences[local].numel()
+        first = width - lengths[local]
         done = slice(first, first + start - begin)  # finished blocks: final keys and values
         _keep_finished(rows[i], start, cache, local, done)
     prompts = [rows[i].prompt.numel() for i in group]
-    offsets = [width - s.numel() + p - b for s, p, b in zip(sequences, prompts, begins)]
+    offsets = [width - n + p - b for n, p, b in zip(lengths, prompts, begins)]
     windows = [(max(0, b - p), e - p) for b, e, p in zip(begins, ends, prompts)]
     logits.add(group, hidden, offsets, windows)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
-
 from lm_eval_dvoting.core.decoding.state import DecodeRow, left_pad
 from lm_eval_dvoting.core.parts.base import BIDIRECTIONAL, BLOCK_CAUSAL, CachePolicy, register
 
@@ -30,7 +28,7 @@ class NoCache(CachePolicy):
     ) -> None:
         """The rows over their whole sequence in one pass, keeping nothing."""
         ids, attention, positions = left_pad(
-            [torch.cat([rows[i].prompt, rows[i].tokens]) for i in members],
+            [rows[i].sequence() for i in members],
             forward.pad_id,
             forward.device,
         )

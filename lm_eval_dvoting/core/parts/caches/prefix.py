@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
-
 from lm_eval_dvoting.core.decoding.caches import cache_policy
 from lm_eval_dvoting.core.decoding.kept import layers_in_one, stack_kept
 from lm_eval_dvoting.core.decoding.rules import Window
@@ -76,14 +74,15 @@ def _fresh(
 ) -> None:
     """The rows that reuse nothing, over their whole sequences; keeps what the cached
     rows can reuse in a later step of the same block."""
-    sequences = [torch.cat([rows[i].prompt, rows[i].tokens]) for i in fresh]
-    ids, attention, positions = left_pad(sequences, forward.pad_id, forward.device)
+    ids, attention, positions = left_pad(
+        [rows[i].sequence() for i in fresh], forward.pad_id, forward.device
+    )
     keep = [local for local, i in enumerate(fresh) if keeps[i]]
     record = KeyValueCache() if keep else None
     hidden = forward.model.hidden_states(ids, attention, positions, cache=record)
     for local in keep:
         i = fresh[local]
-        first = ids.shape[1] - sequences[local].numel()  # the row's first real column
+        first = ids.shape[1] - rows[i].prompt.numel() - rows[i].gen_length  # its first column
         rows[i].kept = _cut(forward.shift, record, local, first, rows[i], starts[i])
     offsets = [ids.shape[1] - rows[i].gen_length - forward.shift for i in fresh]
     logits.add(fresh, hidden, offsets)
@@ -119,9 +118,8 @@ def _reuse(
     begins = [k.prefix_keys[0].shape[1] for k in kept]
     policies = [cache_policy(rows[i].cache) for i in reusing]
     ends = [p.query_end(rows[i], starts[i]) for p, i in zip(policies, reusing)]
-    sequences = [torch.cat([rows[i].prompt, rows[i].tokens]) for i in reusing]
     ids, attention, positions = forward.padded(
-        [s[b:e] for s, b, e in zip(sequences, begins, ends)], begins
+        [rows[i].sequence(b, e) for i, b, e in zip(reusing, begins, ends)], begins
     )
     if forward.static_steps is not None:  # cached_steps=static|graphs: fixed buffers
         hidden = forward.static_steps.run(kept, ids, attention, positions)
