@@ -202,6 +202,23 @@ def test_a_ranked_commit_reads_nothing_back(llada):
         assert dict(reads.calls) == {}
 
 
+def test_an_origin_row_reads_which_positions_commit_once_a_step(llada):
+    """Ten `alg=origin` rows (greedy and sampled, filters, given tokens): a step reads the
+    rows' tokens and masks left once each, and which positions commit once a row that has
+    masks in its block. (Planted: the old `bool(transfer.any())` before boolean-mask
+    indexing: failed, three reads a row.)"""
+    decoder = RowDecoder(llada)
+    for row in dream_rows(llada, 0, False, [DreamDecoding("origin")]):
+        decoder.add(row)
+    decoded(llada, dream_rows(llada, 0, False, [DreamDecoding("origin")]))  # shares: once
+    while decoder.active:
+        rows = len(decoder.active)
+        with HostReads() as reads:
+            decoder.step()
+        calls = dict(reads.calls)
+        assert calls.pop("tolist") == 2 and calls.pop("nonzero", 0) <= rows and not calls
+
+
 @pytest.mark.parametrize("algs", [RANKED, [d for d in MIXED if d.alg != "origin"]])
 def test_a_dream_step_reads_the_host_twice(llada, algs):
     """A decoder step of twenty Dream rows (ranked, and alg_temp > 0 ones among them; origin

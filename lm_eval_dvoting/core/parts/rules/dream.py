@@ -157,11 +157,12 @@ class DreamSchedule(FirstMaskedBlock):
 
     @staticmethod
     def _commit_origin(work: ScheduledWork, logits64: torch.Tensor, share: float) -> None:
-        """origin: each masked position commits with probability `share`."""
+        """origin: each masked position commits with probability `share` (one read: which
+        positions, whose count sizes the draw of their tokens)."""
         row = work.row
         coins = _noise((len(work.wanted),), logits64.device, row)
-        transfer = coins < share
-        if not bool(transfer.any()):
+        transfer = (coins < share).nonzero().squeeze(1)
+        if transfer.numel() == 0:
             return
         logits, probs = dream_distribution(
             logits64[transfer], row.temperature, row.top_p, row.top_k
