@@ -167,13 +167,17 @@ def _labelled_model(model: Any) -> Iterator[None]:
     """The model's calls labelled `MODEL_LABEL` for the profiler (signatures kept: the
     decoder inspects them), so that a step's operators can leave the model's out."""
     names = [n for n in ("forward", "hidden_states", "logits_from_hidden") if hasattr(model, n)]
+    own = {name: model.__dict__[name] for name in names if name in model.__dict__}
     for name in names:
         setattr(model, name, _labelled(getattr(model, name), MODEL_LABEL))
     try:
         yield
     finally:
-        for name in names:
-            delattr(model, name)  # the class's method again
+        for name in names:  # what the instance had of its own, else the class's method
+            if name in own:
+                setattr(model, name, own[name])
+            else:
+                delattr(model, name)
 
 
 def _labelled(method: Any, label: str) -> Any:

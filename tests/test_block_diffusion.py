@@ -389,6 +389,55 @@ def test_the_batched_commit_gives_the_row_by_row_commits_tokens(model, monkeypat
     assert compared > 1000  # many steps, not a few
 
 
+MIXED_ROWS = [  # (settings, temperature, top_p, top_k, cache) of each row
+    (BlockDecoding(), 0.0, None, None, "none"),
+    (QUALITY, 0.8, 0.9, 20, "block"),
+    (SPEED, 0.8, None, None, "none"),
+    (BlockDecoding(steps=2), 0.8, None, 5, "block"),
+    (QUALITY, 0.0, None, None, "block"),
+    (BlockDecoding(threshold=0.3), 0.8, 0.8, None, "none"),
+]
+
+
+@pytest.mark.parametrize("budget", [2**30, 1024], ids=["one-run", "runs-of-a-row"])
+def test_rows_of_mixed_settings_commit_as_they_did_row_by_row(model, monkeypatch, budget):
+    """LLaDA2.0 and 2.1 rows, greedy and sampled, with and without filters and the block
+    cache, rows 1 and 2 sharing a generator, in one run (the batch regroups them by
+    distribution) or in runs of one row: the tokens of the row-by-row commit."""
+    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, rules
+    from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
+
+    monkeypatch.setitem(rules.BATCH_ELEMENTS, "cpu", budget)
+    batched, decoded = BlockThreshold._commit_run, []
+    for commit in (batched, _row_by_row_commit):
+        monkeypatch.setattr(BlockThreshold, "_commit_run", commit)
+        shared = torch.Generator().manual_seed(9)
+        decoder, rows = RowDecoder(model), []
+        for i, (prompt, (block, temperature, top_p, top_k, cache)) in enumerate(
+            zip(_prompts() + _prompts()[:1], MIXED_ROWS)
+        ):
+            generator = shared if i in (1, 2) else torch.Generator().manual_seed(i)
+            rows.append(
+                DecodeRow(
+                    prompt=torch.tensor(prompt),
+                    tokens=torch.full((11,), model.mask_token_id),
+                    block_length=4,
+                    block=block,
+                    temperature=temperature,
+                    top_p=top_p,
+                    top_k=top_k,
+                    cache=cache,
+                    generator=generator,
+                )
+            )
+            decoder.add(rows[-1])
+        while decoder.active:
+            decoder.step()
+        decoded.append([(row.answer_tokens.tolist(), row.nfe) for row in rows])
+    assert decoded[0] == decoded[1]
+    assert len({tuple(tokens) for tokens, _ in decoded[0]}) == len(MIXED_ROWS)
+
+
 @pytest.mark.parametrize("settings", ["threshold", "speed"])
 def test_every_strategy_gives_the_same_samples_with_and_without_the_block_cache(model, settings):
     """dVoting's remask samples start from the kept keys and values of an earlier sample's

@@ -179,18 +179,22 @@ class BlockThreshold:
         batch.write(torch.where(commit, chosen, current))
         self._keep_facts(batch.works, edited)
 
-    def _limits(self, batch: RowBatch) -> torch.Tensor:
+    def _limits(self, batch: RowBatch) -> tuple[torch.Tensor, ...]:
         """Per row of the batch (float64, one copy): its threshold, its editing threshold
         (LLaDA2.0: inf, no edit) and this step's quota (`_quota`)."""
         works = batch.works
         editing = [work.row.block.editing_threshold for work in works]
-        return host_to_device(
-            [work.row.block.threshold for work in works]
-            + [math.inf if e is None else e for e in editing]
-            + [float(self._quota(work)) for work in works],
-            torch.float64,
-            batch.device,
-        ).view(3, -1)
+        return (
+            host_to_device(
+                [work.row.block.threshold for work in works]
+                + [math.inf if e is None else e for e in editing]
+                + [float(self._quota(work)) for work in works],
+                torch.float64,
+                batch.device,
+            )
+            .view(3, -1)
+            .unbind()
+        )
 
     def _keep_facts(self, works: Sequence[BlockWork], edited: torch.Tensor) -> None:
         """Each row's block after the commit, then 1 if it edited a token, else 0 (`edited`,
@@ -223,14 +227,16 @@ class BlockThreshold:
     def _candidates(batch: RowBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Each wanted position's candidate and its confidence (its probability at the row's
         temperature, under the top-k/top-p filters when given), one call per distribution:
-        the argmax at temperature 0, else a float64 Gumbel-max with the row's noise."""
+        the argmax at temperature 0, else a float64 Gumbel-max with the row's noise. (Not
+        `RowBatch.candidates`: LLaDA2's sampler filters top-k first, and the confidence is
+        the probability under the same filtered, tempered logits.)"""
         chosen = torch.empty(batch.bounds[-1], dtype=torch.long, device=batch.device)
         confidence = torch.empty(batch.bounds[-1], dtype=torch.float64, device=batch.device)
         for (temperature, top_p, top_k), lo, hi in batch.groups:
             a, b = batch.bounds[lo], batch.bounds[hi]
-            logits64 = batch.logits64[a:b]
             if a == b:
                 continue
+            logits64 = batch.logits64[a:b]
             if temperature == 0:
                 chosen[a:b] = logits64.argmax(-1)
                 probs = torch.softmax(logits64, dim=-1)

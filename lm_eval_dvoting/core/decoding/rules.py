@@ -218,7 +218,7 @@ class RowBatch:
         self.device, vocab = works[0].logits.device, works[0].logits.shape[-1]
         joined = end_to_end([work.logits for work in self.works])
         if joined is not None:  # the head's split of one call, in the batch's order
-            stacked = joined.double()
+            stacked = joined.to(torch.float64, copy=True)  # never the head's own storage
         else:
             stacked = torch.empty((self.bounds[-1], vocab), dtype=torch.float64, device=self.device)
             for work, a, b in zip(self.works, self.bounds, self.bounds[1:]):
