@@ -404,7 +404,7 @@ def test_rows_of_mixed_settings_commit_as_they_did_row_by_row(model, monkeypatch
     """LLaDA2.0 and 2.1 rows, greedy and sampled, with and without filters and the block
     cache, rows 1 and 2 sharing a generator, in one run (the batch regroups them by
     distribution) or in runs of one row: the tokens of the row-by-row commit."""
-    from lm_eval_dvoting.core.decoding import DecodeRow, RowDecoder, rules
+    from lm_eval_dvoting.core.decoding import RowDecoder, rules
     from lm_eval_dvoting.core.decoding.blocks import BlockThreshold
 
     monkeypatch.setitem(rules.BATCH_ELEMENTS, "cpu", budget)
@@ -416,20 +416,8 @@ def test_rows_of_mixed_settings_commit_as_they_did_row_by_row(model, monkeypatch
         for i, (prompt, (block, temperature, top_p, top_k, cache)) in enumerate(
             zip(_prompts() + _prompts()[:1], MIXED_ROWS)
         ):
-            generator = shared if i in (1, 2) else torch.Generator().manual_seed(i)
-            rows.append(
-                DecodeRow(
-                    prompt=torch.tensor(prompt),
-                    tokens=torch.full((11,), model.mask_token_id),
-                    block_length=4,
-                    block=block,
-                    temperature=temperature,
-                    top_p=top_p,
-                    top_k=top_k,
-                    cache=cache,
-                    generator=generator,
-                )
-            )
+            more = dict(top_p=top_p, top_k=top_k, **({"generator": shared} if i in (1, 2) else {}))
+            rows.append(_block_row(model, prompt, i, block, cache, temperature, **more))
             decoder.add(rows[-1])
         while decoder.active:
             decoder.step()
@@ -671,10 +659,12 @@ def _block_row(
     settings: BlockDecoding = QUALITY,
     cache: str = "none",
     temperature: float = 0.8,
+    **more,
 ):
-    """A row of 11 positions, block 4, with its own generator."""
+    """A row of 11 positions, block 4, with its own generator (unless `more` gives one)."""
     from lm_eval_dvoting.core.decoding import DecodeRow
 
+    more.setdefault("generator", torch.Generator().manual_seed(seed))
     return DecodeRow(
         prompt=torch.tensor(prompt),
         tokens=torch.full((11,), model.mask_token_id),
@@ -682,7 +672,7 @@ def _block_row(
         block=settings,
         cache=cache,
         temperature=temperature,
-        generator=torch.Generator().manual_seed(seed),
+        **more,
     )
 
 
