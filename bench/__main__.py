@@ -26,6 +26,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.refill_bench",
         "operators (kernel launches on a GPU) and CPU time of one refill of the static buffers",
     ),
+    "digests": (
+        "bench.digests_bench",
+        "digests of many fixture decodes, to compare two commits' tokens (--package)",
+    ),
     "experts": (
         "bench.experts_bench",
         "a MoE layer's routed experts: grouped GEMMs against the loop over experts",

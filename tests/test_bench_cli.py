@@ -4,6 +4,7 @@ bench/common.py behave as each suite relied on, and the docs name only suites th
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -168,3 +169,22 @@ def test_experts_measures_an_older_package_by_its_loop_alone(monkeypatch):
     assert set(cell["ms"]) == {"loop"} and "gap" not in cell
     row = experts_bench.table({(1, 4): cell}, "cpu", 1)[-1]
     assert row.startswith(f"| 1 x 4 | {cell['hit']} | - / {cell['operators']['loop']} | - / ")
+
+
+def test_digests_are_stable_and_tell_a_moved_token(monkeypatch, capsys, tmp_path):
+    """The same decodes give the same digest; one more token committed a step (planted in
+    block diffusion's fall-back) gives another; the CLI prints a line a group and writes the
+    decodes with --json."""
+    from bench import digests_bench
+    from lm_eval_dvoting.core.decoding import blocks
+
+    first = digests_bench.run_group("llada2", quick=True)
+    assert first == digests_bench.run_group("llada2", quick=True)
+    assert len(first["decodes"]) == 4
+    unmasked = blocks.unmasked
+    monkeypatch.setattr(blocks, "unmasked", lambda m, c, t, q: unmasked(m, c, t, q + 1))
+    assert digests_bench.run_group("llada2", quick=True)["sha256"] != first["sha256"]
+    monkeypatch.undo()
+    digests_bench.main(["--quick", "--groups", "llada2", "--json", str(tmp_path / "d.json")])
+    assert f"llada2: 4 decodes, sha256 {first['sha256']}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "d.json").read_text())["llada2"] == first
