@@ -1,7 +1,7 @@
 """Suite `host-reads`: how many times a decoder step waits for the device on the host (on a
 GPU each such read, or blocking copy to the device, waits for the queued kernels), per commit
-rule and cache, 16 rows of the official-tiny LLaDA fixture (block diffusion: the LLaDA2
-fixture) on the CPU (prompts of 3 to 7 tokens, answer 32, block 8, every step after the
+rule and cache, 16 rows (`--rows`) of the official-tiny LLaDA fixture (block diffusion: the
+LLaDA2 fixture) on the CPU (prompts of 3 to 7 tokens, answer 32, block 8, every step after the
 first; temperature 0 and 0.7).
 
     .venv/bin/python -m bench host-reads
@@ -191,7 +191,7 @@ def _labelled(method: Any, label: str) -> Any:
     return labelled
 
 
-def table(models: dict[str, Any]) -> list[str]:
+def table(models: dict[str, Any], rows: int = 16) -> list[str]:
     lines = [
         "| rule | cache | temperature | reads per step: mean (min-max) "
         "| commit operators per step | step operators outside the model |",
@@ -201,7 +201,7 @@ def table(models: dict[str, Any]) -> list[str]:
         model = models["llada2" if "block" in rule else "llada"]
         for cache in ("none", "block" if "block" in rule else "dual"):
             for temperature in (0.0, 0.7):
-                reads, commits, steps = per_step(model, rule, cache, temperature)
+                reads, commits, steps = per_step(model, rule, cache, temperature, rows)
                 spreads = " | ".join(_spread(counts) for counts in (reads, commits, steps))
                 lines.append(f"| {name} | {cache} | {temperature} | {spreads} |")
     return lines
@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m bench host-reads", description=__doc__)
     p.add_argument("--package", help="a checkout whose lm_eval_dvoting to count (default: this)")
+    p.add_argument("--rows", type=int, default=16, help="rows decoded together (default 16)")
     args = p.parse_args(argv)
     if args.package:
         common.import_package_from(args.package)
@@ -226,5 +227,5 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("llada", "llada2")
     }
     print(f"lm_eval_dvoting from {Path(sys.modules['lm_eval_dvoting'].__file__).parent.parent}")
-    print("\n".join(table(models)))
+    print("\n".join(table(models, args.rows)))
     return 0
