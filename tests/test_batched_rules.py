@@ -373,3 +373,22 @@ def test_the_head_s_split_logits_are_joined_without_a_copy_and_nothing_else_is()
     assert rules.end_to_end([parts[0], parts[3]]) is None  # a gap
     assert rules.end_to_end([parts[0], logits[2:4].clone()]) is None  # another storage
     assert rules.end_to_end([logits[:, :2], logits[:, 2:4]]) is None  # not contiguous
+
+
+@pytest.mark.parametrize("lengths", [[6, 6, 6], [6, 3, 9, 1]], ids=["one-length", "lengths"])
+def test_the_masks_left_are_counted_for_every_row_at_once(llada, lengths):
+    decoder = RowDecoder(llada)
+    generator = torch.Generator().manual_seed(1)
+    decoder.active = [
+        DecodeRow(
+            prompt=torch.tensor([1]),
+            tokens=torch.randint(0, 3, (n,), generator=generator),
+            block_length=1,
+            steps=n,
+        )
+        for n in lengths
+    ]
+    decoder.mask_id = 2
+    counted = decoder._masks_left().tolist()
+    assert counted == [int((row.tokens == 2).sum()) for row in decoder.active]
+    assert len(set(counted)) > 1

@@ -204,9 +204,11 @@ class RowDecoder:
         ]
 
     def _masks_left(self) -> torch.Tensor:
-        """Each active row's masks left, on the device (no sync), counted over every row's
-        tokens laid end to end: a few kernels whatever the number of rows."""
+        """Each active row's masks left, on the device (no sync): a few kernels whatever the
+        number of rows (rows of one length stacked, else counted end to end)."""
         tokens = [row.tokens for row in self.active]
+        if len({t.numel() for t in tokens}) == 1:
+            return (torch.stack(tokens) == self.mask_id).sum(1)
         is_mask = torch.cat(tokens) == self.mask_id
         counted = torch.cat([is_mask.new_zeros(1, dtype=torch.long), is_mask.cumsum(0)])
         ends = list(itertools.accumulate(t.numel() for t in tokens))
