@@ -100,8 +100,8 @@ def _kept_tokens(mask_id: int, gen: int) -> torch.Tensor:
     return tokens
 
 
-def digest(model: Any, prompts: list[torch.Tensor], cases: Any, quick: bool) -> Results:
-    """Every case decoded: its tokens and passes, and the digest of them all."""
+def decoded(model: Any, prompts: list[torch.Tensor], cases: Any, quick: bool) -> Results:
+    """Every case decoded: its tokens and passes, by name."""
     from lm_eval_dvoting.core.decoding import generate
     from lm_eval_dvoting.core.decoding.state import left_pad
 
@@ -114,27 +114,26 @@ def digest(model: Any, prompts: list[torch.Tensor], cases: Any, quick: bool) -> 
         args["generator"] = generators[0] if len(seeds) == 1 else generators
         result = generate(model, ids, attention, **args)
         decodes[name] = [result.tokens.tolist(), result.nfe.tolist()]
-    blob = json.dumps(decodes, sort_keys=True)
-    return {"decodes": decodes, "sha256": hashlib.sha256(blob.encode()).hexdigest()}
+    return decodes
 
 
 def run_group(group: str, quick: bool) -> Results:
+    """The group's decodes, and the digest of them all."""
     from lm_eval_dvoting.models.loading import load_model
 
     def load(name: str) -> Any:
         return load_model(str(FIXTURES / name), device="cpu", dtype="float32")
 
+    decodes: Results = {}
     if group == "llada2":
         model = load("llada2")
-        lengths = (3, 4, 6, 9, 1)
-        prompts = _prompts(lengths) + [torch.tensor([56, 216, 108, 74, 33, 86])]
-        return digest(model, prompts, _llada2_cases(model.mask_token_id), quick)
-    families = ("llada", "dream") if group == "caches" else ("llada_moe",)
+        prompts = _prompts((3, 4, 6, 9, 1)) + [torch.tensor([56, 216, 108, 74, 33, 86])]
+        decodes = decoded(model, prompts, _llada2_cases(model.mask_token_id), quick)
+    families = {"caches": ("llada", "dream"), "moe": ("llada_moe",)}.get(group, ())
     modes = ("dynamic", "static") if group == "caches" else ("dynamic",)
-    decodes: Results = {}
     for family in families:
         cases = _cached_cases(family, modes)
-        decodes.update(digest(load(family), _prompts((3, 4, 6, 9, 2)), cases, quick)["decodes"])
+        decodes.update(decoded(load(family), _prompts((3, 4, 6, 9, 2)), cases, quick))
     blob = json.dumps(decodes, sort_keys=True)
     return {"decodes": decodes, "sha256": hashlib.sha256(blob.encode()).hexdigest()}
 
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--package", help="a checkout whose lm_eval_dvoting to decode with")
     p.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS))
     p.add_argument("--json", type=Path, help="write every decode here, to compare two runs")
-    common.add_quick_flag(p, "four decodes a group, for a smoke test")
+    common.add_quick_flag(p, "four decodes a model, for a smoke test")
     args = p.parse_args(argv)
     if args.package:
         common.import_package_from(args.package)

@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--package", help="a checkout whose lm_eval_dvoting to count (default: this)")
     p.add_argument("--rows", type=int, default=16, help="rows decoded together (default 16)")
     args = p.parse_args(argv)
+    if args.rows < 1:
+        p.error(f"--rows must be 1 or more, got {args.rows}")
     if args.package:
         common.import_package_from(args.package)
     from lm_eval_dvoting.models.loading import load_model

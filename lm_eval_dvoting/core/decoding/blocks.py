@@ -168,7 +168,8 @@ class BlockThreshold:
         batch = RowBatch(works, self.mask_id, noise_per_block=False)
         batch.draw_noise(works)  # each row's noise from its generator, as a row alone draws
         chosen, confidence = self._candidates(batch)
-        masked, current = _snapshot_at_wanted(batch)
+        current = _snapshot_at_wanted(batch)
+        masked = current == self.mask_id
         threshold, editing_threshold, quota = self._limits(batch)
         padded = batch.padded(masked, False), batch.padded(confidence, 0.0)
         commit = unmasked(*padded, threshold, quota).view(-1)[batch.padded_at]
@@ -204,7 +205,7 @@ class BlockThreshold:
         for r, work in enumerate(works):
             pieces += [work.row.tokens[work.start : work.start + work.row.block_length]]
             pieces += [edited[r : r + 1]]
-        sizes = [a.numel() + b.numel() for a, b in zip(pieces[::2], pieces[1::2])]
+        sizes = [work.row.block_length + 1 for work in works]  # the rows hold whole blocks
         for work, facts in zip(works, torch.cat(pieces).split(sizes)):
             self.unsettled[work.row] = (work, facts)
 
@@ -322,11 +323,8 @@ def unmasked(
     return torch.where((hot.sum(1) >= quota)[:, None], hot, most_confident)
 
 
-def _snapshot_at_wanted(batch: RowBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whether each wanted position was a mask, and its token, at the step's start (from
-    the step's snapshot, `BlockWork.tokens`: one copy, no read)."""
-    works = batch.works
-    flags = [m for work in works for m in work.masked]
-    tokens = [work.tokens[p] for work in works for p in work.wanted]
-    both = host_to_device(flags + tokens, torch.long, batch.device).view(2, -1)
-    return both[0].bool(), both[1]
+def _snapshot_at_wanted(batch: RowBatch) -> torch.Tensor:
+    """Each wanted position's token at the step's start (from the step's snapshot,
+    `BlockWork.tokens`: one copy, no read)."""
+    tokens = [work.tokens[p] for work in batch.works for p in work.wanted]
+    return host_to_device(tokens, torch.long, batch.device)

@@ -211,9 +211,9 @@ class RowDecoder:
             return (torch.stack(tokens) == self.mask_id).sum(1)
         is_mask = torch.cat(tokens) == self.mask_id
         counted = torch.cat([is_mask.new_zeros(1, dtype=torch.long), is_mask.cumsum(0)])
-        ends = list(itertools.accumulate(t.numel() for t in tokens))
-        bounds = host_to_device([0, *ends[:-1], *ends], torch.long, counted.device)
-        return counted[bounds[len(tokens) :]] - counted[bounds[: len(tokens)]]
+        ends = [0, *itertools.accumulate(t.numel() for t in tokens)]
+        at_ends = counted[host_to_device(ends, torch.long, counted.device)]
+        return at_ends[1:] - at_ends[:-1]
 
     def _check_progress(self, before: tuple[list[int], list[tuple[int, int, int]]]) -> list[int]:
         """Raise if a row's step committed nothing and moved no schedule on: its rule would
