@@ -5,6 +5,7 @@ own input tensors; `cached_steps` resolves and refuses as documented."""
 
 from __future__ import annotations
 
+import collections
 import functools
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -15,6 +16,7 @@ import torch
 from references import load_float32
 from torch import nn
 
+from bench.host_reads_bench import HostReads
 from lm_eval_dvoting.core.decoding import DecodeRow
 from lm_eval_dvoting.core.decoding import static_steps as static_module
 from lm_eval_dvoting.core.decoding.caches import ForwardPass
@@ -172,6 +174,66 @@ def test_the_buffers_are_filled_once_per_block_and_replays_are_exact(model, monk
     assert row.nfe == 16 and CheckedSteps.checked == 12
     assert len(fills) == 4
     assert EagerReplay.captured == (1 if cache == "dual" else 4)
+
+
+class CaptureHazards(HostReads):
+    """What stops a CUDA graph from capturing a pass, seen on the CPU: a read of a tensor's
+    values on the host or a blocking copy to the device (`HostReads`: a sync, which a
+    capturing stream refuses), and a tensor made without naming its device (on a GPU it
+    would be made on the host, beside the graph's device tensors)."""
+
+    FACTORIES = {
+        *("arange", "zeros", "ones", "full", "empty", "eye", "linspace"),
+        *("tensor", "as_tensor", "rand", "randn", "randint"),
+    }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in self.FACTORIES and (kwargs or {}).get("device") is None:
+            self.calls[f"{name} without a device"] += 1
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class WatchedCapture(EagerReplay):
+    """`EagerReplay` whose every run of the captured pass (the capture's and each replay's)
+    is watched for `CaptureHazards`."""
+
+    hazards: collections.Counter[str] = collections.Counter()
+    runs = 0
+
+    def __init__(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> None:
+        def watched() -> torch.Tensor:
+            with CaptureHazards() as hazards:
+                output = pass_()
+            WatchedCapture.hazards.update(hazards.calls)
+            WatchedCapture.runs += 1
+            return output
+
+        super().__init__(watched, device)
+
+
+@pytest.mark.parametrize(
+    "caches",
+    [["dual"], ["prefix"], *CACHE_MIXES],
+    ids=["one dual row", "one prefix row", *CACHE_MIX_IDS],
+)
+def test_the_pass_a_graph_captures_holds_nothing_a_capture_refuses(model, caches):
+    """`graph_capturable` says this package's LLaDA and Dream passes can be captured: every
+    pass the graph path captures and replays (here eagerly; one row under the fixed schedule
+    replays at each step) reads no value on the host, copies nothing to the device with a
+    wait, and makes every tensor on a named device. On a GPU the first two would fail the
+    capture (`auto` falling back to static buffers, `graphs` refusing)."""
+    WatchedCapture.hazards, WatchedCapture.runs = collections.Counter(), 0
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    decoder.forward.static_steps = StaticSteps(model, "graphs")
+    decoder.forward.static_steps.graph_class = WatchedCapture
+    for row in _rows(caches, RULES["fixed"]):
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    assert WatchedCapture.runs >= (8 if len(caches) == 1 else 1)
+    assert WatchedCapture.hazards == collections.Counter()
 
 
 class LayoutCheckedSteps(StaticSteps):
