@@ -21,6 +21,9 @@
 #   SMOKE=1 OUT=/tmp/gpu_smoke bash bench/gpu_session.sh
 #   # then, here, each suite's section from its JSON, e.g.
 #   .venv/bin/python -m bench static-steps --report-only --json FILES/static_steps_bf16.json
+#   # and the projection with its dual cells (--json: the eager run of the same GPU kind)
+#   .venv/bin/python -m bench projection --data-dir DATA --json bench/results/gpu_bench_h100.json \
+#       --cached-steps FILES/static_steps_bf16.json
 #   # a second call (fresh $OUT, bench/.fastdllm carried): Fast-dLLM's 16-row cells alone
 #   PART=fastdllm16 bash bench/gpu_session.sh  # about 8 minutes; stops starting cells at 480 s
 #   # then, here: python -m bench fastdllm --report-only --json FILES1/fastdllm.json \

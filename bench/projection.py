@@ -45,6 +45,17 @@ dual full step at 512 tokens, scaled by the none model's t(T) / t(512)) plus s -
 steps at the measured dual reuse step (block 32 over 512 tokens, taken as is: the tasks'
 shorter sequences and blocks would reuse over fewer tokens). dVoting's entropy rule takes
 an unknown number of steps per block, so its dual cells are not projected.
+
+`--cached-steps FILE`: `dual`'s full and reuse steps from a `python -m bench static-steps`
+run instead (bench/gpu_session.sh's `static_steps_bf16.json`: LLaDA-8B's full shape in
+bfloat16, 1 and 16 rows, the caches part's prompt, answer and block), under `cached_steps=graphs`
+where all its `dual` cells ran, else `static`: per rows, the mean over the first and last block
+of the median over repeats of the block's first step and of its later steps' mean. The run
+must be of the `--json` run's GPU kind and shape (refused, naming what differs); the `none`
+cells stay the `--json` run's eager ones.
+
+    .venv/bin/python -m bench projection --data-dir DATA --json bench/results/gpu_bench_h200.json \
+        --cached-steps FILES/static_steps_bf16.json   # an H200 session's graphs
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -188,6 +200,100 @@ def load_models(bench: Results, path: Path) -> tuple[StepModel, DualModel]:
         reuse[rows] = caches_bench.mean([d["reuse"] for d in dual])
     none = StepModel(points)
     return none, DualModel(none, full, reuse, length)
+
+
+# ------------------------------------------------- dual's steps from a `static-steps` run
+
+# what a `python -m bench static-steps` run must have measured for its `dual` cells to stand
+# in the time model: LLaDA-8B's full shape in bfloat16 on a GPU, at the caches part's shape
+CACHED_STEPS_SHAPE = {
+    "device": "cuda",
+    "dtype": "bfloat16",
+    "layers": 32,
+    "width": 4096,
+    "heads": 32,
+    "prompt_length": CACHE_PROMPT,
+}
+CACHED_STEPS_MODES = ("graphs", "static")  # the first whose cells all ran is read
+
+
+@dataclass(frozen=True)
+class CachedSteps:
+    """`dual`'s full and reuse step per rows from a `static-steps` run, and what they are."""
+
+    full: dict[int, float]
+    reuse: dict[int, float]
+    mode: str  # the `cached_steps` mode whose cells were read
+    gpu: str  # the run's GPU, as recorded
+    command: str
+
+
+def _cached_steps_mismatch(run: Results) -> list[str]:
+    """How a `static-steps` run differs from the shape the projection models."""
+    from bench.gpu_bench import CACHE_SHAPE
+
+    args = run.get("args", {})
+    wanted = dict(CACHED_STEPS_SHAPE, gen_length=CACHE_SHAPE.gen_length, block=CACHE_SHAPE.block)
+    found = [f"{k} {args.get(k)!r} (needs {v!r})" for k, v in wanted.items() if args.get(k) != v]
+    lacking = sorted(set(ROWS) - set(args.get("rows", [])))
+    return found + ([f"rows {args.get('rows')} (needs {list(ROWS)})"] if lacking else [])
+
+
+def _dual_cells(run: Results, mode: str, last_block: int) -> list[list[list[float]]] | None:
+    """Per rows (`ROWS`), per block (first, last): each repeat's step times of `dual` under
+    `mode`; None when one of them is missing, refused or shorter than two steps."""
+    cells = []
+    for rows in ROWS:
+        per_block = []
+        for block in (0, last_block):
+            key = f"dual/{mode}/rows{rows}/block{block}"
+            repeats = [r.get(key) or {} for r in run.get("repeats", [])]
+            if not repeats or any("refused" in c or len(c.get("steps", [])) < 2 for c in repeats):
+                return None
+            per_block.append([c["steps"] for c in repeats])
+        cells.append(per_block)
+    return cells
+
+
+def load_cached_steps(run: Results, path: Path, gpu: str) -> CachedSteps:
+    """`dual`'s steps from a `python -m bench static-steps` GPU run (`--cached-steps`): per
+    rows, the mean over its first and last block of the median over repeats of the block's
+    first step (full) and of its later steps' mean (reuse), under `graphs` where those cells
+    all ran, else `static`. Refused when the run is not the modelled shape, or not on the
+    step-time run's GPU (`gpu`, `gpu_of`), or lacks the cells."""
+    from bench.gpu_bench import CACHE_SHAPE
+
+    mismatch = _cached_steps_mismatch(run)
+    ran_on = (
+        gpu_of(run.get("meta", {})) if run.get("meta", {}).get("facts", {}).get("gpu") else None
+    )
+    if ran_on != gpu:
+        mismatch.append(
+            f"GPU {ran_on or 'not recorded'} (--json's step times are the {gpu}'s: give a "
+            "run on that kind)"
+        )
+    if mismatch:
+        raise ValueError(f"--cached-steps {path}: {'; '.join(mismatch)}")
+    last = CACHE_SHAPE.gen_length // CACHE_SHAPE.block - 1
+    for mode in CACHED_STEPS_MODES:
+        cells = _dual_cells(run, mode, last)
+        if cells is not None:
+            break
+    else:
+        raise ValueError(
+            f"--cached-steps {path}: no cache=dual cells under cached_steps "
+            f"{' or '.join(CACHED_STEPS_MODES)} at rows {list(ROWS)}, first and last block; "
+            "give a full `python -m bench static-steps --device cuda` run (bench/gpu_session.sh)"
+        )
+    full, reuse = {}, {}
+    for rows, per_block in zip(ROWS, cells):
+        full[rows] = caches_bench.mean([statistics.median(s[0] for s in b) for b in per_block])
+        reuse[rows] = caches_bench.mean(
+            [statistics.median(caches_bench.mean(s[1:]) for s in b) for b in per_block]
+        )
+    meta = run.get("meta", {})
+    gpu_name = meta.get("facts", {}).get("gpu", "GPU not recorded")
+    return CachedSteps(full, reuse, mode, gpu_name, meta.get("command", "?"))
 
 
 # ----------------------------------------------------------------------- steps per question
@@ -416,7 +522,7 @@ def gpu_of(bench: Results) -> str:
     return words[1] if len(words) > 1 and words[0] == "NVIDIA" else (name or "GPU")
 
 
-def model_lines(none: StepModel, dual: DualModel) -> list[str]:
+def model_lines(none: StepModel, dual: DualModel, cached: CachedSteps | None = None) -> list[str]:
     """The cells the time model reads, as a table."""
     source = {
         SHORT_TOKENS: "forward part `{r}x64`: hidden states + the head, median of 5",
@@ -438,7 +544,22 @@ def model_lines(none: StepModel, dual: DualModel) -> list[str]:
         "|---:|---:|---:|",
     ]
     lines += [f"| {r} | {1e3 * dual.full[r]:.1f} | {1e3 * dual.reuse[r]:.1f} |" for r in ROWS]
-    return lines
+    return lines + [""] + dual_source_lines(cached)
+
+
+def dual_source_lines(cached: CachedSteps | None) -> list[str]:
+    """Where the `dual` cells come from: the caches part of the same run, or `--cached-steps`."""
+    if cached is None:
+        return [
+            "`dual`'s cells: the caches part of the same run (eager PyTorch, the kept keys "
+            "concatenated at every step): `single`'s fixed schedule, first and last block."
+        ]
+    return [
+        f"`dual`'s cells: `--cached-steps` run under `cached_steps={cached.mode}` "
+        f"({cached.gpu}; `{cached.command}`): `single`'s fixed schedule over prompt "
+        f"{CACHE_PROMPT} + answer 256, block 32, first and last block, medians of its repeats. "
+        "It is another run than the `none` cells' (the same GPU kind, not the same machine)."
+    ]
 
 
 def entropy_lines(bench: Results, dual: DualModel) -> list[str]:
@@ -564,8 +685,14 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def caveat_lines(rise: float | None) -> list[str]:
+def caveat_lines(rise: float | None, cached: CachedSteps | None = None) -> list[str]:
     """What the projection does not show."""
+    kernels = (
+        "eager PyTorch (no CUDA graphs, no compiled kernels)"
+        if cached is None
+        else f"eager PyTorch for `none`, `cached_steps={cached.mode}` for `dual` (another run)"
+    )
+    runs = "one run of one GPU" if cached is None else "two runs of one GPU kind"
     estimate = (
         ""
         if rise is None
@@ -574,7 +701,7 @@ def caveat_lines(rise: float | None) -> list[str]:
     )
     return [
         "What it does not show: the step times come from random weights at LLaDA-8B's shape "
-        "in bfloat16, eager PyTorch (no CUDA graphs, no compiled kernels), one run of one GPU; "
+        f"in bfloat16, {kernels}, {runs}; "
         "the steps per question are the paper's averages, not this plugin's on these questions "
         "(dVoting's depend on how soon its samples agree; the fixed schedules' equal our "
         "defaults); every pass is taken as full (no padding to the longest row, no part-filled "
@@ -596,8 +723,10 @@ def section(
     argv: list[str],
     parts: tuple[list[TaskShape], dict[str, dict[str, Results]], StepModel, DualModel],
     rise: float | None,
+    cached: CachedSteps | None = None,
 ) -> list[str]:
-    """BENCHMARKS.md's section, between its markers."""
+    """BENCHMARKS.md's section, between its markers (`cached`: `dual`'s cells from
+    `--cached-steps`)."""
     shapes, results, none, dual = parts
     check = check_lines(bench, none)
     check_head = ["", "### Cross-check at 64 tokens", ""] if check else []
@@ -608,12 +737,12 @@ def section(
         + ["", "### The tasks", ""]
         + task_lines(shapes, none)
         + ["", "### The time model: seconds per decoding step, from the GPU run", ""]
-        + model_lines(none, dual)
+        + model_lines(none, dual, cached)
         + entropy_lines(bench, dual)
         + check_head
         + check
         + [""]
-        + caveat_lines(rise)
+        + caveat_lines(rise, cached)
     )
 
 
@@ -637,6 +766,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--tokenizer", type=Path, help="a local tokenizer folder: exact prompt tokens")
     p.add_argument(
+        "--cached-steps",
+        type=Path,
+        help="a `python -m bench static-steps` GPU run (bench/gpu_session.sh's "
+        "static_steps_bf16.json) whose cache=dual cells (cached_steps graphs, else static) "
+        "replace the --json run's; it must be of the --json run's GPU kind",
+    )
+    p.add_argument(
         "--bytes-per-token", type=float, default=4.0, help="the estimate's rule (no --tokenizer)"
     )
     args = p.parse_args(argv)
@@ -657,6 +793,18 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--bytes-per-token {args.bytes_per_token}: give a number above 0")
     if not args.json.is_file():
         raise SystemExit(f"--json {args.json}: no such file; give a `python -m bench gpu` JSON")
+    if args.cached_steps is not None and not args.cached_steps.is_file():
+        raise SystemExit(
+            f"--cached-steps {args.cached_steps}: no such file; give a `python -m bench "
+            "static-steps` JSON (bench/gpu_session.sh writes static_steps_bf16.json)"
+        )
+
+
+def _cached(args: argparse.Namespace, bench: Results) -> CachedSteps | None:
+    """`--cached-steps`' `dual` cells, None when it is not given."""
+    if args.cached_steps is None:
+        return None
+    return load_cached_steps(load_json(args.cached_steps), args.cached_steps, gpu_of(bench))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -665,9 +813,12 @@ def main(argv: list[str] | None = None) -> int:
     bench = load_json(args.json)
     try:
         none, dual = load_models(bench, args.json)
+        cached = _cached(args, bench)
         paper = paper_rows()
     except ValueError as error:
         raise SystemExit(f"python -m bench projection: {error}") from None
+    if cached is not None:
+        dual = DualModel(none, cached.full, cached.reuse, dual.length)
     exact = args.tokenizer is not None
     count = tokenizer_counter(args.tokenizer) if exact else None
 
@@ -678,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shapes, results = projected(args.bytes_per_token)
     rise = None if exact else largest_rise(results, projected(SENSITIVITY_BYTES_PER_TOKEN)[1])
-    lines = section(bench, args, argv, (shapes, results, none, dual), rise)
+    lines = section(bench, args, argv, (shapes, results, none, dual), rise, cached)
     write_section(args.out, lines, START, END)
     print("\n".join(lines[lines.index("### Projected wall time of each whole task") :]))
     return 0

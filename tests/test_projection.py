@@ -167,3 +167,99 @@ def test_the_section_is_labelled_a_projection_and_marks_what_it_extends():
     assert "| T | single | 256 | 256 | " in text and " † |" in text  # extended: marked
     assert "| T | `dvoting_t` | 2 | 256 | 256 (32-480) | 1 |" in text
     assert "15.0 ms at 1 row(s), 0.50x the fixed one's; 100.0 ms at 16 row(s), 0.50x" in text
+
+
+def hand_static_steps(gpu: str = "NVIDIA H100 80GB HBM3", **changed) -> dict:
+    """A `python -m bench static-steps` GPU run by hand: every `dual` cell's block of 32 steps,
+    two repeats; `graphs`: a full step of 50 / 54 ms (the repeats) then 4 ms reuse steps at one
+    row, 300 ms then 30 ms at 16 rows; `static` 1.5x those; the last block's steps 1.1x the
+    first's."""
+    args = dict(projection.CACHED_STEPS_SHAPE, gen_length=256, block=32, rows=[1, 16])
+    repeats = []
+    for first in (0.050, 0.054):
+        cells = {}
+        for rows, full, reuse in ((1, first, 0.004), (16, 6 * first, 0.030)):
+            for mode, slower in (("graphs", 1.0), ("static", 1.5)):
+                for block, later in ((0, 1.0), (7, 1.1)):
+                    k = slower * later
+                    steps = [k * full] + [k * reuse] * 31
+                    cells[f"dual/{mode}/rows{rows}/block{block}"] = {"steps": steps}
+        repeats.append(cells)
+    run = {"args": args, "meta": {"facts": {"gpu": gpu}, "command": "bench static-steps"}}
+    run.update(repeats=repeats)
+    for key, value in changed.items():
+        run["args"][key] = value
+    return run
+
+
+def test_cached_steps_read_the_graphs_cells_as_the_dual_model_wants():
+    cached = projection.load_cached_steps(hand_static_steps(), Path("s.json"), "H100")
+    assert cached.mode == "graphs" and cached.gpu == "NVIDIA H100 80GB HBM3"
+    # the median of the repeats' first steps (50, 54 ms: 52), averaged over blocks 0 and 7
+    assert cached.full[1] == pytest.approx(0.052 * (1 + 1.1) / 2)
+    assert cached.full[16] == pytest.approx(6 * 0.052 * (1 + 1.1) / 2)
+    assert cached.reuse[1] == pytest.approx(0.004 * (1 + 1.1) / 2)
+    assert cached.reuse[16] == pytest.approx(0.030 * (1 + 1.1) / 2)
+
+
+def test_cached_steps_fall_back_to_static_where_a_graphs_cell_stopped():
+    run = hand_static_steps()
+    # its steps ran eagerly up to the refusal: timed, but not `graphs`' figures
+    run["repeats"][1]["dual/graphs/rows16/block7"]["refused"] = "cached_steps=graphs: capture"
+    cached = projection.load_cached_steps(run, Path("s.json"), "H100")
+    assert cached.mode == "static"
+    assert cached.reuse[1] == pytest.approx(1.5 * 0.004 * (1 + 1.1) / 2)
+
+
+@pytest.mark.parametrize(
+    "gpu, changed, named",
+    [
+        ("NVIDIA H200", {}, "GPU H200 (--json's step times are the H100's: give a run on"),
+        ("NVIDIA H100 80GB HBM3", {"layers": 4}, "layers 4 (needs 32)"),
+        ("NVIDIA H100 80GB HBM3", {"dtype": "float32"}, "dtype 'float32' (needs 'bfloat16')"),
+        ("NVIDIA H100 80GB HBM3", {"rows": [1, 4]}, "rows [1, 4] (needs [1, 16])"),
+        ("NVIDIA H100 80GB HBM3", {"block": 16}, "block 16 (needs 32)"),
+    ],
+    ids=["another GPU", "layers", "dtype", "rows", "block"],
+)
+def test_cached_steps_of_another_shape_or_gpu_are_refused_naming_it(gpu, changed, named):
+    with pytest.raises(ValueError, match="--cached-steps s.json: ") as refused:
+        projection.load_cached_steps(hand_static_steps(gpu, **changed), Path("s.json"), "H100")
+    assert named in str(refused.value)
+
+
+def test_cached_steps_without_dual_cells_are_refused_before_anything_is_written(tmp_path):
+    run = hand_static_steps()
+    for cells in run["repeats"]:
+        cells.pop("dual/graphs/rows1/block0")
+        cells.pop("dual/static/rows1/block0")
+    (tmp_path / "gpu.json").write_text(json.dumps(hand_run()))
+    (tmp_path / "steps.json").write_text(json.dumps(run))
+    argv = ["--json", str(tmp_path / "gpu.json"), "--cached-steps", str(tmp_path / "steps.json")]
+    argv += ["--data-dir", str(tmp_path), "--out", str(tmp_path / "B.md")]
+    with pytest.raises(SystemExit, match="no cache=dual cells under cached_steps graphs or static"):
+        projection.main(argv)
+    assert not (tmp_path / "B.md").exists()
+    with pytest.raises(SystemExit, match=r"--cached-steps .*nothing.json: no such file"):
+        projection.main(argv[:3] + [str(tmp_path / "nothing.json")] + argv[4:])
+
+
+def test_the_section_names_where_the_dual_cells_come_from(tmp_path):
+    run = hand_run()
+    (tmp_path / "steps.json").write_text(json.dumps(hand_static_steps()))
+    argv = ["--data-dir", str(REPO), "--json", str(projection.DEFAULT_BENCH)]
+    args = projection.parse_args([*argv, "--cached-steps", str(tmp_path / "steps.json")])
+    cached = projection._cached(args, run)
+    none, _ = projection.load_models(run, Path("hand.json"))
+    dual = DualModel(none, cached.full, cached.reuse, 512)
+    nfe = {"single": 256, "majority": 640, "hex": 3200, "dvoting": 9}
+    paper = {"T": projection.PaperRow("T", 256, nfe)}
+    shapes = [TaskShape("T", "t", 256, (32, 480))]
+    parts = (shapes, projection.projections(shapes, paper, none, dual), none, dual)
+    text = "\n".join(projection.section(run, args, argv, parts, None, cached))
+    assert "`--cached-steps` run under `cached_steps=graphs` (NVIDIA H100 80GB HBM3;" in text
+    assert f"| 1 | {1e3 * cached.full[1]:.1f} | {1e3 * cached.reuse[1]:.1f} |" in text
+    assert "eager PyTorch for `none`, `cached_steps=graphs` for `dual` (another run)" in text
+    plain = "\n".join(projection.section(run, args, argv, parts, None))
+    assert "the caches part of the same run (eager PyTorch" in plain
+    assert "eager PyTorch (no CUDA graphs, no compiled kernels)" in plain
