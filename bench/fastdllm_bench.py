@@ -36,18 +36,22 @@ candidates; Fast-dLLM does not, and its fixed schedule then fails with an IndexE
 
 Cells: cache `none|prefix|dual` (their `generate`, `generate_with_prefix_cache`,
 `generate_with_dual_cache`; our `generate(..., cache=...)`) x schedule (`threshold`: their
-`threshold=0.9`, our `decoder=confidence`, i.e. `threshold=0.9, steps=None`; `fixed`: steps =
-answer length, one token per step, low-confidence remasking) x rows (1 and 16), temperature 0,
-prompt 256 + answer 256, block 32, the same random prompts (no mask id in them, all of one
-length). Their `generate` builds a batch of one row (`torch.full((1, ...))`), so a cell of 16
-rows runs it once per prompt, one after the other; ours decodes the 16 rows in one call. Each
-cell times every whole call (`torch.cuda.synchronize()` around it on a GPU), ours and theirs
-in turn (the order alternating between repeats), `--repeats` times (fewer where a cell has
-taken `--repeat-budget-s` already), after one warm-up call of each side per cache (one block
-long; ours with all the rows); the median and the range are kept. The cells run cheapest
-first (1 row before 16, threshold before fixed, dual before prefix before none), and none
-starts after `--deadline-s`, so that a bounded run measures the most cells. The answers of
-the first repeat are compared token by token (identical, and the first differing row and
+`threshold=0.9`, our `decoder=confidence`, i.e. `threshold=0.9, steps=None`; `fixed`: steps
+= answer length, one token per step, low-confidence remasking) x rows (1 and 16),
+temperature 0, prompt 256 + answer 256, block 32, the same random prompts (no mask id in
+them, all of one length). Their `generate` builds a batch of one row
+(`torch.full((1, ...))`), so a cell of 16 rows runs it once per prompt, one after the other;
+ours decodes the 16 rows in one call. With `--their-rows K` theirs runs only the first K
+prompts of a cell, its time scaled by rows / K (its calls are independent and one row each),
+and the tokens are compared on those K rows; the report marks such cells
+(bench/gpu_session.sh's 16-row call uses K = 4, to fit a lent GPU's time). Each cell times
+every whole call (`torch.cuda.synchronize()` around it on a GPU), ours and theirs in turn
+(the order alternating between repeats), `--repeats` times (fewer where a cell has taken
+`--repeat-budget-s` already), after one warm-up call of each side per cache (one block long;
+ours with all the rows); the median and the range are kept. The cells run cheapest first (1
+row before 16, threshold before fixed, dual before prefix before none), and none starts
+after `--deadline-s`, so that a bounded run measures the most cells. The answers of the
+first repeat are compared token by token (identical, and the first differing row and
 position), and every later repeat must give each side's own answers again. NFE: ours is
 `DecodeResult.nfe` per row; theirs is the count their `generate` returns per call, and a
 forward hook on their model counts its calls too.
@@ -440,10 +444,10 @@ class Bench:
         """Each side's call for the cell, as a function of nothing."""
         theirs_kwargs, ours_kwargs = cell_settings(schedule, self.args, self.ours.mask_token_id)
         function = getattr(self.generate, THEIR_FUNCTIONS[cache])
-        prompts = self.prompts[:rows]
+        prompts, their_prompts = self.prompts[:rows], self.prompts[: their_rows(self.args, rows)]
         return {
             "ours": lambda: run_ours(self.ours, prompts, cache, ours_kwargs),
-            "theirs": lambda: run_theirs(function, self.theirs, prompts, theirs_kwargs),
+            "theirs": lambda: run_theirs(function, self.theirs, their_prompts, theirs_kwargs),
         }
 
     def warm_up(self) -> None:
@@ -461,10 +465,16 @@ class Bench:
             )
 
 
-def measure_cell(bench: Bench, cache: str, schedule: str, rows: int) -> Results:
-    """One cell: both sides `--repeats` times in alternating order; times, NFE, and whether
-    the answers agree (module docstring)."""
-    sides = bench.sides(cache, schedule, rows)
+def their_rows(args: argparse.Namespace, rows: int) -> int:
+    """The prompts their `generate` runs at a cell of `rows` rows: all of them, or the first
+    `--their-rows` (its time then scaled by rows / those: it runs one row a call)."""
+    return rows if args.their_rows is None else min(rows, args.their_rows)
+
+
+def _timed_calls(bench: Bench, sides: dict[str, Callable[[], Any]], scale: Results) -> Any:
+    """Both sides' calls `--repeats` times in alternating order (fewer past
+    `--repeat-budget-s`): each side's times (x `scale[side]`), first answers (tokens, NFE,
+    their model's forward calls) and whether later repeats gave the same tokens."""
     times: dict[str, list[float]] = {"ours": [], "theirs": []}
     answers: dict[str, Any] = {}
     repeatable = {"ours": True, "theirs": True}
@@ -476,19 +486,29 @@ def measure_cell(bench: Bench, cache: str, schedule: str, rows: int) -> Results:
         for side in ("ours", "theirs") if repeat % 2 == 0 else ("theirs", "ours"):
             calls = bench.counter.calls
             elapsed, found = _synced(bench.device, sides[side])
-            times[side].append(elapsed)
+            times[side].append(elapsed * scale[side])
             if side not in answers:
                 answers[side] = (*found, bench.counter.calls - calls)
             elif not torch.equal(found[0], answers[side][0]):
                 repeatable[side] = False
-    difference = first_difference(answers["ours"][0], answers["theirs"][0])
+    return times, answers, repeatable
+
+
+def measure_cell(bench: Bench, cache: str, schedule: str, rows: int) -> Results:
+    """One cell: times, NFE, and whether the answers agree (module docstring): on the rows
+    theirs ran (`their_rows`), whose time is scaled to the cell's rows."""
+    ran = their_rows(bench.args, rows)
+    scale = {"ours": 1.0, "theirs": rows / ran}
+    times, answers, repeatable = _timed_calls(bench, bench.sides(cache, schedule, rows), scale)
+    difference = first_difference(answers["ours"][0][:ran], answers["theirs"][0])
     ours, theirs = summary(times["ours"]), summary(times["theirs"])
+    their_record = {"nfe": answers["theirs"][1], "forward_calls": answers["theirs"][2]}
     return {
         "cache": cache,
         "schedule": schedule,
         "rows": rows,
         "ours": {**ours, "nfe": answers["ours"][1]},
-        "theirs": {**theirs, "nfe": answers["theirs"][1], "forward_calls": answers["theirs"][2]},
+        "theirs": {**theirs, **their_record, "rows_run": ran},
         "identical": difference is None,
         "first_difference": difference,
         "repeatable": repeatable,
@@ -510,6 +530,11 @@ def resolve_sizes(args: argparse.Namespace) -> Results:
     for name, value in (TINY_SIZES if args.tiny else FULL_SIZES).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    if args.their_rows is not None and args.their_rows < 1:
+        raise SystemExit(
+            f"--their-rows {args.their_rows}: give 1 or more (the prompts Fast-dLLM runs per "
+            "cell), or leave it out (all the cell's rows)"
+        )
     if args.gen_length % args.block:
         raise SystemExit(
             f"--gen-length {args.gen_length} must be a multiple of --block {args.block} "
@@ -598,14 +623,23 @@ def cell_line(cell: Results) -> str:
     )
 
 
-def _seconds(side: Results) -> str:
+def _seconds(side: Results, rows: int | None = None) -> str:
+    """Median (range, repeats); `rows`: the cell's, where the side ran fewer (scaled)."""
     spread = f"{side['min_s']:.3f}-{side['max_s']:.3f}, {len(side['seconds'])}x"
-    return f"{side['median_s']:.3f} ({spread})"
+    ran = side.get("rows_run", rows)
+    scaled = f", est.: {ran} of {rows} rows run, x {rows}/{ran}" if rows and ran < rows else ""
+    return f"{side['median_s']:.3f} ({spread}{scaled})"
+
+
+def _compared_rows(cell: Results) -> int:
+    """The rows whose tokens were compared: those theirs ran (all, unless `--their-rows`)."""
+    return cell["theirs"].get("rows_run", cell["rows"])
 
 
 def _same(cell: Results) -> str:
     if cell["identical"]:
-        return "yes"
+        compared = _compared_rows(cell)
+        return "yes" if compared == cell["rows"] else f"yes (the first {compared} rows)"
     diff = cell["first_difference"]
     return f"no: row {diff['row']}, position {diff['position']} ({diff['rows_differing']} rows)"
 
@@ -616,7 +650,8 @@ def cell_row(cell: Results) -> str:
     repeatable = all(cell["repeatable"].values())
     return (
         f"| {cell['cache']} | {cell['schedule']} | {cell['rows']} "
-        f"| {_seconds(cell['theirs'])} | {_seconds(cell['ours'])} | {cell['ratio']:.2f} "
+        f"| {_seconds(cell['theirs'], cell['rows'])} | {_seconds(cell['ours'])} "
+        f"| {cell['ratio']:.2f} "
         f"| {mean('theirs'):.1f} | {mean('ours'):.1f} | {_same(cell)}"
         f"{'' if repeatable else ' (a side changed its answers between repeats)'} |"
     )
@@ -637,10 +672,12 @@ def verdicts(cells: list[Results], not_run: list[list[Any]]) -> list[str]:
         verdict = f"**{'yes' if met else 'no'}**"
         if missing and met:
             verdict = f"no verdict, {len(missing)} cells not run"
+        scaled = sum(_compared_rows(c) < c["rows"] for c in mine)
+        estimated = f" ({scaled} with Fast-dLLM's time scaled from fewer rows)" if scaled else ""
         lines.append(
             f"- `{cache}`: ours/theirs {min(c['ratio'] for c in mine):.2f} to {worst:.2f} over "
-            f"{len(mine)} cells; same tokens in {sum(c['identical'] for c in mine)} of "
-            f"{len(mine)}; at most 0.5x with the same tokens everywhere: {verdict}"
+            f"{len(mine)} cells{estimated}; same tokens in {sum(c['identical'] for c in mine)} "
+            f"of {len(mine)}; at most 0.5x with the same tokens everywhere: {verdict}"
         )
     return lines
 
@@ -670,7 +707,9 @@ def header(results: Results) -> list[str]:
         f"block {sizes['block']}, temperature 0, logit spread {results['args']['logit_std']}.",
         "Seconds per whole `generate` call, median (min-max, repeats); theirs runs one row "
         "per call (16 rows: 16 calls in turn), ours all rows in one call. NFE: forward passes "
-        "per row, the mean over the rows.",
+        "per row, the mean over the rows. *est.: K of R rows run*: Fast-dLLM ran the first K "
+        "of the cell's prompts (`--their-rows K`), its time scaled by R / K, its tokens "
+        "compared with our answers to those K.",
         "",
     ]
 
@@ -795,6 +834,12 @@ def add_cell_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-length", type=int, help="answer length, default 256 (--tiny 32)")
     p.add_argument("--block", type=int, help="block length, default 32 (--tiny 8)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    p.add_argument(
+        "--their-rows",
+        type=int,
+        help="Fast-dLLM runs only the first K prompts of a cell (one call each), its time "
+        "scaled by rows / K (default: all; for the 16-row cells in a short GPU session)",
+    )
     p.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
     p.add_argument("--threshold", type=float, default=0.9)

@@ -109,10 +109,12 @@ def test_the_fixed_cell_is_one_token_per_step_on_both_sides():
 
 
 def test_sizes_their_generate_cannot_take_are_refused_before_any_model_work():
-    args = argparse.Namespace(
-        tiny=True, layers=None, vocab=None, prompt_length=None, gen_length=30, block=8, rows=[1]
-    )
+    sizes = dict(tiny=True, layers=None, vocab=None, prompt_length=None, block=8, rows=[1])
+    args = argparse.Namespace(**sizes, gen_length=30, their_rows=None)
     with pytest.raises(SystemExit, match="--gen-length 30 must be a multiple of --block 8"):
+        fd.resolve_sizes(args)
+    args = argparse.Namespace(**sizes, gen_length=32, their_rows=0)
+    with pytest.raises(SystemExit, match="--their-rows 0: give 1 or more .* or leave it out"):
         fd.resolve_sizes(args)
 
 
@@ -266,3 +268,77 @@ def test_the_extra_pass_of_their_cached_loops_is_explained_only_where_it_shows()
     assert not any("one more pass" in line for line in fd.report_lines(results))
     results["cells"][2]["theirs"]["nfe"] = [5]  # prefix: theirs 5 passes, ours 4
     assert any("one more pass" in line for line in fd.report_lines(results))
+
+
+class FakeSides:
+    """Both sides' `generate` without a model: each answer is the prompt's first ids; a unit
+    of work per call of ours (all rows at once) and per row of theirs (one row a call), which
+    `_synced` below reports as the call's seconds."""
+
+    def __init__(self, answer_length: int) -> None:
+        self.work, self.answer_length, self.ours_differ_at = 0, answer_length, None
+
+    def theirs(self, model, prompt, **kwargs):
+        self.work += 1
+        return torch.cat([prompt, prompt[:, : self.answer_length]], dim=1), 7
+
+    def ours(self, model, prompts, cache, **kwargs):
+        self.work += 1
+        tokens = prompts[:, : self.answer_length].clone()
+        if self.ours_differ_at is not None:
+            tokens[self.ours_differ_at] += 1
+        return argparse.Namespace(tokens=tokens, nfe=torch.full((len(prompts),), 5))
+
+    def synced(self, device, run):
+        before = self.work
+        result = run()
+        return float(self.work - before), result
+
+
+def _fake_bench(monkeypatch, their_rows):
+    fake = FakeSides(answer_length=4)
+    monkeypatch.setattr(fd, "our_generate", fake.ours)
+    monkeypatch.setattr(fd, "_synced", fake.synced)
+    generate = argparse.Namespace(**{name: fake.theirs for name in fd.THEIR_FUNCTIONS.values()})
+    args = _args(gen_length=8, block=4, repeats=2, repeat_budget_s=None, their_rows=their_rows)
+    prompts = torch.arange(16 * 6).reshape(16, 6)
+    ours = argparse.Namespace(mask_token_id=99)
+    return fake, fd.Bench(args, generate, ours, torch.nn.Linear(1, 1), prompts)
+
+
+@pytest.mark.parametrize("their_rows", [None, 16, 4])
+def test_their_time_is_scaled_from_the_rows_they_ran_and_only_those_are_compared(
+    monkeypatch, their_rows
+):
+    fake, bench = _fake_bench(monkeypatch, their_rows)
+    cell = fd.measure_cell(bench, "dual", "fixed", rows=16)
+    ran = 16 if their_rows is None else their_rows
+    assert cell["theirs"]["rows_run"] == ran and len(cell["theirs"]["nfe"]) == ran
+    assert cell["theirs"]["seconds"] == [16.0, 16.0]  # ran rows' units x 16 / ran
+    assert cell["ours"]["seconds"] == [1.0, 1.0] and cell["ratio"] == 1 / 16
+    assert cell["identical"] and len(cell["ours"]["nfe"]) == 16
+    fake.ours_differ_at = ran - 1  # the last row both ran: seen
+    cell = fd.measure_cell(bench, "dual", "fixed", rows=16)
+    assert not cell["identical"]
+    assert cell["first_difference"] == {"row": ran - 1, "position": 0, "rows_differing": 1}
+    if ran < 16:  # a row only ours ran: not compared
+        fake.ours_differ_at = ran
+        assert fd.measure_cell(bench, "dual", "fixed", rows=16)["identical"]
+    fake.ours_differ_at = None
+    one_row = fd.measure_cell(bench, "none", "threshold", rows=1)
+    assert one_row["theirs"]["rows_run"] == 1 and one_row["theirs"]["seconds"] == [1.0, 1.0]
+
+
+def test_the_report_marks_a_time_scaled_from_fewer_rows():
+    results = _results()
+    scaled = results["cells"][1]  # none, 16 rows
+    scaled["theirs"]["rows_run"] = 4
+    lines = fd.report_lines(results)
+    row = next(line for line in lines if line.startswith("| none | fixed | 16 "))
+    assert "| 1.000 (1.000-1.000, 1x, est.: 4 of 16 rows run, x 16/4) |" in row
+    assert row.endswith("| yes (the first 4 rows) |")
+    verdict = next(line for line in lines if line.startswith("- `none`"))
+    assert "over 2 cells (1 with Fast-dLLM's time scaled from fewer rows)" in verdict
+    assert any("*est.: K of R rows run*" in line for line in lines)
+    plain = next(line for line in lines if line.startswith("| none | fixed | 1 "))
+    assert "est." not in plain and plain.endswith("| yes |")
