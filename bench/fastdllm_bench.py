@@ -42,16 +42,17 @@ temperature 0, prompt 256 + answer 256, block 32, the same random prompts (no ma
 them, all of one length). Their `generate` builds a batch of one row
 (`torch.full((1, ...))`), so a cell of 16 rows runs it once per prompt, one after the other;
 ours decodes the 16 rows in one call. With `--their-rows K` theirs runs only the first K
-prompts of a cell, its time scaled by rows / K (its calls are independent and one row each),
-and the tokens are compared on those K rows; the report marks such cells
-(bench/gpu_session.sh's 16-row call uses K = 4, to fit a lent GPU's time). Each cell times
-every whole call (`torch.cuda.synchronize()` around it on a GPU), ours and theirs in turn
-(the order alternating between repeats), `--repeats` times (fewer where a cell has taken
-`--repeat-budget-s` already), after one warm-up call of each side per cache (one block long;
-ours with all the rows); the median and the range are kept. The cells run cheapest first (1
-row before 16, threshold before fixed, dual before prefix before none), and none starts
-after `--deadline-s`, so that a bounded run measures the most cells. The answers of the
-first repeat are compared token by token (identical, and the first differing row and
+prompts of a cell, its time scaled by rows / K (its calls are independent and one row each:
+an estimate, exact in steps for the fixed schedule, not for the threshold, whose steps
+depend on the prompt), and the tokens and NFE are compared on those K rows; the report marks
+such cells (bench/gpu_session.sh's 16-row call uses K = 4, to fit a lent GPU's time). Each
+cell times every whole call (`torch.cuda.synchronize()` around it on a GPU), ours and theirs
+in turn (the order alternating between repeats), `--repeats` times (fewer where a cell has
+taken `--repeat-budget-s` already), after one warm-up call of each side per cache (one block
+long; ours with all the rows); the median and the range are kept. The cells run cheapest
+first (1 row before 16, threshold before fixed, dual before prefix before none), and none
+starts after `--deadline-s`, so that a bounded run measures the most cells. The answers of
+the first repeat are compared token by token (identical, and the first differing row and
 position), and every later repeat must give each side's own answers again. NFE: ours is
 `DecodeResult.nfe` per row; theirs is the count their `generate` returns per call, and a
 forward hook on their model counts its calls too.
@@ -644,15 +645,24 @@ def _same(cell: Results) -> str:
     return f"no: row {diff['row']}, position {diff['position']} ({diff['rows_differing']} rows)"
 
 
+def nfe_means(cell: Results) -> tuple[float, float]:
+    """Theirs' and our mean NFE over the rows both ran (`_compared_rows`)."""
+    compared = _compared_rows(cell)
+    theirs, ours = cell["theirs"]["nfe"][:compared], cell["ours"]["nfe"][:compared]
+    return statistics.fmean(theirs), statistics.fmean(ours)
+
+
 def cell_row(cell: Results) -> str:
     """One cell as a row of the section's table."""
-    mean = lambda side: statistics.fmean(cell[side]["nfe"])  # noqa: E731
+    theirs, ours = nfe_means(cell)
+    compared = _compared_rows(cell)
+    first = f" (first {compared} rows)" if compared < cell["rows"] else ""
     repeatable = all(cell["repeatable"].values())
     return (
         f"| {cell['cache']} | {cell['schedule']} | {cell['rows']} "
         f"| {_seconds(cell['theirs'], cell['rows'])} | {_seconds(cell['ours'])} "
         f"| {cell['ratio']:.2f} "
-        f"| {mean('theirs'):.1f} | {mean('ours'):.1f} | {_same(cell)}"
+        f"| {theirs:.1f}{first} | {ours:.1f}{first} | {_same(cell)}"
         f"{'' if repeatable else ' (a side changed its answers between repeats)'} |"
     )
 
@@ -673,7 +683,12 @@ def verdicts(cells: list[Results], not_run: list[list[Any]]) -> list[str]:
         if missing and met:
             verdict = f"no verdict, {len(missing)} cells not run"
         scaled = sum(_compared_rows(c) < c["rows"] for c in mine)
-        estimated = f" ({scaled} with Fast-dLLM's time scaled from fewer rows)" if scaled else ""
+        estimated = (
+            f" ({scaled} with Fast-dLLM's time scaled from, and the tokens compared on, its "
+            "first rows)"
+            if scaled
+            else ""
+        )
         lines.append(
             f"- `{cache}`: ours/theirs {min(c['ratio'] for c in mine):.2f} to {worst:.2f} over "
             f"{len(mine)} cells{estimated}; same tokens in {sum(c['identical'] for c in mine)} "
@@ -707,9 +722,15 @@ def header(results: Results) -> list[str]:
         f"block {sizes['block']}, temperature 0, logit spread {results['args']['logit_std']}.",
         "Seconds per whole `generate` call, median (min-max, repeats); theirs runs one row "
         "per call (16 rows: 16 calls in turn), ours all rows in one call. NFE: forward passes "
-        "per row, the mean over the rows. *est.: K of R rows run*: Fast-dLLM ran the first K "
-        "of the cell's prompts (`--their-rows K`), its time scaled by R / K, its tokens "
-        "compared with our answers to those K.",
+        "per row, the mean over the rows."
+        + (
+            " *est.: K of R rows run*: Fast-dLLM ran the first K of the cell's prompts "
+            "(`--their-rows K`), its time scaled by R / K (an estimate: its other rows are "
+            "taken to cost what the first K did, which holds for the fixed schedule's steps, "
+            "not for the threshold's), its tokens and both sides' NFE compared on those K."
+            if any(_compared_rows(c) < c["rows"] for c in results["cells"])
+            else ""
+        ),
         "",
     ]
 
@@ -732,9 +753,7 @@ def report_lines(results: Results) -> list[str]:
 def notes(results: Results) -> list[str]:
     """What explains a difference the table shows (only where it shows)."""
     more = [
-        c
-        for c in results["cells"]
-        if c["cache"] != "none" and sum(c["theirs"]["nfe"]) > sum(c["ours"]["nfe"])
+        c for c in results["cells"] if c["cache"] != "none" and nfe_means(c)[0] > nfe_means(c)[1]
     ]
     if not more:
         return []
@@ -838,7 +857,8 @@ def add_cell_flags(p: argparse.ArgumentParser) -> None:
         "--their-rows",
         type=int,
         help="Fast-dLLM runs only the first K prompts of a cell (one call each), its time "
-        "scaled by rows / K (default: all; for the 16-row cells in a short GPU session)",
+        "scaled by rows / K, an estimate (default: all; for the 16-row cells in a short GPU "
+        "session)",
     )
     p.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))

@@ -26,8 +26,8 @@
 #       --cached-steps FILES/static_steps_bf16.json
 #   # a second call (fresh $OUT, bench/.fastdllm carried): Fast-dLLM's 16-row cells alone,
 #   # theirs on the first 4 prompts, its time scaled to 16 rows (--their-rows 4; all 16
-#   # would take about 8 minutes)
-#   PART=fastdllm16 bash bench/gpu_session.sh  # about 5 minutes; stops starting cells at 360 s
+#   # would take an estimated 8 minutes)
+#   PART=fastdllm16 bash bench/gpu_session.sh  # an estimated 5 minutes; no cell starts after 360 s
 #   # then, here: python -m bench fastdllm --report-only --json FILES1/fastdllm.json \
 #   #     --merge FILES2/fastdllm16.json
 set -u

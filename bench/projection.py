@@ -50,9 +50,10 @@ an unknown number of steps per block, so its dual cells are not projected.
 run instead (bench/gpu_session.sh's `static_steps_bf16.json`: LLaDA-8B's full shape in
 bfloat16, 1 and 16 rows, the caches part's prompt, answer and block), under `cached_steps=graphs`
 where all its `dual` cells ran, else `static`: per rows, the mean over the first and last block
-of the median over repeats of the block's first step and of its later steps' mean. The run
-must be of the `--json` run's GPU kind and shape (refused, naming what differs); the `none`
-cells stay the `--json` run's eager ones.
+of the median over repeats of the block's first step and of its reuse steps' mean (`graphs`:
+the replays, from the step after the capture, since a decode captures `dual`'s one shape once;
+`static`: all the later steps). The run must be of the `--json` run's GPU, as recorded, and
+shape (refused, naming what differs); the `none` cells stay the `--json` run's eager ones.
 
     .venv/bin/python -m bench projection --data-dir DATA --json bench/results/gpu_bench_h200.json \
         --cached-steps FILES/static_steps_bf16.json   # an H200 session's graphs
@@ -80,6 +81,7 @@ from bench.common import (
     markers,
     write_section,
 )
+from lm_eval_dvoting.core.decoding.static_steps import CAPTURE_ON_STEADY_STEP
 
 SECTION = "projection"
 START, END = markers(SECTION)
@@ -215,6 +217,16 @@ CACHED_STEPS_SHAPE = {
     "prompt_length": CACHE_PROMPT,
 }
 CACHED_STEPS_MODES = ("graphs", "static")  # the first whose cells all ran is read
+# A `graphs` cell is a fresh decoder: its step 1 runs eagerly, step 2 captures (a warm-up
+# pass, the capture, a checked replay), replays follow. In a decode `dual`'s one shape is
+# captured once and every later block's reuse steps replay it, so the time model reads a
+# `graphs` cell's replays only (its block's refill, a copy of the kept keys, is left out);
+# a `static` cell's reuse steps are all its later steps, the refill in the first of them.
+REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
+RERUN = (
+    "run `python -m bench static-steps --device cuda --dtype bfloat16 --layers 32 --rows 1 16` "
+    "on that GPU (bench/gpu_session.sh does)"
+)
 
 
 @dataclass(frozen=True)
@@ -226,54 +238,68 @@ class CachedSteps:
     mode: str  # the `cached_steps` mode whose cells were read
     gpu: str  # the run's GPU, as recorded
     command: str
+    repeats: int
+    path: Path
 
 
-def _cached_steps_mismatch(run: Results) -> list[str]:
-    """How a `static-steps` run differs from the shape the projection models."""
+def reuse_steps(steps: list[float], mode: str) -> list[float]:
+    """The steps of a cell's block that stand for its reuse steps (`REPLAYS_FROM`)."""
+    return steps[REPLAYS_FROM:] if mode == "graphs" else steps[1:]
+
+
+def _cached_steps_mismatch(run: Results, gpu: str) -> list[str]:
+    """How a `static-steps` run differs from the shape the projection models and from the
+    `--json` run's GPU (`gpu`, as recorded: an H100 PCIe is not an H100 SXM)."""
     from bench.gpu_bench import CACHE_SHAPE
 
     args = run.get("args", {})
     wanted = dict(CACHED_STEPS_SHAPE, gen_length=CACHE_SHAPE.gen_length, block=CACHE_SHAPE.block)
     found = [f"{k} {args.get(k)!r} (needs {v!r})" for k, v in wanted.items() if args.get(k) != v]
-    lacking = sorted(set(ROWS) - set(args.get("rows", [])))
-    return found + ([f"rows {args.get('rows')} (needs {list(ROWS)})"] if lacking else [])
+    if set(ROWS) - set(args.get("rows", [])):
+        found.append(f"rows {args.get('rows')} (needs {' and '.join(map(str, ROWS))} among them)")
+    ran_on = run.get("meta", {}).get("facts", {}).get("gpu")
+    if ran_on != gpu:
+        found.append(
+            f"GPU {ran_on or 'not recorded'} (--json's step times are from a {gpu}: give a "
+            "static-steps run of that GPU, or as --json the eager `bench gpu` run of this one)"
+        )
+    return found
 
 
 def _dual_cells(run: Results, mode: str, last_block: int) -> list[list[list[float]]] | None:
     """Per rows (`ROWS`), per block (first, last): each repeat's step times of `dual` under
-    `mode`; None when one of them is missing, refused or shorter than two steps."""
+    `mode`; None when one of them is missing, refused or without a reuse step to read."""
     cells = []
     for rows in ROWS:
         per_block = []
         for block in (0, last_block):
             key = f"dual/{mode}/rows{rows}/block{block}"
             repeats = [r.get(key) or {} for r in run.get("repeats", [])]
-            if not repeats or any("refused" in c or len(c.get("steps", [])) < 2 for c in repeats):
+            if not repeats or any(
+                "refused" in c or not reuse_steps(c.get("steps", []), mode) for c in repeats
+            ):
                 return None
             per_block.append([c["steps"] for c in repeats])
         cells.append(per_block)
     return cells
 
 
+def _median_mean(per_block: list[list[list[float]]], pick: Callable[[list[float]], float]) -> float:
+    """The mean over the blocks of the median over repeats of `pick(steps)`."""
+    return caches_bench.mean([statistics.median(pick(s) for s in b) for b in per_block])
+
+
 def load_cached_steps(run: Results, path: Path, gpu: str) -> CachedSteps:
     """`dual`'s steps from a `python -m bench static-steps` GPU run (`--cached-steps`): per
     rows, the mean over its first and last block of the median over repeats of the block's
-    first step (full) and of its later steps' mean (reuse), under `graphs` where those cells
-    all ran, else `static`. Refused when the run is not the modelled shape, or not on the
-    step-time run's GPU (`gpu`, `gpu_of`), or lacks the cells."""
+    first step (full) and of its reuse steps' mean (`reuse_steps`), under `graphs` where
+    those cells all ran, else `static`. Refused when the run is not the modelled shape, or
+    not on the `--json` run's GPU (`gpu`, its recorded name), or lacks the cells."""
     from bench.gpu_bench import CACHE_SHAPE
 
-    mismatch = _cached_steps_mismatch(run)
-    ran_on = (
-        gpu_of(run.get("meta", {})) if run.get("meta", {}).get("facts", {}).get("gpu") else None
-    )
-    if ran_on != gpu:
-        mismatch.append(
-            f"GPU {ran_on or 'not recorded'} (--json's step times are the {gpu}'s: give a "
-            "run on that kind)"
-        )
+    mismatch = _cached_steps_mismatch(run, gpu)
     if mismatch:
-        raise ValueError(f"--cached-steps {path}: {'; '.join(mismatch)}")
+        raise ValueError(f"--cached-steps {path}: {'; '.join(mismatch)}; {RERUN}")
     last = CACHE_SHAPE.gen_length // CACHE_SHAPE.block - 1
     for mode in CACHED_STEPS_MODES:
         cells = _dual_cells(run, mode, last)
@@ -283,17 +309,17 @@ def load_cached_steps(run: Results, path: Path, gpu: str) -> CachedSteps:
         raise ValueError(
             f"--cached-steps {path}: no cache=dual cells under cached_steps "
             f"{' or '.join(CACHED_STEPS_MODES)} at rows {list(ROWS)}, first and last block; "
-            "give a full `python -m bench static-steps --device cuda` run (bench/gpu_session.sh)"
+            f"{RERUN}"
         )
-    full, reuse = {}, {}
-    for rows, per_block in zip(ROWS, cells):
-        full[rows] = caches_bench.mean([statistics.median(s[0] for s in b) for b in per_block])
-        reuse[rows] = caches_bench.mean(
-            [statistics.median(caches_bench.mean(s[1:]) for s in b) for b in per_block]
-        )
+    full = {rows: _median_mean(b, lambda s: s[0]) for rows, b in zip(ROWS, cells)}
+    reuse = {
+        rows: _median_mean(b, lambda s: caches_bench.mean(reuse_steps(s, mode)))
+        for rows, b in zip(ROWS, cells)
+    }
     meta = run.get("meta", {})
     gpu_name = meta.get("facts", {}).get("gpu", "GPU not recorded")
-    return CachedSteps(full, reuse, mode, gpu_name, meta.get("command", "?"))
+    command, repeats = meta.get("command", "?"), len(run["repeats"])
+    return CachedSteps(full, reuse, mode, gpu_name, command, repeats, path)
 
 
 # ----------------------------------------------------------------------- steps per question
@@ -557,8 +583,16 @@ def dual_source_lines(cached: CachedSteps | None) -> list[str]:
     return [
         f"`dual`'s cells: `--cached-steps` run under `cached_steps={cached.mode}` "
         f"({cached.gpu}; `{cached.command}`): `single`'s fixed schedule over prompt "
-        f"{CACHE_PROMPT} + answer 256, block 32, first and last block, medians of its repeats. "
-        "It is another run than the `none` cells' (the same GPU kind, not the same machine)."
+        f"{CACHE_PROMPT} + answer 256, block 32, first and last block, medians of its "
+        f"{cached.repeats} repeat(s); "
+        + (
+            "the reuse step is the mean of the block's replays (the block's refill and the "
+            "shape's one capture left out, as a decode pays them once)"
+            if cached.mode == "graphs"
+            else "the reuse step is the mean of the block's later steps (its refill included)"
+        )
+        + ". It is another run than the `none` cells' (the same GPU, as recorded; not "
+        "necessarily the same machine)."
     ]
 
 
@@ -647,7 +681,9 @@ def check_lines(bench: Results, none: StepModel) -> list[str]:
     ]
 
 
-def header_lines(bench: Results, args: argparse.Namespace, argv: list[str]) -> list[str]:
+def header_lines(
+    bench: Results, args: argparse.Namespace, argv: list[str], cached: CachedSteps | None = None
+) -> list[str]:
     """Title, command, sources and the token count method."""
     gpu, json_path = gpu_of(bench), _shown(args.json)
     tokens = (
@@ -669,6 +705,14 @@ def header_lines(bench: Results, args: argparse.Namespace, argv: list[str]) -> l
         f"- command: `{command_line('projection', argv)}` (seconds on the CPU)",
         f"- step times: `{json_path}`: {bench.get('facts', {}).get('gpu', 'GPU not recorded')}, "
         f"{bench.get('date', 'date not recorded')}, `{bench.get('command', '?')}`",
+        *(
+            [
+                f"- `dual`'s step times: `{_shown(cached.path)}` (`cached_steps={cached.mode}`): "
+                f"{cached.gpu}, `{cached.command}`"
+            ]
+            if cached
+            else []
+        ),
         "- steps per question: the paper's averages for LLaDA-8B-Instruct (docs/ALGORITHM.md, "
         '"Reference numbers"), each task at the paper\'s generation length L, which is the '
         "task's `max_gen_toks`; questions: every test document; prompts: each task's "
@@ -731,7 +775,7 @@ def section(
     check = check_lines(bench, none)
     check_head = ["", "### Cross-check at 64 tokens", ""] if check else []
     return (
-        header_lines(bench, args, argv)
+        header_lines(bench, args, argv, cached)
         + ["", "### Projected wall time of each whole task", ""]
         + projection_lines(shapes, results, none)
         + ["", "### The tasks", ""]
@@ -804,7 +848,14 @@ def _cached(args: argparse.Namespace, bench: Results) -> CachedSteps | None:
     """`--cached-steps`' `dual` cells, None when it is not given."""
     if args.cached_steps is None:
         return None
-    return load_cached_steps(load_json(args.cached_steps), args.cached_steps, gpu_of(bench))
+    try:
+        run = load_json(args.cached_steps)
+    except ValueError as error:
+        raise ValueError(
+            f"--cached-steps {args.cached_steps}: not readable JSON ({error})"
+        ) from None
+    gpu = bench.get("facts", {}).get("gpu", "GPU not recorded")
+    return load_cached_steps(run, args.cached_steps, gpu)
 
 
 def main(argv: list[str] | None = None) -> int:

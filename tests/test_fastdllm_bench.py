@@ -330,15 +330,30 @@ def test_their_time_is_scaled_from_the_rows_they_ran_and_only_those_are_compared
 
 
 def test_the_report_marks_a_time_scaled_from_fewer_rows():
+    assert not any("*est.:" in line for line in fd.report_lines(_results()))  # none scaled
     results = _results()
     scaled = results["cells"][1]  # none, 16 rows
-    scaled["theirs"]["rows_run"] = 4
+    scaled["theirs"].update(rows_run=4, nfe=[4, 4, 4, 4])
+    scaled["ours"]["nfe"] = [4] * 4 + [30] * 12  # rows theirs did not run: not in the mean
     lines = fd.report_lines(results)
     row = next(line for line in lines if line.startswith("| none | fixed | 16 "))
     assert "| 1.000 (1.000-1.000, 1x, est.: 4 of 16 rows run, x 16/4) |" in row
-    assert row.endswith("| yes (the first 4 rows) |")
+    assert row.endswith("| 4.0 (first 4 rows) | 4.0 (first 4 rows) | yes (the first 4 rows) |")
     verdict = next(line for line in lines if line.startswith("- `none`"))
-    assert "over 2 cells (1 with Fast-dLLM's time scaled from fewer rows)" in verdict
-    assert any("*est.: K of R rows run*" in line for line in lines)
+    assert (
+        "over 2 cells (1 with Fast-dLLM's time scaled from, and the tokens compared on" in verdict
+    )
+    assert any("*est.: K of R rows run*" in line and "an estimate" in line for line in lines)
     plain = next(line for line in lines if line.startswith("| none | fixed | 1 "))
-    assert "est." not in plain and plain.endswith("| yes |")
+    assert "est." not in plain and plain.endswith("| 4.0 | 4.0 | yes |")
+
+
+def test_the_extra_pass_note_compares_the_rows_both_ran():
+    """Theirs ran 4 rows at 9 passes, ours 16 at 8: theirs is above ours per row."""
+    results = _results()
+    results["cells"] = [_cell("dual", 0.3, rows=16)]
+    results["cells"][0]["theirs"].update(rows_run=4, nfe=[9] * 4)
+    results["cells"][0]["ours"]["nfe"] = [8] * 16
+    assert any("one more pass" in line for line in fd.notes(results))
+    results["cells"][0]["theirs"]["nfe"] = [8] * 4
+    assert fd.notes(results) == []

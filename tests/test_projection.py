@@ -169,20 +169,30 @@ def test_the_section_is_labelled_a_projection_and_marks_what_it_extends():
     assert "15.0 ms at 1 row(s), 0.50x the fixed one's; 100.0 ms at 16 row(s), 0.50x" in text
 
 
-def hand_static_steps(gpu: str = "NVIDIA H100 80GB HBM3", **changed) -> dict:
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def _block(full: float, reuse: float, k: float) -> list[float]:
+    """One block of 32 steps (x `k`): the full step, a refill step (3x `reuse`), a capture
+    step (20x), then 29 reuse steps whose mean is `reuse` and whose median is not (20 of
+    0.75x, 9 of 14/9x)."""
+    later = [0.75 * reuse] * 20 + [14 / 9 * reuse] * 9
+    return [k * x for x in [full, 3 * reuse, 20 * reuse, *later]]
+
+
+def hand_static_steps(gpu: str = H100, **changed) -> dict:
     """A `python -m bench static-steps` GPU run by hand: every `dual` cell's block of 32 steps,
-    two repeats; `graphs`: a full step of 50 / 54 ms (the repeats) then 4 ms reuse steps at one
-    row, 300 ms then 30 ms at 16 rows; `static` 1.5x those; the last block's steps 1.1x the
-    first's."""
+    three repeats whose full steps are 50, 54 and 90 ms at one row (median 54; 6x at 16
+    rows); `graphs`' replays average 4 ms (30 ms at 16 rows); `static` is 1.5x `graphs`; the
+    last block's steps are 1.1x the first's."""
     args = dict(projection.CACHED_STEPS_SHAPE, gen_length=256, block=32, rows=[1, 16])
     repeats = []
-    for first in (0.050, 0.054):
+    for first in (0.050, 0.090, 0.054):
         cells = {}
         for rows, full, reuse in ((1, first, 0.004), (16, 6 * first, 0.030)):
             for mode, slower in (("graphs", 1.0), ("static", 1.5)):
                 for block, later in ((0, 1.0), (7, 1.1)):
-                    k = slower * later
-                    steps = [k * full] + [k * reuse] * 31
+                    steps = _block(full, reuse, slower * later)
                     cells[f"dual/{mode}/rows{rows}/block{block}"] = {"steps": steps}
         repeats.append(cells)
     run = {"args": args, "meta": {"facts": {"gpu": gpu}, "command": "bench static-steps"}}
@@ -192,12 +202,15 @@ def hand_static_steps(gpu: str = "NVIDIA H100 80GB HBM3", **changed) -> dict:
     return run
 
 
-def test_cached_steps_read_the_graphs_cells_as_the_dual_model_wants():
-    cached = projection.load_cached_steps(hand_static_steps(), Path("s.json"), "H100")
-    assert cached.mode == "graphs" and cached.gpu == "NVIDIA H100 80GB HBM3"
-    # the median of the repeats' first steps (50, 54 ms: 52), averaged over blocks 0 and 7
-    assert cached.full[1] == pytest.approx(0.052 * (1 + 1.1) / 2)
-    assert cached.full[16] == pytest.approx(6 * 0.052 * (1 + 1.1) / 2)
+def test_cached_steps_read_the_graphs_replays_as_the_dual_model_wants():
+    block = _block(0.0, 0.004, 1.0)
+    assert len(block) == 32 and sum(block[3:]) / 29 == pytest.approx(0.004)  # as it says
+    cached = projection.load_cached_steps(hand_static_steps(), Path("s.json"), H100)
+    assert cached.mode == "graphs" and cached.gpu == H100 and cached.repeats == 3
+    # the median of the repeats' first steps (54 ms), averaged over blocks 0 and 7
+    assert cached.full[1] == pytest.approx(0.054 * (1 + 1.1) / 2)
+    assert cached.full[16] == pytest.approx(6 * 0.054 * (1 + 1.1) / 2)
+    # the replays' mean: the refill and the capture steps left out
     assert cached.reuse[1] == pytest.approx(0.004 * (1 + 1.1) / 2)
     assert cached.reuse[16] == pytest.approx(0.030 * (1 + 1.1) / 2)
 
@@ -206,26 +219,31 @@ def test_cached_steps_fall_back_to_static_where_a_graphs_cell_stopped():
     run = hand_static_steps()
     # its steps ran eagerly up to the refusal: timed, but not `graphs`' figures
     run["repeats"][1]["dual/graphs/rows16/block7"]["refused"] = "cached_steps=graphs: capture"
-    cached = projection.load_cached_steps(run, Path("s.json"), "H100")
+    cached = projection.load_cached_steps(run, Path("s.json"), H100)
     assert cached.mode == "static"
-    assert cached.reuse[1] == pytest.approx(1.5 * 0.004 * (1 + 1.1) / 2)
+    # all the later steps: the refill (3x) and a step of 20x included, over 31 steps
+    static_reuse = 1.5 * 0.004 * (3 + 20 + 29) / 31
+    assert cached.reuse[1] == pytest.approx(static_reuse * (1 + 1.1) / 2)
 
 
 @pytest.mark.parametrize(
     "gpu, changed, named",
     [
-        ("NVIDIA H200", {}, "GPU H200 (--json's step times are the H100's: give a run on"),
-        ("NVIDIA H100 80GB HBM3", {"layers": 4}, "layers 4 (needs 32)"),
-        ("NVIDIA H100 80GB HBM3", {"dtype": "float32"}, "dtype 'float32' (needs 'bfloat16')"),
-        ("NVIDIA H100 80GB HBM3", {"rows": [1, 4]}, "rows [1, 4] (needs [1, 16])"),
-        ("NVIDIA H100 80GB HBM3", {"block": 16}, "block 16 (needs 32)"),
+        ("NVIDIA H200", {}, "GPU NVIDIA H200 (--json's step times are from a NVIDIA H100 80GB"),
+        ("NVIDIA H100 PCIe", {}, "GPU NVIDIA H100 PCIe (--json's step times are from a NVIDIA"),
+        (H100, {"layers": 4}, "layers 4 (needs 32)"),
+        (H100, {"dtype": "float32"}, "dtype 'float32' (needs 'bfloat16')"),
+        (H100, {"rows": [1, 4]}, "rows [1, 4] (needs 1 and 16 among them)"),
+        (H100, {"block": 16}, "block 16 (needs 32)"),
     ],
-    ids=["another GPU", "layers", "dtype", "rows", "block"],
+    ids=["another GPU", "another H100", "layers", "dtype", "rows", "block"],
 )
 def test_cached_steps_of_another_shape_or_gpu_are_refused_naming_it(gpu, changed, named):
     with pytest.raises(ValueError, match="--cached-steps s.json: ") as refused:
-        projection.load_cached_steps(hand_static_steps(gpu, **changed), Path("s.json"), "H100")
+        projection.load_cached_steps(hand_static_steps(gpu, **changed), Path("s.json"), H100)
     assert named in str(refused.value)
+    assert "python -m bench static-steps --device cuda --dtype bfloat16" in str(refused.value)
+    projection.load_cached_steps(hand_static_steps(), Path("s.json"), H100)  # unchanged: taken
 
 
 def test_cached_steps_without_dual_cells_are_refused_before_anything_is_written(tmp_path):
@@ -242,6 +260,9 @@ def test_cached_steps_without_dual_cells_are_refused_before_anything_is_written(
     assert not (tmp_path / "B.md").exists()
     with pytest.raises(SystemExit, match=r"--cached-steps .*nothing.json: no such file"):
         projection.main(argv[:3] + [str(tmp_path / "nothing.json")] + argv[4:])
+    (tmp_path / "steps.json").write_text("{ not json")
+    with pytest.raises(SystemExit, match=r"--cached-steps .*steps.json: not readable JSON"):
+        projection.main(argv)
 
 
 def test_the_section_names_where_the_dual_cells_come_from(tmp_path):
@@ -258,8 +279,11 @@ def test_the_section_names_where_the_dual_cells_come_from(tmp_path):
     parts = (shapes, projection.projections(shapes, paper, none, dual), none, dual)
     text = "\n".join(projection.section(run, args, argv, parts, None, cached))
     assert "`--cached-steps` run under `cached_steps=graphs` (NVIDIA H100 80GB HBM3;" in text
+    assert "medians of its 3 repeat(s); the reuse step is the mean of the block's replays" in text
+    assert "- `dual`'s step times: `" in text and "(`cached_steps=graphs`): NVIDIA H100" in text
     assert f"| 1 | {1e3 * cached.full[1]:.1f} | {1e3 * cached.reuse[1]:.1f} |" in text
     assert "eager PyTorch for `none`, `cached_steps=graphs` for `dual` (another run)" in text
     plain = "\n".join(projection.section(run, args, argv, parts, None))
     assert "the caches part of the same run (eager PyTorch" in plain
     assert "eager PyTorch (no CUDA graphs, no compiled kernels)" in plain
+    assert "- `dual`'s step times" not in plain

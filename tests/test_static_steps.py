@@ -195,8 +195,8 @@ class CaptureHazards(HostReads):
 
 
 class WatchedCapture(EagerReplay):
-    """`EagerReplay` whose every run of the captured pass (the capture's and each replay's)
-    is watched for `CaptureHazards`."""
+    """`EagerReplay` whose every replay of the captured pass (on a GPU the capture runs that
+    same pass) is watched for `CaptureHazards`."""
 
     hazards: collections.Counter[str] = collections.Counter()
     runs = 0
@@ -212,6 +212,20 @@ class WatchedCapture(EagerReplay):
         super().__init__(watched, device)
 
 
+def _watched_decode(model: nn.Module, caches: list[str]) -> None:
+    """Decode `_rows(caches)` under the fixed schedule with graphs replayed by
+    `WatchedCapture` (its counts reset first)."""
+    WatchedCapture.hazards, WatchedCapture.runs = collections.Counter(), 0
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    decoder.forward.static_steps = StaticSteps(model, "graphs")
+    decoder.forward.static_steps.graph_class = WatchedCapture
+    for row in _rows(caches, RULES["fixed"]):
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+
+
 @pytest.mark.parametrize(
     "caches",
     [["dual"], ["prefix"], *CACHE_MIXES],
@@ -223,17 +237,26 @@ def test_the_pass_a_graph_captures_holds_nothing_a_capture_refuses(model, caches
     replays at each step) reads no value on the host, copies nothing to the device with a
     wait, and makes every tensor on a named device. On a GPU the first two would fail the
     capture (`auto` falling back to static buffers, `graphs` refusing)."""
-    WatchedCapture.hazards, WatchedCapture.runs = collections.Counter(), 0
-    model.cached_steps = "static"
-    decoder = RowDecoder(model, pad_token_id=MASK)
-    decoder.forward.static_steps = StaticSteps(model, "graphs")
-    decoder.forward.static_steps.graph_class = WatchedCapture
-    for row in _rows(caches, RULES["fixed"]):
-        decoder.add(row)
-    while decoder.active:
-        decoder.step()
+    _watched_decode(model, caches)
     assert WatchedCapture.runs >= (8 if len(caches) == 1 else 1)
     assert WatchedCapture.hazards == collections.Counter()
+
+
+def test_the_capture_hazards_are_seen_where_a_pass_has_them(model, monkeypatch):
+    """The check above is not blind: a pass that reads a value on the host and makes a tensor
+    without a device is caught, in every replay."""
+    pass_ = model.hidden_states
+
+    @functools.wraps(pass_)  # its signature: the decoder asks whether it takes a cache
+    def hazardous(*args, **kwargs):
+        torch.arange(3).sum().item()
+        return pass_(*args, **kwargs)
+
+    monkeypatch.setattr(model, "hidden_states", hazardous)
+    _watched_decode(model, ["dual"])
+    runs = WatchedCapture.runs
+    assert runs >= 8
+    assert WatchedCapture.hazards == {"arange without a device": runs, "item": runs}
 
 
 class LayoutCheckedSteps(StaticSteps):
