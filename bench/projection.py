@@ -70,7 +70,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench import caches_bench
+from bench import caches_bench, static_steps_bench
 from bench.common import (
     BENCHMARKS_MD,
     REPO,
@@ -81,7 +81,6 @@ from bench.common import (
     markers,
     write_section,
 )
-from lm_eval_dvoting.core.decoding.static_steps import CAPTURE_ON_STEADY_STEP
 
 SECTION = "projection"
 START, END = markers(SECTION)
@@ -217,12 +216,8 @@ CACHED_STEPS_SHAPE = {
     "prompt_length": CACHE_PROMPT,
 }
 CACHED_STEPS_MODES = ("graphs", "static")  # the first whose cells all ran is read
-# A `graphs` cell is a fresh decoder: its step 1 runs eagerly, step 2 captures (a warm-up
-# pass, the capture, a checked replay), replays follow. In a decode `dual`'s one shape is
-# captured once and every later block's reuse steps replay it, so the time model reads a
-# `graphs` cell's replays only (its block's refill, a copy of the kept keys, is left out);
-# a `static` cell's reuse steps are all its later steps, the refill in the first of them.
-REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
+# a `graphs` cell's reuse steps are its replays (`static_steps_bench.reuse_steps`): a decode
+# captures `dual`'s one shape once; the block's refill (a copy of the kept keys) is left out
 RERUN = (
     "run `python -m bench static-steps --device cuda --dtype bfloat16 --layers 32 --rows 1 16` "
     "on that GPU (bench/gpu_session.sh does)"
@@ -240,11 +235,6 @@ class CachedSteps:
     command: str
     repeats: int
     path: Path
-
-
-def reuse_steps(steps: list[float], mode: str) -> list[float]:
-    """The steps of a cell's block that stand for its reuse steps (`REPLAYS_FROM`)."""
-    return steps[REPLAYS_FROM:] if mode == "graphs" else steps[1:]
 
 
 def _cached_steps_mismatch(run: Results, gpu: str) -> list[str]:
@@ -276,7 +266,8 @@ def _dual_cells(run: Results, mode: str, last_block: int) -> list[list[list[floa
             key = f"dual/{mode}/rows{rows}/block{block}"
             repeats = [r.get(key) or {} for r in run.get("repeats", [])]
             if not repeats or any(
-                "refused" in c or not reuse_steps(c.get("steps", []), mode) for c in repeats
+                "refused" in c or not static_steps_bench.reuse_steps(c.get("steps", []), mode)
+                for c in repeats
             ):
                 return None
             per_block.append([c["steps"] for c in repeats])
@@ -313,7 +304,7 @@ def load_cached_steps(run: Results, path: Path, gpu: str) -> CachedSteps:
         )
     full = {rows: _median_mean(b, lambda s: s[0]) for rows, b in zip(ROWS, cells)}
     reuse = {
-        rows: _median_mean(b, lambda s: caches_bench.mean(reuse_steps(s, mode)))
+        rows: _median_mean(b, lambda s: caches_bench.mean(static_steps_bench.reuse_steps(s, mode)))
         for rows, b in zip(ROWS, cells)
     }
     meta = run.get("meta", {})

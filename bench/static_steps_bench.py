@@ -45,9 +45,18 @@ from bench.common import (
 )
 from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import RowDecoder
+from lm_eval_dvoting.core.decoding.static_steps import CAPTURE_ON_STEADY_STEP
 
 START, END = markers("static_steps_bench")
 Results = dict[str, Any]
+# A cell is a fresh decoder entering its block. Under `graphs` its first reuse step runs
+# eagerly (the buffers' fill), the next captures (a warm-up pass, the capture, a checked
+# replay: `CAPTURE_ON_STEADY_STEP`) and the later ones replay. A decode captures each shape
+# once, in its first block, and every later block's reuse steps replay it, the first after
+# its refill: so a `graphs` cell's reuse step is the mean of its replays, its step over a
+# block is its full step with those replays (a later block of a decode), and its capture
+# step is reported apart. Other modes: every step after the full one is a reuse step.
+REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
 
 
 def modes(device: str) -> list[str]:
@@ -146,16 +155,30 @@ def run(args: argparse.Namespace, results: Results) -> None:
 # ----------------------------------------------------------------- the report
 
 
+def reuse_steps(steps: list[float], mode: str) -> list[float]:
+    """The steps of a cell's block that stand for its reuse steps (`REPLAYS_FROM`)."""
+    return steps[REPLAYS_FROM:] if mode == "graphs" else steps[1:]
+
+
+def block_steps(steps: list[float], mode: str) -> list[float]:
+    """The steps of a block of a decode, from a cell's: under `graphs` its full step and its
+    reuse steps at the replays' mean (a later block: no capture, no eager first step)."""
+    if mode != "graphs":
+        return steps
+    return [steps[0]] + [statistics.mean(reuse_steps(steps, mode))] * (len(steps) - 1)
+
+
 def cell_figures(results: Results) -> dict[str, dict[str, float]]:
-    """Per cell: median over repeats of the mean reuse step (ms; steps after the first of the
-    block) and of the mean step over the block (ms), and whether its tokens are dynamic's."""
+    """Per cell: median over repeats of the mean reuse step (ms; `reuse_steps`) and of the
+    mean step over a block (ms; `block_steps`), and whether its tokens are dynamic's."""
     figures: dict[str, dict[str, float]] = {}
     for key in results["repeats"][0]:
         if any("refused" in r[key] for r in results["repeats"]):
             continue  # `refusal_lines` says why
-        reuse = [statistics.mean(r[key]["steps"][1:]) * 1e3 for r in results["repeats"]]
-        block = [statistics.mean(r[key]["steps"]) * 1e3 for r in results["repeats"]]
         cache, mode, rest = key.split("/", 2)
+        steps = [r[key]["steps"] for r in results["repeats"]]
+        reuse = [statistics.mean(reuse_steps(s, mode)) * 1e3 for s in steps]
+        block = [statistics.mean(block_steps(s, mode)) * 1e3 for s in steps]
         same = all(
             r[key]["tokens"] == r[f"{cache}/dynamic/{rest}"]["tokens"] for r in results["repeats"]
         )
@@ -217,12 +240,20 @@ def peak_lines(results: Results) -> list[str]:
     ]
 
 
+def capture_step(cell: Results) -> float:
+    """A `graphs` cell's step that captured its graph (seconds)."""
+    return cell["steps"][CAPTURE_ON_STEADY_STEP]
+
+
 def graph_lines(results: Results) -> list[str]:
-    """The graphs each `graphs` cell held at its block's end, and the cells whose capture was
-    refused (`cached_steps=graphs` raises: the bench goes on with the other cells)."""
+    """The graphs each `graphs` cell held at its block's end and its capture step, and the
+    cells whose capture was refused (`cached_steps=graphs` raises: the bench goes on with
+    the other cells)."""
     cells = results["repeats"][0]
     held = [
-        f"{key} {cell['graphs']}" for key, cell in cells.items() if cell.get("graphs") is not None
+        f"{key} {cell['graphs']} (capture step {1e3 * capture_step(cell):.0f} ms)"
+        for key, cell in cells.items()
+        if cell.get("graphs") is not None and len(cell["steps"]) > CAPTURE_ON_STEADY_STEP
     ]
     refused = [
         f"- refused, {key}: {cell['refused']}"
@@ -231,7 +262,12 @@ def graph_lines(results: Results) -> list[str]:
         if "refused" in cell
     ]
     lines = (
-        ["", f"CUDA graphs held at the block's end (first repeat): {', '.join(held)}."]
+        [
+            "",
+            "CUDA graphs held at the block's end, and the step that captured them (a warm-up "
+            "pass, the capture and a checked replay; a decode pays it once per shape, in its "
+            f"first block), first repeat: {', '.join(held)}.",
+        ]
         if held
         else []
     )
@@ -266,9 +302,10 @@ def section(results: Results) -> list[str]:
         *graph_lines(results),
         "",
         "*reuse step*: a step whose pass reuses the kept keys and values (all but the block's "
-        "first); *step over a block*: the mean over the block's steps, its full first pass "
-        "included, which is what a question costs per step; *none/cell*: `cache=none`'s step "
-        "over the block divided by the cell's.",
+        "first; under `graphs` its replays only); *step over a block*: the mean over the "
+        "block's steps, its full first pass included, which is what a question costs per step "
+        "(under `graphs` a later block of a decode: the full step and the replays, the capture "
+        "listed below); *none/cell*: `cache=none`'s step over the block divided by the cell's.",
         "",
         "What it does not show: random weights; the layers given (the proxy's other layers "
         "would add the same per-layer work to every mode); one rule (the fixed schedule: the "

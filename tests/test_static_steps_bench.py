@@ -85,9 +85,28 @@ def test_the_graphs_a_cell_held_are_listed(run):
     results, _ = run
     cells = copy.deepcopy(results)
     assert static_steps_bench.graph_lines(cells) == []  # no graphs mode on the CPU
-    cells["repeats"][0]["dual/static/rows1/block0"]["graphs"] = 1
+    cell = cells["repeats"][0]["dual/static/rows1/block0"]
+    cell.update(graphs=1, steps=[0.010, 0.003, 0.120, 0.002])
     (line,) = static_steps_bench.graph_lines(cells)[1:]
-    assert line == "CUDA graphs held at the block's end (first repeat): dual/static/rows1/block0 1."
+    assert line.startswith("CUDA graphs held at the block's end, and the step that captured")
+    assert line.endswith("first repeat: dual/static/rows1/block0 1 (capture step 120 ms).")
+
+
+def test_a_graphs_cell_reads_its_replays_as_a_later_block_of_a_decode(run):
+    """A `graphs` cell's first reuse step ran eagerly and its second captured: its reuse
+    step is the mean of the replays after them, its step over a block the full step and
+    those replays; the other modes read every later step. (Planted: steps[1:] for graphs.)"""
+    results = copy.deepcopy(run[0])
+    results["repeats"] = [results["repeats"][0]]
+    cells = results["repeats"][0]
+    for key in [k for k in cells if "/static/" in k]:  # a graphs twin of each static cell
+        cells[key.replace("/static/", "/graphs/")] = copy.deepcopy(cells[key])
+    for key, cell in cells.items():  # 4 steps: full 10 ms, eager 6, capture 90, replay 2
+        cell["steps"] = [0.010, 0.006, 0.090, 0.002]
+    figures = static_steps_bench.cell_figures(results)
+    graphs, static = figures["dual/graphs/rows1/block0"], figures["dual/static/rows1/block0"]
+    assert graphs["reuse"] == pytest.approx(2.0) and graphs["block"] == pytest.approx(4.0)
+    assert static["reuse"] == pytest.approx(98 / 3) and static["block"] == pytest.approx(27.0)
 
 
 def test_an_error_that_is_not_a_refused_capture_stops_the_run(tmp_path, monkeypatch):
