@@ -81,6 +81,27 @@ def add_device_flags(p: argparse.ArgumentParser, repeats_help: str) -> None:
     p.add_argument("--repeats", type=int, default=5, help=f"{repeats_help} (default 5)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="also write the table to this Markdown file, with the command and the machine "
+        "(its GPU named), e.g. a lent GPU's $OUT/refill.md",
+    )
+
+
+def write_table(
+    out: Path | None, suite: str, argv: list[str], device: str, lines: list[str]
+) -> None:
+    """The table of a `add_device_flags` suite, with its command and machine, into `out`
+    (nothing when `out` is None)."""
+    if out is None:
+        return
+    launcher = "python3" if device == "cuda" else ".venv/bin/python"
+    facts = machine_description(torch.device(device))
+    head = [f"Written by `{command_line(suite, argv, launcher)}`, {utc_now()}.", ""]
+    head += [f"- {name}: {value}" for name, value in facts.items()] + [""]
+    out.write_text("\n".join(head + lines) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
 
 
 def parse_device_args(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for rows, tokens in CELLS
     }
-    print(f"{shape}, {args.dtype}, {args.device}")
-    print("\n".join(table(cells, args.device, args.repeats)))
+    lines = [f"{shape}, {args.dtype}, {args.device}", "", *table(cells, args.device, args.repeats)]
+    print("\n".join(lines))
+    common.write_table(args.out, "experts", argv, args.device, lines)
     return 0

@@ -95,12 +95,14 @@ part static_steps_f32 120 "$PY" -m bench static-steps --device "$DEVICE" --dtype
     --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
     --json "$OUT/static_steps_f32.json" --out "$OUT/static_steps_f32.md"
 if [ "${SMOKE:-0}" = 1 ]; then
-    part refill 60 "$PY" -m bench refill --device cpu --repeats 1
+    part refill 60 "$PY" -m bench refill --device cpu --repeats 1 --out "$OUT/refill.md"
 else
-    part refill 60 "$PY" -m bench refill --device cuda --dtype bfloat16 --real-shape
+    part refill 60 "$PY" -m bench refill --device cuda --dtype bfloat16 --real-shape \
+        --out "$OUT/refill.md"
 fi
 if [ "${SMOKE:-0}" = 1 ]; then
-    part experts 60 "$PY" -m bench experts --quick --repeats 1
+    part experts 60 "$PY" -m bench experts --quick --repeats 1 --out "$OUT/experts.md"
 else
-    part experts 60 "$PY" -m bench experts --device cuda --dtype bfloat16
+    part experts 60 "$PY" -m bench experts --device cuda --dtype bfloat16 \
+        --out "$OUT/experts.md"
 fi

@@ -114,5 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse_device_args(p, argv)
     torch.set_num_threads(1)
     configs = REAL_SHAPE if args.real_shape else CONFIGS
-    print("\n".join(table(args.repeats, configs, args.device, getattr(torch, args.dtype))))
+    lines = table(args.repeats, configs, args.device, getattr(torch, args.dtype))
+    print("\n".join(lines))
+    common.write_table(args.out, "refill", argv, args.device, lines)
     return 0
