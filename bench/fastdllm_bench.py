@@ -72,6 +72,7 @@ import importlib
 import importlib.util
 import json
 import math
+import operator
 import statistics
 import subprocess
 import sys
@@ -752,9 +753,7 @@ def report_lines(results: Results) -> list[str]:
 
 def notes(results: Results) -> list[str]:
     """What explains a difference the table shows (only where it shows)."""
-    more = [
-        c for c in results["cells"] if c["cache"] != "none" and nfe_means(c)[0] > nfe_means(c)[1]
-    ]
+    more = [c for c in results["cells"] if c["cache"] != "none" and operator.gt(*nfe_means(c))]
     if not more:
         return []
     return [

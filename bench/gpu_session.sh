@@ -45,7 +45,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
     DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
     SHAPE=""
-    FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30"  # 16 rows: 7-9 min more
+    FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30"  # 16 rows: PART=fastdllm16
     # Fast-dLLM decodes one row a call: its 16-row time is scaled from its first 4 rows
     FAST16="--device cuda --rows 16 --repeats 1 --their-rows 4 --deadline-s 360"
 fi

@@ -149,6 +149,9 @@ def test_experts_counts_a_fixed_number_of_operators_and_no_read_for_the_grouped_
     assert all(c["reads"] == {"grouped": 0, "loop": 1} and c["gap"] == 0 for c in cells)
     assert experts_bench.main(["--quick", "--repeats", "1"]) == 0
     assert "| 16 x 32 | 8 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        experts_bench.main(["--repeats", "0"])
+    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_a_device_suite_writes_its_table_with_the_command_and_machine(tmp_path, capsys):
@@ -163,9 +166,6 @@ def test_a_device_suite_writes_its_table_with_the_command_and_machine(tmp_path, 
     assert "- cpu: " in text and "- torch: " in text
     table = [line for line in printed.splitlines() if line.startswith("|")]
     assert table and all(line in text.splitlines() for line in table)
-    with pytest.raises(SystemExit):
-        experts_bench.main(["--repeats", "0"])
-    assert "--repeats must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_experts_measures_an_older_package_by_its_loop_alone(monkeypatch):
