@@ -59,6 +59,14 @@ def add_output_flags(
         )
 
 
+def add_section_flag(p: argparse.ArgumentParser, default: str) -> None:
+    """`--section NAME`: the name in the markers of the section `--out` gets, so that another
+    run (another GPU, another dtype) gets a section of its own beside the default one."""
+    p.add_argument(
+        "--section", default=default, help=f"the markers' name, `<!-- NAME:start -->` ({default})"
+    )
+
+
 def add_quick_flag(p: argparse.ArgumentParser, text: str = "tiny sizes, for a smoke test") -> None:
     """`--quick`: each suite's tiny sizes, so that a smoke run takes seconds (`text`: its help)."""
     p.add_argument("--quick", action="store_true", help=text)
@@ -96,7 +104,7 @@ def write_table(
     (nothing when `out` is None)."""
     if out is None:
         return
-    launcher = "python3" if device == "cuda" else ".venv/bin/python"
+    launcher = launcher_for(device)
     facts = machine_description(torch.device(device))
     head = [f"Written by `{command_line(suite, argv, launcher)}`, {utc_now()}.", ""]
     head += [f"- {name}: {value}" for name, value in facts.items()] + [""]
@@ -204,6 +212,12 @@ def add_real_shape_arguments(
 def args_record(args: argparse.Namespace) -> Results:
     """The parsed flags as JSON values (paths as strings), to store beside the numbers."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
+def launcher_for(device: str) -> str:
+    """The Python a suite is started with on `device`: a lent GPU machine's `python3` (its
+    image holds PyTorch), this project's virtual environment elsewhere."""
+    return "python3" if str(device).startswith("cuda") else ".venv/bin/python"
 
 
 def command_line(suite: str, argv: list[str], launcher: str = ".venv/bin/python") -> str:

@@ -87,9 +87,11 @@ from bench.common import (
     REPO,
     RESULTS,
     add_output_flags,
+    add_section_flag,
     add_threads_flag,
     args_record,
     command_line,
+    launcher_for,
     load_json,
     markers,
     run_facts,
@@ -100,7 +102,7 @@ from bench.common import (
 from bench.workloads import LLADA_EOS_ID, LLADA_MASK_ID, LLADA_VOCAB, random_llada
 from lm_eval_dvoting.core.decoding import generate as our_generate
 
-START, END = markers("fastdllm_bench")
+SECTION = "fastdllm_bench"  # the markers' name; another run's section gets its own (--section)
 DEFAULT_MIRROR = Path("/work/.mirror/NVlabs+Fast-dLLM/repo")
 DEFAULT_DIR = REPO / "bench" / ".fastdllm"
 RECORD = "fastdllm_export.json"  # the export's record, beside the files
@@ -579,9 +581,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> Results:
     """Measure every cell, writing `--json` after each; the results."""
     torch.set_num_threads(args.threads)
     bench, meta = build(args)
-    launcher = "python3" if bench.device.type == "cuda" else ".venv/bin/python"
+    command = command_line("fastdllm", argv, launcher_for(bench.device.type))
     results: Results = {
-        **run_facts(command_line("fastdllm", argv, launcher), bench.device.type),
+        **run_facts(command, bench.device.type),
         **meta,
         "date": utc_now(),
         "args": args_record(args),
@@ -703,12 +705,12 @@ def header(results: Results) -> list[str]:
     facts, shape, sizes = results["facts"], results["shape"], results["sizes"]
     cpu = results["device"] == "cpu"
     title = "## Fast-dLLM's own `generate` and ours, side by side"
+    title += f" ({facts['gpu']}, {results['dtype']})" if "gpu" in facts else ""
     if cpu:
         title += " (a tiny CPU smoke run: its times are no speed measurement)"
     machine = facts.get("gpu", "no GPU") + f"; {facts['cpu']}; torch {facts['torch']}"
     record = results["fastdllm"]
     return [
-        START,
         title,
         "",
         f"Written by `python -m bench fastdllm --report-only` from the run of {results['date']}:",
@@ -736,19 +738,31 @@ def header(results: Results) -> list[str]:
     ]
 
 
-def report_lines(results: Results) -> list[str]:
-    """The section of BENCHMARKS.md for one run."""
+def report_lines(results: Results, section: str = SECTION) -> list[str]:
+    """The section of BENCHMARKS.md for one run (or merged runs), between the markers
+    `section`."""
     table = [
         "| cache | schedule | rows | Fast-dLLM s | ours s | ours/theirs | NFE theirs "
         "| NFE ours | same tokens |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     table += [cell_row(cell) for cell in results["cells"]]
-    not_run = results.get("not_run", [])
+    not_run, stopped = results.get("not_run", []), results.get("stopped", [])
     table += [f"| {c} | {s} | {r} | not run (--deadline-s) ||||||" for c, s, r in not_run]
-    return (
-        header(results) + table + ["", *verdicts(results["cells"], not_run), *notes(results), END]
-    )
+    table += [
+        f"| {c} | {s} | {r} | not run (the run was stopped first) ||||||" for c, s, r in stopped
+    ]
+    start, end = markers(section)
+    cells = results["cells"]
+    return [
+        start,
+        *header(results),
+        *table,
+        "",
+        *verdicts(cells, not_run + stopped),
+        *notes(results),
+        end,
+    ]
 
 
 def notes(results: Results) -> list[str]:
@@ -803,12 +817,23 @@ def merged(results: Results, others: dict[str, Results]) -> Results:
         out["not_run"] = out.get("not_run", []) + other.get("not_run", [])
         out["also"].append({"command": other["command"], "date": other["date"]})
     out["not_run"] = [c for c in out.get("not_run", []) if tuple(c) not in seen]
+    stopped = [c for run in (results, *others.values()) for c in stopped_cells(run)]
+    out["stopped"] = [c for c in stopped if tuple(c) not in seen]
     return out
 
 
-def write_report(results: Results, out: Path) -> None:
-    """Write the run's section into `out` between its markers."""
-    write_section(out, report_lines(results), START, END)
+def stopped_cells(run: Results) -> list[list[Any]]:
+    """The cells a run's flags asked for that it neither measured nor listed as not run
+    (`--deadline-s`): those left when it was stopped, e.g. killed at a part's time limit."""
+    done = {(c["cache"], c["schedule"], c["rows"]) for c in run["cells"]}
+    done |= {tuple(c) for c in run.get("not_run", [])}
+    asked = cell_order(argparse.Namespace(**run["args"]))
+    return [list(cell) for cell in asked if cell not in done]
+
+
+def write_report(results: Results, out: Path, section: str = SECTION) -> None:
+    """Write the run's section into `out` between the markers `section`."""
+    write_section(out, report_lines(results, section), *markers(section))
 
 
 # ----------------------------------------------------------------- flags
@@ -840,6 +865,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=[],
         help="with --report-only: other runs' JSON whose cells join --json's",
     )
+    add_section_flag(p, SECTION)
     return p.parse_args(argv)
 
 
@@ -891,8 +917,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"exported Fast-dLLM {record['commit'][:12]} into {dest}")
         elif args.report_only:
             others = {str(path): load_json(path) for path in args.merge}
-            write_report(merged(load_json(args.json), others), args.out)
-            print(f"wrote the fastdllm_bench section of {args.out}")
+            write_report(merged(load_json(args.json), others), args.out, args.section)
+            print(f"wrote the {args.section} section of {args.out}")
         else:
             run(args, argv)
     except ExportError as error:

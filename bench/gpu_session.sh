@@ -45,15 +45,16 @@ if [ "${SMOKE:-0}" = 1 ]; then
 else
     DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
     SHAPE=""
-    FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30"  # 16 rows: PART=fastdllm16
-    # Fast-dLLM decodes one row a call: its 16-row time is scaled from its first 4 rows
-    FAST16="--device cuda --rows 16 --repeats 1 --their-rows 4 --deadline-s 360"
+    FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30 --deadline-s ${FAST_DEADLINE:-240}"
+    # Fast-dLLM decodes one row a call: its 16-row time is scaled from its first THEIR_ROWS
+    FAST16="--device cuda --rows 16 --repeats 1 --their-rows ${THEIR_ROWS:-4}"
+    FAST16="$FAST16 --deadline-s ${FAST16_DEADLINE:-360}"
 fi
 
 STARTED=$(date +%s)
 TOTAL=${TOTAL:-570}  # the whole call's seconds: the device tool stops a command at 600
 part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept under $OUT
-    local name=$1 limit=$2
+    local name=$1 limit=${LIMIT:-$2}  # LIMIT: the seconds PARTS gave this part, if any
     shift 2
     local left=$((TOTAL - ($(date +%s) - STARTED)))
     if [ "$left" -lt 30 ]; then  # skipped, said: better than a call stopped mid-part
@@ -68,41 +69,60 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept un
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
-if [ "${PART:-all}" = fastdllm16 ]; then  # the second call: nothing else
-    if [ ! -d bench/.fastdllm ]; then
-        echo "bench/.fastdllm/ is absent: run python -m bench fastdllm --export here, carry it"
-        exit 2
-    fi
-    part fastdllm16 450 "$PY" -m bench fastdllm $FAST16 --json "$OUT/fastdllm16.json" \
-        --out "$OUT/fastdllm16.md"
-    exit 0
-fi
-if [ "${SMOKE:-0}" != 1 ]; then  # on the CPU its tests only skip
-    part gpu_tests 150 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
-        tests/test_static_steps_gpu.py tests/test_moe_gpu.py
-fi
-part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
-    --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" --warm-up "$WARM" \
-    --json "$OUT/static_steps_bf16.json" --out "$OUT/static_steps_bf16.md"
+have_fastdllm() {
+    [ -d bench/.fastdllm ] && return 0
+    echo "== $1 skipped: bench/.fastdllm/ is absent (python -m bench fastdllm --export, carry it)"
+    return 1
+}
+run_part() {  # run_part NAME: one part of the session, by name
+    case $1 in
+    gpu_tests)  # on the CPU its tests only skip
+        [ "${SMOKE:-0}" = 1 ] && return
+        part gpu_tests 150 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
+            tests/test_static_steps_gpu.py tests/test_moe_gpu.py ;;
+    static_steps_bf16)
+        part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" \
+            --dtype "$BF16" --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" \
+            --warm-up "$WARM" --json "$OUT/static_steps_bf16.json" \
+            --out "$OUT/static_steps_bf16.md" ;;
+    fastdllm)
+        have_fastdllm fastdllm || return
+        part fastdllm 300 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \
+            --out "$OUT/fastdllm.md" ;;
+    fastdllm16)
+        have_fastdllm fastdllm16 || return
+        part fastdllm16 450 "$PY" -m bench fastdllm $FAST16 --json "$OUT/fastdllm16.json" \
+            --out "$OUT/fastdllm16.md" ;;
+    static_steps_f32)
+        part static_steps_f32 120 "$PY" -m bench static-steps --device "$DEVICE" \
+            --dtype float32 --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
+            --json "$OUT/static_steps_f32.json" --out "$OUT/static_steps_f32.md" ;;
+    refill)
+        if [ "${SMOKE:-0}" = 1 ]; then
+            part refill 60 "$PY" -m bench refill --device cpu --repeats 1 --out "$OUT/refill.md"
+        else
+            part refill 60 "$PY" -m bench refill --device cuda --dtype bfloat16 --real-shape \
+                --out "$OUT/refill.md"
+        fi ;;
+    experts)
+        if [ "${SMOKE:-0}" = 1 ]; then
+            part experts 60 "$PY" -m bench experts --quick --repeats 1 --out "$OUT/experts.md"
+        else
+            part experts 60 "$PY" -m bench experts --device cuda --dtype bfloat16 \
+                --out "$OUT/experts.md"
+        fi ;;
+    *) echo "== $1: no such part (PARTS: $DEFAULT_PARTS fastdllm16)"; exit 2 ;;
+    esac
+}
+
 # the cells issue #43's bar needs come first; the rest as time allows
-if [ -d bench/.fastdllm ]; then
-    part fastdllm 300 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \
-        --out "$OUT/fastdllm.md"
-else
-    echo "== fastdllm skipped: bench/.fastdllm/ is absent (python -m bench fastdllm --export)"
-fi
-part static_steps_f32 120 "$PY" -m bench static-steps --device "$DEVICE" --dtype float32 \
-    --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
-    --json "$OUT/static_steps_f32.json" --out "$OUT/static_steps_f32.md"
-if [ "${SMOKE:-0}" = 1 ]; then
-    part refill 60 "$PY" -m bench refill --device cpu --repeats 1 --out "$OUT/refill.md"
-else
-    part refill 60 "$PY" -m bench refill --device cuda --dtype bfloat16 --real-shape \
-        --out "$OUT/refill.md"
-fi
-if [ "${SMOKE:-0}" = 1 ]; then
-    part experts 60 "$PY" -m bench experts --quick --repeats 1 --out "$OUT/experts.md"
-else
-    part experts 60 "$PY" -m bench experts --device cuda --dtype bfloat16 \
-        --out "$OUT/experts.md"
-fi
+DEFAULT_PARTS="gpu_tests static_steps_bf16 fastdllm static_steps_f32 refill experts"
+PARTS=${PARTS:-$DEFAULT_PARTS}
+if [ "${PART:-all}" = fastdllm16 ]; then PARTS=fastdllm16; fi  # the second call alone
+for item in $PARTS; do  # NAME or NAME:SECONDS (that part's time limit instead of its own)
+    LIMIT=""
+    case $item in *:*) LIMIT=${item#*:} ;; esac
+    run_part "${item%%:*}"
+done
+# the device tool returns at most 8 files: everything in one archive too
+tar czf /tmp/gpu_session.tgz -C "$OUT" . && mv /tmp/gpu_session.tgz "$OUT/"

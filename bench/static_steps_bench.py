@@ -35,8 +35,10 @@ from bench.common import (
     RESULTS,
     add_output_flags,
     add_real_shape_arguments,
+    add_section_flag,
     args_record,
     command_line,
+    launcher_for,
     load_json,
     markers,
     run_facts,
@@ -47,7 +49,7 @@ from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import RowDecoder
 from lm_eval_dvoting.core.decoding.static_steps import CAPTURE_ON_STEADY_STEP
 
-START, END = markers("static_steps_bench")
+SECTION = "static_steps_bench"  # the markers' name; another run's section: --section
 Results = dict[str, Any]
 # A cell is a fresh decoder entering its block. Under `graphs` its first reuse step runs
 # eagerly (the buffers' fill), the next captures (a warm-up pass, the capture, a checked
@@ -276,16 +278,17 @@ def graph_lines(results: Results) -> list[str]:
     )
 
 
-def section(results: Results) -> list[str]:
+def section(results: Results, name: str = SECTION) -> list[str]:
     meta = results["meta"]
     spread = max(
         figure["reuse_spread"] / max(figure["reuse"], 1e-9)
         for figure in cell_figures(results).values()
     )
     busy = ", ".join(_benchmark_like(meta["busy"]))
+    start, end = markers(name)
     return [
-        START,
-        "## Static-shape cached steps and CUDA graphs (`cached_steps`)",
+        start,
+        "## Static-shape cached steps and CUDA graphs (`cached_steps`)" + machine_title(results),
         "",
         f"Written by `python -m bench static-steps`: {results['description']}; prompt "
         f"{results['args']['prompt_length']} + answer {results['args']['gen_length']}, block "
@@ -311,8 +314,14 @@ def section(results: Results) -> list[str]:
         "would add the same per-layer work to every mode); one rule (the fixed schedule: the "
         "threshold rules change the rows of the reuse pass more often, which refills the "
         "buffers and, with graphs, may capture new shapes).",
-        END,
+        end,
     ]
+
+
+def machine_title(results: Results) -> str:
+    """The GPU and dtype a run measured, for its title (nothing for a CPU run)."""
+    gpu = results["meta"]["facts"].get("gpu")
+    return f" on the {gpu}, {results['args']['dtype']}" if gpu else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,15 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     add_output_flags(p, RESULTS / "static_steps_bench.json")
+    add_section_flag(p, SECTION)
     args = p.parse_args(argv)
     torch.set_grad_enabled(False)
     results = load_json(args.json) if args.report_only else {}
     if not args.report_only:
-        command = command_line("static-steps", argv)
+        command = command_line("static-steps", argv, launcher_for(args.device))
         results.update(args=args_record(args), meta=run_facts(command, args.device))
         run(args, results)
         save_json(args.json, results)
-    write_section(args.out, section(results), START, END)
+    write_section(args.out, section(results, args.section), *markers(args.section))
     print(f"wrote {args.out}")
     return 0
 

@@ -160,7 +160,10 @@ def _results(device="cuda"):
         "shape": dict(fd.FULL_SHAPE),
         "sizes": {"prompt_length": 256, "gen_length": 256, "block": 32},
         "fastdllm": {"source": fd.SOURCE, "commit": "24cc59e75f20a6384bae8c905965bb090b96388e"},
-        "args": {"repeats": 3, "logit_std": 16.0, "threshold": 0.9, "seed": 2},
+        "args": {
+            **{"repeats": 3, "logit_std": 16.0, "threshold": 0.9, "seed": 2},
+            **{"rows": [1, 16], "caches": list(fd.CACHES), "schedules": ["fixed"]},
+        },
         "cells": [
             _cell("none", 0.4),
             _cell("none", 0.3, rows=16),
@@ -172,7 +175,8 @@ def _results(device="cuda"):
 
 def test_the_report_gives_each_cache_its_verdict_from_every_cell():
     lines = fd.report_lines(_results())
-    assert lines[0] == fd.START and lines[-1] == fd.END
+    assert (lines[0], lines[-1]) == fd.markers("fastdllm_bench")
+    assert lines[1].endswith("side by side (NVIDIA H100 80GB HBM3, bfloat16)")
     verdict = {line.split("`")[1]: line for line in lines if line.startswith("- `")}
     assert verdict["none"].endswith("**yes**") and "0.30 to 0.40 over 2 cells" in verdict["none"]
     assert verdict["prefix"].endswith("**no**")  # fast enough, but the tokens differ
@@ -191,11 +195,42 @@ def test_a_cpu_run_is_labelled_a_smoke_run():
 def test_report_only_writes_the_section_between_its_markers(tmp_path):
     json_path, out = tmp_path / "r.json", tmp_path / "B.md"
     fd.save_json(json_path, _results())
-    out.write_text(f"# B\n{fd.START}\nold\n{fd.END}\nafter\n")
+    start, end = fd.markers("fastdllm_bench")
+    out.write_text(f"# B\n{start}\nold\n{end}\nafter\n")
     assert fd.main(["--report-only", "--json", str(json_path), "--out", str(out)]) == 0
     text = out.read_text()
-    assert text.startswith(f"# B\n{fd.START}\n## Fast-dLLM") and text.endswith(f"{fd.END}\nafter\n")
+    assert text.startswith(f"# B\n{start}\n## Fast-dLLM") and text.endswith(f"{end}\nafter\n")
     assert "old" not in text
+
+
+def test_another_runs_section_goes_beside_the_first_under_its_own_markers(tmp_path):
+    json_path, out = tmp_path / "r.json", tmp_path / "B.md"
+    fd.save_json(json_path, _results())
+    start, end = fd.markers("fastdllm_bench")
+    out.write_text(f"# B\n{start}\nkept\n{end}\n")
+    argv = ["--report-only", "--json", str(json_path), "--out", str(out)]
+    assert fd.main([*argv, "--section", "fastdllm_f32"]) == 0
+    text = out.read_text()
+    assert text.startswith(f"# B\n{start}\nkept\n{end}\n")
+    assert "\n<!-- fastdllm_f32:start -->\n## Fast-dLLM" in text
+    assert text.endswith("<!-- fastdllm_f32:end -->\n")
+
+
+def test_cells_a_stopped_run_never_reached_are_listed_and_withhold_the_verdict():
+    killed = _results()  # asked for the 1- and 16-row cells; stopped after these two
+    killed["cells"] = [c for c in killed["cells"] if c["cache"] == "none"]
+    assert fd.stopped_cells(killed) == [
+        ["dual", "fixed", 1],
+        ["prefix", "fixed", 1],
+        ["dual", "fixed", 16],
+        ["prefix", "fixed", 16],
+    ]
+    lines = fd.report_lines(fd.merged(killed, {}))
+    assert "| prefix | fixed | 16 | not run (the run was stopped first) ||||||" in lines
+    killed["cells"] = [_cell("dual", 0.3)]  # fast, same tokens; its 16-row cell never ran
+    lines = fd.report_lines(fd.merged(killed, {}))
+    verdict = next(line for line in lines if line.startswith("- `dual`"))
+    assert verdict.endswith("no verdict, 1 cells not run")
 
 
 def test_a_cache_with_cells_left_unmeasured_gets_no_verdict():

@@ -120,3 +120,22 @@ def test_an_error_that_is_not_a_refused_capture_stops_the_run(tmp_path, monkeypa
     argv = TINY.split() + ["--rows", "1", "--repeats", "1", "--json", str(tmp_path / "s.json")]
     with pytest.raises(RuntimeError, match="CUDA out of memory"):
         static_steps_bench.main(argv + ["--out", str(tmp_path / "B.md")])
+
+
+def test_a_gpu_runs_section_names_the_gpu_and_goes_beside_the_cpu_one(run, tmp_path):
+    results, text = run
+    assert text.splitlines()[1] == "## Static-shape cached steps and CUDA graphs (`cached_steps`)"
+    gpu_run = copy.deepcopy(results)
+    gpu_run["meta"]["facts"]["gpu"] = "NVIDIA H200"
+    gpu_run["args"]["dtype"] = "bfloat16"
+    json_path, out = tmp_path / "gpu.json", tmp_path / "B.md"
+    json_path.write_text(json.dumps(gpu_run))
+    out.write_text(text)
+    argv = ["--report-only", "--json", str(json_path), "--out", str(out)]
+    assert static_steps_bench.main([*argv, "--section", "static_steps_h200"]) == 0
+    both = out.read_text()
+    assert both.startswith(text)  # the CPU run's section kept as it was
+    gpu_section = both[len(text) :]
+    assert gpu_section.lstrip().startswith("<!-- static_steps_h200:start -->\n## Static-shape")
+    assert "(`cached_steps`) on the NVIDIA H200, bfloat16\n" in gpu_section
+    assert gpu_section.rstrip().endswith("<!-- static_steps_h200:end -->")
