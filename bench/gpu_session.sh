@@ -1,42 +1,48 @@
 #!/usr/bin/env bash
-# Issue #43's GPU cells in one run, for a lent GPU machine (an estimated 7 minutes on an H100),
-# the cells the issue's bar needs first:
-#   0. tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`): real CUDA
-#      graphs against the eager paths on the official-tiny fixtures, token for token and pass
-#      for pass; the MoE layers' grouped GEMMs against their loop over experts;
-#   1. `bench static-steps` at LLaDA-8B's full shape in bfloat16 (32 layers), 1 and 16 rows:
-#      cache none / prefix / dual under cached_steps dynamic, static and graphs;
-#   2. `bench fastdllm` (when bench/.fastdllm/ was exported here and carried along): Fast-dLLM's
-#      own LLaDA generate against ours, same weights, same tokens checked (1 row);
-#   3. `bench static-steps` at 4 layers in float32: every mode's tokens must be dynamic's;
-#   4. `bench refill` at LLaDA-8B's key/value heads in bfloat16: a refill of the static
-#      buffers (1, 4, 16 rows), its operators and time on the GPU (seconds);
-#   5. `bench experts` in bfloat16: a LLaDA2.0-mini MoE layer's experts, grouped GEMMs against
-#      the loop over experts (operators, host reads, time; seconds).
-# Each part has its own time limit and log; a part that fails does not stop the next. The
-# whole call keeps within TOTAL seconds (default 570): a part gets at most what is left, and
-# one with under 30 s left is skipped and says so, so the call ends before the tool stops it.
+# Issue #43's GPU cells in one run, for a lent GPU machine (about 8 minutes on an H200), the
+# cells the issue's bar needs first. Parts, in the default order (seconds each took on an H200
+# on 2026-11-28, BENCHMARKS.md's "Issue #43's GPU run"):
+#   gpu_tests          tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`):
+#                      real CUDA graphs against the eager paths on the official-tiny fixtures,
+#                      token for token and pass for pass; MoE grouped GEMMs against the loop (36 s)
+#   static_steps_bf16  `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows:
+#                      cache none / prefix / dual under dynamic, static and graphs (117 s)
+#   fastdllm           `bench fastdllm` (bench/.fastdllm/ exported here and carried along):
+#                      Fast-dLLM's own LLaDA generate against ours, 1 row (4 of 6 cells in 120 s)
+#   static_steps_f32   `bench static-steps` at 4 layers in float32: every mode's tokens must be
+#                      dynamic's (over 60 s)
+#   refill             `bench refill` at LLaDA-8B's key/value heads in bfloat16 (27 s)
+#   experts            `bench experts` in bfloat16: a LLaDA2.0-mini MoE layer (about 30 s)
+#   fastdllm16         not in the default order: Fast-dLLM's 16-row cells, theirs on the first
+#                      THEIR_ROWS (default 4) prompts, its time scaled (4 of 6 cells in 130 s
+#                      with THEIR_ROWS=2)
+# PARTS="NAME[:SECONDS] ..." picks the parts, their order and time limits. Each part has its
+# own limit and log; a part that fails does not stop the next. The whole call keeps within
+# TOTAL seconds (default 570): a part gets at most what is left, and one with under 30 s left
+# is skipped and says so, so the call ends before the tool stops it. The logs and tables go to
+# WORK; OUT gets each part's JSON as soon as it is written and, at the end, gpu_session.tgz
+# with everything (the device tool returns at most 8 files).
 #
 #   # here first: python -m bench fastdllm --export (Fast-dLLM's files into bench/.fastdllm/)
 #   # on the device machine, from the repository root (carry bench/.fastdllm):
-#   bash bench/gpu_session.sh                 # writes under $OUT
-#   # a smoke run of the same script on the CPU (tiny sizes, seconds):
+#   bash bench/gpu_session.sh                             # writes under $OUT
+#   PARTS="fastdllm16:450" bash bench/gpu_session.sh      # a second call (PART=fastdllm16 too)
+#   # a smoke run of the same script on the CPU (tiny sizes, about a minute):
 #   SMOKE=1 OUT=/tmp/gpu_smoke bash bench/gpu_session.sh
-#   # then, here, each suite's section from its JSON, e.g.
-#   .venv/bin/python -m bench static-steps --report-only --json FILES/static_steps_bf16.json
+#   # then, here, each suite's section from its JSON (--section: beside the CPU run's), e.g.
+#   .venv/bin/python -m bench static-steps --report-only --json FILES/static_steps_bf16.json \
+#       --section static_steps_h200_bf16
+#   .venv/bin/python -m bench fastdllm --report-only --json FILES1/fastdllm.json \
+#       --merge FILES2/fastdllm16.json
 #   # and the projection with its dual cells (--json: the eager run of the same GPU kind)
-#   .venv/bin/python -m bench projection --data-dir DATA --json bench/results/gpu_bench_h100.json \
+#   .venv/bin/python -m bench projection --data-dir DATA --json bench/results/gpu_bench_h200.json \
 #       --cached-steps FILES/static_steps_bf16.json
-#   # a second call (fresh $OUT, bench/.fastdllm carried): Fast-dLLM's 16-row cells alone,
-#   # theirs on the first 4 prompts, its time scaled to 16 rows (--their-rows 4; all 16
-#   # would take an estimated 8 minutes)
-#   PART=fastdllm16 bash bench/gpu_session.sh  # an estimated 5 minutes; no cell starts after 360 s
-#   # then, here: python -m bench fastdllm --report-only --json FILES1/fastdllm.json \
-#   #     --merge FILES2/fastdllm16.json
 set -u
 OUT=${OUT:-/tmp/gpu_session}
-mkdir -p "$OUT"
+WORK=${WORK:-$(mktemp -d /tmp/gpu_session.XXXX)}  # logs and tables, packed at the end
+mkdir -p "$OUT" "$WORK"
 PY=${PY:-python3}
+FASTDLLM_FLAGS=${FASTDLLM_FLAGS:-}  # more flags for both Fast-dLLM parts, e.g. --caches prefix none
 if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu BF16=float32 LAYERS=1 F32_LAYERS=1 ROWS="1 2" REPEATS=1 WARM=0
     SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
@@ -53,22 +59,23 @@ fi
 
 STARTED=$(date +%s)
 TOTAL=${TOTAL:-570}  # the whole call's seconds: the device tool stops a command at 600
-part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept under $OUT
+part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept under $WORK
     local name=$1 limit=${LIMIT:-$2}  # LIMIT: the seconds PARTS gave this part, if any
     shift 2
     local left=$((TOTAL - ($(date +%s) - STARTED)))
     if [ "$left" -lt 30 ]; then  # skipped, said: better than a call stopped mid-part
-        echo "== $name skipped: $left s left of TOTAL=$TOTAL" | tee "$OUT/$name.log"
+        echo "== $name skipped: $left s left of TOTAL=$TOTAL" | tee "$WORK/$name.log"
         return
     fi
     if [ "$limit" -gt "$left" ]; then limit=$left; fi
     echo "== $name ($(date -u +%H:%M:%S), at most $limit s)"
-    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-    echo "exit status $?" >>"$OUT/$name.log"
-    tail -n 3 "$OUT/$name.log"
+    timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
+    echo "exit status $?" >>"$WORK/$name.log"
+    tail -n 3 "$WORK/$name.log"
+    if [ -f "$WORK/$name.json" ]; then cp "$WORK/$name.json" "$OUT/"; fi  # kept if later parts fail
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$WORK/gpu.txt" 2>&1
 have_fastdllm() {
     [ -d bench/.fastdllm ] && return 0
     echo "== $1 skipped: bench/.fastdllm/ is absent (python -m bench fastdllm --export, carry it)"
@@ -78,38 +85,38 @@ run_part() {  # run_part NAME: one part of the session, by name
     case $1 in
     gpu_tests)  # on the CPU its tests only skip
         [ "${SMOKE:-0}" = 1 ] && return
-        part gpu_tests 150 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
+        part gpu_tests 90 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
             tests/test_static_steps_gpu.py tests/test_moe_gpu.py ;;
     static_steps_bf16)
-        part static_steps_bf16 300 "$PY" -m bench static-steps --device "$DEVICE" \
+        part static_steps_bf16 200 "$PY" -m bench static-steps --device "$DEVICE" \
             --dtype "$BF16" --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" \
-            --warm-up "$WARM" --json "$OUT/static_steps_bf16.json" \
-            --out "$OUT/static_steps_bf16.md" ;;
+            --warm-up "$WARM" --json "$WORK/static_steps_bf16.json" \
+            --out "$WORK/static_steps_bf16.md" ;;
     fastdllm)
         have_fastdllm fastdllm || return
-        part fastdllm 300 "$PY" -m bench fastdllm $FAST --json "$OUT/fastdllm.json" \
-            --out "$OUT/fastdllm.md" ;;
+        part fastdllm 300 "$PY" -m bench fastdllm $FAST $FASTDLLM_FLAGS --json "$WORK/fastdllm.json" \
+            --out "$WORK/fastdllm.md" ;;
     fastdllm16)
         have_fastdllm fastdllm16 || return
-        part fastdllm16 450 "$PY" -m bench fastdllm $FAST16 --json "$OUT/fastdllm16.json" \
-            --out "$OUT/fastdllm16.md" ;;
+        part fastdllm16 450 "$PY" -m bench fastdllm $FAST16 $FASTDLLM_FLAGS --json "$WORK/fastdllm16.json" \
+            --out "$WORK/fastdllm16.md" ;;
     static_steps_f32)
-        part static_steps_f32 120 "$PY" -m bench static-steps --device "$DEVICE" \
+        part static_steps_f32 150 "$PY" -m bench static-steps --device "$DEVICE" \
             --dtype float32 --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
-            --json "$OUT/static_steps_f32.json" --out "$OUT/static_steps_f32.md" ;;
+            --json "$WORK/static_steps_f32.json" --out "$WORK/static_steps_f32.md" ;;
     refill)
         if [ "${SMOKE:-0}" = 1 ]; then
-            part refill 60 "$PY" -m bench refill --device cpu --repeats 1 --out "$OUT/refill.md"
+            part refill 60 "$PY" -m bench refill --device cpu --repeats 1 --out "$WORK/refill.md"
         else
             part refill 60 "$PY" -m bench refill --device cuda --dtype bfloat16 --real-shape \
-                --out "$OUT/refill.md"
+                --out "$WORK/refill.md"
         fi ;;
     experts)
         if [ "${SMOKE:-0}" = 1 ]; then
-            part experts 60 "$PY" -m bench experts --quick --repeats 1 --out "$OUT/experts.md"
+            part experts 60 "$PY" -m bench experts --quick --repeats 1 --out "$WORK/experts.md"
         else
             part experts 60 "$PY" -m bench experts --device cuda --dtype bfloat16 \
-                --out "$OUT/experts.md"
+                --out "$WORK/experts.md"
         fi ;;
     *) echo "== $1: no such part (PARTS: $DEFAULT_PARTS fastdllm16)"; exit 2 ;;
     esac
@@ -124,5 +131,5 @@ for item in $PARTS; do  # NAME or NAME:SECONDS (that part's time limit instead o
     case $item in *:*) LIMIT=${item#*:} ;; esac
     run_part "${item%%:*}"
 done
-# the device tool returns at most 8 files: everything in one archive too
-tar czf /tmp/gpu_session.tgz -C "$OUT" . && mv /tmp/gpu_session.tgz "$OUT/"
+# the device tool returns at most 8 files: everything in one archive
+tar czf "$OUT/gpu_session.tgz" -C "$WORK" .
