@@ -22,6 +22,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.host_reads_bench",
         "host reads (syncs on a GPU) and commit operators per decoder step, per rule (CPU)",
     ),
+    "step-profile": (
+        "bench.step_profile",
+        "one cached reuse step, kernel by kernel: where its time goes (a GPU's kernels)",
+    ),
     "refill": (
         "bench.refill_bench",
         "operators (kernel launches on a GPU) and CPU time of one refill of the static buffers",

@@ -5,6 +5,9 @@
 #   gpu_tests          tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`):
 #                      real CUDA graphs against the eager paths on the official-tiny fixtures,
 #                      token for token and pass for pass; MoE grouped GEMMs against the loop (36 s)
+#   step_profile       `bench step-profile` at LLaDA-8B's shape in bfloat16: the one-row dual
+#                      reuse step's kernels by category, and its wall time under static and
+#                      graphs (not run yet; an estimated 40 s)
 #   static_steps_bf16  `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows:
 #                      cache none / prefix / dual under dynamic, static and graphs (117 s)
 #   fastdllm           `bench fastdllm` (bench/.fastdllm/ exported here and carried along):
@@ -46,11 +49,12 @@ FASTDLLM_FLAGS=${FASTDLLM_FLAGS:-}  # more flags for both Fast-dLLM parts, e.g. 
 if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu BF16=float32 LAYERS=1 F32_LAYERS=1 ROWS="1 2" REPEATS=1 WARM=0
     SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
+    PROFILE_SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 16"
     FAST="--tiny --rows 1 --repeats 1"
     FAST16="--tiny --rows 2 --repeats 1 --their-rows 1"
 else
     DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
-    SHAPE=""
+    SHAPE="" PROFILE_SHAPE=""
     FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30 --deadline-s ${FAST_DEADLINE:-240}"
     # Fast-dLLM decodes one row a call: its 16-row time is scaled from its first THEIR_ROWS
     FAST16="--device cuda --rows 16 --repeats 1 --their-rows ${THEIR_ROWS:-4}"
@@ -87,6 +91,10 @@ run_part() {  # run_part NAME: one part of the session, by name
         [ "${SMOKE:-0}" = 1 ] && return
         part gpu_tests 90 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
             tests/test_static_steps_gpu.py tests/test_moe_gpu.py ;;
+    step_profile)  # the one-row dual reuse step, kernel by kernel
+        part step_profile 90 "$PY" -m bench step-profile --device "$DEVICE" --dtype "$BF16" \
+            --layers "$LAYERS" $PROFILE_SHAPE --json "$WORK/step_profile.json" \
+            --out "$WORK/step_profile.md" ;;
     static_steps_bf16)
         part static_steps_bf16 200 "$PY" -m bench static-steps --device "$DEVICE" \
             --dtype "$BF16" --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" \
@@ -123,7 +131,7 @@ run_part() {  # run_part NAME: one part of the session, by name
 }
 
 # the cells issue #43's bar needs come first; the rest as time allows
-DEFAULT_PARTS="gpu_tests static_steps_bf16 fastdllm static_steps_f32 refill experts"
+DEFAULT_PARTS="gpu_tests step_profile static_steps_bf16 fastdllm static_steps_f32 refill experts"
 PARTS=${PARTS:-$DEFAULT_PARTS}
 if [ "${PART:-all}" = fastdllm16 ]; then PARTS=fastdllm16; fi  # the second call alone
 for item in $PARTS; do  # NAME or NAME:SECONDS (that part's time limit instead of its own)
