@@ -767,15 +767,41 @@ def report_lines(results: Results, section: str = SECTION) -> list[str]:
 
 def notes(results: Results) -> list[str]:
     """What explains a difference the table shows (only where it shows)."""
-    more = [c for c in results["cells"] if c["cache"] != "none" and operator.gt(*nfe_means(c))]
-    if not more:
-        return []
-    return [
-        "",
-        "NFE theirs above ours in the prefix and dual cells: their loop runs one more pass "
-        "in a block whose first (full) pass already committed all of it; that pass commits "
-        "nothing, so the tokens are the same. Ours goes on to the next block.",
+    cells = results["cells"]
+    more = [
+        c for c in cells if c["identical"] and c["cache"] != "none" and operator.gt(*nfe_means(c))
     ]
+    lines = []
+    if more:
+        lines += [
+            "",
+            "NFE theirs above ours in the prefix and dual cells: their loop runs one more pass "
+            "in a block whose first (full) pass already committed all of it; that pass commits "
+            "nothing, so the tokens are the same. Ours goes on to the next block.",
+        ]
+    parted = [c for c in cells if not c["identical"] and c["rows"] == 1]
+    if parted:
+        lines += ["", per_pass_note(parted)]
+    return lines
+
+
+def per_pass_note(cells: list[Results]) -> str:
+    """Where the answers part, the two sides ran different passes: their time per pass
+    (one-row cells: seconds over NFE) compares the work itself."""
+    ratios = []
+    for cell in cells:
+        theirs_nfe, ours_nfe = nfe_means(cell)
+        theirs = cell["theirs"]["median_s"] / theirs_nfe
+        ours = cell["ours"]["median_s"] / ours_nfe
+        ratios.append(
+            f"`{cell['cache']}` {cell['schedule']} {ours * 1e3:.1f} / {theirs * 1e3:.1f} ms "
+            f"({ours / theirs:.2f})"
+        )
+    return (
+        "Where the tokens differ the two sides took different paths, and the threshold cells "
+        "different numbers of passes, so their times compare different work. Per pass (one "
+        "row: seconds over NFE), ours / theirs: " + "; ".join(ratios) + "."
+    )
 
 
 def _run_identity(results: Results) -> Results:

@@ -200,7 +200,7 @@ def test_report_only_writes_the_section_between_its_markers(tmp_path):
     assert fd.main(["--report-only", "--json", str(json_path), "--out", str(out)]) == 0
     text = out.read_text()
     assert text.startswith(f"# B\n{start}\n## Fast-dLLM") and text.endswith(f"{end}\nafter\n")
-    assert "old" not in text
+    assert "\nold\n" not in text
 
 
 def test_another_runs_section_goes_beside_the_first_under_its_own_markers(tmp_path):
@@ -301,7 +301,7 @@ def test_merge_refuses_another_machine_kind_and_a_cell_measured_twice():
 def test_the_extra_pass_of_their_cached_loops_is_explained_only_where_it_shows():
     results = _results()
     assert not any("one more pass" in line for line in fd.report_lines(results))
-    results["cells"][2]["theirs"]["nfe"] = [5]  # prefix: theirs 5 passes, ours 4
+    results["cells"][3]["theirs"]["nfe"] = [5]  # dual, same tokens: theirs 5 passes, ours 4
     assert any("one more pass" in line for line in fd.report_lines(results))
 
 
@@ -392,3 +392,13 @@ def test_the_extra_pass_note_compares_the_rows_both_ran():
     assert any("one more pass" in line for line in fd.notes(results))
     results["cells"][0]["theirs"]["nfe"] = [8] * 4
     assert fd.notes(results) == []
+
+
+def test_cells_whose_tokens_part_are_compared_per_pass_too():
+    results = _results()
+    prefix = results["cells"][2]  # tokens differ, one row: 0.45 s over 4 passes, theirs 1.0 s
+    prefix["theirs"]["nfe"] = [5]  # more passes on their path: no "one more pass" note
+    text = "\n".join(fd.report_lines(results))
+    assert "one more pass" not in text
+    assert "ours / theirs: `prefix` fixed 112.5 / 200.0 ms (0.56)." in text
+    assert "`none` fixed" not in text  # the cells whose tokens agree are not listed
