@@ -749,9 +749,7 @@ def report_lines(results: Results, section: str = SECTION) -> list[str]:
     table += [cell_row(cell) for cell in results["cells"]]
     not_run, stopped = results.get("not_run", []), results.get("stopped", [])
     table += [f"| {c} | {s} | {r} | not run (--deadline-s) ||||||" for c, s, r in not_run]
-    table += [
-        f"| {c} | {s} | {r} | not run (the run was stopped first) ||||||" for c, s, r in stopped
-    ]
+    table += [f"| {c} | {s} | {r} | not run (the run ended first) ||||||" for c, s, r in stopped]
     start, end = markers(section)
     cells = results["cells"]
     return [
@@ -842,15 +840,21 @@ def merged(results: Results, others: dict[str, Results]) -> Results:
             out["cells"].append(cell)
         out["not_run"] = out.get("not_run", []) + other.get("not_run", [])
         out["also"].append({"command": other["command"], "date": other["date"]})
-    out["not_run"] = [c for c in out.get("not_run", []) if tuple(c) not in seen]
+    out["not_run"] = _unique([c for c in out.get("not_run", []) if tuple(c) not in seen])
+    listed = seen | {tuple(c) for c in out["not_run"]}
     stopped = [c for run in (results, *others.values()) for c in stopped_cells(run)]
-    out["stopped"] = [c for c in stopped if tuple(c) not in seen]
+    out["stopped"] = _unique([c for c in stopped if tuple(c) not in listed])
     return out
+
+
+def _unique(cells: list[list[Any]]) -> list[list[Any]]:
+    """`cells` with each (cache, schedule, rows) once, in their first order."""
+    return [list(cell) for cell in dict.fromkeys(tuple(c) for c in cells)]
 
 
 def stopped_cells(run: Results) -> list[list[Any]]:
     """The cells a run's flags asked for that it neither measured nor listed as not run
-    (`--deadline-s`): those left when it was stopped, e.g. killed at a part's time limit."""
+    (`--deadline-s`): those left when it ended, killed at a part's time limit or failed."""
     done = {(c["cache"], c["schedule"], c["rows"]) for c in run["cells"]}
     done |= {tuple(c) for c in run.get("not_run", [])}
     asked = cell_order(argparse.Namespace(**run["args"]))

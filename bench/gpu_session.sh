@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Issue #43's GPU cells in one run, for a lent GPU machine (about 8 minutes on an H200), the
-# cells the issue's bar needs first. Parts, in the default order (seconds each took on an H200
+# Issue #43's GPU cells in one run, for a lent GPU machine (at most TOTAL=570 s), the cells
+# the issue's bar needs first. Parts, in the default order (seconds each took on an H200
 # on 2026-11-28, BENCHMARKS.md's "Issue #43's GPU run"):
 #   gpu_tests          tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`):
 #                      real CUDA graphs against the eager paths on the official-tiny fixtures,
@@ -15,16 +15,17 @@
 #   static_steps_f32   `bench static-steps` at 4 layers in float32: every mode's tokens must be
 #                      dynamic's (over 60 s)
 #   refill             `bench refill` at LLaDA-8B's key/value heads in bfloat16 (27 s)
-#   experts            `bench experts` in bfloat16: a LLaDA2.0-mini MoE layer (about 30 s)
+#   experts            `bench experts` in bfloat16: a LLaDA2.0-mini MoE layer (about 20 s)
 #   fastdllm16         not in the default order: Fast-dLLM's 16-row cells, theirs on the first
 #                      THEIR_ROWS (default 4) prompts, its time scaled (4 of 6 cells in 130 s
 #                      with THEIR_ROWS=2)
 # PARTS="NAME[:SECONDS] ..." picks the parts, their order and time limits. Each part has its
 # own limit and log; a part that fails does not stop the next. The whole call keeps within
 # TOTAL seconds (default 570): a part gets at most what is left, and one with under 30 s left
-# is skipped and says so, so the call ends before the tool stops it. The logs and tables go to
-# WORK; OUT gets each part's JSON as soon as it is written and, at the end, gpu_session.tgz
-# with everything (the device tool returns at most 8 files).
+# is skipped and says so, so the call ends before the tool stops it. The default order fills
+# TOTAL before `refill` and `experts` (both measured on 2026-11-28). The logs and tables go to
+# WORK; after each part OUT gets its JSON and a fresh gpu_session.tgz of everything so far
+# (the device tool returns at most 8 files).
 #
 #   # here first: python -m bench fastdllm --export (Fast-dLLM's files into bench/.fastdllm/)
 #   # on the device machine, from the repository root (carry bench/.fastdllm):
@@ -73,10 +74,12 @@ part() {  # part NAME SECONDS COMMAND...: run it under a time limit, log kept un
     fi
     if [ "$limit" -gt "$left" ]; then limit=$left; fi
     echo "== $name ($(date -u +%H:%M:%S), at most $limit s)"
-    timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
+    timeout -k 10 "$limit" "$@" >"$WORK/$name.log" 2>&1
     echo "exit status $?" >>"$WORK/$name.log"
     tail -n 3 "$WORK/$name.log"
-    if [ -f "$WORK/$name.json" ]; then cp "$WORK/$name.json" "$OUT/"; fi  # kept if later parts fail
+    # what has been measured reaches OUT now, should the tool stop a later part
+    if [ -f "$WORK/$name.json" ]; then cp "$WORK/$name.json" "$OUT/"; fi
+    tar czf "$OUT/gpu_session.tgz" -C "$WORK" .
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$WORK/gpu.txt" 2>&1
@@ -126,18 +129,31 @@ run_part() {  # run_part NAME: one part of the session, by name
             part experts 60 "$PY" -m bench experts --device cuda --dtype bfloat16 \
                 --out "$WORK/experts.md"
         fi ;;
-    *) echo "== $1: no such part (PARTS: $DEFAULT_PARTS fastdllm16)"; exit 2 ;;
     esac
 }
 
 # the cells issue #43's bar needs come first; the rest as time allows
 DEFAULT_PARTS="gpu_tests step_profile static_steps_bf16 fastdllm static_steps_f32 refill experts"
+KNOWN=" $DEFAULT_PARTS fastdllm16 "
 PARTS=${PARTS:-$DEFAULT_PARTS}
 if [ "${PART:-all}" = fastdllm16 ]; then PARTS=fastdllm16; fi  # the second call alone
+for item in $PARTS; do  # every name and limit checked before any part runs
+    case $KNOWN in *" ${item%%:*} "*) ;; *)
+        echo "PARTS: no part named '${item%%:*}' (the parts:$KNOWN)"; exit 2 ;;
+    esac
+    case $item in *:*)
+        seconds=${item#*:}
+        case $seconds in '' | *[!0-9]*) seconds=0 ;; esac
+        if [ $((10#$seconds)) -lt 1 ]; then
+            echo "PARTS: '$item': give NAME:SECONDS with SECONDS a whole number above 0"
+            exit 2
+        fi ;;
+    esac
+done
 for item in $PARTS; do  # NAME or NAME:SECONDS (that part's time limit instead of its own)
     LIMIT=""
-    case $item in *:*) LIMIT=${item#*:} ;; esac
+    case $item in *:*) LIMIT=$((10#${item#*:})) ;; esac
     run_part "${item%%:*}"
 done
-# the device tool returns at most 8 files: everything in one archive
+# the device tool returns at most 8 files: everything in one archive (remade after each part)
 tar czf "$OUT/gpu_session.tgz" -C "$WORK" .

@@ -66,7 +66,7 @@ STEADY_STEPS = 1 + CAPTURE_ON_STEADY_STEP + 1
 # a kernel's or operator's category, by the first pattern its lower-cased name contains
 CATEGORIES = (
     ("matmul", ("gemm", "gemv", "nvjet", "xmma", "linear", "aten::mm", "aten::addmm", "bmm")),
-    ("attention", ("attention", "fmha", "flash", "attn")),
+    ("attention", ("attention", "fmha", "flash", "attn", "sdpa")),
 )
 OTHER = "other (norms, rotary, casts, adds, copies, the rule's)"
 
@@ -80,7 +80,9 @@ def category(name: str) -> str:
     return OTHER
 
 
-def steady_decoder(model: Any, prompt: torch.Tensor, args: argparse.Namespace, mode: str):
+def steady_decoder(
+    model: Any, prompt: torch.Tensor, args: argparse.Namespace, mode: str
+) -> RowDecoder:
     """A decoder in the answer's first block under `cached_steps=mode`, stepped until its
     reuse passes are steady (buffers filled; under `graphs` the graph captured and replayed)."""
     model.cached_steps = mode
@@ -120,11 +122,12 @@ def wall_ms(decoder: RowDecoder, steps: int, device: str) -> float:
 
 def operators_per_layer(args: argparse.Namespace) -> dict[str, float]:
     """The top-level operators a reuse step adds per layer, by name: a 2-layer tiny model's
-    count minus a 1-layer one's, at the run's lengths, cache and rows (CPU, float32)."""
+    count minus a 1-layer one's, at the run's lengths, cache, rows and dtype (on the CPU: the
+    count is the same on a GPU, where each is a kernel launch or more)."""
     counts = []
     for layers in (1, 2):
         tiny = argparse.Namespace(**{**vars(args), "layers": layers, "width": 64, "heads": 4})
-        work = real_shape_workload(tiny)
+        work = real_shape_workload(tiny, "cpu", getattr(torch, args.dtype))
         decoder = steady_decoder(work.model, work.prompts[0], tiny, "static")
         counts.append(collections.Counter(e.name for e in top_operators(decoder.step)))
     return {name: float(n) for name, n in sorted((counts[1] - counts[0]).items())}
@@ -139,16 +142,19 @@ def weight_gb(model: torch.nn.Module) -> float:
 
 
 def run(args: argparse.Namespace, results: Results) -> None:
+    """Profile a steady reuse step, time it under each mode (each a fresh decoder, timed at
+    the same steps of the block), count a layer's operators; into `results`."""
     work = real_shape_workload(args, args.device, getattr(torch, args.dtype))
     results["description"] = work.description
     results["weights_gb"] = weight_gb(work.model)
     prompt = work.prompts[0].to(args.device)
-    static = steady_decoder(work.model, prompt, args, "static")
-    results["kernels"] = kernels_per_step(static, args.profile_steps, args.device)
-    results["wall_ms"] = {"static": wall_ms(static, args.timed_steps, args.device)}
-    if args.device == "cuda":
-        graphs = steady_decoder(work.model, prompt, args, "graphs")
-        results["wall_ms"]["graphs"] = wall_ms(graphs, args.timed_steps, args.device)
+    profiled = steady_decoder(work.model, prompt, args, "static")
+    results["kernels"] = kernels_per_step(profiled, args.profile_steps, args.device)
+    del profiled  # on a GPU its buffers would sit beside the timed decoders'
+    results["wall_ms"] = {}
+    for mode in ("static", "graphs") if args.device == "cuda" else ("static",):
+        timed_decoder = steady_decoder(work.model, prompt, args, mode)
+        results["wall_ms"][mode] = wall_ms(timed_decoder, args.timed_steps, args.device)
     results["operators_per_layer"] = operators_per_layer(args)
 
 
@@ -183,6 +189,7 @@ def top_rows(results: Results, count: int = 12) -> list[str]:
 
 
 def summary_lines(results: Results) -> list[str]:
+    """The step's wall times, the bytes a pass reads and the operators per layer."""
     args, wall = results["args"], results["wall_ms"]
     per_layer = results["operators_per_layer"]
     graphs = f", under `graphs` {wall['graphs']:.2f} ms" if "graphs" in wall else ""
@@ -231,6 +238,7 @@ def section(results: Results, name: str = SECTION) -> list[str]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags; a block too short for the steps the run takes is refused here, first."""
     p = argparse.ArgumentParser(prog="python -m bench step-profile", description=__doc__)
     add_real_shape_arguments(p, prompt_length=256, gen_length=256)
     p.add_argument("--block", type=int, default=32)
@@ -243,11 +251,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_output_flags(p, RESULTS / "step_profile.json")
     add_section_flag(p, SECTION)
     args = p.parse_args(argv)
-    needed = STEADY_STEPS + args.profile_steps + args.timed_steps
+    needed = STEADY_STEPS + max(args.profile_steps, args.timed_steps)
     if args.block < needed:
         p.error(
-            f"--block {args.block}: the decoder steps {needed} times in one block "
-            f"({STEADY_STEPS} to get steady, --profile-steps {args.profile_steps}, "
+            f"--block {args.block}: a decoder steps up to {needed} times in one block "
+            f"({STEADY_STEPS} to get steady, then --profile-steps {args.profile_steps} or "
             f"--timed-steps {args.timed_steps}); give --block {needed} or more, or fewer steps"
         )
     if args.gen_length % args.block:
@@ -256,6 +264,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the suite (or, with `--report-only`, only write its section from `--json`)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     torch.set_grad_enabled(False)

@@ -226,7 +226,7 @@ def test_cells_a_stopped_run_never_reached_are_listed_and_withhold_the_verdict()
         ["prefix", "fixed", 16],
     ]
     lines = fd.report_lines(fd.merged(killed, {}))
-    assert "| prefix | fixed | 16 | not run (the run was stopped first) ||||||" in lines
+    assert "| prefix | fixed | 16 | not run (the run ended first) ||||||" in lines
     killed["cells"] = [_cell("dual", 0.3)]  # fast, same tokens; its 16-row cell never ran
     lines = fd.report_lines(fd.merged(killed, {}))
     verdict = next(line for line in lines if line.startswith("- `dual`"))
@@ -402,3 +402,17 @@ def test_cells_whose_tokens_part_are_compared_per_pass_too():
     assert "one more pass" not in text
     assert "ours / theirs: `prefix` fixed 112.5 / 200.0 ms (0.56)." in text
     assert "`none` fixed" not in text  # the cells whose tokens agree are not listed
+
+
+def test_merged_runs_list_each_unreached_cell_once_and_drop_those_run_elsewhere():
+    first, rerun = _results(), _results()  # both asked for every cache at 1 and 16 rows
+    first["cells"] = [c for c in first["cells"] if c["rows"] == 1]
+    first["not_run"] = [["prefix", "fixed", 16]]  # --deadline-s
+    rerun["cells"] = [c for c in rerun["cells"] if c["rows"] == 16]  # none at 16 rows
+    rerun["command"], rerun["date"] = "python3 -m bench fastdllm --rows 16", "later"
+    both = fd.merged(first, {"b.json": rerun})
+    assert both["not_run"] == [["prefix", "fixed", 16]]
+    # dual at 16 rows: unreached by both runs, listed once; none at 16: run by the second
+    assert both["stopped"] == [["dual", "fixed", 16]]
+    lines = fd.report_lines(both)
+    assert sum(line.startswith("| dual | fixed | 16 | not run") for line in lines) == 1

@@ -5,6 +5,7 @@ comes back in one archive (the device tool returns at most 8 files)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -27,12 +28,14 @@ def _archived(tmp_path: Path) -> set[str]:
         return {Path(name).name for name in archive.getnames()}
 
 
-def test_a_part_given_seconds_runs_under_them_and_its_files_are_archived(tmp_path):
-    done = _session(tmp_path, PARTS="experts:45", TOTAL="200")
+def test_parts_run_under_their_seconds_or_what_is_left_and_their_files_come_back(tmp_path):
+    done = _session(tmp_path, PARTS="step_profile:45 experts:500", TOTAL="300")
     assert done.returncode == 0, done.stderr
-    assert "== experts (" in done.stdout and "at most 45 s)" in done.stdout
-    assert {"experts.log", "experts.md", "gpu.txt"} <= _archived(tmp_path)
-    assert "exit status 0" in (tmp_path / "work" / "experts.log").read_text()
+    assert "== step_profile (" in done.stdout and "at most 45 s)" in done.stdout
+    experts = re.search(r"== experts \(\S+, at most (\d+) s\)", done.stdout)
+    assert experts and 200 < int(experts.group(1)) < 300  # what was left of TOTAL
+    assert (tmp_path / "out" / "step_profile.json").is_file()  # each JSON as its part ends
+    assert {"step_profile.log", "experts.log", "experts.md", "gpu.txt"} <= _archived(tmp_path)
 
 
 def test_parts_left_with_too_little_time_are_skipped_and_said(tmp_path):
@@ -44,8 +47,13 @@ def test_parts_left_with_too_little_time_are_skipped_and_said(tmp_path):
     assert {"refill.log", "experts.log"} <= _archived(tmp_path)
 
 
-def test_an_unknown_part_is_refused_naming_it_and_the_parts_there_are(tmp_path):
-    done = _session(tmp_path, PARTS="static_steps")
+def test_an_unknown_part_or_a_bad_limit_is_refused_before_any_part_runs(tmp_path):
+    done = _session(tmp_path, PARTS="experts static_steps")
     assert done.returncode == 2
-    assert "== static_steps: no such part" in done.stdout
+    assert "PARTS: no part named 'static_steps'" in done.stdout
     assert "static_steps_bf16" in done.stdout and "fastdllm16" in done.stdout
+    assert "== experts" not in done.stdout  # the part before it did not run
+    for bad in ("experts:0", "experts:ten", "experts:"):
+        done = _session(tmp_path, PARTS=bad)
+        assert done.returncode == 2
+        assert f"PARTS: '{bad}': give NAME:SECONDS" in done.stdout
