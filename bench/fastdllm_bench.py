@@ -870,6 +870,7 @@ def write_report(results: Results, out: Path, section: str = SECTION) -> None:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags: what to export, or the cells to run, or the runs to report."""
     p = argparse.ArgumentParser(
         prog="python -m bench fastdllm", description=__doc__.split("\n\n")[0]
     )
@@ -938,6 +939,7 @@ def add_cell_flags(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Export Fast-dLLM's files, run the cells, or write the section from runs' JSON."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:

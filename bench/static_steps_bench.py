@@ -279,6 +279,7 @@ def graph_lines(results: Results) -> list[str]:
 
 
 def section(results: Results, name: str = SECTION) -> list[str]:
+    """The run's section of BENCHMARKS.md, between the markers `name`."""
     meta = results["meta"]
     spread = max(
         figure["reuse_spread"] / max(figure["reuse"], 1e-9)
@@ -325,6 +326,7 @@ def machine_title(results: Results) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the suite (or, with `--report-only`, only write its section from `--json`)."""
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m bench static-steps", description=__doc__)
     add_real_shape_arguments(p, prompt_length=256, gen_length=256)
