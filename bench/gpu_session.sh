@@ -8,6 +8,8 @@
 #   step_profile       `bench step-profile` at LLaDA-8B's shape in bfloat16: the one-row dual
 #                      reuse step's kernels by category, and its wall time under static and
 #                      graphs (not run yet; an estimated 40 s)
+#   step_profile_none  the same for the one-row step without a cache, a full pass over 512
+#                      tokens (against which Fast-dLLM's `none` is compared; not run yet)
 #   static_steps_bf16  `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows:
 #                      cache none / prefix / dual under dynamic, static and graphs (117 s)
 #   fastdllm           `bench fastdllm` (bench/.fastdllm/ exported here and carried along):
@@ -98,6 +100,10 @@ run_part() {  # run_part NAME: one part of the session, by name
         part step_profile 90 "$PY" -m bench step-profile --device "$DEVICE" --dtype "$BF16" \
             --layers "$LAYERS" $PROFILE_SHAPE --json "$WORK/step_profile.json" \
             --out "$WORK/step_profile.md" ;;
+    step_profile_none)  # the one-row step without a cache (a full pass), kernel by kernel
+        part step_profile_none 90 "$PY" -m bench step-profile --device "$DEVICE" \
+            --dtype "$BF16" --layers "$LAYERS" --cache none $PROFILE_SHAPE \
+            --json "$WORK/step_profile_none.json" --out "$WORK/step_profile_none.md" ;;
     static_steps_bf16)
         part static_steps_bf16 200 "$PY" -m bench static-steps --device "$DEVICE" \
             --dtype "$BF16" --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" \
@@ -133,7 +139,8 @@ run_part() {  # run_part NAME: one part of the session, by name
 }
 
 # the cells issue #43's bar needs come first; the rest as time allows
-DEFAULT_PARTS="gpu_tests step_profile static_steps_bf16 fastdllm static_steps_f32 refill experts"
+DEFAULT_PARTS="gpu_tests step_profile step_profile_none static_steps_bf16 fastdllm static_steps_f32"
+DEFAULT_PARTS="$DEFAULT_PARTS refill experts"
 KNOWN=" $DEFAULT_PARTS fastdllm16 "
 PARTS=${PARTS:-$DEFAULT_PARTS}
 if [ "${PART:-all}" = fastdllm16 ]; then PARTS=fastdllm16; fi  # the second call alone

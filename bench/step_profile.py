@@ -5,6 +5,7 @@ fused projections) can be aimed at them and measured.
 
     # on the CPU: the operators of a reuse step (each a kernel launch on a GPU), per layer too
     .venv/bin/python -m bench step-profile --layers 2
+    # a step without a cache (a full pass over prompt and answer): --cache none
     # on a lent GPU (bench/gpu_session.sh's `step_profile` part): LLaDA-8B's shape in bfloat16
     python3 -m bench step-profile --device cuda --dtype bfloat16 --layers 32 \\
         --json $OUT/step_profile.json
@@ -152,7 +153,8 @@ def run(args: argparse.Namespace, results: Results) -> None:
     results["kernels"] = kernels_per_step(profiled, args.profile_steps, args.device)
     del profiled  # on a GPU its buffers would sit beside the timed decoders'
     results["wall_ms"] = {}
-    for mode in ("static", "graphs") if args.device == "cuda" else ("static",):
+    graphs = args.device == "cuda" and args.cache != "none"  # `none` has no reuse steps
+    for mode in ("static", "graphs") if graphs else ("static",):
         timed_decoder = steady_decoder(work.model, prompt, args, mode)
         results["wall_ms"][mode] = wall_ms(timed_decoder, args.timed_steps, args.device)
     results["operators_per_layer"] = operators_per_layer(args)
@@ -188,17 +190,23 @@ def top_rows(results: Results, count: int = 12) -> list[str]:
     return rows
 
 
+def step_kind(cache: str) -> str:
+    """What a steady step of `cache` is: a reuse step, or (`none`) a full pass."""
+    return "full step (no cache)" if cache == "none" else "reuse step"
+
+
 def summary_lines(results: Results) -> list[str]:
     """The step's wall times, the bytes a pass reads and the operators per layer."""
     args, wall = results["args"], results["wall_ms"]
     per_layer = results["operators_per_layer"]
     graphs = f", under `graphs` {wall['graphs']:.2f} ms" if "graphs" in wall else ""
     return [
-        f"- a reuse step of `cache={args['cache']}` at {args['rows']} row(s): {wall['static']:.2f}"
+        f"- a {step_kind(args['cache'])} of `cache={args['cache']}` at {args['rows']} row(s): "
+        f"{wall['static']:.2f}"
         f" ms wall under `static`{graphs} (medians of {args['timed_steps']} steps, no profiler)",
         f"- parameters a pass reads (the embedding table left out): {results['weights_gb']:.2f} GB",
-        f"- top-level operators a layer adds to a reuse step (views left out; from 1- and 2-layer "
-        f"tiny models): {sum(per_layer.values()):.0f}: "
+        f"- top-level operators a layer adds to a {step_kind(args['cache'])} (views left out; "
+        f"from 1- and 2-layer tiny models): {sum(per_layer.values()):.0f}: "
         + ", ".join(f"{name.removeprefix('aten::')} {n:.0f}" for name, n in per_layer.items()),
     ]
 
@@ -211,12 +219,13 @@ def section(results: Results, name: str = SECTION) -> list[str]:
     start, end = markers(name)
     return [
         start,
-        f"## One cached reuse step, kernel by kernel (`step-profile`){where}",
+        f"## One {step_kind(args['cache'])} of `cache={args['cache']}`, kernel by kernel "
+        f"(`step-profile`){where}",
         "",
         f"Written by `python -m bench step-profile`: {results['description']}; prompt "
         f"{args['prompt_length']} + answer {args['gen_length']}, block {args['block']}, the "
-        f"first block, `single`'s fixed schedule; {args['profile_steps']} reuse steps profiled "
-        "under `cached_steps=static` (eager: every kernel seen).",
+        f"first block, `single`'s fixed schedule; {args['profile_steps']} steady steps "
+        "profiled under `cached_steps=static` (eager: every kernel seen).",
         "",
         f"- command: `{meta['command']}`",
         *[f"- {key}: {value}" for key, value in meta["facts"].items()],
@@ -243,7 +252,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_real_shape_arguments(p, prompt_length=256, gen_length=256)
     p.add_argument("--block", type=int, default=32)
     p.add_argument("--rows", type=int, default=1)
-    p.add_argument("--cache", choices=("prefix", "dual"), default="dual")
+    p.add_argument(
+        "--cache",
+        choices=("none", "prefix", "dual"),
+        default="dual",
+        help="dual (default), prefix, or none: every step a full pass",
+    )
     p.add_argument("--profile-steps", type=int, default=3, help="reuse steps profiled")
     p.add_argument("--timed-steps", type=int, default=8, help="reuse steps timed per mode")
     p.add_argument("--device", default="cpu")

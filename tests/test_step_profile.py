@@ -121,3 +121,14 @@ def test_on_a_gpu_only_the_device_kernels_are_counted_per_step(monkeypatch):
             "us": 5.0,
         },
     ]
+
+
+def test_a_step_without_a_cache_is_named_a_full_step(run):
+    results, _ = run
+    none = copy.deepcopy(results)
+    none["args"]["cache"] = "none"
+    lines = step_profile.section(none)
+    assert lines[1].startswith("## One full step (no cache) of `cache=none`, kernel by kernel")
+    assert any(
+        line.startswith("- a full step (no cache) of `cache=none` at 1 row(s)") for line in lines
+    )
