@@ -28,14 +28,22 @@ def _archived(tmp_path: Path) -> set[str]:
         return {Path(name).name for name in archive.getnames()}
 
 
-def test_parts_run_under_their_seconds_or_what_is_left_and_their_files_come_back(tmp_path):
-    done = _session(tmp_path, PARTS="step_profile:45 experts:500", TOTAL="300")
+def test_parts_run_under_their_seconds_or_what_is_left_of_total(tmp_path):
+    # PY=false: each part's command fails at once, which is all the limits need
+    done = _session(tmp_path, PY="false", PARTS="experts:45 refill:500", TOTAL="300")
     assert done.returncode == 0, done.stderr
-    assert "== step_profile (" in done.stdout and "at most 45 s)" in done.stdout
-    experts = re.search(r"== experts \(\S+, at most (\d+) s\)", done.stdout)
-    assert experts and 200 < int(experts.group(1)) < 300  # what was left of TOTAL
-    assert (tmp_path / "out" / "step_profile.json").is_file()  # each JSON as its part ends
-    assert {"step_profile.log", "experts.log", "experts.md", "gpu.txt"} <= _archived(tmp_path)
+    assert re.search(r"== experts \(\S+, at most 45 s\)", done.stdout)
+    refill = re.search(r"== refill \(\S+, at most (\d+) s\)", done.stdout)
+    assert refill and 280 < int(refill.group(1)) <= 300  # 500 cut to what was left
+    assert "exit status 1" in (tmp_path / "work" / "refill.log").read_text()
+    assert {"experts.log", "refill.log", "gpu.txt"} <= _archived(tmp_path)
+
+
+def test_a_parts_json_reaches_out_when_the_part_ends(tmp_path):
+    done = _session(tmp_path, PARTS="step_profile")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "step_profile.json").is_file()
+    assert {"step_profile.log", "step_profile.json", "step_profile.md"} <= _archived(tmp_path)
 
 
 def test_parts_left_with_too_little_time_are_skipped_and_said(tmp_path):
