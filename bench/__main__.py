@@ -26,6 +26,10 @@ SUITES: dict[str, tuple[str, str]] = {
         "bench.step_profile",
         "one cached reuse step, kernel by kernel: where its time goes (a GPU's kernels)",
     ),
+    "decode-modes": (
+        "bench.decode_modes",
+        "whole decodes under each cached_steps mode, the threshold rule too (graphs on a GPU)",
+    ),
     "refill": (
         "bench.refill_bench",
         "operators (kernel launches on a GPU) and CPU time of one refill of the static buffers",

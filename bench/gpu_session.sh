@@ -10,10 +10,13 @@
 #                      graphs (not run yet; an estimated 40 s)
 #   step_profile_none  the same for the one-row step without a cache, a full pass over 512
 #                      tokens (against which Fast-dLLM's `none` is compared; not run yet)
-#   static_steps_bf16  `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows:
-#                      cache none / prefix / dual under dynamic, static and graphs (117 s)
+#   decode_modes       `bench decode-modes`: whole threshold-rule decodes (1 and 16 rows,
+#                      prefix and dual) under dynamic, static and graphs (not run yet; an
+#                      estimated 150 s)
 #   fastdllm           `bench fastdllm` (bench/.fastdllm/ exported here and carried along):
 #                      Fast-dLLM's own LLaDA generate against ours, 1 row (4 of 6 cells in 120 s)
+#   static_steps_bf16  `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows:
+#                      cache none / prefix / dual under dynamic, static and graphs (117 s)
 #   static_steps_f32   `bench static-steps` at 4 layers in float32: every mode's tokens must be
 #                      dynamic's (over 60 s)
 #   refill             `bench refill` at LLaDA-8B's key/value heads in bfloat16 (27 s)
@@ -24,8 +27,10 @@
 # PARTS="NAME[:SECONDS] ..." picks the parts, their order and time limits. Each part has its
 # own limit and log; a part that fails does not stop the next. The whole call keeps within
 # TOTAL seconds (default 570): a part gets at most what is left, and one with under 30 s left
-# is skipped and says so, so the call ends before the tool stops it. The default order fills
-# TOTAL before `refill` and `experts` (both measured on 2026-11-28). The logs and tables go to
+# is skipped and says so, so the call ends before the tool stops it. The default order puts
+# what has not run on a GPU first and fills TOTAL before `static_steps_bf16`, `refill` and
+# `experts` (measured on 2026-11-28) come; name them in PARTS to rerun them after a change
+# to the step. The logs and tables go to
 # WORK; after each part OUT gets its JSON and a fresh gpu_session.tgz of everything so far
 # (the device tool returns at most 8 files).
 #
@@ -53,11 +58,13 @@ if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu BF16=float32 LAYERS=1 F32_LAYERS=1 ROWS="1 2" REPEATS=1 WARM=0
     SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
     PROFILE_SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 16"
+    DECODE_MODES="--tiny --device cpu --rows 1 2 --repeats 1 --schedules threshold"
     FAST="--tiny --rows 1 --repeats 1"
     FAST16="--tiny --rows 2 --repeats 1 --their-rows 1"
 else
     DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
     SHAPE="" PROFILE_SHAPE=""
+    DECODE_MODES="--device cuda --rows 1 16 --repeats 2 --schedules threshold"
     FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30 --deadline-s ${FAST_DEADLINE:-240}"
     # Fast-dLLM decodes one row a call: its 16-row time is scaled from its first THEIR_ROWS
     FAST16="--device cuda --rows 16 --repeats 1 --their-rows ${THEIR_ROWS:-4}"
@@ -104,6 +111,9 @@ run_part() {  # run_part NAME: one part of the session, by name
         part step_profile_none 90 "$PY" -m bench step-profile --device "$DEVICE" \
             --dtype "$BF16" --layers "$LAYERS" --cache none $PROFILE_SHAPE \
             --json "$WORK/step_profile_none.json" --out "$WORK/step_profile_none.md" ;;
+    decode_modes)  # whole threshold-rule decodes under dynamic, static and graphs
+        part decode_modes 200 "$PY" -m bench decode-modes $DECODE_MODES \
+            --json "$WORK/decode_modes.json" --out "$WORK/decode_modes.md" ;;
     static_steps_bf16)
         part static_steps_bf16 200 "$PY" -m bench static-steps --device "$DEVICE" \
             --dtype "$BF16" --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" \
@@ -139,8 +149,9 @@ run_part() {  # run_part NAME: one part of the session, by name
 }
 
 # the cells issue #43's bar needs come first; the rest as time allows
-DEFAULT_PARTS="gpu_tests step_profile step_profile_none static_steps_bf16 fastdllm static_steps_f32"
-DEFAULT_PARTS="$DEFAULT_PARTS refill experts"
+# (static_steps_bf16, refill and experts were measured on 2026-11-28: they come after the new)
+DEFAULT_PARTS="gpu_tests step_profile step_profile_none decode_modes fastdllm static_steps_bf16"
+DEFAULT_PARTS="$DEFAULT_PARTS static_steps_f32 refill experts"
 KNOWN=" $DEFAULT_PARTS fastdllm16 "
 PARTS=${PARTS:-$DEFAULT_PARTS}
 if [ "${PART:-all}" = fastdllm16 ]; then PARTS=fastdllm16; fi  # the second call alone

@@ -1,0 +1,285 @@
+"""Suite `decode-modes`: whole decodes under each `cached_steps` mode, the threshold rule
+among them (issue #43). `bench static-steps` times the fixed schedule's steps, whose reuse
+passes keep their rows for a whole block; under the threshold rule at many rows the rows of
+a pass change at many steps, which refills the static buffers and, under `graphs`, may
+capture a new shape (each capture cost 65-416 ms on an H200). This suite says which mode a
+whole decode is fastest in, so that `cached_steps=auto` (graphs on CUDA) can be judged.
+
+    # on the CPU (a tiny LLaDA: its times mean nothing; the tokens are checked)
+    .venv/bin/python -m bench decode-modes --tiny --rows 1 4
+    # on a lent GPU (bench/gpu_session.sh's `decode_modes` part): LLaDA-8B's shape, bfloat16
+    python3 -m bench decode-modes --device cuda --json $OUT/decode_modes.json
+    # here: the section from its JSON
+    .venv/bin/python -m bench decode-modes --report-only --json FILE --section decode_modes_h200
+
+The model and prompts are `bench fastdllm`'s (a random-weight LLaDA whose head gives logits
+of spread `--logit-std`, so that the 0.9 threshold is met at some positions), and so are the
+schedules: `threshold` (our `decoder=confidence`, threshold 0.9) and `fixed` (one token a
+step). Cells: rows x schedule x cache (`prefix`, `dual`) x mode (`dynamic`, `static`, and
+`graphs` on a GPU). Each cell runs one whole warm-up decode (the first kernels' loading),
+then `--repeats` timed ones (the median and range kept; a GPU synchronised around each).
+Every mode's tokens are compared with `dynamic`'s, and NFE (passes per row, the mean over
+rows) is recorded. Each decode builds its own decoder (`generate`), so each pays its own
+captures; so does a harness run at every new shape, which a new block makes (the reuse
+pass's key width grows with the prefix; `static_steps.py` keeps `GRAPHS_KEPT` shapes), so a
+decode's captures are part of what `graphs` costs, and the threshold rule, whose blocks take
+few steps, replays each capture fewer times.
+What it does not show: random weights (a real model's confidences, and so the threshold
+rule's steps per block, differ); the harness's scheduler (rows entering as others finish).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from bench.common import (
+    RESULTS,
+    add_output_flags,
+    add_section_flag,
+    args_record,
+    command_line,
+    launcher_for,
+    load_json,
+    markers,
+    run_facts,
+    save_json,
+    utc_now,
+    write_section,
+)
+from bench.fastdllm_bench import (
+    FULL_SHAPE,
+    FULL_SIZES,
+    TINY_SHAPE,
+    TINY_SIZES,
+    cell_settings,
+    llada_config,
+    our_model,
+    random_prompts,
+)
+from lm_eval_dvoting.core.decoding import generate as our_generate
+
+SECTION = "decode_modes"
+Results = dict[str, Any]
+SCHEDULES = ("threshold", "fixed")
+CACHES = ("prefix", "dual")
+
+
+def modes(device: str) -> list[str]:
+    """The `cached_steps` modes a device runs (graphs only on CUDA)."""
+    return ["dynamic", "static"] + (["graphs"] if device == "cuda" else [])
+
+
+def timed_decode(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> Results:
+    """One whole decode: its seconds (the GPU synchronised around it), tokens and NFE."""
+    cuda = prompts.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = our_generate(model, prompts, cache=cache, **kwargs)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "tokens": result.tokens.tolist(), "nfe": result.nfe.tolist()}
+
+
+def measure_cell(
+    model: Any, prompts: torch.Tensor, cell: tuple[int, str, str, str], args: argparse.Namespace
+) -> Results:
+    """A cell's timed decodes after one warm-up decode; its tokens must repeat."""
+    rows, schedule, cache, mode = cell
+    model.cached_steps = mode
+    _, ours = cell_settings(schedule, args, int(model.mask_token_id))
+    batch = prompts[:rows]
+    first = timed_decode(model, batch, cache, ours)  # the warm-up: the first kernels' loading
+    runs = [timed_decode(model, batch, cache, ours) for _ in range(args.repeats)]
+    seconds = [r["seconds"] for r in runs]
+    return {
+        "rows": rows,
+        "schedule": schedule,
+        "cache": cache,
+        "mode": mode,
+        "warm_up_s": first["seconds"],
+        "seconds": seconds,
+        "median_s": statistics.median(seconds),
+        "nfe": statistics.fmean(first["nfe"]),
+        "tokens": first["tokens"],
+        "repeatable": all(r["tokens"] == first["tokens"] for r in runs),
+    }
+
+
+def cells(args: argparse.Namespace) -> list[tuple[int, str, str, str]]:
+    """Every (rows, schedule, cache, mode), `dynamic` first in each group."""
+    return [
+        (rows, schedule, cache, mode)
+        for rows in sorted(args.rows)
+        for schedule in args.schedules
+        for cache in args.caches
+        for mode in modes(args.device)
+    ]
+
+
+def resolve_sizes(args: argparse.Namespace) -> Results:
+    """LLaDA-8B's shape or `--tiny`'s, `--layers` where given; the lengths filled in."""
+    shape = dict(TINY_SHAPE if args.tiny else FULL_SHAPE)
+    if args.layers is not None:
+        shape["n_layers"] = args.layers
+    for name, value in (TINY_SIZES if args.tiny else FULL_SIZES).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.gen_length % args.block:
+        raise SystemExit(
+            f"--gen-length {args.gen_length} must be a multiple of --block {args.block}"
+        )
+    return shape
+
+
+def run(args: argparse.Namespace, results: Results) -> None:
+    """Build the model and prompts, then every cell in turn (`--json` after each)."""
+    shape = resolve_sizes(args)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    config = llada_config(shape)
+    model = our_model(config, args.logit_std, args.device, dtype)
+    prompts = random_prompts(args, config["mask_token_id"], torch.device(args.device))
+    results.update(shape=shape, dtype=str(dtype).removeprefix("torch."), cells=[])
+    for cell in cells(args):
+        results["cells"].append(measure_cell(model, prompts, cell, args))
+        print(cell_line(results["cells"][-1]), flush=True)
+        save_json(args.json, results)
+
+
+def cell_line(cell: Results) -> str:
+    return (
+        f"{cell['rows']:>3} rows {cell['schedule']:>9} {cell['cache']:>6} {cell['mode']:>7}: "
+        f"{cell['median_s']:.3f} s (warm-up {cell['warm_up_s']:.3f} s), NFE {cell['nfe']:.1f}"
+    )
+
+
+# ------------------------------------------------------------------ the section
+
+
+def _cell_seconds(cell: Results) -> str:
+    spread = f"{min(cell['seconds']):.3f}-{max(cell['seconds']):.3f}"
+    return f"{cell['median_s']:.3f} ({spread})"
+
+
+def table(results: Results) -> list[str]:
+    """One row per (rows, schedule, cache): each mode's median seconds, the fastest, and
+    whether every mode gave `dynamic`'s tokens (and its own again)."""
+    names = modes(results["args"]["device"])
+    lines = [
+        "| rows | schedule | cache | "
+        + " | ".join(f"{m} s" for m in names)
+        + " | fastest | NFE | tokens as `dynamic`'s |",
+        "|---:|---|---|" + "---:|" * len(names) + "---|---:|---|",
+    ]
+    groups: dict[tuple[int, str, str], dict[str, Results]] = {}
+    for cell in results["cells"]:
+        groups.setdefault((cell["rows"], cell["schedule"], cell["cache"]), {})[cell["mode"]] = cell
+    for (rows, schedule, cache), by_mode in groups.items():
+        ran = [m for m in names if m in by_mode]
+        times = [(_cell_seconds(by_mode[m]) if m in by_mode else "not run") for m in names]
+        fastest = min(ran, key=lambda m: by_mode[m]["median_s"])
+        dynamic = by_mode.get("dynamic", {}).get("tokens")
+        same = all(by_mode[m]["tokens"] == dynamic and by_mode[m]["repeatable"] for m in ran)
+        nfe = by_mode[ran[0]]["nfe"]
+        lines.append(
+            f"| {rows} | {schedule} | {cache} | "
+            + " | ".join(times)
+            + f" | {fastest} | {nfe:.1f} | {'yes' if same else 'NO'} |"
+        )
+    return lines
+
+
+def warm_up_lines(results: Results) -> list[str]:
+    """The warm-up decodes under `graphs` (none on the CPU): a first decode's extra cost."""
+    warm = [c for c in results["cells"] if c["mode"] == "graphs"]
+    if not warm:
+        return []
+    said = ", ".join(
+        f"{c['rows']} rows {c['schedule']} {c['cache']} {c['warm_up_s']:.2f} s" for c in warm
+    )
+    return [f"The warm-up decodes under `graphs`: {said}.", ""]
+
+
+def section(results: Results, name: str = SECTION) -> list[str]:
+    """The run's section of BENCHMARKS.md, between the markers `name`."""
+    meta, args, shape = results["meta"], results["args"], results["shape"]
+    gpu = meta["facts"].get("gpu")
+    where = f" on the {gpu}, {results['dtype']}" if gpu else f" on the CPU, {results['dtype']}"
+    start, end = markers(name)
+    return [
+        start,
+        f"## Whole decodes under each `cached_steps` mode (`decode-modes`){where}",
+        "",
+        f"Written by `python -m bench decode-modes`, {results['date']}: a random-weight LLaDA, "
+        f"d_model {shape['d_model']}, {shape['n_layers']} layers, vocabulary "
+        f"{shape['vocab_size']:,}, logit spread {args['logit_std']}; prompt "
+        f"{args['prompt_length']} + answer {args['gen_length']}, block {args['block']}, "
+        f"temperature 0; seconds per whole decode of all the rows, median (range) of "
+        f"{args['repeats']} after one warm-up decode.",
+        "",
+        f"- command: `{meta['command']}`",
+        *[f"- {key}: {value}" for key, value in meta["facts"].items()],
+        "",
+        *table(results),
+        "",
+        *warm_up_lines(results),
+        "Each decode builds its decoder and pays its own captures, as a harness run does at "
+        "each new shape (a new block's wider keys). What it does not show: random weights (a "
+        "real model's confidences, and so the threshold rule's steps per block, differ); the "
+        "harness's scheduler (rows entering as others finish).",
+        end,
+    ]
+
+
+# ------------------------------------------------------------------ flags
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags."""
+    p = argparse.ArgumentParser(prog="python -m bench decode-modes", description=__doc__)
+    p.add_argument("--tiny", action="store_true", help="a tiny LLaDA and lengths, for the CPU")
+    p.add_argument("--layers", type=int, help="layers (default: LLaDA-8B's 32, --tiny 2)")
+    p.add_argument("--prompt-length", type=int, help="default 256 (--tiny 32)")
+    p.add_argument("--gen-length", type=int, help="answer length, default 256 (--tiny 32)")
+    p.add_argument("--block", type=int, help="block length, default 32 (--tiny 8)")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
+    p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--logit-std", type=float, default=16.0, help="spread of the random logits")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=2, help="the prompts' seed")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument(
+        "--dtype", choices=("bfloat16", "float32"), help="bfloat16 on a GPU, else float32"
+    )
+    add_output_flags(p, RESULTS / "decode_modes.json")
+    add_section_flag(p, SECTION)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: give 1 or more (timed decodes per cell)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite (or, with `--report-only`, only write its section from `--json`)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    torch.set_grad_enabled(False)
+    if args.report_only:
+        results = load_json(args.json)
+    else:
+        command = command_line("decode-modes", argv, launcher_for(args.device))
+        results = {"args": args_record(args), "meta": run_facts(command, args.device)}
+        results["date"] = utc_now()
+        run(args, results)
+    write_section(args.out, section(results, args.section), *markers(args.section))
+    print(f"wrote the {args.section} section of {args.out}")
+    return 0

@@ -1,0 +1,94 @@
+"""bench/decode_modes.py: a tiny run on the CPU decodes every cell under `dynamic` and
+`static` with the same tokens; the table marks a changed or unrepeatable answer; a GPU
+run's section names the GPU and lists its graphs column and warm-up decodes."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from bench import decode_modes
+
+TINY = "--tiny --rows 1 2 --repeats 1 --caches dual --device cpu"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("decode_modes")
+    out, json_path = folder / "B.md", folder / "d.json"
+    assert decode_modes.main([*TINY.split(), "--json", str(json_path), "--out", str(out)]) == 0
+    return json.loads(json_path.read_text()), out.read_text()
+
+
+def _rows(lines):
+    return [line for line in lines if line.startswith(("| 1 |", "| 2 |"))]
+
+
+def test_every_cell_ran_in_both_modes_with_dynamics_tokens(run):
+    results, text = run
+    assert [(c["rows"], c["schedule"], c["mode"]) for c in results["cells"]] == [
+        (rows, schedule, mode)
+        for rows in (1, 2)
+        for schedule in ("threshold", "fixed")
+        for mode in ("dynamic", "static")
+    ]
+    rows = _rows(text.splitlines())
+    assert [r.split(" | ")[1:3] for r in rows] == [
+        ["threshold", "dual"],
+        ["fixed", "dual"],
+        ["threshold", "dual"],
+        ["fixed", "dual"],
+    ]
+    assert all(r.endswith("| yes |") for r in rows)
+    fixed = [c for c in results["cells"] if c["schedule"] == "fixed"]
+    assert all(c["nfe"] == 32 for c in fixed)  # one token a step over the 32-token answer
+    assert "| rows | schedule | cache | dynamic s | static s | fastest |" in text
+
+
+def test_a_changed_or_unrepeatable_answer_shows(run):
+    results, _ = run
+    changed = copy.deepcopy(results)
+    changed["cells"][1]["tokens"][0][3] += 1  # 1 row, threshold, static
+    assert _rows(decode_modes.table(changed))[0].endswith("| NO |")
+    unrepeatable = copy.deepcopy(results)
+    unrepeatable["cells"][3]["repeatable"] = False  # 1 row, fixed, static
+    rows = _rows(decode_modes.table(unrepeatable))
+    assert rows[0].endswith("| yes |") and rows[1].endswith("| NO |")
+
+
+def test_the_fastest_mode_is_read_from_the_medians(run):
+    results, _ = run
+    timed = copy.deepcopy(results)
+    for cell in timed["cells"]:
+        cell["median_s"] = 1.0 if cell["mode"] == "dynamic" else 2.0
+    assert all("| dynamic |" in row for row in _rows(decode_modes.table(timed)))
+    timed["cells"][1]["median_s"] = 0.5  # static faster in the first group only
+    rows = _rows(decode_modes.table(timed))
+    assert "| static |" in rows[0] and "| dynamic |" in rows[1]
+
+
+def test_a_gpu_runs_section_has_the_graphs_column_and_warm_ups(run):
+    results, _ = run
+    gpu = copy.deepcopy(results)
+    gpu["meta"]["facts"]["gpu"] = "NVIDIA H200"
+    gpu["args"]["device"] = "cuda"
+    graphs = copy.deepcopy(gpu["cells"][1])
+    graphs.update(mode="graphs", warm_up_s=1.25)
+    gpu["cells"].insert(2, graphs)
+    lines = decode_modes.section(gpu, "decode_modes_h200")
+    assert lines[0] == "<!-- decode_modes_h200:start -->"
+    assert lines[1].endswith("(`decode-modes`) on the NVIDIA H200, float32")
+    assert any(
+        line.startswith("| rows | schedule | cache | dynamic s | static s | graphs s |")
+        for line in lines
+    )
+    assert "1 rows threshold dual 1.25 s" in "\n".join(lines)
+    assert any("| not run |" in line for line in _rows(lines))  # the groups without graphs
+
+
+def test_no_timed_decode_is_refused_first(capsys):
+    with pytest.raises(SystemExit):
+        decode_modes.main([*TINY.split(), "--repeats", "0"])
+    assert "--repeats 0: give 1 or more" in capsys.readouterr().err
