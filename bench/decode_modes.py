@@ -20,10 +20,12 @@ step). Cells: rows x schedule x cache (`prefix`, `dual`) x mode (`dynamic`, `sta
 then `--repeats` timed ones (the median and range kept; a GPU synchronised around each).
 Every mode's tokens are compared with `dynamic`'s, and NFE (passes per row, the mean over
 rows) is recorded. Each decode builds its own decoder (`generate`), so each pays its own
-captures; so does a harness run at every new shape, which a new block makes (the reuse
-pass's key width grows with the prefix; `static_steps.py` keeps `GRAPHS_KEPT` shapes), so a
-decode's captures are part of what `graphs` costs, and the threshold rule, whose blocks take
-few steps, replays each capture fewer times.
+captures, as a harness run pays one at every new shape of the reuse pass (rows, query length,
+key width; `static_steps.py` keeps `GRAPHS_KEPT` of them): under `prefix` every block is one
+(its pass covers the rest of the answer, which shrinks), under `dual` every change of the
+rows in the pass (the threshold rule at many rows, whose rows finish blocks at different
+steps). A capture costs several steps (65-416 ms on an H200) and the threshold rule's blocks
+take few steps, so each capture is replayed fewer times than under the fixed schedule.
 What it does not show: random weights (a real model's confidences, and so the threshold
 rule's steps per block, differ); the harness's scheduler (rows entering as others finish).
 """
@@ -231,7 +233,8 @@ def section(results: Results, name: str = SECTION) -> list[str]:
         "",
         *warm_up_lines(results),
         "Each decode builds its decoder and pays its own captures, as a harness run does at "
-        "each new shape (a new block's wider keys). What it does not show: random weights (a "
+        "each new shape of the reuse pass (`prefix`: every block; `dual`: every change of the "
+        "rows in the pass). What it does not show: random weights (a "
         "real model's confidences, and so the threshold rule's steps per block, differ); the "
         "harness's scheduler (rows entering as others finish).",
         end,
