@@ -57,6 +57,12 @@ position), and every later repeat must give each side's own answers again. NFE: 
 `DecodeResult.nfe` per row; theirs is the count their `generate` returns per call, and a
 forward hook on their model counts its calls too.
 
+Before the cells, both models' logits on one decode's first pass (row 0's prompt and an
+all-masked answer) are compared on the answer's positions (`logit_agreement`): how far
+apart, where the arg-max differs and our top-2 margin there, and where the threshold is met
+on one side only; so a run whose tokens part says whether the models disagree or only
+round differently.
+
 `--json` is rewritten after every cell, so a crash loses little. `--report-only` writes the
 section from `--json`, with the cells of `--merge FILE...` (other runs of the same model,
 lengths and machine kind, e.g. the 16-row cells run apart) added. The section goes between
@@ -412,6 +418,52 @@ def run_ours(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> 
     return result.tokens, [int(n) for n in result.nfe]
 
 
+def logit_agreement(ours: Any, theirs: Any, prompt: torch.Tensor, args: Any) -> Results:
+    """Both models' logits on one decode's first pass (`prompt` and an all-masked answer),
+    compared on the answer's positions: how far apart, whether the arg-max agrees, our top-2
+    margin where it does not (a near-tie that rounding flips has a small one), and where the
+    threshold (`--threshold`) is met on one side only."""
+    mask_id = int(ours.mask_token_id)
+    answer = torch.full((args.gen_length,), mask_id, dtype=prompt.dtype, device=prompt.device)
+    x = torch.cat([prompt, answer])[None]
+    with torch.no_grad():
+        mine = ours(x)[0, prompt.numel() :].float()
+        other = theirs(x).logits[0, prompt.numel() :].float()
+    mine[:, mask_id] = other[:, mask_id] = -torch.inf  # never a candidate (both sides)
+    gap = (mine - other).abs().nan_to_num(posinf=0.0)  # the mask column: inf - inf
+    differ = mine.argmax(-1) != other.argmax(-1)
+    top2 = mine.topk(2, dim=-1).values
+    margin = (top2[:, 0] - top2[:, 1])[differ]
+    sure = [logits.softmax(-1).max(-1).values >= args.threshold for logits in (mine, other)]
+    return {
+        "positions": int(mine.shape[0]),
+        "max_abs": float(gap.max()),
+        "mean_abs": float(gap.mean()),
+        "argmax_differ": int(differ.sum()),
+        "largest_margin_where_differ": float(margin.max()) if len(margin) else None,
+        "threshold_differ": int((sure[0] != sure[1]).sum()),
+    }
+
+
+def logit_lines(results: Results) -> list[str]:
+    """The first pass's logits compared (runs before this comparison existed have none)."""
+    found = results.get("logits")
+    if found is None:
+        return []
+    margin = found["largest_margin_where_differ"]
+    where = (
+        "" if margin is None else f"; where it does not, our top-2 margin is at most {margin:.3g}"
+    )
+    return [
+        "",
+        f"The first pass's logits (row 0: the prompt and an all-masked answer, "
+        f"{found['positions']} answer positions): at most {found['max_abs']:.3g} apart (mean "
+        f"{found['mean_abs']:.3g}); the arg-max differs at {found['argmax_differ']} "
+        f"position(s){where}; the threshold is met on one side only at "
+        f"{found['threshold_differ']}.",
+    ]
+
+
 def first_difference(ours: torch.Tensor, theirs: torch.Tensor) -> Results | None:
     """The first (row, answer position) where the answers differ, and how many rows differ;
     None when they are identical."""
@@ -590,6 +642,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> Results:
         "cells": [],
     }
     bench.warm_up()
+    results["logits"] = logit_agreement(bench.ours, bench.theirs, bench.prompts[0], args)
+    print(logit_lines(results)[-1], flush=True)
     started = time.perf_counter()
     for cache, schedule, rows in cell_order(args):
         if args.deadline_s is not None and time.perf_counter() - started > args.deadline_s:
@@ -759,6 +813,7 @@ def report_lines(results: Results, section: str = SECTION) -> list[str]:
         "",
         *verdicts(cells, not_run + stopped),
         *notes(results),
+        *logit_lines(results),
         end,
     ]
 

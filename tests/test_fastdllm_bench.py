@@ -416,3 +416,51 @@ def test_merged_runs_list_each_unreached_cell_once_and_drop_those_run_elsewhere(
     assert both["stopped"] == [["dual", "fixed", 16]]
     lines = fd.report_lines(both)
     assert sum(line.startswith("| dual | fixed | 16 | not run") for line in lines) == 1
+
+
+class ShiftedTheirs:
+    """'Their' model: our logits, with position `at` of the answer's second-best token
+    raised by `by` (so that it wins where `by` exceeds our top-2 margin)."""
+
+    def __init__(self, ours, prompt_length, at, by):
+        self.ours, self.index, self.by = ours, prompt_length + at, by
+
+    def __call__(self, x):
+        logits = self.ours(x).clone()
+        second = logits[0, self.index].topk(2).indices[1]
+        logits[0, self.index, second] += self.by
+        return argparse.Namespace(logits=logits)
+
+
+def _tiny_ours():
+    model = fd.our_model(fd.llada_config(dict(fd.TINY_SHAPE)), 16.0, "cpu", torch.float32)
+    prompt = torch.randint(0, 400, (32,), generator=torch.Generator().manual_seed(0))
+    return model, prompt, argparse.Namespace(gen_length=32, threshold=0.9)
+
+
+def test_the_first_pass_logits_of_the_same_model_agree_exactly():
+    ours, prompt, args = _tiny_ours()
+    same = fd.logit_agreement(ours, ShiftedTheirs(ours, 32, 0, 0.0), prompt, args)
+    assert same == {
+        "positions": 32,
+        "max_abs": 0.0,
+        "mean_abs": 0.0,
+        "argmax_differ": 0,
+        "largest_margin_where_differ": None,
+        "threshold_differ": 0,
+    }
+
+
+def test_a_flipped_arg_max_is_counted_with_our_margin_there():
+    ours, prompt, args = _tiny_ours()
+    with torch.no_grad():
+        top2 = ours(torch.cat([prompt, torch.full((32,), ours.mask_token_id)])[None])[0, 32 + 5]
+    values = top2.topk(2).values
+    margin = float(values[0] - values[1])
+    found = fd.logit_agreement(ours, ShiftedTheirs(ours, 32, 5, margin + 1.0), prompt, args)
+    assert found["argmax_differ"] == 1
+    assert found["largest_margin_where_differ"] == pytest.approx(margin)
+    assert found["max_abs"] == pytest.approx(margin + 1.0)
+    line = fd.logit_lines({"logits": found})[-1]
+    assert "the arg-max differs at 1 position(s); where it does not, our top-2 margin" in line
+    assert fd.logit_lines({}) == []  # a run from before the comparison
