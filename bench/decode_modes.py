@@ -150,22 +150,50 @@ def run(args: argparse.Namespace, results: Results) -> None:
     prompts = random_prompts(args, config["mask_token_id"], torch.device(args.device))
     results.update(shape=shape, dtype=str(dtype).removeprefix("torch."), cells=[])
     for cell in cells(args):
-        results["cells"].append(measure_cell(model, prompts, cell, args))
+        results["cells"].append(measured_or_refused(model, prompts, cell, args))
         print(cell_line(results["cells"][-1]), flush=True)
         save_json(args.json, results)
 
 
+def measured_or_refused(
+    model: Any, prompts: torch.Tensor, cell: tuple[int, str, str, str], args: argparse.Namespace
+) -> Results:
+    """`measure_cell`, or the record of a capture `graphs` refused (said, the run goes on)."""
+    try:
+        return measure_cell(model, prompts, cell, args)
+    except RuntimeError as error:
+        if not str(error).startswith("cached_steps=graphs"):
+            raise  # anything else (out of memory, a bug) stops the run
+        rows, schedule, cache, mode = cell
+        return {
+            "rows": rows,
+            "schedule": schedule,
+            "cache": cache,
+            "mode": mode,
+            "refused": str(error),
+        }
+
+
 def cell_line(cell: Results) -> str:
+    """One cell, as printed while the run goes."""
+    name = f"{cell['rows']:>3} rows {cell['schedule']:>9} {cell['cache']:>6} {cell['mode']:>7}"
+    if "refused" in cell:
+        return f"{name}: {cell['refused']}"
     return (
-        f"{cell['rows']:>3} rows {cell['schedule']:>9} {cell['cache']:>6} {cell['mode']:>7}: "
-        f"{cell['median_s']:.3f} s (warm-up {cell['warm_up_s']:.3f} s), NFE {cell['nfe']:.1f}"
+        f"{name}: {cell['median_s']:.3f} s (warm-up {cell['warm_up_s']:.3f} s), "
+        f"NFE {cell['nfe']:.1f}"
     )
 
 
 # ------------------------------------------------------------------ the section
 
 
-def _cell_seconds(cell: Results) -> str:
+def _mode_seconds(cell: Results | None) -> str:
+    """A mode's median (range) of seconds; or that it did not run or was refused."""
+    if cell is None:
+        return "not run"
+    if "refused" in cell:
+        return "refused (a capture failed)"
     spread = f"{min(cell['seconds']):.3f}-{max(cell['seconds']):.3f}"
     return f"{cell['median_s']:.3f} ({spread})"
 
@@ -184,8 +212,8 @@ def table(results: Results) -> list[str]:
     for cell in results["cells"]:
         groups.setdefault((cell["rows"], cell["schedule"], cell["cache"]), {})[cell["mode"]] = cell
     for (rows, schedule, cache), by_mode in groups.items():
-        ran = [m for m in names if m in by_mode]
-        times = [(_cell_seconds(by_mode[m]) if m in by_mode else "not run") for m in names]
+        ran = [m for m in names if m in by_mode and "refused" not in by_mode[m]]
+        times = [_mode_seconds(by_mode.get(m)) for m in names]
         fastest = min(ran, key=lambda m: by_mode[m]["median_s"])
         dynamic = by_mode.get("dynamic", {}).get("tokens")
         same = all(by_mode[m]["tokens"] == dynamic and by_mode[m]["repeatable"] for m in ran)
@@ -200,7 +228,7 @@ def table(results: Results) -> list[str]:
 
 def warm_up_lines(results: Results) -> list[str]:
     """The warm-up decodes under `graphs` (none on the CPU): a first decode's extra cost."""
-    warm = [c for c in results["cells"] if c["mode"] == "graphs"]
+    warm = [c for c in results["cells"] if c["mode"] == "graphs" and "refused" not in c]
     if not warm:
         return []
     said = ", ".join(

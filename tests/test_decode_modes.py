@@ -92,3 +92,27 @@ def test_no_timed_decode_is_refused_first(capsys):
     with pytest.raises(SystemExit):
         decode_modes.main([*TINY.split(), "--repeats", "0"])
     assert "--repeats 0: give 1 or more" in capsys.readouterr().err
+
+
+def test_a_refused_capture_is_said_and_the_run_goes_on(monkeypatch, tmp_path):
+    real = decode_modes.measure_cell
+
+    def refusing(model, prompts, cell, args):
+        if cell[3] == "static" and cell[0] == 2:
+            raise RuntimeError("cached_steps=graphs: capturing the reuse pass failed (x)")
+        return real(model, prompts, cell, args)
+
+    monkeypatch.setattr(decode_modes, "measure_cell", refusing)
+    out, json_path = tmp_path / "B.md", tmp_path / "d.json"
+    argv = [*TINY.split(), "--schedules", "fixed", "--json", str(json_path), "--out", str(out)]
+    assert decode_modes.main(argv) == 0
+    rows = _rows(out.read_text().splitlines())
+    assert "| refused (a capture failed) |" in rows[1] and rows[1].endswith("| yes |")
+    assert "refused" not in rows[0]
+
+    def failing(model, prompts, cell, args):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(decode_modes, "measure_cell", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        decode_modes.main(argv)
