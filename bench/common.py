@@ -117,8 +117,8 @@ def parse_device_args(p: argparse.ArgumentParser, argv: list[str]) -> argparse.N
     (`p.error`: `--device cuda` without a CUDA device, `--repeats` below 1), and `--package`'s
     lm_eval_dvoting loaded when given (the folder measured is printed)."""
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device here; use --device cpu")
+    if is_cuda(args.device) and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device here; use --device cpu")
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.package:
@@ -144,13 +144,20 @@ def import_package_from(folder: str) -> None:
     spec.loader.exec_module(module)
 
 
+def is_cuda(device: str | torch.device) -> bool:
+    """Whether `device` is a CUDA device: `cuda` and `cuda:N` alike (a comparison with the
+    string "cuda" would miss `cuda:0`, and skip a synchronisation silently)."""
+    return torch.device(device).type == "cuda"
+
+
 def timed(fn: Any, device: str = "cpu") -> float:
     """Seconds of one call of `fn()`; on a GPU the queued work is waited for at both edges."""
-    if device == "cuda":
+    cuda = is_cuda(device)
+    if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
     fn()
-    if device == "cuda":
+    if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start
 

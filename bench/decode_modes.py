@@ -20,12 +20,14 @@ step). Cells: rows x schedule x cache (`prefix`, `dual`) x mode (`dynamic`, `sta
 then `--repeats` timed ones (the median and range kept; a GPU synchronised around each).
 Every mode's tokens are compared with `dynamic`'s, and NFE (passes per row, the mean over
 rows) is recorded. Each decode builds its own decoder (`generate`), so each pays its own
-captures, as a harness run pays one at every new shape of the reuse pass (rows, query length,
-key width; `static_steps.py` keeps `GRAPHS_KEPT` of them): under `prefix` every block is one
-(its pass covers the rest of the answer, which shrinks), under `dual` every change of the
-rows in the pass (the threshold rule at many rows, whose rows finish blocks at different
-steps). A capture costs several steps (65-416 ms on an H200) and the threshold rule's blocks
-take few steps, so each capture is replayed fewer times than under the fixed schedule.
+captures, as a harness run pays one for every new shape of the reuse pass (rows, query
+length, key width; `static_steps.py` keeps `GRAPHS_KEPT` of them) whose fill holds for two
+steps (`CAPTURE_ON_STEADY_STEP`; a shape refilled at every step runs eagerly): under
+`prefix` every block is a new shape (its pass covers the rest of the answer, which
+shrinks), under `dual` a change in the number of rows in the pass or in the spread of their
+blocks (the threshold rule at many rows, whose rows finish blocks at different steps). A
+capture costs several steps (65-416 ms on an H200) and the threshold rule's blocks take few
+steps, so each capture is replayed fewer times than under the fixed schedule.
 What it does not show: random weights (a real model's confidences, and so the threshold
 rule's steps per block, differ); the harness's scheduler (rows entering as others finish).
 """
@@ -46,6 +48,7 @@ from bench.common import (
     add_section_flag,
     args_record,
     command_line,
+    is_cuda,
     launcher_for,
     load_json,
     markers,
@@ -73,8 +76,8 @@ CACHES = ("prefix", "dual")
 
 
 def modes(device: str) -> list[str]:
-    """The `cached_steps` modes a device runs (graphs only on CUDA)."""
-    return ["dynamic", "static"] + (["graphs"] if device == "cuda" else [])
+    """The `cached_steps` modes a device runs (graphs only on CUDA, `cuda:N` too)."""
+    return ["dynamic", "static"] + (["graphs"] if is_cuda(device) else [])
 
 
 def timed_decode(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> Results:
@@ -144,7 +147,7 @@ def resolve_sizes(args: argparse.Namespace) -> Results:
 def run(args: argparse.Namespace, results: Results) -> None:
     """Build the model and prompts, then every cell in turn (`--json` after each)."""
     shape = resolve_sizes(args)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    dtype = getattr(torch, args.dtype or ("bfloat16" if is_cuda(args.device) else "float32"))
     config = llada_config(shape)
     model = our_model(config, args.logit_std, args.device, dtype)
     prompts = random_prompts(args, config["mask_token_id"], torch.device(args.device))
@@ -162,8 +165,9 @@ def measured_or_refused(
     try:
         return measure_cell(model, prompts, cell, args)
     except RuntimeError as error:
-        if not str(error).startswith("cached_steps=graphs"):
-            raise  # anything else (out of memory, a bug) stops the run
+        out_of_memory = isinstance(error.__cause__, torch.OutOfMemoryError)
+        if out_of_memory or not str(error).startswith("cached_steps=graphs"):
+            raise  # anything else (out of memory, even inside a capture; a bug) stops the run
         rows, schedule, cache, mode = cell
         return {
             "rows": rows,
@@ -260,9 +264,10 @@ def section(results: Results, name: str = SECTION) -> list[str]:
         *table(results),
         "",
         *warm_up_lines(results),
-        "Each decode builds its decoder and pays its own captures, as a harness run does at "
-        "each new shape of the reuse pass (`prefix`: every block; `dual`: every change of the "
-        "rows in the pass). What it does not show: random weights (a "
+        "Each decode builds its decoder and pays its own captures, as a harness run does for "
+        "each new shape of the reuse pass whose fill holds two steps (`prefix`: every block; "
+        "`dual`: a change in the number of rows in the pass or the spread of their blocks). "
+        "What it does not show: random weights (a "
         "real model's confidences, and so the threshold rule's steps per block, differ); the "
         "harness's scheduler (rows entering as others finish).",
         end,

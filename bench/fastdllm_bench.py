@@ -57,11 +57,12 @@ position), and every later repeat must give each side's own answers again. NFE: 
 `DecodeResult.nfe` per row; theirs is the count their `generate` returns per call, and a
 forward hook on their model counts its calls too.
 
-Before the cells, both models' logits on one decode's first pass (row 0's prompt and an
-all-masked answer) are compared on the answer's positions (`logit_agreement`): how far
-apart, where the arg-max differs and our top-2 margin there, and where the threshold is met
-on one side only; so a run whose tokens part says whether the models disagree or only
-round differently.
+Before the cells, both sides' logits on one decode's first pass (row 0's prompt and an
+all-masked answer), each computed as its decoder does (ours: attention mask and positions
+from `left_pad`, the head on the masked positions only; theirs: `model(x).logits`), are
+compared on the answer's positions (`logit_agreement`): how far apart, where the picks differ
+and our top-2 margin there, and where the threshold is met on one side only; so a run whose
+tokens part says whether the two passes disagree or only round differently.
 
 `--json` is rewritten after every cell, so a crash loses little. `--report-only` writes the
 section from `--json`, with the cells of `--merge FILE...` (other runs of the same model,
@@ -107,6 +108,7 @@ from bench.common import (
 )
 from bench.workloads import LLADA_EOS_ID, LLADA_MASK_ID, LLADA_VOCAB, random_llada
 from lm_eval_dvoting.core.decoding import generate as our_generate
+from lm_eval_dvoting.core.decoding.state import left_pad
 
 SECTION = "fastdllm_bench"  # the markers' name; another run's section gets its own (--section)
 DEFAULT_MIRROR = Path("/work/.mirror/NVlabs+Fast-dLLM/repo")
@@ -419,30 +421,47 @@ def run_ours(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> 
 
 
 def logit_agreement(ours: Any, theirs: Any, prompt: torch.Tensor, args: Any) -> Results:
-    """Both models' logits on one decode's first pass (`prompt` and an all-masked answer),
-    compared on the answer's positions: how far apart, whether the arg-max agrees, our top-2
-    margin where it does not (a near-tie that rounding flips has a small one), and where the
-    threshold (`--threshold`) is met on one side only."""
+    """Both sides' logits on one decode's first pass (`prompt` and an all-masked answer),
+    each computed as its decoder does (`our_first_pass`; theirs `model(x).logits`), compared
+    on the answer's positions: how far apart (the mask token's column left out, values that
+    are not finite counted apart), where each side's pick differs (ours never picks the mask
+    token, theirs may) and our top-2 margin there (a near-tie that rounding flips has a small
+    one), and where each side's rule meets `--threshold` on one side only (float64 softmax,
+    as both do; ours without the mask token, theirs with it)."""
     mask_id = int(ours.mask_token_id)
     answer = torch.full((args.gen_length,), mask_id, dtype=prompt.dtype, device=prompt.device)
     x = torch.cat([prompt, answer])[None]
     with torch.no_grad():
-        mine = ours(x)[0, prompt.numel() :].float()
-        other = theirs(x).logits[0, prompt.numel() :].float()
-    mine[:, mask_id] = other[:, mask_id] = -torch.inf  # never a candidate (both sides)
-    gap = (mine - other).abs().nan_to_num(posinf=0.0)  # the mask column: inf - inf
+        mine = our_first_pass(ours, x, prompt.numel())
+        other = theirs(x).logits[0, prompt.numel() :].double()
+    kept = torch.arange(mine.shape[-1], device=mine.device) != mask_id
+    finite = mine[:, kept].isfinite() & other[:, kept].isfinite()
+    gap = (mine[:, kept] - other[:, kept]).abs()[finite]
+    mine[:, mask_id] = -torch.inf  # ours never picks the mask token; theirs may
     differ = mine.argmax(-1) != other.argmax(-1)
     top2 = mine.topk(2, dim=-1).values
     margin = (top2[:, 0] - top2[:, 1])[differ]
     sure = [logits.softmax(-1).max(-1).values >= args.threshold for logits in (mine, other)]
     return {
         "positions": int(mine.shape[0]),
-        "max_abs": float(gap.max()),
-        "mean_abs": float(gap.mean()),
+        "max_abs": float(gap.max()) if len(gap) else None,
+        "mean_abs": float(gap.mean()) if len(gap) else None,
+        "not_finite": int((~finite).sum()),
         "argmax_differ": int(differ.sum()),
         "largest_margin_where_differ": float(margin.max()) if len(margin) else None,
         "threshold_differ": int((sure[0] != sure[1]).sum()),
     }
+
+
+def our_first_pass(model: Any, x: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    """Our logits at the answer's positions (float64) as the decoder's `none` pass computes
+    them: the sequence left-padded (`left_pad`: attention mask, positions), the hidden
+    states, then the head on the gathered masked positions only."""
+    ids, attention, positions = left_pad([x[0]], 0, x.device)
+    hidden = model.hidden_states(ids, attention, position_ids=positions)
+    columns = torch.arange(prompt_length, x.shape[1], device=x.device)
+    picked = hidden[torch.zeros_like(columns), columns]
+    return model.logits_from_hidden(picked).double()
 
 
 def logit_lines(results: Results) -> list[str]:
@@ -451,16 +470,19 @@ def logit_lines(results: Results) -> list[str]:
     if found is None:
         return []
     margin = found["largest_margin_where_differ"]
-    where = (
-        "" if margin is None else f"; where it does not, our top-2 margin is at most {margin:.3g}"
+    where = "" if margin is None else f"; where they do, our top-2 margin is at most {margin:.3g}"
+    apart = (
+        f"at most {found['max_abs']:.3g} apart (mean {found['mean_abs']:.3g})"
+        if found["max_abs"] is not None
+        else "no finite pair to compare"
     )
+    bad = f", {found['not_finite']} values not finite" if found["not_finite"] else ""
     return [
         "",
-        f"The first pass's logits (row 0: the prompt and an all-masked answer, "
-        f"{found['positions']} answer positions): at most {found['max_abs']:.3g} apart (mean "
-        f"{found['mean_abs']:.3g}); the arg-max differs at {found['argmax_differ']} "
-        f"position(s){where}; the threshold is met on one side only at "
-        f"{found['threshold_differ']}.",
+        f"The first pass's logits, each side's as its decoder computes them (row 0: the prompt "
+        f"and an all-masked answer, {found['positions']} answer positions): {apart}{bad}; the "
+        f"two sides pick different tokens at {found['argmax_differ']} position(s){where}; "
+        f"the threshold is met on one side only at {found['threshold_differ']}.",
     ]
 
 

@@ -10,11 +10,11 @@
 #                      graphs (not run yet; an estimated 40 s)
 #   step_profile_none  the same for the one-row step without a cache, a full pass over 512
 #                      tokens (against which Fast-dLLM's `none` is compared; not run yet)
-#   decode_modes       `bench decode-modes`: whole threshold-rule decodes (1 and 16 rows,
-#                      prefix and dual) under dynamic, static and graphs (not run yet; an
-#                      estimated 150 s)
 #   fastdllm           `bench fastdllm` (bench/.fastdllm/ exported here and carried along):
 #                      Fast-dLLM's own LLaDA generate against ours, 1 row (4 of 6 cells in 120 s)
+#   decode_modes       `bench decode-modes`: whole threshold-rule decodes (1 and 16 rows,
+#                      prefix and dual) under dynamic, static and graphs (not run yet; at
+#                      most 150 s: the JSON keeps each cell as it ends)
 #   static_steps_bf16  `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows:
 #                      cache none / prefix / dual under dynamic, static and graphs (117 s)
 #   static_steps_f32   `bench static-steps` at 4 layers in float32: every mode's tokens must be
@@ -112,7 +112,7 @@ run_part() {  # run_part NAME: one part of the session, by name
             --dtype "$BF16" --layers "$LAYERS" --cache none $PROFILE_SHAPE \
             --json "$WORK/step_profile_none.json" --out "$WORK/step_profile_none.md" ;;
     decode_modes)  # whole threshold-rule decodes under dynamic, static and graphs
-        part decode_modes 200 "$PY" -m bench decode-modes $DECODE_MODES \
+        part decode_modes 150 "$PY" -m bench decode-modes $DECODE_MODES \
             --json "$WORK/decode_modes.json" --out "$WORK/decode_modes.md" ;;
     static_steps_bf16)
         part static_steps_bf16 200 "$PY" -m bench static-steps --device "$DEVICE" \
@@ -148,9 +148,9 @@ run_part() {  # run_part NAME: one part of the session, by name
     esac
 }
 
-# the cells issue #43's bar needs come first; the rest as time allows
+# what has not run on a GPU and Fast-dLLM's missing cells first; the rest as time allows
 # (static_steps_bf16, refill and experts were measured on 2026-11-28: they come after the new)
-DEFAULT_PARTS="gpu_tests step_profile step_profile_none decode_modes fastdllm static_steps_bf16"
+DEFAULT_PARTS="gpu_tests step_profile step_profile_none fastdllm decode_modes static_steps_bf16"
 DEFAULT_PARTS="$DEFAULT_PARTS static_steps_f32 refill experts"
 KNOWN=" $DEFAULT_PARTS fastdllm16 "
 PARTS=${PARTS:-$DEFAULT_PARTS}

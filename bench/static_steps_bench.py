@@ -38,6 +38,7 @@ from bench.common import (
     add_section_flag,
     args_record,
     command_line,
+    is_cuda,
     launcher_for,
     load_json,
     markers,
@@ -62,7 +63,7 @@ REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
 
 
 def modes(device: str) -> list[str]:
-    return ["dynamic", "static"] + (["graphs"] if device == "cuda" else [])
+    return ["dynamic", "static"] + (["graphs"] if is_cuda(device) else [])
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
@@ -83,7 +84,7 @@ def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
 def _step(decoder: RowDecoder, device: str) -> float:
     start = time.perf_counter()
     decoder.step()
-    if device == "cuda":
+    if is_cuda(device):
         torch.cuda.synchronize()
     return time.perf_counter() - start
 
@@ -97,7 +98,7 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
     for cache, mode, rows, block in cells(args):
         groups.setdefault((rows, block), []).append((cache, mode))
     for (rows, block), members in groups.items():
-        if args.device == "cuda":  # the peak of each group: its decoders' buffers side by side
+        if is_cuda(args.device):  # the peak of each group: its decoders' buffers side by side
             torch.cuda.reset_peak_memory_stats()
         decoders = {}
         for cache, mode in members:
@@ -117,7 +118,7 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
                     if not str(error).startswith("cached_steps=graphs"):
                         raise  # anything else (out of memory, a bug) stops the run
                     refused[key] = str(error)
-        peak = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else None
+        peak = torch.cuda.max_memory_allocated() / 2**30 if is_cuda(args.device) else None
         for key, decoder in decoders.items():
             tokens = [row.tokens.tolist() for row in kept[key]]
             found[key] = {"steps": times[key], "tokens": tokens, "group_peak_gib": peak}

@@ -47,6 +47,7 @@ from bench.common import (
     add_section_flag,
     args_record,
     command_line,
+    is_cuda,
     launcher_for,
     load_json,
     markers,
@@ -96,7 +97,7 @@ def steady_decoder(
 def kernels_per_step(decoder: RowDecoder, steps: int, device: str) -> list[Results]:
     """Per kernel name (CUDA) or top-level operator (CPU): calls and microseconds per step,
     most time first."""
-    if device == "cuda":
+    if is_cuda(device):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as run:
             for _ in range(steps):
                 decoder.step()
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace, results: Results) -> None:
     results["kernels"] = kernels_per_step(profiled, args.profile_steps, args.device)
     del profiled  # on a GPU its buffers would sit beside the timed decoders'
     results["wall_ms"] = {}
-    graphs = args.device == "cuda" and args.cache != "none"  # `none` has no reuse steps
+    graphs = is_cuda(args.device) and args.cache != "none"  # `none` has no reuse steps
     for mode in ("static", "graphs") if graphs else ("static",):
         timed_decoder = steady_decoder(work.model, prompt, args, mode)
         results["wall_ms"][mode] = wall_ms(timed_decoder, args.timed_steps, args.device)
@@ -165,7 +166,7 @@ def run(args: argparse.Namespace, results: Results) -> None:
 
 def category_rows(results: Results) -> list[str]:
     """Kernels (operators on the CPU) and their time per reuse step, by category."""
-    unit = "kernels" if results["args"]["device"] == "cuda" else "operators"
+    unit = "kernels" if is_cuda(results["args"]["device"]) else "operators"
     total = sum(k["us"] for k in results["kernels"]) or 1.0
     rows = [
         f"| category | {unit} per step | ms per step | share of their time |",
@@ -200,10 +201,11 @@ def summary_lines(results: Results) -> list[str]:
     args, wall = results["args"], results["wall_ms"]
     per_layer = results["operators_per_layer"]
     graphs = f", under `graphs` {wall['graphs']:.2f} ms" if "graphs" in wall else ""
+    mode = "" if args["cache"] == "none" else " under `static`"  # `none` reuses nothing
     return [
         f"- a {step_kind(args['cache'])} of `cache={args['cache']}` at {args['rows']} row(s): "
-        f"{wall['static']:.2f}"
-        f" ms wall under `static`{graphs} (medians of {args['timed_steps']} steps, no profiler)",
+        f"{wall['static']:.2f} ms wall{mode}{graphs} (medians of {args['timed_steps']} steps, "
+        "no profiler)",
         f"- parameters a pass reads (the embedding table left out): {results['weights_gb']:.2f} GB",
         f"- top-level operators a layer adds to a {step_kind(args['cache'])} (views left out; "
         f"from 1- and 2-layer tiny models): {sum(per_layer.values()):.0f}: "

@@ -202,3 +202,10 @@ def test_digests_are_stable_and_tell_a_moved_token(monkeypatch, capsys, tmp_path
     digests_bench.main(["--quick", "--groups", "llada2", "--json", str(tmp_path / "d.json")])
     assert f"llada2: 4 decodes, sha256 {first['sha256']}" in capsys.readouterr().out
     assert json.loads((tmp_path / "d.json").read_text())["llada2"] == first
+
+
+def test_cuda_devices_are_recognised_with_an_index_too():
+    from bench.common import is_cuda
+
+    assert is_cuda("cuda") and is_cuda("cuda:0") and is_cuda(torch.device("cuda", 1))
+    assert not is_cuda("cpu") and not is_cuda("meta")

@@ -11,7 +11,7 @@ import pytest
 
 from bench import decode_modes
 
-TINY = "--tiny --rows 1 2 --repeats 1 --caches dual --device cpu"
+TINY = "--tiny --rows 1 2 --repeats 1 --device cpu"
 
 
 @pytest.fixture(scope="module")
@@ -22,25 +22,23 @@ def run(tmp_path_factory):
     return json.loads(json_path.read_text()), out.read_text()
 
 
-def _rows(lines):
+def _rows(lines: list[str]) -> list[str]:
+    """The table's rows (one per rows x schedule x cache)."""
     return [line for line in lines if line.startswith(("| 1 |", "| 2 |"))]
 
 
 def test_every_cell_ran_in_both_modes_with_dynamics_tokens(run):
     results, text = run
-    assert [(c["rows"], c["schedule"], c["mode"]) for c in results["cells"]] == [
-        (rows, schedule, mode)
+    assert [(c["rows"], c["schedule"], c["cache"], c["mode"]) for c in results["cells"]] == [
+        (rows, schedule, cache, mode)
         for rows in (1, 2)
         for schedule in ("threshold", "fixed")
+        for cache in ("prefix", "dual")
         for mode in ("dynamic", "static")
     ]
     rows = _rows(text.splitlines())
-    assert [r.split(" | ")[1:3] for r in rows] == [
-        ["threshold", "dual"],
-        ["fixed", "dual"],
-        ["threshold", "dual"],
-        ["fixed", "dual"],
-    ]
+    groups = [[s, c] for s in ("threshold", "fixed") for c in ("prefix", "dual")]
+    assert [r.split(" | ")[1:3] for r in rows] == 2 * groups
     assert all(r.endswith("| yes |") for r in rows)
     fixed = [c for c in results["cells"] if c["schedule"] == "fixed"]
     assert all(c["nfe"] == 32 for c in fixed)  # one token a step over the 32-token answer
@@ -50,10 +48,10 @@ def test_every_cell_ran_in_both_modes_with_dynamics_tokens(run):
 def test_a_changed_or_unrepeatable_answer_shows(run):
     results, _ = run
     changed = copy.deepcopy(results)
-    changed["cells"][1]["tokens"][0][3] += 1  # 1 row, threshold, static
+    changed["cells"][1]["tokens"][0][3] += 1  # 1 row, threshold, prefix, static
     assert _rows(decode_modes.table(changed))[0].endswith("| NO |")
     unrepeatable = copy.deepcopy(results)
-    unrepeatable["cells"][3]["repeatable"] = False  # 1 row, fixed, static
+    unrepeatable["cells"][3]["repeatable"] = False  # 1 row, threshold, dual, static
     rows = _rows(decode_modes.table(unrepeatable))
     assert rows[0].endswith("| yes |") and rows[1].endswith("| NO |")
 
@@ -84,7 +82,7 @@ def test_a_gpu_runs_section_has_the_graphs_column_and_warm_ups(run):
         line.startswith("| rows | schedule | cache | dynamic s | static s | graphs s |")
         for line in lines
     )
-    assert "1 rows threshold dual 1.25 s" in "\n".join(lines)
+    assert "1 rows threshold prefix 1.25 s" in "\n".join(lines)
     assert any("| not run |" in line for line in _rows(lines))  # the groups without graphs
 
 
@@ -104,7 +102,8 @@ def test_a_refused_capture_is_said_and_the_run_goes_on(monkeypatch, tmp_path):
 
     monkeypatch.setattr(decode_modes, "measure_cell", refusing)
     out, json_path = tmp_path / "B.md", tmp_path / "d.json"
-    argv = [*TINY.split(), "--schedules", "fixed", "--json", str(json_path), "--out", str(out)]
+    argv = [*TINY.split(), "--schedules", "fixed", "--caches", "dual"]
+    argv += ["--json", str(json_path), "--out", str(out)]
     assert decode_modes.main(argv) == 0
     rows = _rows(out.read_text().splitlines())
     assert "| refused (a capture failed) |" in rows[1] and rows[1].endswith("| yes |")
@@ -116,3 +115,33 @@ def test_a_refused_capture_is_said_and_the_run_goes_on(monkeypatch, tmp_path):
     monkeypatch.setattr(decode_modes, "measure_cell", failing)
     with pytest.raises(RuntimeError, match="out of memory"):
         decode_modes.main(argv)
+
+
+def test_each_cell_decodes_in_its_own_mode(monkeypatch, tmp_path):
+    """`static` cells run the static buffers' reuse passes, `dynamic` cells none of them."""
+    from lm_eval_dvoting.core.decoding.static_steps import StaticSteps
+
+    passes, seen = [], {}
+    real_run, real_decode = StaticSteps.run, decode_modes.timed_decode
+
+    def counted_run(self, *args, **kwargs):
+        passes.append(self.mode)
+        return real_run(self, *args, **kwargs)
+
+    def noted_decode(model, prompts, cache, kwargs):
+        before = len(passes)
+        result = real_decode(model, prompts, cache, kwargs)
+        seen.setdefault(model.cached_steps, []).append(len(passes) - before)
+        return result
+
+    monkeypatch.setattr(StaticSteps, "run", counted_run)
+    monkeypatch.setattr(decode_modes, "timed_decode", noted_decode)
+    argv = ["--tiny", "--rows", "1", "--repeats", "1", "--schedules", "fixed", "--device", "cpu"]
+    assert (
+        decode_modes.main(
+            [*argv, "--json", str(tmp_path / "d.json"), "--out", str(tmp_path / "B.md")]
+        )
+        == 0
+    )
+    assert set(seen) == {"dynamic", "static"}
+    assert all(n == 0 for n in seen["dynamic"]) and all(n > 0 for n in seen["static"])

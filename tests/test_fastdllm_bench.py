@@ -419,16 +419,19 @@ def test_merged_runs_list_each_unreached_cell_once_and_drop_those_run_elsewhere(
 
 
 class ShiftedTheirs:
-    """'Their' model: our logits, with position `at` of the answer's second-best token
-    raised by `by` (so that it wins where `by` exceeds our top-2 margin)."""
+    """'Their' model: our plain forward's logits, with position `at` of the answer's
+    second-best token raised by `by` (so that it wins where `by` exceeds our top-2 margin),
+    and `edit(logits)` applied last when given."""
 
-    def __init__(self, ours, prompt_length, at, by):
-        self.ours, self.index, self.by = ours, prompt_length + at, by
+    def __init__(self, ours, prompt_length, at, by, edit=None):
+        self.ours, self.index, self.by, self.edit = ours, prompt_length + at, by, edit
 
-    def __call__(self, x):
+    def __call__(self, x: torch.Tensor) -> argparse.Namespace:
         logits = self.ours(x).clone()
         second = logits[0, self.index].topk(2).indices[1]
         logits[0, self.index, second] += self.by
+        if self.edit is not None:
+            self.edit(logits)
         return argparse.Namespace(logits=logits)
 
 
@@ -445,6 +448,7 @@ def test_the_first_pass_logits_of_the_same_model_agree_exactly():
         "positions": 32,
         "max_abs": 0.0,
         "mean_abs": 0.0,
+        "not_finite": 0,
         "argmax_differ": 0,
         "largest_margin_where_differ": None,
         "threshold_differ": 0,
@@ -462,5 +466,23 @@ def test_a_flipped_arg_max_is_counted_with_our_margin_there():
     assert found["largest_margin_where_differ"] == pytest.approx(margin)
     assert found["max_abs"] == pytest.approx(margin + 1.0)
     line = fd.logit_lines({"logits": found})[-1]
-    assert "the arg-max differs at 1 position(s); where it does not, our top-2 margin" in line
+    assert "pick different tokens at 1 position(s); where they do, our top-2 margin" in line
     assert fd.logit_lines({}) == []  # a run from before the comparison
+
+
+def test_the_mask_tokens_column_is_left_out_and_values_not_finite_are_counted():
+    ours, prompt, args = _tiny_ours()
+    mask_id = ours.mask_token_id
+
+    def lower_the_mask(logits):  # their mask column far below: no pick changes
+        logits[0, 32:, mask_id] -= 50.0
+
+    found = fd.logit_agreement(ours, ShiftedTheirs(ours, 32, 0, 0.0, lower_the_mask), prompt, args)
+    assert (found["max_abs"], found["argmax_differ"], found["not_finite"]) == (0.0, 0, 0)
+
+    def one_nan(logits):
+        logits[0, 40, 7] = float("nan")
+
+    found = fd.logit_agreement(ours, ShiftedTheirs(ours, 32, 0, 0.0, one_nan), prompt, args)
+    assert (found["max_abs"], found["not_finite"]) == (0.0, 1)  # not read as "0 apart"
+    assert ", 1 values not finite;" in fd.logit_lines({"logits": found})[-1]
