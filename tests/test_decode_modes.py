@@ -8,6 +8,7 @@ import copy
 import json
 
 import pytest
+import torch
 
 from bench import decode_modes
 
@@ -114,6 +115,16 @@ def test_a_refused_capture_is_said_and_the_run_goes_on(monkeypatch, tmp_path):
 
     monkeypatch.setattr(decode_modes, "measure_cell", failing)
     with pytest.raises(RuntimeError, match="out of memory"):
+        decode_modes.main(argv)
+
+    def out_of_memory_in_a_capture(model, prompts, cell, args):
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except torch.OutOfMemoryError as error:
+            raise RuntimeError("cached_steps=graphs: capturing the reuse pass failed") from error
+
+    monkeypatch.setattr(decode_modes, "measure_cell", out_of_memory_in_a_capture)
+    with pytest.raises(RuntimeError, match="cached_steps=graphs"):  # not a refusal: it stops
         decode_modes.main(argv)
 
 
