@@ -259,6 +259,31 @@ def write_section(path: Path, lines: list[str], start: str, end: str) -> None:
     path.write_text(text)
 
 
+def run_or_report(
+    suite: str,
+    argv: list[str],
+    args: argparse.Namespace,
+    run: Any,
+    section: Any,
+) -> int:
+    """The `main` of a suite that keeps its numbers in `--json` and writes one section of
+    `--out` between the markers `--section`: with `--report-only` the section from `--json`
+    alone; else `run(args, results)` into a record of the command, the machine and the date,
+    saved to `--json`, then the section (`section(results, name)`)."""
+    torch.set_grad_enabled(False)
+    if args.report_only:
+        results = load_json(args.json)
+    else:
+        command = command_line(suite, argv, launcher_for(args.device))
+        results = {"args": args_record(args), "meta": run_facts(command, args.device)}
+        results["date"] = utc_now()
+        run(args, results)
+        save_json(args.json, results)
+    write_section(args.out, section(results, args.section), *markers(args.section))
+    print(f"wrote the {args.section} section of {args.out}")
+    return 0
+
+
 def save_json(path: Path, results: Any, **dump_args: Any) -> None:
     """Write `results` to `path` as strict JSON (no NaN), creating its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,16 +46,10 @@ from bench.common import (
     RESULTS,
     add_output_flags,
     add_section_flag,
-    args_record,
-    command_line,
     is_cuda,
-    launcher_for,
-    load_json,
     markers,
-    run_facts,
+    run_or_report,
     save_json,
-    utc_now,
-    write_section,
 )
 from bench.fastdllm_bench import (
     FULL_SHAPE,
@@ -307,15 +301,4 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the suite (or, with `--report-only`, only write its section from `--json`)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    torch.set_grad_enabled(False)
-    if args.report_only:
-        results = load_json(args.json)
-    else:
-        command = command_line("decode-modes", argv, launcher_for(args.device))
-        results = {"args": args_record(args), "meta": run_facts(command, args.device)}
-        results["date"] = utc_now()
-        run(args, results)
-    write_section(args.out, section(results, args.section), *markers(args.section))
-    print(f"wrote the {args.section} section of {args.out}")
-    return 0
+    return run_or_report("decode-modes", argv, parse_args(argv), run, section)

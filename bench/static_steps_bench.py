@@ -36,15 +36,10 @@ from bench.common import (
     add_output_flags,
     add_real_shape_arguments,
     add_section_flag,
-    args_record,
-    command_line,
     is_cuda,
-    launcher_for,
-    load_json,
     markers,
-    run_facts,
+    run_or_report,
     save_json,
-    write_section,
 )
 from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import RowDecoder
@@ -339,17 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     add_output_flags(p, RESULTS / "static_steps_bench.json")
     add_section_flag(p, SECTION)
-    args = p.parse_args(argv)
-    torch.set_grad_enabled(False)
-    results = load_json(args.json) if args.report_only else {}
-    if not args.report_only:
-        command = command_line("static-steps", argv, launcher_for(args.device))
-        results.update(args=args_record(args), meta=run_facts(command, args.device))
-        run(args, results)
-        save_json(args.json, results)
-    write_section(args.out, section(results, args.section), *markers(args.section))
-    print(f"wrote {args.out}")
-    return 0
+    return run_or_report("static-steps", argv, p.parse_args(argv), run, section)
 
 
 if __name__ == "__main__":

@@ -45,17 +45,11 @@ from bench.common import (
     add_output_flags,
     add_real_shape_arguments,
     add_section_flag,
-    args_record,
-    command_line,
     is_cuda,
-    launcher_for,
-    load_json,
     markers,
-    run_facts,
-    save_json,
+    run_or_report,
     timed,
     top_operators,
-    write_section,
 )
 from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import RowDecoder
@@ -282,15 +276,4 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the suite (or, with `--report-only`, only write its section from `--json`)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    torch.set_grad_enabled(False)
-    if args.report_only:
-        results = load_json(args.json)
-    else:
-        command = command_line("step-profile", argv, launcher_for(args.device))
-        results = {"args": args_record(args), "meta": run_facts(command, args.device)}
-        run(args, results)
-        save_json(args.json, results)
-    write_section(args.out, section(results, args.section), *markers(args.section))
-    print(f"wrote the {args.section} section of {args.out}")
-    return 0
+    return run_or_report("step-profile", argv, parse_args(argv), run, section)
