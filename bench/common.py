@@ -269,15 +269,16 @@ def run_or_report(
     """The `main` of a suite that keeps its numbers in `--json` and writes one section of
     `--out` between the markers `--section`: with `--report-only` the section from `--json`
     alone; else `run(args, results)` into a record of the command, the machine and the date,
-    saved to `--json`, then the section (`section(results, name)`)."""
-    torch.set_grad_enabled(False)
+    saved to `--json`, then the section (`section(results, name)`). Gradients are off for
+    the run only (a caller's own setting, e.g. a test process's, is left as it was)."""
     if args.report_only:
         results = load_json(args.json)
     else:
         command = command_line(suite, argv, launcher_for(args.device))
         results = {"args": args_record(args), "meta": run_facts(command, args.device)}
         results["date"] = utc_now()
-        run(args, results)
+        with torch.no_grad():
+            run(args, results)
         save_json(args.json, results)
     write_section(args.out, section(results, args.section), *markers(args.section))
     print(f"wrote the {args.section} section of {args.out}")

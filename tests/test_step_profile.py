@@ -131,3 +131,7 @@ def test_a_step_without_a_cache_is_named_a_full_step(run):
     assert lines[1].startswith("## One full step (no cache) of `cache=none`, kernel by kernel")
     summary = next(line for line in lines if line.startswith("- a full step (no cache) of"))
     assert "ms wall (medians" in summary  # no mode: a step without a cache reuses nothing
+
+
+def test_a_run_leaves_the_callers_gradient_setting_as_it_was(run):
+    assert torch.is_grad_enabled()  # the fixture's run turned them off for itself only
