@@ -150,16 +150,22 @@ def is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def timed(fn: Any, device: str = "cpu") -> float:
-    """Seconds of one call of `fn()`; on a GPU the queued work is waited for at both edges."""
+def timed_call(fn: Any, device: str | torch.device = "cpu") -> tuple[float, Any]:
+    """Seconds of one call of `fn()`, and what it returned; on a GPU the queued work is
+    waited for at both edges."""
     cuda = is_cuda(device)
     if cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
-    fn()
+    result = fn()
     if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, result
+
+
+def timed(fn: Any, device: str | torch.device = "cpu") -> float:
+    """Seconds of one call of `fn()` (`timed_call`)."""
+    return timed_call(fn, device)[0]
 
 
 # operators that launch no kernel: views, and allocations without a fill
@@ -224,7 +230,7 @@ def args_record(args: argparse.Namespace) -> Results:
 def launcher_for(device: str) -> str:
     """The Python a suite is started with on `device`: a lent GPU machine's `python3` (its
     image holds PyTorch), this project's virtual environment elsewhere."""
-    return "python3" if str(device).startswith("cuda") else ".venv/bin/python"
+    return "python3" if is_cuda(device) else ".venv/bin/python"
 
 
 def command_line(suite: str, argv: list[str], launcher: str = ".venv/bin/python") -> str:

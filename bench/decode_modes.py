@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -50,17 +49,9 @@ from bench.common import (
     markers,
     run_or_report,
     save_json,
+    timed_call,
 )
-from bench.fastdllm_bench import (
-    FULL_SHAPE,
-    FULL_SIZES,
-    TINY_SHAPE,
-    TINY_SIZES,
-    cell_settings,
-    llada_config,
-    our_model,
-    random_prompts,
-)
+from bench.fastdllm_bench import cell_settings, llada_config, model_shape, our_model, random_prompts
 from lm_eval_dvoting.core.decoding import generate as our_generate
 
 SECTION = "decode_modes"
@@ -76,14 +67,8 @@ def modes(device: str) -> list[str]:
 
 def timed_decode(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> Results:
     """One whole decode: its seconds (the GPU synchronised around it), tokens and NFE."""
-    cuda = prompts.device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    result = our_generate(model, prompts, cache=cache, **kwargs)
-    if cuda:
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
+    decode = lambda: our_generate(model, prompts, cache=cache, **kwargs)  # noqa: E731
+    seconds, result = timed_call(decode, prompts.device)
     return {"seconds": seconds, "tokens": result.tokens.tolist(), "nfe": result.nfe.tolist()}
 
 
@@ -123,24 +108,9 @@ def cells(args: argparse.Namespace) -> list[tuple[int, str, str, str]]:
     ]
 
 
-def resolve_sizes(args: argparse.Namespace) -> Results:
-    """LLaDA-8B's shape or `--tiny`'s, `--layers` where given; the lengths filled in."""
-    shape = dict(TINY_SHAPE if args.tiny else FULL_SHAPE)
-    if args.layers is not None:
-        shape["n_layers"] = args.layers
-    for name, value in (TINY_SIZES if args.tiny else FULL_SIZES).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.gen_length % args.block:
-        raise SystemExit(
-            f"--gen-length {args.gen_length} must be a multiple of --block {args.block}"
-        )
-    return shape
-
-
 def run(args: argparse.Namespace, results: Results) -> None:
     """Build the model and prompts, then every cell in turn (`--json` after each)."""
-    shape = resolve_sizes(args)
+    shape = model_shape(args)
     dtype = getattr(torch, args.dtype or ("bfloat16" if is_cuda(args.device) else "float32"))
     config = llada_config(shape)
     model = our_model(config, args.logit_std, args.device, dtype)

@@ -103,6 +103,7 @@ from bench.common import (
     markers,
     run_facts,
     save_json,
+    timed_call,
     utc_now,
     write_section,
 )
@@ -391,14 +392,9 @@ def cell_settings(schedule: str, args: argparse.Namespace, mask_id: int) -> tupl
 
 
 def _synced(device: torch.device, run: Callable[[], Any]) -> tuple[float, Any]:
-    """`run()`'s result and its wall time, the device synchronised around it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    result = run()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start, result
+    """`run()`'s wall time and result, the device synchronised around it (`timed_call`;
+    one name here, which the tests replace with a clock of their own)."""
+    return timed_call(run, device)
 
 
 def run_theirs(
@@ -598,25 +594,31 @@ def measure_cell(bench: Bench, cache: str, schedule: str, rows: int) -> Results:
 
 
 def resolve_sizes(args: argparse.Namespace) -> Results:
-    """The model shape and sizes: LLaDA-8B's or `--tiny`'s, with `--layers` and the length
-    flags where given; refuses sizes their `generate` cannot take."""
-    shape = dict(TINY_SHAPE if args.tiny else FULL_SHAPE)
-    if args.layers is not None:
-        shape["n_layers"] = args.layers
-    if args.vocab is not None:
-        shape["vocab_size"] = args.vocab
-    for name, value in (TINY_SIZES if args.tiny else FULL_SIZES).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    """The model shape and sizes (`model_shape`); refuses sizes their `generate` cannot
+    take and a `--their-rows` below 1."""
     if args.their_rows is not None and args.their_rows < 1:
         raise SystemExit(
             f"--their-rows {args.their_rows}: give 1 or more (the prompts Fast-dLLM runs per "
             "cell), or leave it out (all the cell's rows)"
         )
+    return model_shape(args, why="their generate asserts it")
+
+
+def model_shape(args: argparse.Namespace, why: str = "the blocks tile the answer") -> Results:
+    """LLaDA-8B's shape or `--tiny`'s, with `--layers` (and `--vocab`, where the suite has
+    it) given; the length flags left out filled in; an answer that blocks do not tile
+    refused (`why`: what requires it)."""
+    shape = dict(TINY_SHAPE if args.tiny else FULL_SHAPE)
+    if args.layers is not None:
+        shape["n_layers"] = args.layers
+    if getattr(args, "vocab", None) is not None:
+        shape["vocab_size"] = args.vocab
+    for name, value in (TINY_SIZES if args.tiny else FULL_SIZES).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.gen_length % args.block:
         raise SystemExit(
-            f"--gen-length {args.gen_length} must be a multiple of --block {args.block} "
-            "(their generate asserts it)"
+            f"--gen-length {args.gen_length} must be a multiple of --block {args.block} ({why})"
         )
     return shape
 
