@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ from bench.common import (
     markers,
     run_or_report,
     save_json,
+    timed,
 )
 from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import RowDecoder
@@ -50,10 +50,13 @@ Results = dict[str, Any]
 # A cell is a fresh decoder entering its block. Under `graphs` its first reuse step runs
 # eagerly (the buffers' fill), the next captures (a warm-up pass, the capture, a checked
 # replay: `CAPTURE_ON_STEADY_STEP`) and the later ones replay. A decode captures each shape
-# once, in its first block, and every later block's reuse steps replay it, the first after
-# its refill: so a `graphs` cell's reuse step is the mean of its replays, its step over a
-# block is its full step with those replays (a later block of a decode), and its capture
-# step is reported apart. Other modes: every step after the full one is a reuse step.
+# once: under `dual` (all the rows entering their blocks together) its first block's shape
+# is every block's, and every later block's reuse steps replay it, the first after its
+# refill. So a `graphs` cell's reuse step is the mean of its replays, its step over a block
+# is its full step with those replays (a later block of a decode), and its capture step is
+# reported apart. Under `prefix` the pass covers the rest of the answer, so every block is
+# a new shape and pays a capture that these figures leave out (its capture step is listed).
+# Other modes: every step after the full one is a reuse step.
 REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
 
 
@@ -77,11 +80,8 @@ def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
 
 
 def _step(decoder: RowDecoder, device: str) -> float:
-    start = time.perf_counter()
-    decoder.step()
-    if is_cuda(device):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    """One decoder step's seconds (`timed`; one name here, which the tests replace)."""
+    return timed(decoder.step, device)
 
 
 def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Results:
@@ -263,8 +263,10 @@ def graph_lines(results: Results) -> list[str]:
         [
             "",
             "CUDA graphs held at the block's end, and the step that captured them (a warm-up "
-            "pass, the capture and a checked replay; a decode pays it once per shape, in its "
-            f"first block), first repeat: {', '.join(held)}.",
+            "pass, the capture and a checked replay; a decode pays it once per shape: under "
+            "`dual` once, in its first block; under `prefix` in every block, whose pass covers "
+            "the rest of the answer, a cost the step figures above leave out), first repeat: "
+            f"{', '.join(held)}.",
         ]
         if held
         else []
