@@ -150,6 +150,38 @@ def is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
+STEP_MODES = ("dynamic", "static", "graphs", "compiled")  # `cached_steps` a suite can run
+ON_CUDA_ONLY = ("graphs", "compiled")
+
+
+def add_modes_flag(p: argparse.ArgumentParser) -> None:
+    """`--modes`: the `cached_steps` modes a suite compares (`step_modes`)."""
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=STEP_MODES,
+        help="the cached_steps modes to run (default: dynamic and static, and graphs on CUDA; "
+        "compiled only when named: it compiles the pass, minutes at LLaDA-8B's shape); "
+        "dynamic always runs, first: the others' tokens are compared with its",
+    )
+
+
+def step_modes(args: argparse.Namespace | dict[str, Any]) -> list[str]:
+    """The modes a run compares (`--modes`, else the device's default), `dynamic` first;
+    a mode that needs CUDA on another device is refused, naming it."""
+    args = vars(args) if isinstance(args, argparse.Namespace) else args
+    device, asked = args["device"], args.get("modes")
+    if not asked:
+        return ["dynamic", "static"] + (["graphs"] if is_cuda(device) else [])
+    refused = [mode for mode in asked if mode in ON_CUDA_ONLY and not is_cuda(device)]
+    if refused:
+        raise SystemExit(
+            f"--modes {' '.join(refused)} needs a CUDA device, got --device {device}: "
+            "leave them out, or give --device cuda"
+        )
+    return ["dynamic"] + [mode for mode in STEP_MODES[1:] if mode in asked]
+
+
 def timed_call(fn: Any, device: str | torch.device = "cpu") -> tuple[float, Any]:
     """Seconds of one call of `fn()`, and what it returned; on a GPU the queued work is
     waited for at both edges."""

@@ -43,26 +43,24 @@ import torch
 
 from bench.common import (
     RESULTS,
+    add_modes_flag,
     add_output_flags,
     add_section_flag,
     is_cuda,
     markers,
     run_or_report,
     save_json,
+    step_modes,
     timed_call,
 )
 from bench.fastdllm_bench import cell_settings, llada_config, model_shape, our_model, random_prompts
 from lm_eval_dvoting.core.decoding import generate as our_generate
+from lm_eval_dvoting.core.decoding.static_steps import CAPTURED
 
 SECTION = "decode_modes"
 Results = dict[str, Any]
 SCHEDULES = ("threshold", "fixed")
 CACHES = ("prefix", "dual")
-
-
-def modes(device: str) -> list[str]:
-    """The `cached_steps` modes a device runs (graphs only on CUDA, `cuda:N` too)."""
-    return ["dynamic", "static"] + (["graphs"] if is_cuda(device) else [])
 
 
 def timed_decode(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> Results:
@@ -104,7 +102,7 @@ def cells(args: argparse.Namespace) -> list[tuple[int, str, str, str]]:
         for rows in sorted(args.rows)
         for schedule in args.schedules
         for cache in args.caches
-        for mode in modes(args.device)
+        for mode in step_modes(args)
     ]
 
 
@@ -125,12 +123,14 @@ def run(args: argparse.Namespace, results: Results) -> None:
 def measured_or_refused(
     model: Any, prompts: torch.Tensor, cell: tuple[int, str, str, str], args: argparse.Namespace
 ) -> Results:
-    """`measure_cell`, or the record of a capture `graphs` refused (said, the run goes on)."""
+    """`measure_cell`, or the record of a capture `graphs` or `compiled` refused (said, the
+    run goes on)."""
     try:
         return measure_cell(model, prompts, cell, args)
     except RuntimeError as error:
         out_of_memory = isinstance(error.__cause__, torch.OutOfMemoryError)
-        if out_of_memory or not str(error).startswith("cached_steps=graphs"):
+        refusal = str(error).startswith(tuple(f"cached_steps={m}" for m in CAPTURED))
+        if out_of_memory or not refusal:
             raise  # anything else (out of memory, even inside a capture; a bug) stops the run
         rows, schedule, cache, mode = cell
         return {
@@ -169,7 +169,7 @@ def _mode_seconds(cell: Results | None) -> str:
 def table(results: Results) -> list[str]:
     """One row per (rows, schedule, cache): each mode's median seconds, the fastest, and
     whether every mode gave `dynamic`'s tokens (and its own again)."""
-    names = modes(results["args"]["device"])
+    names = step_modes(results["args"])
     lines = [
         "| rows | schedule | cache | "
         + " | ".join(f"{m} s" for m in names)
@@ -195,14 +195,16 @@ def table(results: Results) -> list[str]:
 
 
 def warm_up_lines(results: Results) -> list[str]:
-    """The warm-up decodes under `graphs` (none on the CPU): a first decode's extra cost."""
-    warm = [c for c in results["cells"] if c["mode"] == "graphs" and "refused" not in c]
+    """The warm-up decodes under `graphs` or `compiled` (none on the CPU): a first decode's
+    extra cost (captures; under `compiled` its compilations too)."""
+    warm = [c for c in results["cells"] if c["mode"] in CAPTURED and "refused" not in c]
     if not warm:
         return []
     said = ", ".join(
-        f"{c['rows']} rows {c['schedule']} {c['cache']} {c['warm_up_s']:.2f} s" for c in warm
+        f"{c['rows']} rows {c['schedule']} {c['cache']} {c['mode']} {c['warm_up_s']:.2f} s"
+        for c in warm
     )
-    return [f"The warm-up decodes under `graphs`: {said}.", ""]
+    return [f"The warm-up decodes under `graphs` and `compiled`: {said}.", ""]
 
 
 def section(results: Results, name: str = SECTION) -> list[str]:
@@ -262,9 +264,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     add_output_flags(p, RESULTS / "decode_modes.json")
     add_section_flag(p, SECTION)
+    add_modes_flag(p)
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats {args.repeats}: give 1 or more (timed decodes per cell)")
+    step_modes(args)  # a mode the device cannot run is refused before any model work
     return args
 
 

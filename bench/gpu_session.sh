@@ -5,9 +5,14 @@
 #   gpu_tests          tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`):
 #                      real CUDA graphs against the eager paths on the official-tiny fixtures,
 #                      token for token and pass for pass; MoE grouped GEMMs against the loop (36 s)
+#   compiled           `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows,
+#                      under dynamic, graphs and compiled (the pass compiled by torch.compile,
+#                      then captured: fused norms, rotary and casts; not run yet, nor has
+#                      inductor compiled a 32-layer pass there: at most 240 s)
+#   compiled_f32       the same at 4 layers in float32: compiled's tokens against dynamic's
 #   step_profile       `bench step-profile` at LLaDA-8B's shape in bfloat16: the one-row dual
-#                      reuse step's kernels by category, and its wall time under static and
-#                      graphs (not run yet; an estimated 40 s)
+#                      reuse step's kernels by category, and its wall time under static,
+#                      graphs and compiled (not run yet; an estimated 40 s without compiled)
 #   step_profile_none  the same for the one-row step without a cache, a full pass over 512
 #                      tokens (against which Fast-dLLM's `none` is compared; not run yet)
 #   fastdllm           `bench fastdllm` (bench/.fastdllm/ exported here and carried along):
@@ -56,6 +61,7 @@ PY=${PY:-python3}
 FASTDLLM_FLAGS=${FASTDLLM_FLAGS:-}  # more flags for both Fast-dLLM parts, e.g. --caches prefix none
 if [ "${SMOKE:-0}" = 1 ]; then
     DEVICE=cpu BF16=float32 LAYERS=1 F32_LAYERS=1 ROWS="1 2" REPEATS=1 WARM=0
+    COMPILED_MODES="static" PROFILE_COMPILED=""  # no compiled mode off CUDA
     SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 4"
     PROFILE_SHAPE="--width 64 --heads 4 --prompt-length 16 --gen-length 16 --block 16"
     DECODE_MODES="--tiny --device cpu --rows 1 2 --repeats 1 --schedules threshold"
@@ -63,6 +69,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
     FAST16="--tiny --rows 2 --repeats 1 --their-rows 1"
 else
     DEVICE=cuda BF16=bfloat16 LAYERS=32 F32_LAYERS=4 ROWS="1 16" REPEATS=2 WARM=5
+    COMPILED_MODES="graphs compiled" PROFILE_COMPILED="--compiled"
     SHAPE="" PROFILE_SHAPE=""
     DECODE_MODES="--device cuda --rows 1 16 --repeats 2 --schedules threshold"
     FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30 --deadline-s ${FAST_DEADLINE:-240}"
@@ -103,9 +110,18 @@ run_part() {  # run_part NAME: one part of the session, by name
         [ "${SMOKE:-0}" = 1 ] && return
         part gpu_tests 90 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
             tests/test_static_steps_gpu.py tests/test_moe_gpu.py ;;
+    compiled)  # the reuse steps under compiled beside graphs, full shape
+        part compiled 240 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
+            --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" --warm-up "$WARM" \
+            --modes $COMPILED_MODES --json "$WORK/compiled.json" --out "$WORK/compiled.md" ;;
+    compiled_f32)  # compiled's tokens against dynamic's in float32
+        part compiled_f32 150 "$PY" -m bench static-steps --device "$DEVICE" \
+            --dtype float32 --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
+            --modes $COMPILED_MODES --json "$WORK/compiled_f32.json" \
+            --out "$WORK/compiled_f32.md" ;;
     step_profile)  # the one-row dual reuse step, kernel by kernel
-        part step_profile 90 "$PY" -m bench step-profile --device "$DEVICE" --dtype "$BF16" \
-            --layers "$LAYERS" $PROFILE_SHAPE --json "$WORK/step_profile.json" \
+        part step_profile 150 "$PY" -m bench step-profile --device "$DEVICE" --dtype "$BF16" \
+            --layers "$LAYERS" $PROFILE_SHAPE $PROFILE_COMPILED --json "$WORK/step_profile.json" \
             --out "$WORK/step_profile.md" ;;
     step_profile_none)  # the one-row step without a cache (a full pass), kernel by kernel
         part step_profile_none 90 "$PY" -m bench step-profile --device "$DEVICE" \
@@ -150,8 +166,8 @@ run_part() {  # run_part NAME: one part of the session, by name
 
 # what has not run on a GPU and Fast-dLLM's missing cells first; the rest as time allows
 # (static_steps_bf16, refill and experts were measured on 2026-11-28: they come after the new)
-DEFAULT_PARTS="gpu_tests step_profile step_profile_none fastdllm decode_modes static_steps_bf16"
-DEFAULT_PARTS="$DEFAULT_PARTS static_steps_f32 refill experts"
+DEFAULT_PARTS="gpu_tests compiled step_profile compiled_f32 step_profile_none fastdllm"
+DEFAULT_PARTS="$DEFAULT_PARTS decode_modes static_steps_bf16 static_steps_f32 refill experts"
 KNOWN=" $DEFAULT_PARTS fastdllm16 "
 PARTS=${PARTS:-$DEFAULT_PARTS}
 if [ "${PART:-all}" = fastdllm16 ]; then PARTS=fastdllm16; fi  # the second call alone

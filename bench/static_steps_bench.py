@@ -32,6 +32,7 @@ import torch
 from bench.caches_bench import entering_decoder
 from bench.common import (
     RESULTS,
+    add_modes_flag,
     add_output_flags,
     add_real_shape_arguments,
     add_section_flag,
@@ -39,11 +40,12 @@ from bench.common import (
     markers,
     run_or_report,
     save_json,
+    step_modes,
     timed,
 )
 from bench.workloads import real_shape_workload
 from lm_eval_dvoting.core.decoding import RowDecoder
-from lm_eval_dvoting.core.decoding.static_steps import CAPTURE_ON_STEADY_STEP
+from lm_eval_dvoting.core.decoding.static_steps import CAPTURE_ON_STEADY_STEP, CAPTURED
 
 SECTION = "static_steps_bench"  # the markers' name; another run's section: --section
 Results = dict[str, Any]
@@ -58,10 +60,8 @@ Results = dict[str, Any]
 # a new shape and pays a capture that these figures leave out (its capture step is listed).
 # Other modes: every step after the full one is a reuse step.
 REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
-
-
-def modes(device: str) -> list[str]:
-    return ["dynamic", "static"] + (["graphs"] if is_cuda(device) else [])
+# a refused capture (the mode's error) is said and the other cells go on
+REFUSALS = tuple(f"cached_steps={mode}" for mode in CAPTURED)
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
@@ -74,7 +74,7 @@ def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
             found += [
                 (cache, mode, rows, block)
                 for cache in ("prefix", "dual")
-                for mode in modes(args.device)
+                for mode in step_modes(args)
             ]
     return found
 
@@ -110,7 +110,7 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
                 try:
                     times[key].append(_step(decoder, args.device))
                 except RuntimeError as error:  # a refused capture: said, the others go on
-                    if not str(error).startswith("cached_steps=graphs"):
+                    if not str(error).startswith(REFUSALS):
                         raise  # anything else (out of memory, a bug) stops the run
                     refused[key] = str(error)
         peak = torch.cuda.max_memory_allocated() / 2**30 if is_cuda(args.device) else None
@@ -124,7 +124,7 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
 def graphs_held(decoder: RowDecoder) -> int | None:
     """The CUDA graphs the cell's decoder holds at the block's end (None: not `graphs`)."""
     steps = decoder.forward.static_steps
-    if steps is None or steps.mode != "graphs":
+    if steps is None or steps.mode not in CAPTURED:
         return None
     return sum(shape.graph is not None for shape in steps.shapes.values())
 
@@ -155,13 +155,13 @@ def run(args: argparse.Namespace, results: Results) -> None:
 
 def reuse_steps(steps: list[float], mode: str) -> list[float]:
     """The steps of a cell's block that stand for its reuse steps (`REPLAYS_FROM`)."""
-    return steps[REPLAYS_FROM:] if mode == "graphs" else steps[1:]
+    return steps[REPLAYS_FROM:] if mode in CAPTURED else steps[1:]
 
 
 def block_steps(steps: list[float], mode: str) -> list[float]:
     """The steps of a block of a decode, from a cell's: under `graphs` its full step and its
     reuse steps at the replays' mean (a later block: no capture, no eager first step)."""
-    if mode != "graphs":
+    if mode not in CAPTURED:
         return steps
     return [steps[0]] + [statistics.mean(reuse_steps(steps, mode))] * (len(steps) - 1)
 
@@ -336,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     add_output_flags(p, RESULTS / "static_steps_bench.json")
     add_section_flag(p, SECTION)
-    return run_or_report("static-steps", argv, p.parse_args(argv), run, section)
+    add_modes_flag(p)
+    args = p.parse_args(argv)
+    step_modes(args)  # a mode the device cannot run is refused before any model work
+    return run_or_report("static-steps", argv, args, run, section)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ operators, views left out (`bench.common.top_operators`). Each is put in a categ
 name: matrix products, attention, and the rest (norms, rotary embedding, casts, residual
 adds, the buffers' writes, the commit rule's softmax and arg-max: a step is the decoder's,
 not the model's pass alone). Beside them, the wall time of a reuse step under `static` and, on
-a GPU, under `graphs` (the same kernels replayed: what a decode pays), the medians of
+a GPU, under `graphs` (the same kernels replayed: what a decode pays) and, with `--compiled`,
+under `compiled` (the pass compiled by torch.compile, then replayed), the medians of
 `--timed-steps`. The operators per layer come from two tiny models of the same lengths, 1
 and 2 layers, under `static`: their difference (the count does not depend on the width).
 What it does not show: the profiler's own overhead (the wall times are measured apart, without
@@ -137,6 +138,14 @@ def weight_gb(model: torch.nn.Module) -> float:
     return sum(read) / 1e9
 
 
+def wall_modes(args: argparse.Namespace) -> list[str]:
+    """The modes a step's wall time is measured under: `static`; on a GPU, for a cached
+    step, `graphs` and, with `--compiled`, `compiled` (`none` has no reuse steps)."""
+    if not is_cuda(args.device) or args.cache == "none":
+        return ["static"]
+    return ["static", "graphs"] + (["compiled"] if args.compiled else [])
+
+
 def run(args: argparse.Namespace, results: Results) -> None:
     """Profile a steady reuse step, time it under each mode (each a fresh decoder, timed at
     the same steps of the block), count a layer's operators; into `results`."""
@@ -148,8 +157,7 @@ def run(args: argparse.Namespace, results: Results) -> None:
     results["kernels"] = kernels_per_step(profiled, args.profile_steps, args.device)
     del profiled  # on a GPU its buffers would sit beside the timed decoders'
     results["wall_ms"] = {}
-    graphs = is_cuda(args.device) and args.cache != "none"  # `none` has no reuse steps
-    for mode in ("static", "graphs") if graphs else ("static",):
+    for mode in wall_modes(args):
         timed_decoder = steady_decoder(work.model, prompt, args, mode)
         results["wall_ms"][mode] = wall_ms(timed_decoder, args.timed_steps, args.device)
     results["operators_per_layer"] = operators_per_layer(args)
@@ -194,7 +202,9 @@ def summary_lines(results: Results) -> list[str]:
     """The step's wall times, the bytes a pass reads and the operators per layer."""
     args, wall = results["args"], results["wall_ms"]
     per_layer = results["operators_per_layer"]
-    graphs = f", under `graphs` {wall['graphs']:.2f} ms" if "graphs" in wall else ""
+    graphs = "".join(
+        f", under `{mode}` {wall[mode]:.2f} ms" for mode in ("graphs", "compiled") if mode in wall
+    )
     mode = "" if args["cache"] == "none" else " under `static`"  # `none` reuses nothing
     return [
         f"- a {step_kind(args['cache'])} of `cache={args['cache']}` at {args['rows']} row(s): "
@@ -260,7 +270,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     add_output_flags(p, RESULTS / "step_profile.json")
     add_section_flag(p, SECTION)
+    p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="on a GPU, also time the step under cached_steps=compiled (the pass compiled by "
+        "torch.compile first: a minute or more at LLaDA-8B's shape)",
+    )
     args = p.parse_args(argv)
+    if args.compiled and not is_cuda(args.device):
+        p.error(f"--compiled needs a CUDA device, got --device {args.device}")
     needed = STEADY_STEPS + max(args.profile_steps, args.timed_steps)
     if args.block < needed:
         p.error(

@@ -209,3 +209,28 @@ def test_cuda_devices_are_recognised_with_an_index_too():
 
     assert is_cuda("cuda") and is_cuda("cuda:0") and is_cuda(torch.device("cuda", 1))
     assert not is_cuda("cpu") and not is_cuda("meta")
+
+
+def test_modes_default_by_device_dynamic_first_and_cuda_only_ones_refused_elsewhere():
+    """`--modes` (static-steps, decode-modes): the device's default; `dynamic` always, first
+    (the others' tokens are compared with its); graphs or compiled off CUDA refused, with
+    the flag's words, before any model work."""
+    from bench.common import step_modes
+
+    assert step_modes({"device": "cpu"}) == ["dynamic", "static"]
+    assert step_modes({"device": "cuda:0", "modes": None}) == ["dynamic", "static", "graphs"]
+    asked = {"device": "cuda", "modes": ["compiled", "graphs"]}
+    assert step_modes(asked) == ["dynamic", "graphs", "compiled"]
+    with pytest.raises(SystemExit, match="--modes compiled needs a CUDA device, got --device cpu"):
+        step_modes({"device": "cpu", "modes": ["static", "compiled"]})
+
+
+@pytest.mark.parametrize("suite", ["static-steps", "decode-modes"])
+def test_a_cuda_mode_on_the_cpu_is_refused_before_any_model_work(suite, tmp_path, monkeypatch):
+    from bench import decode_modes, static_steps_bench
+
+    module = {"static-steps": static_steps_bench, "decode-modes": decode_modes}[suite]
+    monkeypatch.setattr(module, "run", lambda *a: pytest.fail("the model work started"))
+    argv = ["--device", "cpu", "--modes", "graphs", "--json", str(tmp_path / "r.json")]
+    with pytest.raises(SystemExit, match="--modes graphs needs a CUDA device"):
+        module.main(argv + ["--out", str(tmp_path / "B.md")])

@@ -83,7 +83,7 @@ def test_a_gpu_runs_section_has_the_graphs_column_and_warm_ups(run):
         line.startswith("| rows | schedule | cache | dynamic s | static s | graphs s |")
         for line in lines
     )
-    assert "1 rows threshold prefix 1.25 s" in "\n".join(lines)
+    assert "1 rows threshold prefix graphs 1.25 s" in "\n".join(lines)
     assert any("| not run |" in line for line in _rows(lines))  # the groups without graphs
 
 

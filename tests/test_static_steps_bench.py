@@ -139,3 +139,23 @@ def test_a_gpu_runs_section_names_the_gpu_and_goes_beside_the_cpu_one(run, tmp_p
     assert gpu_section.lstrip().startswith("<!-- static_steps_h200:start -->\n## Static-shape")
     assert "(`cached_steps`) on the NVIDIA H200, bfloat16\n" in gpu_section
     assert gpu_section.rstrip().endswith("<!-- static_steps_h200:end -->")
+
+
+def test_a_compiled_cell_is_read_as_a_graphs_cell_and_its_tokens_compared(run):
+    """`compiled` captures as `graphs` does (its capture step also compiles): its reuse
+    step is the mean of its replays, and its tokens are compared with `dynamic`'s (inductor
+    rounds otherwise: a NO is what the column is for). (Planted: `mode == "graphs"` in
+    `reuse_steps`: failed.)"""
+    results = copy.deepcopy(run[0])
+    results["repeats"] = [results["repeats"][0]]
+    cells = results["repeats"][0]
+    for key in [k for k in cells if "/static/" in k]:
+        cells[key.replace("/static/", "/compiled/")] = copy.deepcopy(cells[key])
+    for cell in cells.values():  # full 10 ms, eager 6, capture and compile 900, replay 2
+        cell["steps"] = [0.010, 0.006, 0.900, 0.002]
+    cells["dual/compiled/rows2/block3"]["tokens"][0][0] += 1
+    figures = static_steps_bench.cell_figures(results)
+    compiled = figures["dual/compiled/rows1/block0"]
+    assert compiled["reuse"] == pytest.approx(2.0) and compiled["block"] == pytest.approx(4.0)
+    assert compiled["same"] and figures["dual/compiled/rows2/block0"]["same"]
+    assert not figures["dual/compiled/rows2/block3"]["same"]

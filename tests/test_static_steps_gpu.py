@@ -9,7 +9,9 @@ The official-tiny LLaDA and Dream fixtures on the GPU, the rows of tests/test_st
   for `prefix`, `dual` and mixed batches under the fixed, entropy and confidence rules;
 * one row under the fixed schedule: real CUDA graphs are captured and kept (the mode stays
   `graphs`: no capture was refused), and every reuse pass, replayed, is the dynamic path's
-  pass over the same inputs, bit for bit, over the four blocks' fills.
+  pass over the same inputs, bit for bit, over the four blocks' fills;
+* `compiled` (inductor's kernels) captures its graphs, and in float32 gives the dynamic
+  path's tokens under the fixed schedule.
 """
 
 from __future__ import annotations
@@ -101,3 +103,26 @@ def test_real_graphs_are_captured_and_each_replay_is_the_eager_pass(
     shapes = decoder.forward.static_steps.shapes.values()
     assert row.nfe == 16 and CheckedSteps.checked == 12
     assert (len(replayed), sum(shape.graph is not None for shape in shapes)) == (replays, held)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("caches", CACHE_MIXES, ids=CACHE_MIX_IDS)
+def test_compiled_steps_on_the_gpu(family, dtype, caches, monkeypatch):
+    """`cached_steps=compiled` (inductor's kernels, captured): graphs are captured and kept
+    (a refused capture would raise: the mode is asked for by name), and in float32 the
+    tokens are the dynamic path's under the fixed schedule. Inductor's fused norms sum in
+    another order, so the bits are not asserted, nor the bfloat16 tokens (a near-tie may
+    go the other way): those the bench compares (`python -m bench static-steps`)."""
+    captures = []
+    capture = CudaGraph.__init__
+    monkeypatch.setattr(
+        CudaGraph, "__init__", lambda graph, *args: captures.append(1) or capture(graph, *args)
+    )
+    model = _model(family, dtype)
+    dynamic = _decode(model, "dynamic", caches, RULES["fixed"])
+    compiled = _decode(model, "compiled", caches, RULES["fixed"])
+    assert captures
+    if dtype == "float32":
+        for expected, row in zip(dynamic, compiled):
+            assert torch.equal(row.tokens, expected.tokens)
+            assert row.nfe == expected.nfe

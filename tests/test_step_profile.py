@@ -4,6 +4,7 @@ too short for its steps is refused before any model work."""
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from types import SimpleNamespace
@@ -63,11 +64,11 @@ def test_a_gpu_runs_section_names_the_gpu_and_its_graphs_step(run, tmp_path):
     gpu = copy.deepcopy(results)
     gpu["meta"]["facts"]["gpu"] = "NVIDIA H200"
     gpu["args"].update(device="cuda", dtype="bfloat16")
-    gpu["wall_ms"]["graphs"] = 9.4
+    gpu["wall_ms"].update(graphs=9.4, compiled=6.25)
     lines = step_profile.section(gpu, "step_profile_h200")
     assert lines[0] == "<!-- step_profile_h200:start -->"
     assert lines[1].endswith("on the NVIDIA H200, bfloat16")
-    assert any("under `graphs` 9.40 ms" in line for line in lines)
+    assert any("under `graphs` 9.40 ms, under `compiled` 6.25 ms" in line for line in lines)
     assert any(line.startswith("| category | kernels per step |") for line in lines)
 
 
@@ -75,6 +76,18 @@ def test_a_block_too_short_for_its_steps_is_refused_first(capsys):
     with pytest.raises(SystemExit):
         step_profile.main([*TINY.replace("--block 8", "--block 4").split(), *STEPS.split()])
     assert "--block 4: a decoder steps up to 6 times in one block" in capsys.readouterr().err
+
+
+def test_compiled_is_timed_on_a_gpu_only_when_asked_and_refused_elsewhere(capsys):
+    def modes(**args):
+        return step_profile.wall_modes(argparse.Namespace(**args))
+
+    assert modes(device="cuda:0", cache="dual", compiled=False) == ["static", "graphs"]
+    assert modes(device="cuda", cache="dual", compiled=True) == ["static", "graphs", "compiled"]
+    assert modes(device="cuda", cache="none", compiled=True) == ["static"]  # no reuse steps
+    with pytest.raises(SystemExit):
+        step_profile.main([*TINY.split(), *STEPS.split(), "--compiled"])
+    assert "--compiled needs a CUDA device, got --device cpu" in capsys.readouterr().err
 
 
 class FakeEvent:

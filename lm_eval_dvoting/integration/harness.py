@@ -81,7 +81,11 @@ from lm_eval.api.model import TemplateLM
 from tqdm import tqdm
 
 from lm_eval_dvoting.core.answers import answers_equivalent, extract_answer
-from lm_eval_dvoting.core.decoding.static_steps import check_cached_steps, resolve_cached_steps
+from lm_eval_dvoting.core.decoding.static_steps import (
+    CAPTURED,
+    check_cached_steps,
+    resolve_cached_steps,
+)
 from lm_eval_dvoting.core.guidance import GuidedModel
 from lm_eval_dvoting.core.likelihood import rolling_loglikelihood, score_requests
 from lm_eval_dvoting.core.parts import default_cache
@@ -813,7 +817,8 @@ class DVotingEvalModel(TemplateLM):
             # parallelize=True: module -> GPU index ("cpu": offloaded) per layer; None: all on
             # `device`
             "device_map": getattr(self.model, "device_map", None),
-            # how the cached steps ran (static buffers, CUDA graphs): the same tokens either way
+            # how the cached steps ran: static buffers and CUDA graphs give dynamic's tokens;
+            # compiled (fused kernels) rounds otherwise
             "cached_steps": self.cached_steps,
         }
 
@@ -939,7 +944,8 @@ _OWN_ARGS: dict[str, Any] = {
     "max_memory_per_gpu": None,
     "max_cpu_memory": None,
     "device_map": None,
-    # the reuse passes of cache=prefix|dual: auto, dynamic, static or graphs (static_steps.py)
+    # the reuse passes of cache=prefix|dual: auto, dynamic, static, graphs or compiled
+    # (static_steps.py)
     "cached_steps": "auto",
 }
 # the order the accepted model args are listed in (a setting not named here comes last)
@@ -998,12 +1004,12 @@ DVotingEvalModel.__init__.__signature__ = _constructor_signature()  # type: igno
 
 def _checked_cached_steps(asked: Any, device: torch.device) -> str:
     """The model arg `cached_steps`, checked before the checkpoint is read: one of
-    `static_steps.CACHED_STEPS`, and `graphs` only on a CUDA device."""
+    `static_steps.CACHED_STEPS`, and `graphs` or `compiled` only on a CUDA device."""
     check_cached_steps(asked)
-    if asked == "graphs" and device.type != "cuda":
+    if asked in CAPTURED and device.type != "cuda":
         raise ValueError(
-            f"cached_steps=graphs needs a CUDA device, got device={device}: leave cached_steps "
-            "out (auto) or give device=cuda"
+            f"cached_steps={asked} needs a CUDA device, got device={device}: leave "
+            "cached_steps out (auto) or give device=cuda"
         )
     return str(asked)
 

@@ -39,7 +39,9 @@ strategy, its commit rule or its vote reads (one that none reads, e.g. `guidance
 rfg, changes no output and is left out: `strategies.unused_settings`), the seed,
 `mc_num`, dtype, device type, `max_length`, `add_bos_token`, the plugin's version and code, and in
 bfloat16/float16 or on an accelerator also the batch rows (where outputs may depend on the
-batch: `batch_dependent`). Not in it: library versions (torch, transformers, lm-eval,
+batch: `batch_dependent`), and `cached_steps=compiled` (its fused kernels round otherwise
+than the eager ones; the other modes give the same tokens and share entries).
+Not in it: library versions (torch, transformers, lm-eval,
 math-verify, sympy) and the machine, and what is in the
 request itself (the prompt, few-shot examples, chat template output, `--gen_kwargs`).
 
@@ -240,8 +242,8 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     checkpoint, tokenizer, the resolved strategy settings that the strategy, its commit rule
     or its vote reads (`settings.used_settings`, as `settings_used` reports them; `max_gen_toks`
     is the default length, a task's own is in the request), seed, mc_num, dtype, device
-    (its type), max_length, add_bos_token, the plugin version and code, and `batch_rows` where
-    `batch_dependent`.
+    (its type), max_length, add_bos_token, the plugin version and code, `batch_rows` where
+    `batch_dependent`, and `cached_steps` where it is `compiled`.
     """
     # only the settings this decode reads (the others decide nothing), resolved; `decoder` as
     # given and no `steps_run` (it follows from `steps`), as the fingerprint always had them
@@ -269,6 +271,10 @@ def fingerprint(lm: Any, memo: dict[str, Any] | None = None) -> dict[str, Any]:
     }
     if batch_dependent(lm):
         identity["batch_rows"] = int(lm.batch_rows)
+    # the one `cached_steps` mode whose tokens may differ from the others' (its fused kernels
+    # round otherwise); the others give the same tokens, so their entries stay shared
+    if getattr(lm, "cached_steps", None) == "compiled":
+        identity["cached_steps"] = "compiled"
     return identity
 
 

@@ -37,7 +37,11 @@ import torch
 
 from lm_eval_dvoting.core.decoding.rules import Window, host_to_device
 from lm_eval_dvoting.core.decoding.state import DecodeRow, left_pad
-from lm_eval_dvoting.core.decoding.static_steps import StaticSteps, resolve_cached_steps
+from lm_eval_dvoting.core.decoding.static_steps import (
+    CAPTURED,
+    StaticSteps,
+    resolve_cached_steps,
+)
 
 
 def accepts_cache(model: torch.nn.Module) -> bool:
@@ -186,7 +190,7 @@ class ForwardPass:
         asked = getattr(model, "cached_steps", "auto")
         mode = resolve_cached_steps(asked, model, device)
         self.static_steps = (
-            StaticSteps(model, mode, strict=asked == "graphs")
+            StaticSteps(model, mode, strict=asked in CAPTURED)
             if self.can_cache and mode != "dynamic"
             else None
         )

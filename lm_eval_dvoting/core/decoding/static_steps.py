@@ -19,6 +19,15 @@ of fixed shape, run eagerly or captured as a CUDA graph and replayed (the model 
   see (`graph_capturable`: this package's LLaDA and Dream on one device, without a LoRA
   adapter, whose switching on and off RFG's reference relies on). At most `GRAPHS_KEPT`
   shapes keep their graph and buffers (the least recently used is dropped).
+* `compiled`: as `graphs`, with the pass compiled by `torch.compile` (inductor) before it is
+  captured, which fuses each layer's norms, rotary embedding, casts and residual adds into a
+  few kernels: a replay still pays each kernel's minimum time, and those small kernels are
+  most of a layer's. Asked for by name only: the fused kernels round otherwise than the
+  eager ones, so the logits are not the eager pass's bit for bit and a token can differ
+  where two are nearly tied. Where `graphs` cannot apply, refused; also without Triton
+  (torch.compile's GPU code generator). Compiling costs seconds per new step shape on the
+  first step that meets it (`torch.compile`'s automatic dynamic shapes then make one
+  compilation serve the later widths).
 * `auto` (the default): `graphs` where it applies, else `static`.
 
 What a graph replays is the model's body only: the output head, the commit rules and the
@@ -27,6 +36,7 @@ fresh passes (over whole sequences, at a new block) run eagerly.
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections import OrderedDict
@@ -44,7 +54,14 @@ from lm_eval_dvoting.models.common import StaticKeyValues
 
 log = logging.getLogger(__name__)
 
-CACHED_STEPS = ("auto", "dynamic", "static", "graphs")
+CACHED_STEPS = ("auto", "dynamic", "static", "graphs", "compiled")
+CAPTURED = ("graphs", "compiled")  # the modes that capture the pass as a CUDA graph
+# torch.compile's backend for `compiled` (the CPU tests trace with `aot_eager`: it needs no
+# C compiler and runs the traced graph's own operators)
+COMPILE_BACKEND = "inductor"
+# inductor rounds where the eager pass casts (the norms' and rotary's float32 -> bfloat16),
+# as the upstream models do, rather than keeping float32 across the cast
+INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 GRAPHS_KEPT = 2  # shapes whose buffers (a copy of the rows' kept keys each) and graph stay
 # a shape is captured on the second step in a row that finds its buffers filled as they are:
 # the rows of the pass hold still (one row, or the fixed schedule), so replays will follow;
@@ -82,12 +99,63 @@ def resolve_cached_steps(asked: str, model: torch.nn.Module, device: torch.devic
     why_not = graph_capturable(model, device)
     if asked == "auto":
         return "static" if why_not else "graphs"
-    if asked == "graphs" and why_not:
+    if asked == "compiled" and not why_not:
+        why_not = compiler_missing()
+    if asked in CAPTURED and why_not:
         raise ValueError(
-            f"cached_steps=graphs cannot apply: {why_not}; use cached_steps=auto (graphs where "
+            f"cached_steps={asked} cannot apply: {why_not}; use cached_steps=auto (graphs where "
             "they apply, else static) or static"
         )
     return asked
+
+
+def compiler_missing() -> str | None:
+    """Why torch.compile's inductor cannot build GPU kernels here (None: it can)."""
+    if COMPILE_BACKEND != "inductor":
+        return None
+    from torch.utils._triton import has_triton
+
+    return None if has_triton() else "Triton (torch.compile's GPU code generator) is missing"
+
+
+def _hidden_states(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    positions: torch.Tensor,
+    cache: StaticKeyValues,
+) -> torch.Tensor:
+    return model.hidden_states(ids, attention, positions, cache=cache)
+
+
+# distinct step shapes (rows, pass length, key width) torch.compile may compile the pass for
+# in one process (its default, 8, is met by a long run's shapes; one compilation with
+# automatic dynamic shapes serves many of them)
+COMPILATIONS_KEPT = 64
+
+
+def _compiled_hidden_states(*inputs: Any) -> torch.Tensor:
+    """`_hidden_states(*inputs)` through `compiled_pass`; what torch.compile refuses (a
+    graph break, too many compilations, inductor's own errors) is an error that says so."""
+    try:
+        with torch._dynamo.config.patch(recompile_limit=COMPILATIONS_KEPT):
+            return compiled_pass(COMPILE_BACKEND)(*inputs)
+    except torch._dynamo.exc.TorchDynamoException as error:
+        raise RuntimeError(
+            f"torch.compile could not compile the reuse pass as one graph "
+            f"({type(error).__name__}: {str(error).strip().splitlines()[0]})"
+        ) from error
+
+
+@functools.cache
+def compiled_pass(backend: str) -> Callable[..., torch.Tensor]:
+    """`_hidden_states` compiled by `torch.compile` as one graph (`fullgraph`: a break would
+    leave eager kernels between the compiled pieces), once per process. The model is an
+    argument, not a bound `self` kept with the compiled function: torch.compile guards on
+    it and reads its weights at every call, so two models (a policy and RFG's reference, or
+    a model and its copy) never share weights through a compilation."""
+    options = INDUCTOR_OPTIONS if backend == "inductor" else None
+    return torch.compile(_hidden_states, backend=backend, fullgraph=True, options=options)
 
 
 class CudaGraph:
@@ -175,8 +243,8 @@ class StaticSteps:
     graph_class: Any = CudaGraph  # what captures a pass (tests replay it eagerly)
 
     def __init__(self, model: torch.nn.Module, mode: str, strict: bool = False) -> None:
-        """`mode`: `static` or `graphs`; `strict`: graphs were asked for by name, so a
-        capture that fails is an error rather than a fall-back to `static`."""
+        """`mode`: `static`, `graphs` or `compiled`; `strict`: the mode was asked for by name,
+        so a capture that fails is an error rather than a fall-back to `static`."""
         self.model, self.mode, self.strict = model, mode, strict
         self.shapes: OrderedDict[tuple[int, int, int], _Shape] = OrderedDict()
 
@@ -196,7 +264,7 @@ class StaticSteps:
             _fill(shape, kept, ids, attention)
             shape.filled_from, shape.steady = [weakref.ref(k) for k in kept], 0
         shape.steady += 1
-        if self.mode == "graphs":
+        if self.mode in CAPTURED:
             return self._replayed(shape, ids, attention, positions)
         return self._pass(shape, ids, attention, positions)
 
@@ -215,7 +283,7 @@ class StaticSteps:
         """Make room for a new shape before allocating it: shapes without a graph go first
         (they cost only a refill to rebuild), then the least recently used. `static` keeps
         one shape; `graphs` at most `GRAPHS_KEPT`, each a copy of the rows' kept keys."""
-        limit = GRAPHS_KEPT if self.mode == "graphs" else 1
+        limit = GRAPHS_KEPT if self.mode in CAPTURED else 1
         for key in [k for k, shape in self.shapes.items() if shape.graph is None]:
             if len(self.shapes) < limit:
                 return
@@ -229,8 +297,13 @@ class StaticSteps:
         ids: torch.Tensor,
         attention: torch.Tensor,
         positions: torch.Tensor,
+        compiled: bool = False,
     ) -> torch.Tensor:
-        return self.model.hidden_states(ids, attention, positions, cache=shape.cache)
+        """The pass over the shape's buffers; `compiled`: through `compiled_pass` (only a
+        pass that is captured: one that runs once would cost a compilation for nothing)."""
+        if compiled:
+            return _compiled_hidden_states(self.model, ids, attention, positions, shape.cache)
+        return _hidden_states(self.model, ids, attention, positions, shape.cache)
 
     def _replayed(
         self,
@@ -254,13 +327,21 @@ class StaticSteps:
     def _captured(self, shape: _Shape, inputs: tuple[torch.Tensor, ...]) -> Any:
         """The shape's pass captured (`graph_class`); if capturing fails, `auto` goes on
         with static buffers (said once in the log), an explicit `graphs` is refused."""
+        compiled = self.mode == "compiled"
         try:
-            return self.graph_class(lambda: self._pass(shape, *inputs), shape.ids.device)
+            return self.graph_class(
+                lambda: self._pass(shape, *inputs, compiled=compiled), shape.ids.device
+            )
         except Exception as error:  # whatever the capture raised, the decode can go on
             if self.strict:
+                instead = (
+                    "graphs (the same capture, of the eager kernels)"
+                    if compiled
+                    else "static (the same tokens, without graphs)"
+                )
                 raise RuntimeError(
-                    f"cached_steps=graphs: capturing the reuse pass failed ({error}); use "
-                    "cached_steps=static (the same tokens, without graphs)"
+                    f"cached_steps={self.mode}: capturing the reuse pass failed ({error}); use "
+                    f"cached_steps={instead}"
                 ) from error
             log.warning("cached_steps=auto: no CUDA graphs (%s); static buffers instead", error)
             self.mode = self.model.cached_steps = "static"  # for the later decoders too
