@@ -1,6 +1,8 @@
 """Suite `static-steps`: the reuse steps of `cache=prefix|dual` under each `cached_steps` mode
 (`dynamic`: the kept keys concatenated at every step; `static`: buffers filled once per block;
-`graphs`: the same, replayed as CUDA graphs, on a GPU only), against `cache=none`.
+`graphs`: the same, replayed as CUDA graphs, on a GPU only; `compiled`: compiled first, by
+name only: `--modes`), against `cache=none` (eager, and under the modes that capture: its full
+passes replayed).
 
     # on the CPU (the real-shape proxy: LLaDA-8B's width, --layers of its 32 layers)
     OMP_NUM_THREADS=2 .venv/bin/python -m bench static-steps --layers 2 --rows 1 4
@@ -65,12 +67,14 @@ REFUSALS = tuple(f"cached_steps={mode}" for mode in CAPTURED)
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
-    """(cache, mode, rows, block index) of every cell; `none` once per rows and block."""
+    """(cache, mode, rows, block index) of every cell; `none` under `dynamic` and the modes
+    that capture, per rows and block."""
     last = args.gen_length // args.block - 1
     found = []
     for rows in args.rows:
         for block in (0, last):
-            found.append(("none", "dynamic", rows, block))
+            # `none` under each mode that captures (its full passes replayed: full_steps.py)
+            found += [("none", m, rows, block) for m in step_modes(args) if m != "static"]
             found += [
                 (cache, mode, rows, block)
                 for cache in ("prefix", "dual")
@@ -158,12 +162,16 @@ def reuse_steps(steps: list[float], mode: str) -> list[float]:
     return steps[REPLAYS_FROM:] if mode in CAPTURED else steps[1:]
 
 
-def block_steps(steps: list[float], mode: str) -> list[float]:
+def block_steps(steps: list[float], mode: str, cache: str = "dual") -> list[float]:
     """The steps of a block of a decode, from a cell's: under `graphs` its full step and its
-    reuse steps at the replays' mean (a later block: no capture, no eager first step)."""
+    reuse steps at the replays' mean (a later block: no capture, no eager first step); for
+    `none`, whose every pass has the one shape, every step at the replays' mean."""
     if mode not in CAPTURED:
         return steps
-    return [steps[0]] + [statistics.mean(reuse_steps(steps, mode))] * (len(steps) - 1)
+    replayed = statistics.mean(reuse_steps(steps, mode))
+    if cache == "none":
+        return [replayed] * len(steps)
+    return [steps[0]] + [replayed] * (len(steps) - 1)
 
 
 def cell_figures(results: Results) -> dict[str, dict[str, float]]:
@@ -176,7 +184,7 @@ def cell_figures(results: Results) -> dict[str, dict[str, float]]:
         cache, mode, rest = key.split("/", 2)
         steps = [r[key]["steps"] for r in results["repeats"]]
         reuse = [statistics.mean(reuse_steps(s, mode)) * 1e3 for s in steps]
-        block = [statistics.mean(block_steps(s, mode)) * 1e3 for s in steps]
+        block = [statistics.mean(block_steps(s, mode, cache)) * 1e3 for s in steps]
         same = all(
             r[key]["tokens"] == r[f"{cache}/dynamic/{rest}"]["tokens"] for r in results["repeats"]
         )
@@ -276,6 +284,17 @@ def graph_lines(results: Results) -> list[str]:
     )
 
 
+TERMS = (
+    "*reuse step*: a step whose pass reuses the kept keys and values (all but the block's "
+    "first; under `graphs` its replays only); *step over a block*: the mean over the "
+    "block's steps, its full first pass included, which is what a question costs per step "
+    "(under `graphs` a later block of a decode: the full step and the replays, the capture "
+    "listed below); *none/cell*: `cache=none`'s step over the block under `dynamic` "
+    "(eager) divided by the cell's (`none` under `graphs` or `compiled`: its full passes "
+    "replayed, every step at the replays' mean)."
+)
+
+
 def section(results: Results, name: str = SECTION) -> list[str]:
     """The run's section of BENCHMARKS.md, between the markers `name`."""
     meta = results["meta"]
@@ -303,11 +322,7 @@ def section(results: Results, name: str = SECTION) -> list[str]:
         *peak_lines(results),
         *graph_lines(results),
         "",
-        "*reuse step*: a step whose pass reuses the kept keys and values (all but the block's "
-        "first; under `graphs` its replays only); *step over a block*: the mean over the "
-        "block's steps, its full first pass included, which is what a question costs per step "
-        "(under `graphs` a later block of a decode: the full step and the replays, the capture "
-        "listed below); *none/cell*: `cache=none`'s step over the block divided by the cell's.",
+        TERMS,
         "",
         "What it does not show: random weights; the layers given (the proxy's other layers "
         "would add the same per-layer work to every mode); one rule (the fixed schedule: the "

@@ -23,6 +23,8 @@ from test_static_steps import (
     RULES,
     EagerReplay,
     _rows,
+    decode_rows,
+    same_decodes,
 )
 from torch import nn
 
@@ -65,16 +67,7 @@ def _decode(
     if mode == "compiled":
         decoder.forward.static_steps = StaticSteps(model, "compiled", strict=True)
         decoder.forward.static_steps.graph_class = WarmedReplay
-    rows = _rows(caches, rule)
-    for row in rows:
-        decoder.add(row)
-    while decoder.active:
-        decoder.step()
-    return rows, decoder
-
-
-def _same_decode(expected: list[DecodeRow], found: list[DecodeRow]) -> bool:
-    return all(torch.equal(a.tokens, b.tokens) and a.nfe == b.nfe for a, b in zip(expected, found))
+    return decode_rows(decoder, _rows(caches, rule)), decoder
 
 
 @pytest.mark.parametrize("caches", CACHE_MIXES, ids=CACHE_MIX_IDS)
@@ -87,7 +80,7 @@ def test_compiled_steps_give_the_dynamic_paths_tokens(model, caches):
     captured = EagerReplay.captured
     dynamic, _ = _decode(model, "dynamic", caches, RULES["fixed"])
     compiled, _ = _decode(model, "compiled", caches, RULES["fixed"])
-    assert _same_decode(dynamic, compiled)
+    assert same_decodes(dynamic, compiled)
     assert EagerReplay.captured >= captured + 2
 
 
@@ -105,7 +98,7 @@ def test_one_row_replays_the_compiled_pass(model, monkeypatch):
     captured = EagerReplay.captured
     dynamic, _ = _decode(model, "dynamic", ["dual"], RULES["fixed"])
     rows, decoder = _decode(model, "compiled", ["dual"], RULES["fixed"])
-    assert _same_decode(dynamic, rows)
+    assert same_decodes(dynamic, rows)
     assert EagerReplay.captured > captured
     assert decoder.forward.static_steps.mode == "compiled"
     assert len(calls) >= 8
@@ -126,7 +119,7 @@ def test_two_models_share_a_compilation_but_each_reads_its_own_weights(llada_fix
     for name, model in (("first", first), ("second", second), ("first again", first)):
         dynamic, _ = _decode(model, "dynamic", ["dual"], RULES["fixed"])
         compiled, _ = _decode(model, "compiled", ["dual"], RULES["fixed"])
-        assert _same_decode(dynamic, compiled), name
+        assert same_decodes(dynamic, compiled), name
         decoded[name] = dynamic[0].tokens
     assert not torch.equal(decoded["first"], decoded["second"])  # the check has teeth
 

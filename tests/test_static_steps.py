@@ -82,18 +82,27 @@ def _rows(caches: list[str], rule: dict) -> list[DecodeRow]:
     return rows
 
 
+def decode_rows(decoder: RowDecoder, rows: list[DecodeRow]) -> list[DecodeRow]:
+    """`rows` added to `decoder` and decoded to the end."""
+    for row in rows:
+        decoder.add(row)
+    while decoder.active:
+        decoder.step()
+    return rows
+
+
+def same_decodes(expected: list[DecodeRow], found: list[DecodeRow]) -> bool:
+    """Whether two decodes of the same rows gave the same tokens in as many passes."""
+    return all(torch.equal(a.tokens, b.tokens) and a.nfe == b.nfe for a, b in zip(expected, found))
+
+
 def _decode(model: nn.Module, mode: str, caches: list[str], rule: dict) -> list[DecodeRow]:
     model.cached_steps = "static" if mode == "graphs" else mode
     decoder = RowDecoder(model, pad_token_id=MASK)
     if mode == "graphs":  # replayed eagerly: no CUDA here
         decoder.forward.static_steps = StaticSteps(model, "graphs")
         decoder.forward.static_steps.graph_class = EagerReplay
-    rows = _rows(caches, rule)
-    for row in rows:
-        decoder.add(row)
-    while decoder.active:
-        decoder.step()
-    return rows
+    return decode_rows(decoder, _rows(caches, rule))
 
 
 CACHE_MIXES = [["prefix"] * 4, ["dual"] * 4, ["dual", "prefix", "none", "dual"]]

@@ -3,6 +3,7 @@ against `dynamic`'s (a changed token shows as NO), and the ratios from the step 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 
@@ -159,3 +160,18 @@ def test_a_compiled_cell_is_read_as_a_graphs_cell_and_its_tokens_compared(run):
     assert compiled["reuse"] == pytest.approx(2.0) and compiled["block"] == pytest.approx(4.0)
     assert compiled["same"] and figures["dual/compiled/rows2/block0"]["same"]
     assert not figures["dual/compiled/rows2/block3"]["same"]
+
+
+def test_none_runs_under_the_modes_that_capture_and_reads_its_replays(run):
+    """`cache=none` gets a cell under `graphs` and `compiled` (its full passes replayed),
+    none under `static` (no buffers to keep); such a cell's step over a block is its
+    replays' mean at every step: a decode replays every pass after its first two."""
+    cuda = argparse.Namespace(
+        device="cuda", modes=["graphs", "compiled"], rows=[1], gen_length=16, block=4
+    )
+    nones = [cell for cell in static_steps_bench.cells(cuda) if cell[0] == "none"]
+    assert [mode for _, mode, _, block in nones if block == 0] == ["dynamic", "graphs", "compiled"]
+    steps = [0.010, 0.009, 0.090, 0.004, 0.002]
+    assert static_steps_bench.block_steps(steps, "graphs", "none") == [0.003] * 5
+    assert static_steps_bench.block_steps(steps, "graphs", "dual")[0] == 0.010
+    assert static_steps_bench.block_steps(steps, "static", "none") == steps

@@ -11,7 +11,8 @@ The official-tiny LLaDA and Dream fixtures on the GPU, the rows of tests/test_st
   `graphs`: no capture was refused), and every reuse pass, replayed, is the dynamic path's
   pass over the same inputs, bit for bit, over the four blocks' fills;
 * `compiled` (inductor's kernels) captures its graphs, and in float32 gives the dynamic
-  path's tokens under the fixed schedule.
+  path's tokens under the fixed schedule;
+* `cache=none`'s full passes, captured and replayed under `graphs`, give the dynamic tokens.
 """
 
 from __future__ import annotations
@@ -126,3 +127,20 @@ def test_compiled_steps_on_the_gpu(family, dtype, caches, monkeypatch):
         for expected, row in zip(dynamic, compiled):
             assert torch.equal(row.tokens, expected.tokens)
             assert row.nfe == expected.nfe
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("rule", RULES, ids=list(RULES))
+def test_full_passes_replayed_give_the_dynamic_tokens(family, dtype, rule, monkeypatch):
+    """`cache=none` rows under `graphs` (core/decoding/full_steps.py): the full passes are
+    captured once their shape comes back and replayed (a replay runs the eager kernels, and
+    each capture's first replay is checked against the eager pass bit for bit), so every
+    rule decodes `dynamic`'s tokens, in both dtypes."""
+    captures = []
+    capture = CudaGraph.__init__
+    monkeypatch.setattr(
+        CudaGraph, "__init__", lambda graph, *args: captures.append(1) or capture(graph, *args)
+    )
+    model = _model(family, dtype)
+    assert_modes_decode_alike(functools.partial(_decode, model), ["none"] * 4, RULES[rule])
+    assert captures

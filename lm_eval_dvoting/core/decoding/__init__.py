@@ -16,6 +16,7 @@ importing only those below it (no circle):
 |   |             | threshold / joint-threshold rule |
 | 2 | `caches.py` | the cache policies (`none`, `prefix`, `dual`, `block`): what a pass |
 |   |             | covers and keeps; lazy logits |
+| 2 | `full_steps.py` | `none`'s full passes as CUDA graphs (`cached_steps`) |
 | 2 | `static_steps.py` | the reuse passes of `prefix`/`dual` over fixed buffers, and |
 |   |                   | their CUDA graphs (`cached_steps`) |
 | 1 | `kept.py` | a row's kept keys and values: their layout in a reuse pass |

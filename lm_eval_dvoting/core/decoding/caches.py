@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
+from lm_eval_dvoting.core.decoding.full_steps import FullSteps
 from lm_eval_dvoting.core.decoding.rules import Window, host_to_device
 from lm_eval_dvoting.core.decoding.state import DecodeRow, left_pad
 from lm_eval_dvoting.core.decoding.static_steps import (
@@ -192,6 +193,12 @@ class ForwardPass:
         self.static_steps = (
             StaticSteps(model, mode, strict=asked in CAPTURED)
             if self.can_cache and mode != "dynamic"
+            else None
+        )
+        # `cache=none`'s full passes as CUDA graphs too (`full_steps.py`), where they apply
+        self.full_steps = (
+            FullSteps(model, mode, strict=asked in CAPTURED)
+            if mode in CAPTURED and self.can_cache and self.pass_positions and not self.block_causal
             else None
         )
 

@@ -31,7 +31,8 @@ of fixed shape, run eagerly or captured as a CUDA graph and replayed (the model 
 * `auto` (the default): `graphs` where it applies, else `static`.
 
 What a graph replays is the model's body only: the output head, the commit rules and the
-fresh passes (over whole sequences, at a new block) run eagerly.
+fresh passes (over whole sequences, at a new block) run eagerly. `cache=none`'s full passes
+are captured under `graphs` and `compiled` too, by `full_steps.py`.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def _hidden_states(
     ids: torch.Tensor,
     attention: torch.Tensor,
     positions: torch.Tensor,
-    cache: StaticKeyValues,
+    cache: StaticKeyValues | None,
 ) -> torch.Tensor:
     return model.hidden_states(ids, attention, positions, cache=cache)
 
@@ -237,8 +238,9 @@ class _Shape:
         )
 
 
-class StaticSteps:
-    """The reuse passes of one decoder (`ForwardPass`) in `static` or `graphs` mode."""
+class Captures:
+    """What captures a decoder's passes as CUDA graphs (`StaticSteps`, `full_steps.FullSteps`):
+    the model, the mode, and the fall-back when a capture fails."""
 
     graph_class: Any = CudaGraph  # what captures a pass (tests replay it eagerly)
 
@@ -246,6 +248,45 @@ class StaticSteps:
         """`mode`: `static`, `graphs` or `compiled`; `strict`: the mode was asked for by name,
         so a capture that fails is an error rather than a fall-back to `static`."""
         self.model, self.mode, self.strict = model, mode, strict
+
+    what = "the reuse pass"  # the passes captured, as an error names them
+
+    def captured(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> Any:
+        """`pass_` captured (`graph_class`); if capturing fails, `auto` goes on with static
+        buffers (said once in the log), an explicit `graphs` or `compiled` is refused."""
+        try:
+            return self.graph_class(pass_, device)
+        except Exception as error:  # whatever the capture raised, the decode can go on
+            if self.strict:
+                instead = (
+                    "graphs (the same capture, of the eager kernels)"
+                    if self.mode == "compiled"
+                    else "static (the same tokens, without graphs)"
+                )
+                raise RuntimeError(
+                    f"cached_steps={self.mode}: capturing {self.what} failed ({error}); use "
+                    f"cached_steps={instead}"
+                ) from error
+            log.warning("cached_steps=auto: no CUDA graphs (%s); static buffers instead", error)
+            self.mode = self.model.cached_steps = "static"  # for the later decoders too
+            return None
+
+    def pass_over(
+        self, inputs: tuple[torch.Tensor, ...], cache: StaticKeyValues | None, compiled: bool
+    ) -> torch.Tensor:
+        """The model's pass over `inputs` (ids, attention, positions) and `cache`;
+        `compiled`: through `compiled_pass` (only a pass that is captured: one that runs
+        once would cost a compilation for nothing)."""
+        if compiled:
+            return _compiled_hidden_states(self.model, *inputs, cache)
+        return _hidden_states(self.model, *inputs, cache)
+
+
+class StaticSteps(Captures):
+    """The reuse passes of one decoder (`ForwardPass`) in `static` or `graphs` mode."""
+
+    def __init__(self, model: torch.nn.Module, mode: str, strict: bool = False) -> None:
+        super().__init__(model, mode, strict)
         self.shapes: OrderedDict[tuple[int, int, int], _Shape] = OrderedDict()
 
     def run(
@@ -299,11 +340,7 @@ class StaticSteps:
         positions: torch.Tensor,
         compiled: bool = False,
     ) -> torch.Tensor:
-        """The pass over the shape's buffers; `compiled`: through `compiled_pass` (only a
-        pass that is captured: one that runs once would cost a compilation for nothing)."""
-        if compiled:
-            return _compiled_hidden_states(self.model, ids, attention, positions, shape.cache)
-        return _hidden_states(self.model, ids, attention, positions, shape.cache)
+        return self.pass_over((ids, attention, positions), shape.cache, compiled)
 
     def _replayed(
         self,
@@ -325,27 +362,11 @@ class StaticSteps:
         return shape.graph.replay() if shape.graph else self._pass(shape, *inputs)
 
     def _captured(self, shape: _Shape, inputs: tuple[torch.Tensor, ...]) -> Any:
-        """The shape's pass captured (`graph_class`); if capturing fails, `auto` goes on
-        with static buffers (said once in the log), an explicit `graphs` is refused."""
+        """The shape's pass captured (`Captures.captured`)."""
         compiled = self.mode == "compiled"
-        try:
-            return self.graph_class(
-                lambda: self._pass(shape, *inputs, compiled=compiled), shape.ids.device
-            )
-        except Exception as error:  # whatever the capture raised, the decode can go on
-            if self.strict:
-                instead = (
-                    "graphs (the same capture, of the eager kernels)"
-                    if compiled
-                    else "static (the same tokens, without graphs)"
-                )
-                raise RuntimeError(
-                    f"cached_steps={self.mode}: capturing the reuse pass failed ({error}); use "
-                    f"cached_steps={instead}"
-                ) from error
-            log.warning("cached_steps=auto: no CUDA graphs (%s); static buffers instead", error)
-            self.mode = self.model.cached_steps = "static"  # for the later decoders too
-            return None
+        return self.captured(
+            lambda: self._pass(shape, *inputs, compiled=compiled), shape.ids.device
+        )
 
 
 def _prefix_width(kept: Sequence[KeptKeysValues]) -> int:

@@ -38,7 +38,9 @@ class NoCache(CachePolicy):
         kwargs.update(forward.block_lengths(rows, members))
         offsets = [ids.shape[1] - rows[i].gen_length - forward.shift for i in members]
         model = forward.model
-        if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
+        if forward.full_steps is not None:  # cached_steps=graphs|compiled: captured passes
+            logits.add(members, forward.full_steps.run(ids, attention, positions), offsets)
+        elif hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
             logits.add(members, model.hidden_states(ids, attention, **kwargs), offsets)
         else:
             logits.add(members, model(ids, attention, **kwargs), offsets, are_logits=True)

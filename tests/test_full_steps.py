@@ -1,0 +1,126 @@
+"""`cache=none`'s full passes as CUDA graphs (lm_eval_dvoting/core/decoding/full_steps.py),
+replayed on the CPU by tests/test_static_steps.py's stand-ins: a replay that read anything
+but the shape's own input tensors would replay stale inputs, so the tokens must be the
+eager path's, in as many passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from references import load_float32
+from test_static_steps import (
+    MASK,
+    RULES,
+    CpuCapture,
+    EagerReplay,
+    FailingCapture,
+    StaticSteps,
+    _rows,
+    decode_rows,
+    same_decodes,
+)
+from torch import nn
+
+from lm_eval_dvoting.core.decoding import DecodeRow
+from lm_eval_dvoting.core.decoding.full_steps import FullSteps
+from lm_eval_dvoting.core.decoding.rows import RowDecoder
+
+
+@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
+def model(request, monkeypatch) -> nn.Module:
+    loaded = load_float32(str(request.getfixturevalue(request.param)))
+    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)  # restored afterwards
+    return loaded
+
+
+def _decode(
+    model: nn.Module, graph_class: type | None, caches: list[str], rule: dict, strict=True
+) -> tuple[list[DecodeRow], RowDecoder]:
+    """The rows decoded eagerly (`graph_class` None) or with their passes captured by
+    `graph_class` (the full passes and, for cached rows, the reuse passes); the rows and
+    the decoder."""
+    model.cached_steps = "dynamic" if graph_class is None else "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    assert decoder.forward.full_steps is None  # off CUDA `auto` and `static` capture nothing
+    if graph_class is not None:
+        decoder.forward.full_steps = FullSteps(model, "graphs", strict=strict)
+        decoder.forward.full_steps.graph_class = graph_class
+        decoder.forward.static_steps = StaticSteps(model, "graphs", strict=strict)
+        decoder.forward.static_steps.graph_class = graph_class
+    return decode_rows(decoder, _rows(caches, rule)), decoder
+
+
+@pytest.mark.parametrize("rule", RULES, ids=list(RULES))
+@pytest.mark.parametrize("caches", [["none"] * 4, ["dual", "prefix", "none", "none"]])
+def test_captured_full_passes_give_the_eager_tokens(model, caches, rule):
+    """Four rows of different prompts, answers and blocks, which finish at different steps
+    (so the pass's shape changes): the eager path's tokens, in as many passes, the rows'
+    full passes captured and replayed. (Planted: the graph's pass over the first step's
+    tensors instead of the shape's own: failed.)"""
+    EagerReplay.captured = 0
+    eager, _ = _decode(model, None, caches, RULES[rule])
+    replayed, _ = _decode(model, EagerReplay, caches, RULES[rule])
+    assert same_decodes(eager, replayed)
+    assert EagerReplay.captured >= 1
+
+
+def test_one_row_captures_once_and_replays_every_later_pass(model, monkeypatch):
+    """One `none` row, 16 steps of the fixed schedule: its first pass runs eagerly, its
+    second is captured, and every pass from there on is a replay of that one graph."""
+    replays = []
+    replay = EagerReplay.replay
+    monkeypatch.setattr(EagerReplay, "replay", lambda g: replays.append(1) or replay(g))
+    EagerReplay.captured = 0
+    eager, _ = _decode(model, None, ["none"], dict(steps=16))
+    (row,), decoder = _decode(model, EagerReplay, ["none"], dict(steps=16))
+    assert torch.equal(row.tokens, eager[0].tokens) and row.nfe == 16
+    assert EagerReplay.captured == 1 and len(replays) == 15
+    assert list(decoder.forward.full_steps.shapes) == [(1, row.prompt.numel() + 16)]
+
+
+@pytest.mark.parametrize("fault", [None, "one step off"])
+@pytest.mark.parametrize("strict", [False, True], ids=["auto", "graphs"])
+def test_a_failed_capture_falls_back_under_auto_and_is_refused_when_asked(
+    model, fault, strict, monkeypatch, caplog
+):
+    """A capture that raises, or whose first replay drifts by one float step: under `auto`
+    the decode goes on eagerly (the same tokens) and says so; under `graphs` it stops,
+    naming the full pass."""
+    monkeypatch.setattr(CpuCapture, "fault", fault)
+    capture = FailingCapture if fault is None else CpuCapture
+    eager, _ = _decode(model, None, ["none"], dict(steps=16))
+    if strict:
+        with pytest.raises(
+            RuntimeError,
+            match=r"cached_steps=graphs: capturing the full pass "
+            r"\(cache=none\) failed .*use cached_steps=static",
+        ):
+            _decode(model, capture, ["none"], dict(steps=16), strict=True)
+        return
+    (row,), decoder = _decode(model, capture, ["none"], dict(steps=16), strict=False)
+    assert torch.equal(row.tokens, eager[0].tokens)
+    assert decoder.forward.full_steps.mode == "static" == model.cached_steps
+    assert "no CUDA graphs" in caplog.text
+
+
+def test_at_most_two_shapes_are_kept_the_least_recently_used_dropped(model):
+    steps = FullSteps(model, "graphs")
+    for length in (5, 6, 5, 7):
+        ids = torch.zeros((1, length), dtype=torch.long)
+        steps._shape(ids, torch.ones_like(ids), ids)
+    assert list(steps.shapes) == [(1, 5), (1, 7)]
+
+
+def test_a_pass_over_more_tokens_than_the_limit_runs_eagerly(model, monkeypatch):
+    """Above `FULL_PASS_TOKENS` (rows x padded length) a full pass is bound by its
+    arithmetic and is never captured; a shape captured only after two passes in a row."""
+    from lm_eval_dvoting.core.decoding import full_steps
+
+    monkeypatch.setattr(full_steps, "FULL_PASS_TOKENS", 20)
+    steps = FullSteps(model, "graphs", strict=True)
+    steps.graph_class = EagerReplay
+    EagerReplay.captured = 0
+    long_ids, short_ids = torch.full((1, 21), 3), torch.full((1, 20), 3)
+    for ids in (long_ids, long_ids, long_ids, short_ids, long_ids, short_ids, short_ids):
+        steps.run(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])
+    assert EagerReplay.captured == 1 and list(steps.shapes) == [(1, 20)]
