@@ -5,6 +5,8 @@ eager path's, in as many passes."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from references import load_float32
@@ -15,6 +17,7 @@ from test_static_steps import (
     EagerReplay,
     FailingCapture,
     StaticSteps,
+    WatchedCapture,
     _rows,
     decode_rows,
     same_decodes,
@@ -124,3 +127,13 @@ def test_a_pass_over_more_tokens_than_the_limit_runs_eagerly(model, monkeypatch)
     for ids in (long_ids, long_ids, long_ids, short_ids, long_ids, short_ids, short_ids):
         steps.run(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])
     assert EagerReplay.captured == 1 and list(steps.shapes) == [(1, 20)]
+
+
+def test_a_full_pass_holds_nothing_a_capture_refuses(model):
+    """Every full pass replayed (on a GPU the capture runs that same pass) reads no value on
+    the host, copies nothing to the device with a wait, and makes every tensor on a named
+    device: LLaDA's and Dream's passes without a cache can be captured."""
+    WatchedCapture.hazards, WatchedCapture.runs = collections.Counter(), 0
+    _decode(model, WatchedCapture, ["none", "none"], RULES["fixed"])
+    assert WatchedCapture.runs >= 8
+    assert WatchedCapture.hazards == collections.Counter()
