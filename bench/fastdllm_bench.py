@@ -98,6 +98,7 @@ from bench.common import (
     add_threads_flag,
     args_record,
     command_line,
+    is_cuda,
     launcher_for,
     load_json,
     markers,
@@ -110,6 +111,11 @@ from bench.common import (
 from bench.workloads import LLADA_EOS_ID, LLADA_MASK_ID, LLADA_VOCAB, random_llada
 from lm_eval_dvoting.core.decoding import generate as our_generate
 from lm_eval_dvoting.core.decoding.state import left_pad
+from lm_eval_dvoting.core.decoding.static_steps import (
+    CACHED_STEPS,
+    CAPTURED,
+    resolve_cached_steps,
+)
 
 SECTION = "fastdllm_bench"  # the markers' name; another run's section gets its own (--section)
 DEFAULT_MIRROR = Path("/work/.mirror/NVlabs+Fast-dLLM/repo")
@@ -640,6 +646,7 @@ def build(args: argparse.Namespace) -> tuple[Bench, Results]:
     generate, modeling, record = load_fastdllm(args.fastdllm)
     config = llada_config(shape)
     ours = our_model(config, args.logit_std, str(device), dtype)
+    ours.cached_steps = args.cached_steps
     theirs = their_model(modeling, config, ours)
     prompts = random_prompts(args, config["mask_token_id"], device)
     bench = Bench(args, generate, ours, theirs, prompts)
@@ -649,6 +656,8 @@ def build(args: argparse.Namespace) -> tuple[Bench, Results]:
         "shape": shape,
         "sizes": {k: getattr(args, k) for k in FULL_SIZES},
         "fastdllm": record,
+        # how our steps' passes ran (auto resolved: graphs on CUDA, also for `none`)
+        "our_cached_steps": resolve_cached_steps(args.cached_steps, ours, device),
     }
     return bench, meta
 
@@ -778,6 +787,14 @@ def verdicts(cells: list[Results], not_run: list[list[Any]]) -> list[str]:
     return lines
 
 
+def our_mode(results: Results) -> str:
+    """How our passes ran (runs before it was recorded: unknown, said so)."""
+    mode = results.get("our_cached_steps")
+    if mode is None:
+        return "; ours under `cached_steps` not recorded (before 2026-11-28's full-pass graphs)"
+    return f"; ours under `cached_steps={mode}`"
+
+
 def header(results: Results) -> list[str]:
     """The section's title and what the numbers were measured on."""
     facts, shape, sizes = results["facts"], results["shape"], results["sizes"]
@@ -800,7 +817,9 @@ def header(results: Results) -> list[str]:
         f"{shape['n_heads']} heads, MLP {shape['mlp_hidden_size']}, "
         f"vocabulary {shape['vocab_size']:,}, "
         f"{results['dtype']}; prompt {sizes['prompt_length']} + answer {sizes['gen_length']}, "
-        f"block {sizes['block']}, temperature 0, logit spread {results['args']['logit_std']}.",
+        f"block {sizes['block']}, temperature 0, logit spread {results['args']['logit_std']}"
+        + our_mode(results)
+        + ".",
         "Seconds per whole `generate` call, median (min-max, repeats); theirs runs one row "
         "per call (16 rows: 16 calls in turn), ours all rows in one call. NFE: forward passes "
         "per row, the mean over the rows."
@@ -894,6 +913,7 @@ def _run_identity(results: Results) -> Results:
         "logit_std": args["logit_std"],
         "threshold": args["threshold"],
         "seed": args["seed"],
+        "our cached_steps": results.get("our_cached_steps"),
     }
 
 
@@ -976,7 +996,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="with --report-only: other runs' JSON whose cells join --json's",
     )
     add_section_flag(p, SECTION)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.cached_steps in CAPTURED and not is_cuda(device):
+        p.error(f"--cached-steps {args.cached_steps} needs a CUDA device, got {device}")
+    return args
 
 
 def add_cell_flags(p: argparse.ArgumentParser) -> None:
@@ -1015,6 +1039,12 @@ def add_cell_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=2, help="the prompts' seed")
     p.add_argument("--device", help="cuda when there is one, else cpu")
+    p.add_argument(
+        "--cached-steps",
+        choices=CACHED_STEPS,
+        default="auto",
+        help="how our steps' passes run (the model arg; default auto: graphs on CUDA)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -486,3 +486,25 @@ def test_the_mask_tokens_column_is_left_out_and_values_not_finite_are_counted():
     found = fd.logit_agreement(ours, ShiftedTheirs(ours, 32, 0, 0.0, one_nan), prompt, args)
     assert (found["max_abs"], found["not_finite"]) == (0.0, 1)  # not read as "0 apart"
     assert ", 1 values not finite;" in fd.logit_lines({"logits": found})[-1]
+
+
+def test_the_report_says_how_our_passes_ran_and_merges_only_runs_alike():
+    """`our_cached_steps` (graphs on CUDA under auto, for `none`'s full passes too) is named
+    in the header; a run from before it was recorded says so; runs of different modes are
+    not merged into one table (their `none` cells measure other work)."""
+    results = _results()
+    assert any("ours under `cached_steps` not recorded" in line for line in fd.header(results))
+    first, second = _split_run()
+    first["our_cached_steps"] = second["our_cached_steps"] = "graphs"
+    assert any("; ours under `cached_steps=graphs`." in line for line in fd.header(first))
+    fd.merged(first, {"b.json": second})
+    second["our_cached_steps"] = "compiled"
+    with pytest.raises(SystemExit, match="--merge b.json: its our cached_steps is 'compiled'"):
+        fd.merged(first, {"b.json": second})
+
+
+def test_a_capturing_mode_off_cuda_is_refused_before_any_model_work(capsys):
+    with pytest.raises(SystemExit):
+        fd.parse_args(["--tiny", "--device", "cpu", "--cached-steps", "compiled"])
+    assert "--cached-steps compiled needs a CUDA device, got cpu" in capsys.readouterr().err
+    assert fd.parse_args(["--tiny", "--device", "cpu"]).cached_steps == "auto"
