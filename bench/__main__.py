@@ -16,7 +16,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "caches": ("bench.caches_bench", "Fast-dLLM's prefix and dual caches (its own section)"),
     "static-steps": (
         "bench.static_steps_bench",
-        "cached steps of cache=prefix|dual: dynamic, static buffers, CUDA graphs",
+        "cached steps of cache=prefix|dual: dynamic, static buffers, CUDA graphs, compiled",
     ),
     "host-reads": (
         "bench.host_reads_bench",

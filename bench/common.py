@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from lm_eval_dvoting.core.decoding.static_steps import CAPTURED
 from lm_eval_dvoting.integration import strict_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,7 +152,6 @@ def is_cuda(device: str | torch.device) -> bool:
 
 
 STEP_MODES = ("dynamic", "static", "graphs", "compiled")  # `cached_steps` a suite can run
-ON_CUDA_ONLY = ("graphs", "compiled")
 
 
 def add_modes_flag(p: argparse.ArgumentParser) -> None:
@@ -173,13 +173,27 @@ def step_modes(args: argparse.Namespace | dict[str, Any]) -> list[str]:
     device, asked = args["device"], args.get("modes")
     if not asked:
         return ["dynamic", "static"] + (["graphs"] if is_cuda(device) else [])
-    refused = [mode for mode in asked if mode in ON_CUDA_ONLY and not is_cuda(device)]
+    refused = [mode for mode in asked if mode in CAPTURED and not is_cuda(device)]
     if refused:
         raise SystemExit(
             f"--modes {' '.join(refused)} needs a CUDA device, got --device {device}: "
             "leave them out, or give --device cuda"
         )
     return ["dynamic"] + [mode for mode in STEP_MODES[1:] if mode in asked]
+
+
+def refused_capture(error: BaseException) -> bool:
+    """Whether `error` is a capture that `cached_steps=graphs|compiled` refused (a suite
+    says it and goes on), not an error to stop on: out of memory anywhere in its chain of
+    causes (a capture or a compilation wraps it) stops the run too."""
+    if not str(error).startswith(tuple(f"cached_steps={mode}" for mode in CAPTURED)):
+        return False
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, torch.OutOfMemoryError) or "out of memory" in str(cause):
+            return False
+        cause = cause.__cause__ or cause.__context__
+    return True
 
 
 def timed_call(fn: Any, device: str | torch.device = "cpu") -> tuple[float, Any]:

@@ -48,6 +48,7 @@ from bench.common import (
     add_section_flag,
     is_cuda,
     markers,
+    refused_capture,
     run_or_report,
     save_json,
     step_modes,
@@ -128,9 +129,7 @@ def measured_or_refused(
     try:
         return measure_cell(model, prompts, cell, args)
     except RuntimeError as error:
-        out_of_memory = isinstance(error.__cause__, torch.OutOfMemoryError)
-        refusal = str(error).startswith(tuple(f"cached_steps={m}" for m in CAPTURED))
-        if out_of_memory or not refusal:
+        if not refused_capture(error):
             raise  # anything else (out of memory, even inside a capture; a bug) stops the run
         rows, schedule, cache, mode = cell
         return {

@@ -1034,6 +1034,11 @@ def add_cell_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         help="start no cell after this many seconds of measuring (the JSON lists the rest)",
     )
+    add_model_flags(p)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """Where and how the two models run, and the prompts' seed."""
     p.add_argument(
         "--dtype", choices=("bfloat16", "float32"), help="bfloat16 on a GPU, else float32"
     )

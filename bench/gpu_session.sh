@@ -4,11 +4,14 @@
 # on 2026-11-28, BENCHMARKS.md's "Issue #43's GPU run"):
 #   gpu_tests          tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`):
 #                      real CUDA graphs against the eager paths on the official-tiny fixtures,
-#                      token for token and pass for pass; MoE grouped GEMMs against the loop (36 s)
-#   compiled           `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows,
-#                      under dynamic, graphs and compiled (the pass compiled by torch.compile,
-#                      then captured: fused norms, rotary and casts; not run yet, nor has
-#                      inductor compiled a 32-layer pass there: at most 240 s)
+#                      token for token and pass for pass; MoE grouped GEMMs against the loop (36 s
+#                      before the compiled and full-pass tests were added: at most 180 s)
+#   compiled           `bench static-steps` at LLaDA-8B's full shape in bfloat16, one row, the
+#                      dual reuse step and the full step under dynamic, graphs and compiled
+#                      (the pass compiled by torch.compile, then captured: fused norms, rotary
+#                      and casts; not run yet, nor has inductor compiled a 32-layer pass
+#                      there: at most 200 s; the JSON is written when the run ends)
+#   compiled16         not in the default order: the same at 16 rows
 #   compiled_f32       the same at 4 layers in float32: compiled's tokens against dynamic's
 #   step_profile       `bench step-profile` at LLaDA-8B's shape in bfloat16: the one-row dual
 #                      reuse step's kernels by category, and its wall time under static,
@@ -16,7 +19,8 @@
 #   step_profile_none  the same for the one-row step without a cache, a full pass over 512
 #                      tokens (against which Fast-dLLM's `none` is compared; not run yet)
 #   fastdllm           `bench fastdllm` (bench/.fastdllm/ exported here and carried along):
-#                      Fast-dLLM's own LLaDA generate against ours, 1 row (4 of 6 cells in 120 s)
+#                      Fast-dLLM's own LLaDA generate against ours, 1 row (4 of 6 cells in 120 s;
+#                      ours under auto: graphs, now for none's full passes too)
 #   decode_modes       `bench decode-modes`: whole threshold-rule decodes (1 and 16 rows,
 #                      prefix and dual) under dynamic, static and graphs (not run yet; at
 #                      most 150 s: the JSON keeps each cell as it ends)
@@ -108,15 +112,20 @@ run_part() {  # run_part NAME: one part of the session, by name
     case $1 in
     gpu_tests)  # on the CPU its tests only skip
         [ "${SMOKE:-0}" = 1 ] && return
-        part gpu_tests 90 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
+        part gpu_tests 180 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
             tests/test_static_steps_gpu.py tests/test_moe_gpu.py ;;
-    compiled)  # the reuse steps under compiled beside graphs, full shape
-        part compiled 240 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
-            --layers "$LAYERS" $SHAPE --rows $ROWS --repeats "$REPEATS" --warm-up "$WARM" \
+    compiled)  # one row's reuse and full steps under compiled beside graphs, full shape
+        part compiled 200 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
+            --layers "$LAYERS" $SHAPE --rows 1 --repeats 1 --warm-up "$WARM" --caches dual \
             --modes $COMPILED_MODES --json "$WORK/compiled.json" --out "$WORK/compiled.md" ;;
+    compiled16)  # the same at 16 rows (not in the default order)
+        part compiled16 200 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
+            --layers "$LAYERS" $SHAPE --rows 16 --repeats 1 --warm-up "$WARM" --caches dual \
+            --modes $COMPILED_MODES --json "$WORK/compiled16.json" \
+            --out "$WORK/compiled16.md" ;;
     compiled_f32)  # compiled's tokens against dynamic's in float32
-        part compiled_f32 150 "$PY" -m bench static-steps --device "$DEVICE" \
-            --dtype float32 --layers "$F32_LAYERS" $SHAPE --rows $ROWS --repeats 1 \
+        part compiled_f32 120 "$PY" -m bench static-steps --device "$DEVICE" \
+            --dtype float32 --layers "$F32_LAYERS" $SHAPE --rows 1 --repeats 1 --caches dual \
             --modes $COMPILED_MODES --json "$WORK/compiled_f32.json" \
             --out "$WORK/compiled_f32.md" ;;
     step_profile)  # the one-row dual reuse step, kernel by kernel
@@ -166,9 +175,9 @@ run_part() {  # run_part NAME: one part of the session, by name
 
 # what has not run on a GPU and Fast-dLLM's missing cells first; the rest as time allows
 # (static_steps_bf16, refill and experts were measured on 2026-11-28: they come after the new)
-DEFAULT_PARTS="gpu_tests compiled step_profile compiled_f32 step_profile_none fastdllm"
+DEFAULT_PARTS="gpu_tests compiled fastdllm compiled_f32 step_profile step_profile_none"
 DEFAULT_PARTS="$DEFAULT_PARTS decode_modes static_steps_bf16 static_steps_f32 refill experts"
-KNOWN=" $DEFAULT_PARTS fastdllm16 "
+KNOWN=" $DEFAULT_PARTS fastdllm16 compiled16 "
 PARTS=${PARTS:-$DEFAULT_PARTS}
 if [ "${PART:-all}" = fastdllm16 ]; then PARTS=fastdllm16; fi  # the second call alone
 for item in $PARTS; do  # every name and limit checked before any part runs

@@ -40,6 +40,7 @@ from bench.common import (
     add_section_flag,
     is_cuda,
     markers,
+    refused_capture,
     run_or_report,
     save_json,
     step_modes,
@@ -62,8 +63,7 @@ Results = dict[str, Any]
 # a new shape and pays a capture that these figures leave out (its capture step is listed).
 # Other modes: every step after the full one is a reuse step.
 REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
-# a refused capture (the mode's error) is said and the other cells go on
-REFUSALS = tuple(f"cached_steps={mode}" for mode in CAPTURED)
+CACHES = ("none", "prefix", "dual")
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
@@ -71,6 +71,7 @@ def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
     that capture, per rows and block."""
     last = args.gen_length // args.block - 1
     found = []
+    caches = getattr(args, "caches", None) or CACHES
     for rows in args.rows:
         for block in (0, last):
             # `none` under each mode that captures (its full passes replayed: full_steps.py)
@@ -78,6 +79,7 @@ def cells(args: argparse.Namespace) -> list[tuple[str, str, int, int]]:
             found += [
                 (cache, mode, rows, block)
                 for cache in ("prefix", "dual")
+                if cache in caches
                 for mode in step_modes(args)
             ]
     return found
@@ -114,7 +116,7 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
                 try:
                     times[key].append(_step(decoder, args.device))
                 except RuntimeError as error:  # a refused capture: said, the others go on
-                    if not str(error).startswith(REFUSALS):
+                    if not refused_capture(error):
                         raise  # anything else (out of memory, a bug) stops the run
                     refused[key] = str(error)
         peak = torch.cuda.max_memory_allocated() / 2**30 if is_cuda(args.device) else None
@@ -126,11 +128,17 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
 
 
 def graphs_held(decoder: RowDecoder) -> int | None:
-    """The CUDA graphs the cell's decoder holds at the block's end (None: not `graphs`)."""
-    steps = decoder.forward.static_steps
-    if steps is None or steps.mode not in CAPTURED:
+    """The CUDA graphs the cell's decoder holds at the block's end, of its reuse passes and
+    (`none`) its full passes (None: no mode that captures)."""
+    forward = decoder.forward
+    held = [
+        steps
+        for steps in (forward.static_steps, forward.full_steps)
+        if steps is not None and steps.mode in CAPTURED
+    ]
+    if not held:
         return None
-    return sum(shape.graph is not None for shape in steps.shapes.values())
+    return sum(shape.graph is not None for steps in held for shape in steps.shapes.values())
 
 
 def _refusal(refused: dict[str, str], key: str) -> dict[str, str]:
@@ -163,9 +171,9 @@ def reuse_steps(steps: list[float], mode: str) -> list[float]:
 
 
 def block_steps(steps: list[float], mode: str, cache: str = "dual") -> list[float]:
-    """The steps of a block of a decode, from a cell's: under `graphs` its full step and its
-    reuse steps at the replays' mean (a later block: no capture, no eager first step); for
-    `none`, whose every pass has the one shape, every step at the replays' mean."""
+    """The steps of a block of a decode, from a cell's: under `graphs` or `compiled` its full
+    step and its reuse steps at the replays' mean (a later block: no capture, no eager first
+    step); for `none`, whose every pass has the one shape, every step at the replays' mean."""
     if mode not in CAPTURED:
         return steps
     replayed = statistics.mean(reuse_steps(steps, mode))
@@ -252,9 +260,9 @@ def capture_step(cell: Results) -> float:
 
 
 def graph_lines(results: Results) -> list[str]:
-    """The graphs each `graphs` cell held at its block's end and its capture step, and the
-    cells whose capture was refused (`cached_steps=graphs` raises: the bench goes on with
-    the other cells)."""
+    """The graphs each `graphs` or `compiled` cell held at its block's end and its capture
+    step, and the cells whose capture was refused (`cached_steps=graphs|compiled` raises:
+    the bench goes on with the other cells)."""
     cells = results["repeats"][0]
     held = [
         f"{key} {cell['graphs']} (capture step {1e3 * capture_step(cell):.0f} ms)"
@@ -352,6 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     add_output_flags(p, RESULTS / "static_steps_bench.json")
     add_section_flag(p, SECTION)
     add_modes_flag(p)
+    p.add_argument(
+        "--caches",
+        nargs="+",
+        choices=CACHES[1:],
+        default=list(CACHES[1:]),
+        help="the cached cells (default prefix dual; `none`, what each is compared with, "
+        "always runs)",
+    )
     args = p.parse_args(argv)
     step_modes(args)  # a mode the device cannot run is refused before any model work
     return run_or_report("static-steps", argv, args, run, section)

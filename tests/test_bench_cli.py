@@ -234,3 +234,24 @@ def test_a_cuda_mode_on_the_cpu_is_refused_before_any_model_work(suite, tmp_path
     argv = ["--device", "cpu", "--modes", "graphs", "--json", str(tmp_path / "r.json")]
     with pytest.raises(SystemExit, match="--modes graphs needs a CUDA device"):
         module.main(argv + ["--out", str(tmp_path / "B.md")])
+
+
+def test_a_refused_capture_is_told_from_out_of_memory_anywhere_in_its_causes():
+    """A suite goes on past a refused capture, and stops on out of memory even when a
+    capture wraps a compilation that wraps it. (Planted: only the first cause looked at.)"""
+    from bench.common import refused_capture
+
+    def chained(*messages: str) -> BaseException:
+        error = None
+        for message in reversed(messages):  # the last is the root cause
+            outer = RuntimeError(message)
+            outer.__cause__ = error
+            error = outer
+        return error
+
+    assert refused_capture(chained("cached_steps=graphs: capturing the reuse pass failed (x)"))
+    assert refused_capture(chained("cached_steps=compiled: capturing", "torch.compile could not"))
+    oom = chained("cached_steps=compiled: capturing", "compile failed", "CUDA out of memory.")
+    assert not refused_capture(oom)
+    assert not refused_capture(RuntimeError("CUDA out of memory"))
+    assert not refused_capture(RuntimeError("an index out of range"))

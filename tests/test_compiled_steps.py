@@ -140,7 +140,7 @@ def test_a_pass_that_breaks_the_graph_is_refused_not_run_in_pieces(model, monkey
     with pytest.raises(
         RuntimeError,
         match=r"cached_steps=compiled: capturing the reuse pass failed \(torch.compile could "
-        r"not compile the reuse pass as one graph .*\); use cached_steps=graphs",
+        r"not compile the pass as one graph .*\); use cached_steps=graphs",
     ):
         _decode(model, "compiled", ["dual"], RULES["fixed"])
     torch._dynamo.reset()
@@ -154,7 +154,7 @@ def test_compiled_resolves_where_graphs_would_and_needs_triton(model, monkeypatc
     with pytest.raises(
         ValueError,
         match=r"cached_steps=compiled cannot apply: Triton .* "
-        r"missing; use cached_steps=auto",
+        r"missing; use cached_steps=graphs \(the same capture",
     ):
         resolve_cached_steps("compiled", model, CUDA)
     assert resolve_cached_steps("graphs", model, CUDA) == "graphs"  # graphs needs no Triton
@@ -182,3 +182,46 @@ def test_compiled_results_are_cached_apart_from_the_other_modes(monkeypatch):
     assert fingerprint(lm) == shared
     monkeypatch.setattr(type(lm), "cached_steps", property(lambda self: "compiled"))  # a GPU's
     assert fingerprint(lm) == {**shared, "cached_steps": "compiled"}
+
+
+def test_compiled_asked_by_name_through_the_decoder_is_refused_not_turned_into_static(
+    model, monkeypatch
+):
+    """A decoder made for `cached_steps=compiled` (as on a GPU: the checks that need CUDA
+    and Triton made to pass here) refuses a capture that fails, rather than going on with
+    static buffers as `auto` would. (Planted: `strict=asked == "graphs"`: failed.)"""
+    monkeypatch.setattr(static_module, "graph_capturable", lambda *a: None)
+    monkeypatch.setattr(static_module, "compiler_missing", lambda: None)
+    pass_ = model.hidden_states
+
+    @functools.wraps(pass_)
+    def reads_the_host(*args, **kwargs):
+        if torch.ones(1).sum().item() < 0:
+            raise AssertionError("never")
+        return pass_(*args, **kwargs)
+
+    monkeypatch.setattr(model, "hidden_states", reads_the_host)
+    monkeypatch.setattr(StaticSteps, "graph_class", WarmedReplay)
+    torch._dynamo.reset()
+    model.cached_steps = "compiled"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    with pytest.raises(RuntimeError, match=r"cached_steps=compiled: capturing the reuse pass"):
+        decode_rows(decoder, _rows(["dual"], RULES["fixed"]))
+    assert decoder.forward.static_steps.mode == "compiled" == model.cached_steps
+    torch._dynamo.reset()
+
+
+def test_inductors_options_are_ones_it_knows():
+    """torch.compile checks the option names when it wraps the function (no compiler
+    needed): a misspelt `emulate_precision_casts` is refused here, not on the GPU."""
+    static_module.compiled_pass.__wrapped__("inductor")
+    with pytest.raises(RuntimeError, match="emulate_precision_cast"):
+        torch.compile(lambda x: x, options={"emulate_precision_cast": True})
+
+
+def test_too_many_compilations_are_an_error_that_names_the_limit(model, monkeypatch):
+    monkeypatch.setattr(static_module, "COMPILATIONS_KEPT", 1)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"torch.compile met more than 1 shapes of the pass"):
+        _decode(model, "compiled", ["dual", "prefix", "dual", "dual"], RULES["fixed"])
+    torch._dynamo.reset()

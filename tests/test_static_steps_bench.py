@@ -171,6 +171,8 @@ def test_none_runs_under_the_modes_that_capture_and_reads_its_replays(run):
     )
     nones = [cell for cell in static_steps_bench.cells(cuda) if cell[0] == "none"]
     assert [mode for _, mode, _, block in nones if block == 0] == ["dynamic", "graphs", "compiled"]
+    cuda.caches = ["dual"]  # --caches: the cached cells asked for; `none` always
+    assert {cache for cache, *_ in static_steps_bench.cells(cuda)} == {"none", "dual"}
     steps = [0.010, 0.009, 0.090, 0.004, 0.002]
     assert static_steps_bench.block_steps(steps, "graphs", "none") == [0.003] * 5
     assert static_steps_bench.block_steps(steps, "graphs", "dual")[0] == 0.010

@@ -318,8 +318,8 @@ class DVotingEvalModel(TemplateLM):
 
     def _set_cached_steps(self, asked: str) -> None:
         """The models' `cached_steps` (`core/decoding/static_steps.py`), as the decoder reads
-        it; `graphs` where it cannot apply (e.g. a model spread over GPUs) is refused here,
-        after loading and before any decoding."""
+        it; `graphs` or `compiled` where it cannot apply (e.g. a model spread over GPUs) is
+        refused here, after loading and before any decoding."""
         for model in (self.model, self.reference_model):
             if model is not None:
                 resolve_cached_steps(asked, model, self._device)

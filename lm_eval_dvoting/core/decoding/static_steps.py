@@ -25,9 +25,11 @@ of fixed shape, run eagerly or captured as a CUDA graph and replayed (the model 
   most of a layer's. Asked for by name only: the fused kernels round otherwise than the
   eager ones, so the logits are not the eager pass's bit for bit and a token can differ
   where two are nearly tied. Where `graphs` cannot apply, refused; also without Triton
-  (torch.compile's GPU code generator). Compiling costs seconds per new step shape on the
-  first step that meets it (`torch.compile`'s automatic dynamic shapes then make one
-  compilation serve the later widths).
+  (torch.compile's GPU code generator). Each capture of a shape the compilations so far do
+  not serve compiles first (seconds to minutes at LLaDA-8B's 32 layers); torch.compile's
+  automatic dynamic shapes may let one compilation serve later widths, while a change in the
+  rows or the pass length compiles anew. More than `COMPILATIONS_KEPT` compilations of the
+  pass is an error that says so.
 * `auto` (the default): `graphs` where it applies, else `static`.
 
 What a graph replays is the model's body only: the output head, the commit rules and the
@@ -94,8 +96,8 @@ def check_cached_steps(asked: Any) -> str:
 
 
 def resolve_cached_steps(asked: str, model: torch.nn.Module, device: torch.device) -> str:
-    """The mode that runs: `asked` (`CACHED_STEPS`), with `auto` resolved; `graphs` where it
-    cannot apply is refused, naming why."""
+    """The mode that runs: `asked` (`CACHED_STEPS`), with `auto` resolved; `graphs` or
+    `compiled` where it cannot apply is refused, naming why and what to use instead."""
     check_cached_steps(asked)
     why_not = graph_capturable(model, device)
     if asked == "auto":
@@ -103,9 +105,13 @@ def resolve_cached_steps(asked: str, model: torch.nn.Module, device: torch.devic
     if asked == "compiled" and not why_not:
         why_not = compiler_missing()
     if asked in CAPTURED and why_not:
+        instead = (
+            "graphs (the same capture, of the eager kernels)"
+            if asked == "compiled" and graph_capturable(model, device) is None
+            else "auto (graphs where they apply, else static) or static"
+        )
         raise ValueError(
-            f"cached_steps={asked} cannot apply: {why_not}; use cached_steps=auto (graphs where "
-            "they apply, else static) or static"
+            f"cached_steps={asked} cannot apply: {why_not}; use cached_steps={instead}"
         )
     return asked
 
@@ -138,14 +144,26 @@ COMPILATIONS_KEPT = 64
 def _compiled_hidden_states(*inputs: Any) -> torch.Tensor:
     """`_hidden_states(*inputs)` through `compiled_pass`; what torch.compile refuses (a
     graph break, too many compilations, inductor's own errors) is an error that says so."""
+    # (fullgraph=True turns the limit into this error; torch before 2.7 had no such class)
+    limit_hit = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ())
     try:
         with torch._dynamo.config.patch(recompile_limit=COMPILATIONS_KEPT):
             return compiled_pass(COMPILE_BACKEND)(*inputs)
+    except limit_hit as error:
+        raise RuntimeError(
+            f"torch.compile met more than {COMPILATIONS_KEPT} shapes of the pass "
+            f"(static_steps.COMPILATIONS_KEPT; {first_line(error)})"
+        ) from error
     except torch._dynamo.exc.TorchDynamoException as error:
         raise RuntimeError(
-            f"torch.compile could not compile the reuse pass as one graph "
-            f"({type(error).__name__}: {str(error).strip().splitlines()[0]})"
+            "torch.compile could not compile the pass as one graph "
+            f"({type(error).__name__}: {first_line(error)})"
         ) from error
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (empty for an error without one)."""
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 @functools.cache
@@ -175,7 +193,7 @@ class CudaGraph:
         on_device = torch.cuda.device(device) if device.type == "cuda" else nullcontext()
         with on_device:  # (off CUDA: a stand-in's capture, in the tests)
             self._check(self._capture(pass_, device))
-        log.debug("cached_steps=graphs: captured a pass of %s", tuple(self.output.shape))
+        log.debug("cached_steps: captured a pass of %s", tuple(self.output.shape))
 
     def _capture(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
         """Warm up on a side stream, then capture there (`self.graph`, `self.output`); the
@@ -283,7 +301,8 @@ class Captures:
 
 
 class StaticSteps(Captures):
-    """The reuse passes of one decoder (`ForwardPass`) in `static` or `graphs` mode."""
+    """The reuse passes of one decoder (`ForwardPass`) in `static`, `graphs` or `compiled`
+    mode."""
 
     def __init__(self, model: torch.nn.Module, mode: str, strict: bool = False) -> None:
         super().__init__(model, mode, strict)
