@@ -15,9 +15,11 @@ whole decode is fastest in, so that `cached_steps=auto` (graphs on CUDA) can be 
 The model and prompts are `bench fastdllm`'s (a random-weight LLaDA whose head gives logits
 of spread `--logit-std`, so that the 0.9 threshold is met at some positions), and so are the
 schedules: `threshold` (our `decoder=confidence`, threshold 0.9) and `fixed` (one token a
-step). Cells: rows x schedule x cache (`prefix`, `dual`) x mode (`dynamic`, `static`, and
-`graphs` on a GPU). Each cell runs one whole warm-up decode (the first kernels' loading),
-then `--repeats` timed ones (the median and range kept; a GPU synchronised around each).
+step). Cells: rows x schedule x cache (`prefix`, `dual`; `--caches` adds `none`, whose full
+passes `graphs` captures too, up to 2,048 tokens) x mode (`dynamic`, `static`, and `graphs`
+on a GPU; `--modes` adds `compiled`). Each cell runs one whole warm-up decode (the first
+kernels' loading), then `--repeats` timed ones (the median and range kept; a GPU
+synchronised around each).
 Every mode's tokens are compared with `dynamic`'s, and NFE (passes per row, the mean over
 rows) is recorded. Each decode builds its own decoder (`generate`), so each pays its own
 captures, as a harness run pays one for every new shape of the reuse pass (rows, query
@@ -61,7 +63,8 @@ from lm_eval_dvoting.core.decoding.static_steps import CAPTURED
 SECTION = "decode_modes"
 Results = dict[str, Any]
 SCHEDULES = ("threshold", "fixed")
-CACHES = ("prefix", "dual")
+CACHES = ("prefix", "dual", "none")  # none: its full passes captured under graphs too
+DEFAULT_CACHES = ("prefix", "dual")
 
 
 def timed_decode(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> Results:
@@ -251,7 +254,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gen-length", type=int, help="answer length, default 256 (--tiny 32)")
     p.add_argument("--block", type=int, help="block length, default 32 (--tiny 8)")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--caches", nargs="+", choices=CACHES, default=list(CACHES))
+    p.add_argument("--caches", nargs="+", choices=CACHES, default=list(DEFAULT_CACHES))
     p.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--logit-std", type=float, default=16.0, help="spread of the random logits")

@@ -22,7 +22,7 @@
 #                      Fast-dLLM's own LLaDA generate against ours, 1 row (4 of 6 cells in 120 s;
 #                      ours under auto: graphs, now for none's full passes too)
 #   decode_modes       `bench decode-modes`: whole threshold-rule decodes (1 and 16 rows,
-#                      prefix and dual) under dynamic, static and graphs (not run yet; at
+#                      prefix, dual and none) under dynamic, static and graphs (not run yet; at
 #                      most 150 s: the JSON keeps each cell as it ends)
 #   static_steps_bf16  `bench static-steps` at LLaDA-8B's full shape in bfloat16, 1 and 16 rows:
 #                      cache none / prefix / dual under dynamic, static and graphs (117 s)
@@ -76,6 +76,7 @@ else
     COMPILED_MODES="graphs compiled" PROFILE_COMPILED="--compiled"
     SHAPE="" PROFILE_SHAPE=""
     DECODE_MODES="--device cuda --rows 1 16 --repeats 2 --schedules threshold"
+    DECODE_MODES="$DECODE_MODES --caches prefix dual none"
     FAST="--device cuda --rows 1 --repeats 3 --repeat-budget-s 30 --deadline-s ${FAST_DEADLINE:-240}"
     # Fast-dLLM decodes one row a call: its 16-row time is scaled from its first THEIR_ROWS
     FAST16="--device cuda --rows 16 --repeats 1 --their-rows ${THEIR_ROWS:-4}"
@@ -136,7 +137,7 @@ run_part() {  # run_part NAME: one part of the session, by name
         part step_profile_none 90 "$PY" -m bench step-profile --device "$DEVICE" \
             --dtype "$BF16" --layers "$LAYERS" --cache none $PROFILE_SHAPE \
             --json "$WORK/step_profile_none.json" --out "$WORK/step_profile_none.md" ;;
-    decode_modes)  # whole threshold-rule decodes under dynamic, static and graphs
+    decode_modes)  # whole threshold-rule decodes under dynamic, static and graphs (none too)
         part decode_modes 150 "$PY" -m bench decode-modes $DECODE_MODES \
             --json "$WORK/decode_modes.json" --out "$WORK/decode_modes.md" ;;
     static_steps_bf16)

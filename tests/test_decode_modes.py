@@ -156,3 +156,11 @@ def test_each_cell_decodes_in_its_own_mode(monkeypatch, tmp_path):
     )
     assert set(seen) == {"dynamic", "static"}
     assert all(n == 0 for n in seen["dynamic"]) and all(n > 0 for n in seen["static"])
+
+
+def test_none_is_a_cache_to_ask_for_and_not_a_default():
+    """`--caches none` adds whole decodes without a cache (their full passes captured under
+    `graphs` on a GPU); the default stays `prefix` and `dual`."""
+    assert decode_modes.parse_args(["--tiny", "--device", "cpu"]).caches == ["prefix", "dual"]
+    args = decode_modes.parse_args(["--tiny", "--device", "cpu", "--caches", "none"])
+    assert {cache for _, _, cache, _ in decode_modes.cells(args)} == {"none"}
