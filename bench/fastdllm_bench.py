@@ -684,6 +684,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> Results:
         else:
             results["cells"].append(measure_cell(bench, cache, schedule, rows))
             print(cell_line(results["cells"][-1]), flush=True)
+        # the mode that ran (a capture that failed under auto leaves ours on static)
+        results["our_cached_steps"] = resolve_cached_steps(
+            bench.ours.cached_steps, bench.ours, bench.device
+        )
         save_json(args.json, results, indent=1)
     return results
 

@@ -25,6 +25,7 @@ from test_static_steps import (
 from torch import nn
 
 from lm_eval_dvoting.core.decoding import DecodeRow
+from lm_eval_dvoting.core.decoding import static_steps as static_module
 from lm_eval_dvoting.core.decoding.full_steps import FullSteps
 from lm_eval_dvoting.core.decoding.rows import RowDecoder
 
@@ -106,12 +107,76 @@ def test_a_failed_capture_falls_back_under_auto_and_is_refused_when_asked(
     assert "no CUDA graphs" in caplog.text
 
 
-def test_at_most_two_shapes_are_kept_the_least_recently_used_dropped(model):
+def test_at_most_two_shapes_are_kept_those_without_a_graph_dropped_first(model):
     steps = FullSteps(model, "graphs")
     for length in (5, 6, 5, 7):
         ids = torch.zeros((1, length), dtype=torch.long)
         steps._shape(ids, torch.ones_like(ids), ids)
-    assert list(steps.shapes) == [(1, 5), (1, 7)]
+    assert list(steps.shapes) == [(1, 5), (1, 7)]  # the least recently used went
+    steps.shapes[(1, 5)].graph = "captured"
+    for length in (8, 9):  # shapes seen once make room among themselves
+        ids = torch.zeros((1, length), dtype=torch.long)
+        steps._shape(ids, torch.ones_like(ids), ids)
+    assert list(steps.shapes) == [(1, 5), (1, 9)]
+
+
+def _joining_rows(seed: int) -> list[DecodeRow]:
+    """Three `none` rows of different prompt and answer lengths (their seeds from `seed`)."""
+    rows = []
+    for k, (prompt, gen) in enumerate([(5, 16), (9, 4), (3, 8)]):
+        g = torch.Generator().manual_seed(seed + k)
+        rows.append(
+            DecodeRow(
+                prompt=torch.randint(0, 240, (prompt,), generator=g),
+                tokens=torch.full((gen,), MASK),
+                block_length=4,
+                cache="none",
+                generator=torch.Generator().manual_seed(100 + seed + k),
+                steps=gen,
+            )
+        )
+    return rows
+
+
+def _decode_joining(model: nn.Module, captured: bool, seed: int) -> list[DecodeRow]:
+    """Rows 1 and 2 decode together; when row 2 finishes, row 3 joins row 1: the pass's
+    shape (2 rows, 21 columns) comes back with other padding and other positions."""
+    model.cached_steps = "dynamic"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    if captured:
+        decoder.forward.full_steps = FullSteps(model, "graphs", strict=True)
+        decoder.forward.full_steps.graph_class = EagerReplay
+    first, second, third = rows = _joining_rows(seed)
+    decoder.add(first)
+    decoder.add(second)
+    while decoder.active:
+        if second in decoder.step() and third not in decoder.active:
+            decoder.add(third)
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_a_shape_that_comes_back_with_other_padding_replays_the_new_inputs(model, seed):
+    """A captured shape replayed for other rows (a row joining as another leaves, as the
+    harness's batches do): its attention mask and positions are the new rows' at every
+    replay. (Planted: the mask and positions copied in at capture only, or the graph's
+    pass over the step's own mask and positions: both failed.)"""
+    eager = _decode_joining(model, captured=False, seed=seed)
+    replayed = _decode_joining(model, captured=True, seed=seed)
+    assert same_decodes(eager, replayed)
+
+
+def test_the_decoder_captures_full_passes_only_where_they_apply(model, monkeypatch, request):
+    """With graphs resolved (as on CUDA), LLaDA's and Dream's decoders capture their full
+    passes; LLaDA2's block-causal passes (and any model whose passes take no positions or
+    no cache) do not; `static` and `dynamic` capture nothing."""
+    monkeypatch.setattr(static_module, "graph_capturable", lambda *a: None)
+    for mode, made in (("auto", True), ("graphs", True), ("static", False), ("dynamic", False)):
+        model.cached_steps = mode
+        assert (RowDecoder(model, pad_token_id=MASK).forward.full_steps is not None) is made
+    llada2 = load_float32(str(request.getfixturevalue("llada2_fixture")))
+    monkeypatch.setattr(llada2, "cached_steps", "graphs", raising=False)
+    assert RowDecoder(llada2, pad_token_id=MASK).forward.full_steps is None
 
 
 def test_a_pass_over_more_tokens_than_the_limit_runs_eagerly(model, monkeypatch):

@@ -144,3 +144,27 @@ def test_full_passes_replayed_give_the_dynamic_tokens(family, dtype, rule, monke
     model = _model(family, dtype)
     assert_modes_decode_alike(functools.partial(_decode, model), ["none"] * 4, RULES[rule])
     assert captures
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_replayed_full_pass_reads_the_rows_that_joined(family, dtype):
+    """A row joins as another leaves, so a captured full-pass shape comes back with other
+    padding and positions: the real graphs replay the new inputs (the eager tokens)."""
+    from test_full_steps import _joining_rows
+
+    model = _model(family, dtype)
+    decoded = {}
+    for mode in ("dynamic", "graphs"):
+        model.cached_steps = mode
+        decoder = RowDecoder(model, pad_token_id=MASK)
+        first, second, third = rows = _joining_rows(7)
+        for row in rows:
+            row.generator = torch.Generator(device=CUDA).manual_seed(row.generator.initial_seed())
+        decoder.add(first)
+        decoder.add(second)
+        while decoder.active:
+            if second in decoder.step() and third not in decoder.active:
+                decoder.add(third)
+        assert model.cached_steps == mode
+        decoded[mode] = [row.tokens for row in rows]
+    assert all(torch.equal(a, b) for a, b in zip(decoded["dynamic"], decoded["graphs"]))

@@ -28,6 +28,7 @@ from lm_eval_dvoting.core.decoding.static_steps import (
     CAPTURED,
     GRAPHS_KEPT,
     Captures,
+    make_room,
 )
 
 # the most tokens (rows x padded length) a captured full pass holds. A larger pass is bound
@@ -67,6 +68,7 @@ class FullSteps(Captures):
         after a capture failed under `auto`), then captured, and replayed whenever that
         shape comes again."""
         if self.mode not in CAPTURED or ids.numel() > FULL_PASS_TOKENS:
+            self.last = None  # (a pass in between: the next is not "in a row")
             return self.pass_over((ids, attention, positions), None, compiled=False)
         shape = self._shape(ids, attention, positions)
         shape.steady = shape.steady + 1 if self.last is shape else 1
@@ -86,13 +88,12 @@ class FullSteps(Captures):
 
     def _shape(self, *inputs: torch.Tensor) -> _FullShape:
         """The tensors of this pass's shape (made on its first pass); at most `GRAPHS_KEPT`
-        shapes are kept, the least recently used dropped first (each graph holds its
-        pass's activations in its own memory pool)."""
+        shapes are kept (`make_room`: those without a graph dropped first, then the least
+        recently used; each graph holds its pass's activations in its own memory pool)."""
         key = tuple(inputs[0].shape)
         if key in self.shapes:
             self.shapes.move_to_end(key)
             return self.shapes[key]
-        while len(self.shapes) >= GRAPHS_KEPT:
-            self.shapes.popitem(last=False)
+        make_room(self.shapes, GRAPHS_KEPT)
         self.shapes[key] = _FullShape(*(torch.zeros_like(tensor) for tensor in inputs))
         return self.shapes[key]

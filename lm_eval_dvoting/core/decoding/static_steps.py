@@ -256,6 +256,18 @@ class _Shape:
         )
 
 
+def make_room(shapes: OrderedDict[Any, Any], limit: int) -> None:
+    """Drop shapes (least recently used first, each with a `graph` attribute) until fewer
+    than `limit` are left: those without a graph first (they cost little to rebuild), then
+    the least recently used."""
+    for key in [k for k, shape in shapes.items() if shape.graph is None]:
+        if len(shapes) < limit:
+            return
+        del shapes[key]
+    while len(shapes) >= limit:
+        shapes.popitem(last=False)
+
+
 class Captures:
     """What captures a decoder's passes as CUDA graphs (`StaticSteps`, `full_steps.FullSteps`):
     the model, the mode, and the fall-back when a capture fails."""
@@ -285,7 +297,12 @@ class Captures:
                     f"cached_steps={self.mode}: capturing {self.what} failed ({error}); use "
                     f"cached_steps={instead}"
                 ) from error
-            log.warning("cached_steps=auto: no CUDA graphs (%s); static buffers instead", error)
+            log.warning(
+                "cached_steps=auto: capturing %s failed (%s); no CUDA graphs from now on "
+                "(static buffers, eager passes)",
+                self.what,
+                error,
+            )
             self.mode = self.model.cached_steps = "static"  # for the later decoders too
             return None
 
@@ -343,13 +360,7 @@ class StaticSteps(Captures):
         """Make room for a new shape before allocating it: shapes without a graph go first
         (they cost only a refill to rebuild), then the least recently used. `static` keeps
         one shape; `graphs` at most `GRAPHS_KEPT`, each a copy of the rows' kept keys."""
-        limit = GRAPHS_KEPT if self.mode in CAPTURED else 1
-        for key in [k for k, shape in self.shapes.items() if shape.graph is None]:
-            if len(self.shapes) < limit:
-                return
-            del self.shapes[key]
-        while len(self.shapes) >= limit:
-            self.shapes.popitem(last=False)
+        make_room(self.shapes, GRAPHS_KEPT if self.mode in CAPTURED else 1)
 
     def _pass(
         self,
