@@ -70,13 +70,21 @@ def _decode(
     return decode_rows(decoder, _rows(caches, rule)), decoder
 
 
-@pytest.mark.parametrize("caches", CACHE_MIXES, ids=CACHE_MIX_IDS)
-def test_compiled_steps_give_the_dynamic_paths_tokens(model, caches):
+# every mix on LLaDA; Dream (whose pass differs in its query mask) on the mixed batch, which
+# holds prefix and dual rows: each case compiles anew, the suite's slowest part here
+CASES = [("llada_fixture", caches) for caches in CACHE_MIXES] + [("dream_fixture", CACHE_MIXES[2])]
+CASE_IDS = [f"llada-{name}" for name in CACHE_MIX_IDS] + ["dream-mixed"]
+
+
+@pytest.mark.parametrize("family, caches", CASES, ids=CASE_IDS)
+def test_compiled_steps_give_the_dynamic_paths_tokens(family, caches, request, monkeypatch):
     """Four rows of different prompts, answers and blocks under the fixed schedule (whose
     rows hold still, so their passes are captured), moving between blocks at different
     steps: the compiled pass meets several shapes and gives the dynamic path's tokens, in
     as many passes. (The threshold rules' rows change at every step, so their passes are
     not captured, nor compiled.)"""
+    model = load_float32(str(request.getfixturevalue(family)))
+    monkeypatch.setattr(model, "cached_steps", "auto", raising=False)  # restored afterwards
     captured = EagerReplay.captured
     dynamic, _ = _decode(model, "dynamic", caches, RULES["fixed"])
     compiled, _ = _decode(model, "compiled", caches, RULES["fixed"])
