@@ -202,3 +202,27 @@ def test_a_full_pass_holds_nothing_a_capture_refuses(model):
     _decode(model, WatchedCapture, ["none", "none"], RULES["fixed"])
     assert WatchedCapture.runs >= 8
     assert WatchedCapture.hazards == collections.Counter()
+
+
+def test_compiled_full_passes_give_the_eager_tokens(model, monkeypatch):
+    """Under `compiled` the captured full pass is compiled first (here by the `aot_eager`
+    backend, which runs PyTorch's own operators: the eager tokens exactly), and only the
+    captured passes are compiled."""
+    from test_compiled_steps import WarmedReplay
+
+    monkeypatch.setattr(static_module, "COMPILE_BACKEND", "aot_eager")
+    compiled = []
+    compile_ = static_module._compiled_hidden_states
+    monkeypatch.setattr(
+        static_module, "_compiled_hidden_states", lambda *a: compiled.append(1) or compile_(*a)
+    )
+    eager, _ = _decode(model, None, ["none"], dict(steps=16))
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    decoder.forward.full_steps = FullSteps(model, "compiled", strict=True)
+    decoder.forward.full_steps.graph_class = WarmedReplay
+    rows = decode_rows(decoder, _rows(["none"], dict(steps=16)))
+    assert same_decodes(eager, rows)
+    # 16 passes: the first eager; the second captured (its warm-up and its replay compiled);
+    # 14 more replays
+    assert len(compiled) == 16
