@@ -369,7 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         "always runs)",
     )
     args = p.parse_args(argv)
-    step_modes(args)  # a mode the device cannot run is refused before any model work
+    # refused before any model work: a mode the device cannot run, and a block too short
+    # for a capturing mode's cell to replay (its reuse step is the mean of its replays)
+    captured = [mode for mode in step_modes(args) if mode in CAPTURED]
+    if captured and args.block <= REPLAYS_FROM:
+        p.error(
+            f"--block {args.block}: under {' and '.join(captured)} a cell's first "
+            f"{REPLAYS_FROM} steps run eagerly or capture; give --block {REPLAYS_FROM + 1} or more"
+        )
     return run_or_report("static-steps", argv, args, run, section)
 
 

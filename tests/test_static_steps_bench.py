@@ -177,3 +177,12 @@ def test_none_runs_under_the_modes_that_capture_and_reads_its_replays(run):
     assert static_steps_bench.block_steps(steps, "graphs", "none") == [0.003] * 5
     assert static_steps_bench.block_steps(steps, "graphs", "dual")[0] == 0.010
     assert static_steps_bench.block_steps(steps, "static", "none") == steps
+
+
+def test_a_block_too_short_for_a_replay_is_refused_before_any_model_work(capsys, monkeypatch):
+    monkeypatch.setattr(static_steps_bench, "run", lambda *a: pytest.fail("model work began"))
+    argv = TINY.replace("--block 4", "--block 3").split() + ["--device", "cuda:0"]
+    with pytest.raises(SystemExit):
+        static_steps_bench.main(argv + ["--modes", "graphs"])
+    err = capsys.readouterr().err
+    assert "--block 3: under graphs a cell's first 3 steps run eagerly or capture" in err
