@@ -135,9 +135,9 @@ def _hidden_states(
     return model.hidden_states(ids, attention, positions, cache=cache)
 
 
-# distinct step shapes (rows, pass length, key width) torch.compile may compile the pass for
-# in one process (its default, 8, is met by a long run's shapes; one compilation with
-# automatic dynamic shapes serves many of them)
+# compilations of the pass torch.compile may make in one process, one per set of shapes its
+# earlier ones do not serve (its own default, 8, a long run's shapes can meet; automatic
+# dynamic shapes may let one compilation serve several key widths)
 COMPILATIONS_KEPT = 64
 
 
@@ -273,13 +273,12 @@ class Captures:
     the model, the mode, and the fall-back when a capture fails."""
 
     graph_class: Any = CudaGraph  # what captures a pass (tests replay it eagerly)
+    what = "the reuse pass"  # the passes captured, as an error names them
 
     def __init__(self, model: torch.nn.Module, mode: str, strict: bool = False) -> None:
         """`mode`: `static`, `graphs` or `compiled`; `strict`: the mode was asked for by name,
         so a capture that fails is an error rather than a fall-back to `static`."""
         self.model, self.mode, self.strict = model, mode, strict
-
-    what = "the reuse pass"  # the passes captured, as an error names them
 
     def captured(self, pass_: Callable[[], torch.Tensor], device: torch.device) -> Any:
         """`pass_` captured (`graph_class`); if capturing fails, `auto` goes on with static
