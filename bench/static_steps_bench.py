@@ -267,8 +267,9 @@ def graph_lines(results: Results) -> list[str]:
     held = [
         f"{key} {cell['graphs']} (capture step {1e3 * capture_step(cell):.0f} ms)"
         for key, cell in cells.items()
-        if cell.get("graphs") is not None and len(cell["steps"]) > CAPTURE_ON_STEADY_STEP
+        if cell.get("graphs") and len(cell["steps"]) > CAPTURE_ON_STEADY_STEP
     ]
+    none_held = [key for key, cell in cells.items() if cell.get("graphs") == 0]
     refused = [
         f"- refused, {key}: {cell['refused']}"
         for r in results["repeats"]
@@ -287,6 +288,12 @@ def graph_lines(results: Results) -> list[str]:
         if held
         else []
     )
+    if none_held:
+        lines += [
+            "",
+            "Cells that captured nothing (a pass over more than `CAPTURE_TOKENS` queries, rows "
+            "x pass length, runs eagerly; or too few steps): " + ", ".join(none_held) + ".",
+        ]
     return lines + (
         ["", "Cells that stopped (left out of the table):", *refused] if refused else []
     )

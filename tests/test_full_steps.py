@@ -180,11 +180,9 @@ def test_the_decoder_captures_full_passes_only_where_they_apply(model, monkeypat
 
 
 def test_a_pass_over_more_tokens_than_the_limit_runs_eagerly(model, monkeypatch):
-    """Above `FULL_PASS_TOKENS` (rows x padded length) a full pass is bound by its
+    """Above `CAPTURE_TOKENS` (rows x padded length) a full pass is bound by its
     arithmetic and is never captured; a shape captured only after two passes in a row."""
-    from lm_eval_dvoting.core.decoding import full_steps
-
-    monkeypatch.setattr(full_steps, "FULL_PASS_TOKENS", 20)
+    monkeypatch.setattr(static_module, "CAPTURE_TOKENS", 20)
     steps = FullSteps(model, "graphs", strict=True)
     steps.graph_class = EagerReplay
     EagerReplay.captured = 0

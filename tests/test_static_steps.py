@@ -523,3 +523,22 @@ def test_kept_keys_lie_in_one_tensor_per_kind_so_a_refill_copies_all_layers_at_o
             assert whole.data_ptr() == layers[0].data_ptr()  # a view: no copy
             copied = all_layers([t.clone() for t in layers])
             assert torch.equal(copied, whole) and copied.data_ptr() != whole.data_ptr()
+
+
+def test_a_reuse_pass_over_more_queries_than_the_limit_is_not_captured(model, monkeypatch):
+    """Above `CAPTURE_TOKENS` (rows x pass length) a reuse pass is bound by its arithmetic
+    and runs with static buffers, never captured: `prefix`'s early blocks (whose pass covers
+    the rest of the answer) stay eager, its last blocks are captured; the tokens are the
+    dynamic path's either way."""
+    # the row's 4 blocks: passes of 16, 12, 8 and 4 queries (Dream's one more, its shifted
+    # reading): the first two eager, the last two captured
+    monkeypatch.setattr(static_module, "CAPTURE_TOKENS", 9)
+    dynamic = _decode(model, "dynamic", ["prefix"], dict(steps=16))[0]
+    EagerReplay.captured = 0
+    model.cached_steps = "static"
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    steps = decoder.forward.static_steps = StaticSteps(model, "graphs", strict=True)
+    steps.graph_class = EagerReplay
+    (row,) = decode_rows(decoder, _rows(["prefix"], dict(steps=16)))
+    assert torch.equal(row.tokens, dynamic.tokens)
+    assert EagerReplay.captured == 2

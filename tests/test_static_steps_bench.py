@@ -91,6 +91,11 @@ def test_the_graphs_a_cell_held_are_listed(run):
     (line,) = static_steps_bench.graph_lines(cells)[1:]
     assert line.startswith("CUDA graphs held at the block's end, and the step that captured")
     assert line.endswith("first repeat: dual/static/rows1/block0 1 (capture step 120 ms).")
+    cells["repeats"][0]["prefix/static/rows2/block0"]["graphs"] = 0  # over the query limit
+    lines = static_steps_bench.graph_lines(cells)
+    assert "prefix/static/rows2/block0" not in lines[1]
+    assert lines[3].startswith("Cells that captured nothing (a pass over more than")
+    assert lines[3].endswith(": prefix/static/rows2/block0.")
 
 
 def test_a_graphs_cell_reads_its_replays_as_a_later_block_of_a_decode(run):

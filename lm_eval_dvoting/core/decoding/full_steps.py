@@ -5,14 +5,15 @@ Without a cache every step is a pass over each row's whole sequence, and its sha
 padded length) holds for as long as the rows of the step do: for one row, the whole decode.
 So the pass is captured on the second pass in a row of one shape and replayed whenever that
 shape comes again, its inputs copied into the shape's own tensors, which the graph reads;
-passes of more than `FULL_PASS_TOKENS` tokens run eagerly (bound by their arithmetic). On a
-GPU a one-row pass over a few hundred tokens launches some 1,500 kernels, most of them small, and a
-replay is one launch. The same kernels run, so the tokens are the eager pass's: each capture
-is checked against its warm-up pass bit for bit (`static_steps.CudaGraph`), and a capture
-that fails falls back to eager passes under `auto` and is an error when the mode was asked
-for by name. Under `compiled` the captured pass is compiled by torch.compile first (other
-rounding: `static_steps.py`). What a graph replays is the model's body only: the output head
-at the masked positions and the commit rule run eagerly.
+passes of more than `static_steps.CAPTURE_TOKENS` tokens run eagerly (bound by their
+arithmetic). On a GPU a one-row pass over a few hundred tokens launches some 1,500 kernels,
+most of them small, and a replay is one launch. The same kernels run, so the tokens are the
+eager pass's: each capture is checked against its warm-up pass bit for bit
+(`static_steps.CudaGraph`), and a capture that fails falls back to eager passes under `auto`
+and is an error when the mode was asked for by name. Under `compiled` the captured pass is
+compiled by torch.compile first (other rounding: `static_steps.py`). What a graph replays is
+the model's body only: the output head at the masked positions and the commit rule run
+eagerly.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from lm_eval_dvoting.core.decoding import static_steps
 from lm_eval_dvoting.core.decoding.static_steps import (
     CAPTURE_ON_STEADY_STEP,
     CAPTURED,
@@ -30,13 +32,6 @@ from lm_eval_dvoting.core.decoding.static_steps import (
     Captures,
     make_room,
 )
-
-# the most tokens (rows x padded length) a captured full pass holds. A larger pass is bound
-# by its arithmetic: its kernels are long enough for the launches to hide behind them, while a
-# capture costs about three passes (a warm-up, the capture, a checked replay) and a shape
-# changes whenever the rows of the step do. Our choice, to be measured on a GPU: a one-row
-# pass over a GSM8K prompt and its answer (about 600 tokens) is captured, 16 rows are not.
-FULL_PASS_TOKENS = 2048
 
 
 @dataclass(eq=False)
@@ -64,10 +59,12 @@ class FullSteps(Captures):
         self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
         """The pass's hidden states over left-padded `ids`, `attention` and `positions`:
-        eager until a shape comes twice in a row (and always above `FULL_PASS_TOKENS`, or
-        after a capture failed under `auto`), then captured, and replayed whenever that
+        eager until a shape comes twice in a row (and always above `CAPTURE_TOKENS`, or after
+        a capture failed under `auto`), then captured, and replayed whenever that
         shape comes again."""
-        if self.mode not in CAPTURED or ids.numel() > FULL_PASS_TOKENS:
+        # (above `CAPTURE_TOKENS`, rows x padded length: bound by its arithmetic; a one-row
+        # pass over a GSM8K prompt and answer, about 600 tokens, is captured, 16 rows not)
+        if self.mode not in CAPTURED or ids.numel() > static_steps.CAPTURE_TOKENS:
             self.last = None  # (a pass in between: the next is not "in a row")
             return self.pass_over((ids, attention, positions), None, compiled=False)
         shape = self._shape(ids, attention, positions)

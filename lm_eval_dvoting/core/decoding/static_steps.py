@@ -14,7 +14,8 @@ of fixed shape, run eagerly or captured as a CUDA graph and replayed (the model 
   its rows hold still (the second step in a row over the same fill) and replayed from then
   on, also after later fills of the same shape (the next block of one row): one launch for
   the model's body instead of a few hundred kernels, which is what bounds a one-row step.
-  Rows that change at every step (threshold rules at many rows) stay eager. It needs a
+  Rows that change at every step (threshold rules at many rows) stay eager, and so does a
+  pass of more than `CAPTURE_TOKENS` queries (bound by its arithmetic). It needs a
   CUDA device and a model whose pass has no host syncs and no switch the graph would not
   see (`graph_capturable`: this package's LLaDA and Dream on one device, without a LoRA
   adapter, whose switching on and off RFG's reference relies on). At most `GRAPHS_KEPT`
@@ -65,6 +66,13 @@ COMPILE_BACKEND = "inductor"
 # inductor rounds where the eager pass casts (the norms' and rotary's float32 -> bfloat16),
 # as the upstream models do, rather than keeping float32 across the cast
 INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
+# the most tokens (rows x pass length) a captured pass holds; a larger one runs eagerly. Such
+# a pass is bound by its arithmetic, its kernels long enough for the launches to hide behind
+# them, while a capture costs a few passes. On the H200 (2026-11-28, bf16, LLaDA-8B's shape)
+# graphs saved 2.1 ms a step (131 -> 129 ms) on `prefix`'s first-block reuse pass at 16 rows
+# (4,096 queries) for a 416 ms capture step, and 7.5 ms a step (28.9 -> 21.4 ms) on `dual`'s
+# at 16 rows (512 queries) for 88 ms: where between the two it stops paying is our guess
+CAPTURE_TOKENS = 2048
 GRAPHS_KEPT = 2  # shapes whose buffers (a copy of the rows' kept keys each) and graph stay
 # a shape is captured on the second step in a row that finds its buffers filled as they are:
 # the rows of the pass hold still (one row, or the fixed schedule), so replays will follow;
@@ -378,13 +386,15 @@ class StaticSteps(Captures):
         attention: torch.Tensor,
         positions: torch.Tensor,
     ) -> torch.Tensor:
-        """The pass through the shape's graph (captured on `CAPTURE_ON_STEADY_STEP`),
-        its inputs copied into the shape's own tensors, which the graph reads."""
+        """The pass through the shape's graph (captured on `CAPTURE_ON_STEADY_STEP`, if it
+        holds at most `CAPTURE_TOKENS` queries), its inputs copied into the shape's own
+        tensors, which the graph reads."""
         shape.ids.copy_(ids)
         shape.attention.copy_(attention)
         shape.positions.copy_(positions)
         inputs = (shape.ids, shape.attention, shape.positions)
-        if shape.graph is None and shape.steady < CAPTURE_ON_STEADY_STEP:
+        uncaptured = shape.steady < CAPTURE_ON_STEADY_STEP or ids.numel() > CAPTURE_TOKENS
+        if shape.graph is None and uncaptured:
             return self._pass(shape, *inputs)
         if shape.graph is None:
             shape.graph = self._captured(shape, inputs)
