@@ -2,7 +2,8 @@
 among them (issue #43). `bench static-steps` times the fixed schedule's steps, whose reuse
 passes keep their rows for a whole block; under the threshold rule at many rows the rows of
 a pass change at many steps, which refills the static buffers and, under `graphs`, may
-capture a new shape (each capture cost 65-416 ms on an H200). This suite says which mode a
+capture a new shape (each capture step cost 65-121 ms on an H200 where the pass held at most
+2,048 queries, the most a captured pass now holds). This suite says which mode a
 whole decode is fastest in, so that `cached_steps=auto` (graphs on CUDA) can be judged.
 
     # on the CPU (a tiny LLaDA: its times mean nothing; the tokens are checked)
@@ -24,12 +25,13 @@ Every mode's tokens are compared with `dynamic`'s, and NFE (passes per row, the 
 rows) is recorded. Each decode builds its own decoder (`generate`), so each pays its own
 captures, as a harness run pays one for every new shape of the reuse pass (rows, query
 length, key width; `static_steps.py` keeps `GRAPHS_KEPT` of them) whose fill holds for two
-steps (`CAPTURE_ON_STEADY_STEP`; a shape refilled at every step runs eagerly): under
-`prefix` every block is a new shape (its pass covers the rest of the answer, which
-shrinks), under `dual` a change in the number of rows in the pass or in the spread of their
-blocks (the threshold rule at many rows, whose rows finish blocks at different steps). A
-capture costs several steps (65-416 ms on an H200) and the threshold rule's blocks take few
-steps, so each capture is replayed fewer times than under the fixed schedule.
+steps (`CAPTURE_ON_STEADY_STEP`; a shape refilled at every step runs eagerly, and so does a
+pass of more than `CAPTURE_TOKENS` queries): under `prefix` every block is a new shape (its
+pass covers the rest of the answer, which shrinks), under `dual` a change in the number of
+rows in the pass or in the spread of their blocks (the threshold rule at many rows, whose
+rows finish blocks at different steps). A capture costs several steps (65-121 ms on an H200)
+and the threshold rule's blocks take few steps, so each capture is replayed fewer times than
+under the fixed schedule.
 What it does not show: random weights (a real model's confidences, and so the threshold
 rule's steps per block, differ); the harness's scheduler (rows entering as others finish).
 """

@@ -60,8 +60,9 @@ Results = dict[str, Any]
 # refill. So a `graphs` cell's reuse step is the mean of its replays, its step over a block
 # is its full step with those replays (a later block of a decode), and its capture step is
 # reported apart. Under `prefix` the pass covers the rest of the answer, so every block is
-# a new shape and pays a capture that these figures leave out (its capture step is listed).
-# Other modes: every step after the full one is a reuse step.
+# a new shape and pays a capture that these figures leave out (its capture step is listed),
+# where its pass holds at most `CAPTURE_TOKENS` queries (a larger one captures nothing: its
+# "replays" are eager steps). Other modes: every step after the full one is a reuse step.
 REPLAYS_FROM = CAPTURE_ON_STEADY_STEP + 1
 CACHES = ("none", "prefix", "dual")
 
@@ -269,7 +270,9 @@ def graph_lines(results: Results) -> list[str]:
         for key, cell in cells.items()
         if cell.get("graphs") and len(cell["steps"]) > CAPTURE_ON_STEADY_STEP
     ]
-    none_held = [key for key, cell in cells.items() if cell.get("graphs") == 0]
+    none_held = [
+        key for key, cell in cells.items() if cell.get("graphs") == 0 and "refused" not in cell
+    ]
     refused = [
         f"- refused, {key}: {cell['refused']}"
         for r in results["repeats"]
@@ -281,8 +284,9 @@ def graph_lines(results: Results) -> list[str]:
             "",
             "CUDA graphs held at the block's end, and the step that captured them (a warm-up "
             "pass, the capture and a checked replay; a decode pays it once per shape: under "
-            "`dual` once, in its first block; under `prefix` in every block, whose pass covers "
-            "the rest of the answer, a cost the step figures above leave out), first repeat: "
+            "`dual` once, in its first block; under `prefix` in every block whose pass holds at "
+            "most `CAPTURE_TOKENS` queries (it covers the rest of the answer), a cost the step "
+            "figures above leave out), first repeat: "
             f"{', '.join(held)}.",
         ]
         if held
@@ -292,7 +296,9 @@ def graph_lines(results: Results) -> list[str]:
         lines += [
             "",
             "Cells that captured nothing (a pass over more than `CAPTURE_TOKENS` queries, rows "
-            "x pass length, runs eagerly; or too few steps): " + ", ".join(none_held) + ".",
+            "x pass length, runs eagerly; or too few steps), whose reuse steps are eager ones: "
+            + ", ".join(none_held)
+            + ".",
         ]
     return lines + (
         ["", "Cells that stopped (left out of the table):", *refused] if refused else []

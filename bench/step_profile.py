@@ -139,9 +139,10 @@ def weight_gb(model: torch.nn.Module) -> float:
 
 
 def wall_modes(args: argparse.Namespace) -> list[str]:
-    """The modes a step's wall time is measured under: `static`; on a GPU, for a cached
-    step, `graphs` and, with `--compiled`, `compiled` (`none` has no reuse steps)."""
-    if not is_cuda(args.device) or args.cache == "none":
+    """The modes a step's wall time is measured under: `static` (for `none`: its eager full
+    pass); on a GPU also `graphs` (for `none`: its full passes captured, `full_steps.py`)
+    and, with `--compiled`, `compiled`."""
+    if not is_cuda(args.device):
         return ["static"]
     return ["static", "graphs"] + (["compiled"] if args.compiled else [])
 
@@ -205,7 +206,7 @@ def summary_lines(results: Results) -> list[str]:
     graphs = "".join(
         f", under `{mode}` {wall[mode]:.2f} ms" for mode in ("graphs", "compiled") if mode in wall
     )
-    mode = "" if args["cache"] == "none" else " under `static`"  # `none` reuses nothing
+    mode = " eagerly" if args["cache"] == "none" else " under `static`"  # none: no buffers
     return [
         f"- a {step_kind(args['cache'])} of `cache={args['cache']}` at {args['rows']} row(s): "
         f"{wall['static']:.2f} ms wall{mode}{graphs} (medians of {args['timed_steps']} steps, "

@@ -187,8 +187,11 @@ def test_a_pass_over_more_tokens_than_the_limit_runs_eagerly(model, monkeypatch)
     steps.graph_class = EagerReplay
     EagerReplay.captured = 0
     long_ids, short_ids = torch.full((1, 21), 3), torch.full((1, 20), 3)
+    two_rows = torch.full((2, 12), 3)  # each row under the limit, the pass over it
     for ids in (long_ids, long_ids, long_ids, short_ids, long_ids, short_ids, short_ids):
         steps.run(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])
+    for _ in range(3):
+        steps.run(two_rows, torch.ones_like(two_rows), torch.arange(12).expand(2, 12))
     assert EagerReplay.captured == 1 and list(steps.shapes) == [(1, 20)]
 
 
