@@ -270,9 +270,6 @@ def graph_lines(results: Results) -> list[str]:
         for key, cell in cells.items()
         if cell.get("graphs") and len(cell["steps"]) > CAPTURE_ON_STEADY_STEP
     ]
-    none_held = [
-        key for key, cell in cells.items() if cell.get("graphs") == 0 and "refused" not in cell
-    ]
     refused = [
         f"- refused, {key}: {cell['refused']}"
         for r in results["repeats"]
@@ -292,17 +289,26 @@ def graph_lines(results: Results) -> list[str]:
         if held
         else []
     )
-    if none_held:
-        lines += [
-            "",
-            "Cells that captured nothing (a pass over more than `CAPTURE_TOKENS` queries, rows "
-            "x pass length, runs eagerly; or too few steps), whose reuse steps are eager ones: "
-            + ", ".join(none_held)
-            + ".",
-        ]
+    lines += uncaptured_lines(cells)
     return lines + (
         ["", "Cells that stopped (left out of the table):", *refused] if refused else []
     )
+
+
+def uncaptured_lines(cells: Results) -> list[str]:
+    """The capturing cells that captured nothing (and were not refused)."""
+    none_held = [
+        key for key, cell in cells.items() if cell.get("graphs") == 0 and "refused" not in cell
+    ]
+    if not none_held:
+        return []
+    return [
+        "",
+        "Cells that captured nothing (a pass over more than `CAPTURE_TOKENS` queries, rows x "
+        "pass length, runs eagerly; or too few steps), whose reuse steps are eager ones: "
+        + ", ".join(none_held)
+        + ".",
+    ]
 
 
 TERMS = (
