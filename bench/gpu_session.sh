@@ -10,7 +10,8 @@
 #                      dual reuse step and the full step under dynamic, graphs and compiled
 #                      (the pass compiled by torch.compile, then captured: fused norms, rotary
 #                      and casts; not run yet, nor has inductor compiled a 32-layer pass
-#                      there: at most 200 s; the JSON is written when the run ends)
+#                      there: at most 200 s; a part stopped mid-run keeps its steps so far
+#                      in its JSON, `partial_repeat`)
 #   compiled16         not in the default order: the same at 16 rows
 #   compiled_f32       the same at 4 layers in float32: compiled's tokens against dynamic's
 #   step_profile       `bench step-profile` at LLaDA-8B's shape in bfloat16: the one-row dual

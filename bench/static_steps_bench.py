@@ -91,10 +91,14 @@ def _step(decoder: RowDecoder, device: str) -> float:
     return timed(decoder.step, device)
 
 
-def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Results:
+def run_repeat(
+    model: Any, prompt: torch.Tensor, args: argparse.Namespace, progress: Any = None
+) -> Results:
     """One block of every cell; each cell's step times and final tokens. The cells of one
     rows count and block step round-robin; a group's decoders (and their buffers) are
-    dropped before the next group starts, so a GPU holds one group's at a time."""
+    dropped before the next group starts, so a GPU holds one group's at a time. After each
+    round of steps, `progress(cells so far)` (the run's partial record: a run stopped by a
+    time limit keeps the steps it took, captures and compilations among them)."""
     found: Results = {}
     groups: dict[tuple[int, int], list[tuple[str, str]]] = {}
     for cache, mode, rows, block in cells(args):
@@ -111,21 +115,34 @@ def run_repeat(model: Any, prompt: torch.Tensor, args: argparse.Namespace) -> Re
         times: dict[str, list[float]] = {key: [] for key in decoders}
         refused: dict[str, str] = {}
         for _ in range(args.block):  # one block: the fixed schedule commits one a step
-            for key, decoder in decoders.items():
-                if key in refused:
-                    continue
-                try:
-                    times[key].append(_step(decoder, args.device))
-                except RuntimeError as error:  # a refused capture: said, the others go on
-                    if not refused_capture(error):
-                        raise  # anything else (out of memory, a bug) stops the run
-                    refused[key] = str(error)
+            _step_round(decoders, times, refused, args.device)
+            if progress is not None:
+                progress({**found, **{key: {"steps": steps} for key, steps in times.items()}})
         peak = torch.cuda.max_memory_allocated() / 2**30 if is_cuda(args.device) else None
         for key, decoder in decoders.items():
             tokens = [row.tokens.tolist() for row in kept[key]]
             found[key] = {"steps": times[key], "tokens": tokens, "group_peak_gib": peak}
             found[key].update(graphs=graphs_held(decoder), **_refusal(refused, key))
     return found
+
+
+def _step_round(
+    decoders: dict[str, RowDecoder],
+    times: dict[str, list[float]],
+    refused: dict[str, str],
+    device: str,
+) -> None:
+    """One step of every cell of a group not refused yet, its time into `times`; a refused
+    capture into `refused` (said; the others go on), anything else raised."""
+    for key, decoder in decoders.items():
+        if key in refused:
+            continue
+        try:
+            times[key].append(_step(decoder, device))
+        except RuntimeError as error:  # a refused capture: said, the others go on
+            if not refused_capture(error):
+                raise  # anything else (out of memory, a bug) stops the run
+            refused[key] = str(error)
 
 
 def graphs_held(decoder: RowDecoder) -> int | None:
@@ -157,8 +174,14 @@ def run(args: argparse.Namespace, results: Results) -> None:
         for _ in range(args.warm_up):
             _step(warm, args.device)
     repeats = results.setdefault("repeats", [])
+
+    def keep_partial(cells_so_far: Results) -> None:
+        results["partial_repeat"] = cells_so_far  # left out of the report
+        save_json(args.json, results)
+
     for repeat in range(len(repeats), args.repeats):
-        repeats.append(run_repeat(work.model, prompt, args))
+        repeats.append(run_repeat(work.model, prompt, args, keep_partial))
+        results.pop("partial_repeat", None)
         print(f"  [static-steps] repeat {repeat} done", flush=True)
         save_json(args.json, results)
 
@@ -324,6 +347,11 @@ TERMS = (
 
 def section(results: Results, name: str = SECTION) -> list[str]:
     """The run's section of BENCHMARKS.md, between the markers `name`."""
+    if not results.get("repeats"):
+        raise SystemExit(
+            "static-steps: the run ended before its first whole repeat, so there is no "
+            "section to write; the steps it took are under `partial_repeat` in its JSON"
+        )
     meta = results["meta"]
     spread = max(
         figure["reuse_spread"] / max(figure["reuse"], 1e-9)

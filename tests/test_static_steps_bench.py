@@ -191,3 +191,30 @@ def test_a_block_too_short_for_a_replay_is_refused_before_any_model_work(capsys,
         static_steps_bench.main(argv + ["--modes", "graphs"])
     err = capsys.readouterr().err
     assert "--block 3: under graphs a cell's first 3 steps run eagerly or capture" in err
+
+
+def test_a_run_stopped_mid_repeat_keeps_the_steps_it_took(tmp_path, monkeypatch):
+    """A run stopped inside its first repeat (on a GPU: a part's time limit, during a long
+    compilation) has saved every round of steps so far under `partial_repeat`; no section
+    is written from it, and the refusal says where the steps are. (Planted: no progress
+    callback: failed.)"""
+    step = static_steps_bench._step
+    taken = []
+
+    def stops_in_the_second_round(decoder, device):  # (5 cells a round on the CPU)
+        if len(taken) == 6:
+            raise RuntimeError("CUDA out of memory (a stand-in for the part's time limit)")
+        taken.append(1)
+        return step(decoder, device)
+
+    monkeypatch.setattr(static_steps_bench, "_step", stops_in_the_second_round)
+    json_path, out = tmp_path / "s.json", tmp_path / "B.md"
+    argv = TINY.split() + ["--rows", "1", "--repeats", "1", "--json", str(json_path)]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        static_steps_bench.main(argv + ["--out", str(out)])
+    saved = json.loads(json_path.read_text())
+    assert saved["repeats"] == []
+    steps = {key: cell["steps"] for key, cell in saved["partial_repeat"].items()}
+    assert len(steps) == 5 and all(len(s) == 1 for s in steps.values())  # round 1, whole
+    with pytest.raises(SystemExit, match="the steps it took are under `partial_repeat`"):
+        static_steps_bench.main(["--report-only", "--json", str(json_path), "--out", str(out)])
