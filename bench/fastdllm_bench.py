@@ -656,8 +656,6 @@ def build(args: argparse.Namespace) -> tuple[Bench, Results]:
         "shape": shape,
         "sizes": {k: getattr(args, k) for k in FULL_SIZES},
         "fastdllm": record,
-        # how our steps' passes ran (auto resolved: graphs on CUDA, also for `none`)
-        "our_cached_steps": resolve_cached_steps(args.cached_steps, ours, device),
     }
     return bench, meta
 
@@ -684,7 +682,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> Results:
         else:
             results["cells"].append(measure_cell(bench, cache, schedule, rows))
             print(cell_line(results["cells"][-1]), flush=True)
-        # the mode that ran (a capture that failed under auto leaves ours on static)
+        # how our steps' passes ran (auto resolved: graphs on CUDA, also for `none`; a capture
+        # that failed under auto leaves ours on static), recorded with every cell
         results["our_cached_steps"] = resolve_cached_steps(
             bench.ours.cached_steps, bench.ours, bench.device
         )

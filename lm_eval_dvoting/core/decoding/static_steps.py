@@ -66,6 +66,8 @@ COMPILE_BACKEND = "inductor"
 # inductor rounds where the eager pass casts (the norms' and rotary's float32 -> bfloat16),
 # as the upstream models do, rather than keeping float32 across the cast
 INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
+# what a refusal of `compiled` suggests instead
+INSTEAD_OF_COMPILED = "graphs (the same capture, of the eager kernels)"
 # the most tokens (rows x pass length) a captured pass holds; a larger one runs eagerly. Such
 # a pass is bound by its arithmetic, its kernels long enough for the launches to hide behind
 # them, while a capture costs a few passes. On the H200 (2026-11-28, bf16, LLaDA-8B's shape)
@@ -114,7 +116,7 @@ def resolve_cached_steps(asked: str, model: torch.nn.Module, device: torch.devic
         why_not = compiler_missing()
     if asked in CAPTURED and why_not:
         instead = (
-            "graphs (the same capture, of the eager kernels)"
+            INSTEAD_OF_COMPILED
             if asked == "compiled" and graph_capturable(model, device) is None
             else "auto (graphs where they apply, else static) or static"
         )
@@ -296,7 +298,7 @@ class Captures:
         except Exception as error:  # whatever the capture raised, the decode can go on
             if self.strict:
                 instead = (
-                    "graphs (the same capture, of the eager kernels)"
+                    INSTEAD_OF_COMPILED
                     if self.mode == "compiled"
                     else "static (the same tokens, without graphs)"
                 )
