@@ -254,7 +254,7 @@ def step_call(
     shape = (cell.rows, cfg.kv_heads, cell.prefix, cfg.dim_per_head)
     keys, values = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
     positions = torch.arange(cell.prefix, cell.prefix + cell.tokens).expand(cell.rows, -1)
-    rotary = rotary_tables(positions, cfg.rotary_dim, cfg.rope_theta)
+    rotary = rotary_tables(positions, cfg.rotary_dim, cfg.rope_theta, dtype)  # as the model
 
     def call() -> torch.Tensor:
         cache = (

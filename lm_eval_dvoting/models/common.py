@@ -2,8 +2,9 @@
 
 LLaDA (an OLMo-style LLaMA block), Dream (Qwen2), LLaDA-MoE and LLaDA2 are pre-norm
 transformers with RMSNorm, half-split rotary embeddings, SwiGLU MLPs and bidirectional (for
-LLaDA2, block-causal) attention. The numerics follow the upstream code: norms and rotary
-tables in float32, the rest in the weights' dtype.
+LLaDA2, block-causal) attention. The numerics follow the upstream code: norms in float32,
+the rotary embedding in the dtype each family's own code rotates in (`rotary_tables`), the
+rest in the weights' dtype.
 """
 
 from __future__ import annotations
@@ -31,9 +32,17 @@ class RMSNorm(nn.Module):
 
 
 def rotary_tables(
-    position_ids: torch.Tensor, head_dim: int, theta: float
+    position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (batch, 1, length, head_dim) in float32."""
+    """cos/sin tables of shape (batch, 1, length, head_dim), computed in float32 and cast to
+    `dtype`, the dtype the rotation then runs in (`apply_rotary`): the family's upstream
+    choice. LLaDA rotates in float32 (its `rope_full_precision`, true in its checkpoints);
+    Dream, LLaDA-MoE and LLaDA2 follow transformers' Llama code, whose tables are cast to the
+    activations' dtype, so in bfloat16 each product and the sum round to bfloat16.
+
+    The sign of the half-split rotation (`rotate_half`'s `-x2`) is folded into the first half
+    of `sin`: `x2 * -s` rounds as `-x2 * s` does, in any dtype, so the rotation is upstream's
+    bit for bit and a pass launches one negation fewer per rotated tensor."""
     inv_freq = 1.0 / (
         theta
         ** (
@@ -42,15 +51,19 @@ def rotary_tables(
     )
     freqs = position_ids.float()[..., None] * inv_freq  # (batch, length, head_dim/2)
     angles = torch.cat((freqs, freqs), dim=-1)[:, None]
-    return angles.cos(), angles.sin()
+    sin = angles.sin()
+    signed_sin = torch.cat((-sin[..., : head_dim // 2], sin[..., head_dim // 2 :]), dim=-1)
+    return angles.cos().to(dtype), signed_sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (batch, heads, length, head_dim) by the tables, half-split convention."""
-    x32 = x.float()
-    first, second = x32.chunk(2, dim=-1)
-    rotated = torch.cat((-second, first), dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    """Rotate (batch, heads, length, head_dim) by `rotary_tables`' tables, half-split
+    convention, in the tables' dtype (back in `x`'s after): `x * cos + swapped * sin`, where
+    `swapped` is `x` with its halves exchanged and `sin` carries the rotation's sign."""
+    rotated = x.to(cos.dtype)
+    first, second = rotated.chunk(2, dim=-1)
+    swapped = torch.cat((second, first), dim=-1)
+    return (rotated * cos + swapped * sin).to(x.dtype)
 
 
 def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

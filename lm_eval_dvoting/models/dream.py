@@ -9,6 +9,7 @@ the sampler to read them one position to the left.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,9 @@ class DreamConfig(FromConfigDict):
     vocab_size: int
     num_key_value_heads: int | None = None
     rope_theta: float = 10000.0
+    # read as transformers' code reads it; only the default (None) is computed
+    # (models/loading.py, `rotary_settings`, refuses the others)
+    rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
@@ -152,8 +156,9 @@ class DreamModel(HeadedLM):
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
         x = self.model.embed_tokens(input_ids)
+        # in the activations' dtype, as Dream's own (transformers' Qwen2) code rotates
         rotary = rotary_tables(
-            position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta
+            position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta, x.dtype
         )
         keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
         bias = attention_bias(keys, x.dtype)

@@ -43,6 +43,9 @@ class LLaDAConfig(FromConfigDict):
     include_bias: bool = False
     include_qkv_bias: bool = False
     max_sequence_length: int = 4096
+    # upstream rotates queries and keys in float32 when true (LLaDA's default and its
+    # checkpoints' setting), else in the weights' dtype
+    rope_full_precision: bool = True
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -150,7 +153,12 @@ class LLaDAModel(HeadedLM):
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
         x = transformer.wte(input_ids)
-        rotary = rotary_tables(position_ids, cfg.d_model // cfg.n_heads, cfg.rope_theta)
+        rotary = rotary_tables(
+            position_ids,
+            cfg.d_model // cfg.n_heads,
+            cfg.rope_theta,
+            torch.float32 if cfg.rope_full_precision else x.dtype,
+        )
         keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
         bias = attention_bias(keys, x.dtype)
         for layer, block in enumerate(transformer.blocks):

@@ -24,6 +24,7 @@ are not shifted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +66,9 @@ class LLaDA2Config(FromConfigDict):
     routed_scaling_factor: float = 1.0
     partial_rotary_factor: float = 1.0
     rope_theta: float = 10000.0
+    # read as transformers' code reads it; only the default (None) is computed
+    # (models/loading.py, `rotary_settings`, refuses the others)
+    rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 32768
@@ -233,7 +237,8 @@ class LLaDA2Model(HeadedLM):
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
         x = self.model.word_embeddings(input_ids)
-        rotary = rotary_tables(position_ids, cfg.rotary_dim, cfg.rope_theta)
+        # in the activations' dtype, as upstream's (transformers' Llama-style) code rotates
+        rotary = rotary_tables(position_ids, cfg.rotary_dim, cfg.rope_theta, x.dtype)
         keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
         if block_lengths is None:
             bias = attention_bias(keys, x.dtype)

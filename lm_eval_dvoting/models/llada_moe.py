@@ -17,6 +17,7 @@ not copy that: padded keys are masked, so a padded row gives the logits of the r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,9 @@ class LLaDAMoEConfig(FromConfigDict):
     moe_layer_freq: list[int] = field(default_factory=list)  # empty: every layer is MoE
     moe_router_enable_expert_bias: bool = False
     rope_theta: float = 50000.0
+    # read as transformers' code reads it; only the default (None) is computed
+    # (models/loading.py, `rotary_settings`, refuses the others)
+    rope_scaling: dict[str, Any] | None = None
     rms_norm_eps: float = 1e-5
     partial_rotary_factor: float = 1.0
     tie_word_embeddings: bool = False
@@ -69,6 +73,12 @@ class LLaDAMoEConfig(FromConfigDict):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head the rotary embedding turns (upstream's default rope init:
+        `head_dim * partial_rotary_factor`; its `apply_rotary_pos_emb` passes the rest)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe(self, layer: int) -> bool:
         return not self.moe_layer_freq or bool(self.moe_layer_freq[layer])
@@ -102,7 +112,7 @@ class LLaDAMoEAttention(nn.Module):
             1, 2
         )
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        q, k = apply_partial_rotary(q, *rotary), apply_partial_rotary(k, *rotary)
         attended = (
             bidirectional_attention(q, k, v, bias)
             if cache is None
@@ -197,7 +207,8 @@ class LLaDAMoEModel(HeadedLM):
         if position_ids is None:
             position_ids = default_position_ids(input_ids)
         x = self.model.embed_tokens(input_ids)
-        rotary = rotary_tables(position_ids, cfg.head_dim, cfg.rope_theta)
+        # in the activations' dtype, as upstream's (transformers' OLMoE) code rotates
+        rotary = rotary_tables(position_ids, cfg.rotary_dim, cfg.rope_theta, x.dtype)
         keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
         bias = attention_bias(keys, x.dtype)
         for index, layer in enumerate(self.model.layers):

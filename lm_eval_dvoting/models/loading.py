@@ -301,7 +301,31 @@ def _checked_config(folder: Path) -> tuple[Family, dict[str, Any]]:
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
     check_config_fields(family, config, folder / "config.json")
-    return FAMILIES[family], config
+    return FAMILIES[family], rotary_settings(family, config, folder / "config.json")
+
+
+def rotary_settings(family: str, config: dict[str, Any], config_file: Path) -> dict[str, Any]:
+    """`config` with its rotary embedding read as transformers' code reads it, for the
+    families whose config class declares `rope_scaling` (Dream, LLaDA-MoE, LLaDA2; LLaDA's code
+    has no such field): `rope_theta` and `partial_rotary_factor` from `rope_parameters` where
+    a transformers 5 config keeps them there. Any rope type but the default (linear, dynamic,
+    yarn, ...) is refused: the families compute the default embedding only, and another
+    would decode every position with wrong angles, silently."""
+    fields = {f.name for f in dataclasses.fields(FAMILIES[family].config_class())}
+    if "rope_scaling" not in fields:
+        return config
+    for key in ("rope_scaling", "rope_parameters"):
+        given = config.get(key)
+        kind = given.get("rope_type", given.get("type")) if isinstance(given, dict) else None
+        if given is not None and (not isinstance(given, dict) or kind not in (None, "default")):
+            raise CheckpointError(
+                f"{config_file} has {key}={json.dumps(given)[:80]}: this plugin computes the "
+                "default rotary embedding only (no scaling), which the released checkpoints "
+                "use; use the checkpoint's original config.json, or load the model elsewhere"
+            )
+    parameters = config.get("rope_parameters") or {}
+    lifted = {k: parameters[k] for k in ("rope_theta", "partial_rotary_factor") if k in parameters}
+    return {**lifted, **config}
 
 
 def local_checkpoint(

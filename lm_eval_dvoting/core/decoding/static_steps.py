@@ -63,8 +63,9 @@ CAPTURED = ("graphs", "compiled")  # the modes that capture the pass as a CUDA g
 # torch.compile's backend for `compiled` (the CPU tests trace with `aot_eager`: it needs no
 # C compiler and runs the traced graph's own operators)
 COMPILE_BACKEND = "inductor"
-# inductor rounds where the eager pass casts (the norms' and rotary's float32 -> bfloat16),
-# as the upstream models do, rather than keeping float32 across the cast
+# inductor rounds where the eager pass casts or computes in bfloat16 (the norms' float32 ->
+# bfloat16, and a rotation that runs in bfloat16 as Dream's does), as the upstream models do,
+# rather than keeping float32 between its fused operations
 INDUCTOR_OPTIONS = {"emulate_precision_casts": True}
 # what a refusal of `compiled` suggests instead
 INSTEAD_OF_COMPILED = "graphs (the same capture, of the eager kernels)"

@@ -1,0 +1,264 @@
+"""The rotary embedding as each family's own code computes it, in bfloat16 too.
+
+The official fixtures' logits were computed in float32, where every way of rotating agrees;
+in bfloat16 it matters in which dtype the rotation runs. LLaDA's code rotates in float32
+(`rope_full_precision`, true in its checkpoints); Dream's, LLaDA-MoE's and LLaDA2's follow
+transformers' Llama code, whose cos/sin tables are cast to the activations' dtype, so each
+product and the sum round to bfloat16 (models/common.py, `rotary_tables`). The references
+here are transformers' own classes (Dream's modeling code is transformers' Qwen2 with
+bidirectional attention) and a transcription of LLaDA's `RotaryEmbedding`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, Qwen2ForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from lm_eval_dvoting.models import dream, llada, llada_moe
+from lm_eval_dvoting.models.common import apply_rotary, rotary_tables
+from lm_eval_dvoting.models.llada_moe import apply_partial_rotary
+from lm_eval_dvoting.models.loading import CheckpointError, load_model
+
+THETA = 1_000_000.0
+
+
+def _positions(rows: int, length: int) -> torch.Tensor:
+    """Positions of left-padded rows (row r starts r tokens late), as the decoder gives."""
+    return torch.stack([(torch.arange(length) - r).clamp(min=0) for r in range(rows)])
+
+
+def _transformers_rotation(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """`x` rotated by transformers' `LlamaRotaryEmbedding` and `apply_rotary_pos_emb`."""
+    heads, head_dim = x.shape[1], x.shape[-1]
+    config = LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads, rope_theta=THETA)
+    cos, sin = LlamaRotaryEmbedding(config)(x, positions)
+    assert cos.dtype == x.dtype  # the tables in the activations' dtype: what is checked
+    return apply_rotary_pos_emb(x, x, cos, sin)[0]
+
+
+def _upstream_rotation(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """Dream's, LLaDA-MoE's and LLaDA2's own rotation, transcribed from their modeling files
+    (frozen, whatever transformers does next): float32 tables cast to `x`'s dtype, the first
+    `rotary_dim` dims of each head rotated (`rotate_half` within them), the rest passed."""
+    inv_freq = 1.0 / (
+        THETA ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim)
+    )
+    freqs = positions[..., None].float() * inv_freq
+    angles = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]
+    turned, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    first, second = turned[..., : rotary_dim // 2], turned[..., rotary_dim // 2 :]
+    rotated = (turned * cos) + (torch.cat((-second, first), dim=-1) * sin)
+    return torch.cat((rotated, passed), dim=-1)
+
+
+def _llada_rotation(x: torch.Tensor, full_precision: bool) -> torch.Tensor:
+    """LLaDA's `RotaryEmbedding.forward` for the keys (positions 0..length-1), transcribed:
+    float32 under `rope_full_precision`, else the tables `type_as` the activations."""
+    head_dim, length = x.shape[-1], x.shape[-2]
+    rotated = x.float() if full_precision else x
+    inv_freq = 1.0 / (THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    freqs = torch.einsum("i , j -> i j", torch.arange(length, dtype=torch.float), inv_freq)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    sin, cos = angles.sin()[None, None].type_as(rotated), angles.cos()[None, None].type_as(rotated)
+    batch, heads, length, size = rotated.size()
+    first, second = rotated.view(batch, heads, length, 2, size // 2).unbind(dim=-2)
+    turned = torch.cat((-second, first), dim=-1)  # LLaDA's `rotate_half`
+    return ((rotated * cos) + (turned * sin)).to(rotated.dtype).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_the_rotation_in_the_activations_dtype_is_transformers_bit_for_bit(dtype, head_dim):
+    generator = torch.Generator().manual_seed(head_dim)
+    x = (torch.randn(3, 4, 40, head_dim, generator=generator) * 8).to(dtype)
+    positions = _positions(3, 40)
+    ours = apply_rotary(x, *rotary_tables(positions, head_dim, THETA, dtype))
+    assert ours.dtype == dtype
+    assert torch.equal(ours, _transformers_rotation(x, positions))
+    assert torch.equal(ours, _upstream_rotation(x, positions, head_dim))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_partial_rotation_turns_the_first_dims_as_upstream(dtype):
+    """LLaDA2 (and LLaDA-MoE with `partial_rotary_factor` < 1) turn the first dims only."""
+    generator = torch.Generator().manual_seed(2)
+    x = (torch.randn(2, 4, 40, 64, generator=generator) * 8).to(dtype)
+    positions = _positions(2, 40)
+    ours = apply_partial_rotary(x, *rotary_tables(positions, 32, THETA, dtype))
+    assert torch.equal(ours, _upstream_rotation(x, positions, 32))
+    assert torch.equal(ours[..., 32:], x[..., 32:])
+
+
+@pytest.mark.parametrize("full_precision", [True, False])
+def test_llada_rotation_is_llada_code_bit_for_bit(full_precision):
+    generator = torch.Generator().manual_seed(1)
+    x = (torch.randn(2, 4, 40, 128, generator=generator) * 8).to(torch.bfloat16)
+    positions = _positions(1, 40).expand(2, 40)
+    tables = rotary_tables(
+        positions, 128, THETA, torch.float32 if full_precision else torch.bfloat16
+    )
+    assert torch.equal(apply_rotary(x, *tables), _llada_rotation(x, full_precision))
+    # not vacuous: in bfloat16 the two precisions round otherwise
+    assert not torch.equal(_llada_rotation(x, True), _llada_rotation(x, False))
+
+
+def _qwen2_copy(dream_folder: Path, tmp_path: Path) -> Path:
+    """Dream's checkpoint as transformers' Qwen2 reads it (the same parameter names)."""
+    config = json.loads((dream_folder / "config.json").read_text(encoding="utf-8"))
+    config.pop("auto_map")
+    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (tmp_path / "model.safetensors").symlink_to(dream_folder / "model.safetensors")
+    return tmp_path
+
+
+def test_dream_in_bfloat16_gives_the_logits_of_its_own_code(dream_fixture, tmp_path):
+    """Dream's modeling code is transformers' Qwen2 with bidirectional attention (a 4-D mask
+    of zeros; minus infinity at padded keys): in bfloat16 our Dream gives its logits bit for
+    bit, a left-padded row's at its real positions."""
+    reference = Qwen2ForCausalLM.from_pretrained(
+        _qwen2_copy(dream_fixture, tmp_path), dtype=torch.bfloat16, attn_implementation="sdpa"
+    ).eval()
+    assert reference.model.rotary_emb.inv_freq.dtype == torch.float32  # as from the hub
+    ours = load_model(str(dream_fixture), device="cpu", dtype="bfloat16")
+    ids = torch.randint(0, 240, (2, 12), generator=torch.Generator().manual_seed(0))
+    attention = torch.ones_like(ids)
+    attention[1, :3] = 0
+    keep = attention.bool()[:, None, None, :].expand(2, 1, 12, 12)
+    mask = torch.zeros(keep.shape, dtype=torch.bfloat16)
+    mask = mask.masked_fill(~keep, torch.finfo(torch.bfloat16).min)
+    positions = _positions(2, 12).clone()
+    positions[0] = torch.arange(12)
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+        found = ours(ids, attention_mask=attention, position_ids=positions)
+    assert torch.equal(found[0], expected[0])
+    assert torch.equal(found[1, 3:], expected[1, 3:])
+
+
+@pytest.mark.parametrize(
+    "fixture, module, config_change, rotated_in",
+    [
+        ("llada_fixture", llada, {}, torch.float32),
+        ("llada_fixture", llada, {"rope_full_precision": False}, torch.bfloat16),
+        ("dream_fixture", dream, {}, torch.bfloat16),
+        ("llada_moe_fixture", llada_moe, {}, torch.bfloat16),
+        ("llada2_fixture", llada_moe, {}, torch.bfloat16),  # its partial rotary is llada_moe's
+    ],
+    ids=["llada", "llada-not-full-precision", "dream", "llada-moe", "llada2"],
+)
+def test_each_family_rotates_in_its_own_codes_dtype(
+    request, tmp_path, monkeypatch, fixture, module, config_change, rotated_in
+):
+    folder = request.getfixturevalue(fixture)
+    if config_change:
+        for file in folder.iterdir():
+            (tmp_path / file.name).symlink_to(file)
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        (tmp_path / "config.json").unlink()
+        (tmp_path / "config.json").write_text(json.dumps({**config, **config_change}))
+        folder = tmp_path
+    seen = []
+
+    def watched(x, cos, sin):
+        seen.append((x.dtype, cos.dtype, sin.dtype))
+        return apply_rotary(x, cos, sin)
+
+    monkeypatch.setattr(module, "apply_rotary", watched)
+    model = load_model(str(folder), device="cpu", dtype="bfloat16")
+    with torch.no_grad():
+        model(torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0)))
+    assert seen and set(seen) == {(torch.bfloat16, rotated_in, rotated_in)}
+
+
+def _edited_copy(folder: Path, tmp_path: Path, **changes) -> Path:
+    """`folder` with its config.json changed (`None` removes a key), the rest linked."""
+    for file in folder.iterdir():
+        if file.name != "config.json":
+            (tmp_path / file.name).symlink_to(file)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None or k not in changes}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return tmp_path
+
+
+@pytest.mark.parametrize("fixture", ["dream_fixture", "llada_moe_fixture", "llada2_fixture"])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
+        ("rope_scaling", {"type": "linear", "factor": 2.0}),
+        ("rope_parameters", {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
+    ],
+)
+def test_a_scaled_rotary_embedding_is_refused_before_the_weights(
+    request, tmp_path, fixture, key, value
+):
+    folder = _edited_copy(request.getfixturevalue(fixture), tmp_path, **{key: value})
+    (tmp_path / "model.safetensors").unlink()  # refused before any weight is read
+    with pytest.raises(CheckpointError) as refused:
+        load_model(str(folder), device="cpu", dtype="float32")
+    message = str(refused.value)
+    assert str(folder / "config.json") in message and key in message
+    assert value.get("rope_type", value.get("type")) in message
+    assert "default rotary embedding only" in message
+
+
+def test_llada_reads_no_rope_scaling_as_its_own_code(llada_fixture, tmp_path):
+    """LLaDA's modeling code has no `rope_scaling`: a config that carries one decodes as
+    without it, as upstream would."""
+    folder = _edited_copy(llada_fixture, tmp_path, rope_scaling={"rope_type": "yarn"})
+    ids = torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        edited = load_model(str(folder), device="cpu", dtype="float32")(ids)
+        original = load_model(str(llada_fixture), device="cpu", dtype="float32")(ids)
+    assert torch.equal(edited, original)
+
+
+@pytest.mark.parametrize("fixture", ["dream_fixture", "llada_moe_fixture", "llada2_fixture"])
+def test_a_transformers_5_config_keeps_its_rotary_settings_in_rope_parameters(
+    request, tmp_path, fixture
+):
+    """transformers 5 writes `rope_theta` (and `partial_rotary_factor`) inside
+    `rope_parameters`; such a config decodes as the original one (not at a default theta)."""
+    original_folder = request.getfixturevalue(fixture)
+    config = json.loads((original_folder / "config.json").read_text(encoding="utf-8"))
+    moved = {k: config[k] for k in ("rope_theta", "partial_rotary_factor") if k in config}
+    folder = _edited_copy(
+        original_folder,
+        tmp_path,
+        rope_parameters={"rope_type": "default", **moved},
+        rope_scaling=None,
+        **dict.fromkeys(moved),
+    )
+    assert "rope_theta" not in json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    ids = torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        edited = load_model(str(folder), device="cpu", dtype="float32")(ids)
+        original = load_model(str(original_folder), device="cpu", dtype="float32")(ids)
+    assert torch.equal(edited, original)
+
+
+def test_llada_moe_turns_only_its_partial_rotary_dims(llada_moe_fixture, tmp_path, monkeypatch):
+    """LLaDA-MoE's code rotates `head_dim * partial_rotary_factor` dims of each head (its
+    released config: 1.0, the whole head)."""
+    folder = _edited_copy(llada_moe_fixture, tmp_path, partial_rotary_factor=0.5)
+    widths = []
+
+    def watched(x, cos, sin):
+        widths.append((x.shape[-1], cos.shape[-1]))
+        return apply_rotary(x, cos, sin)
+
+    monkeypatch.setattr(llada_moe, "apply_rotary", watched)
+    model = load_model(str(folder), device="cpu", dtype="float32")
+    with torch.no_grad():
+        model(torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0)))
+    head_dim = model.config.head_dim
+    assert widths and set(widths) == {(head_dim // 2, head_dim // 2)}
