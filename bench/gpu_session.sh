@@ -2,9 +2,10 @@
 # Issue #43's GPU cells in one run, for a lent GPU machine (at most TOTAL=570 s), the cells
 # the issue's bar needs first. Parts, in the default order (seconds each took on an H200
 # on 2026-11-28, BENCHMARKS.md's "Issue #43's GPU run"):
-#   gpu_tests          tests/test_static_steps_gpu.py and tests/test_moe_gpu.py (`pytest -m gpu`):
-#                      real CUDA graphs against the eager paths on the official-tiny fixtures,
-#                      token for token and pass for pass; MoE grouped GEMMs against the loop (36 s
+#   gpu_tests          tests/test_static_steps_gpu.py, tests/test_moe_gpu.py and tests/test_upstream_numerics.py
+#                      (`pytest -m gpu`): real CUDA graphs against the eager paths on the
+#                      official-tiny fixtures, token for token and pass for pass; MoE grouped
+#                      GEMMs against the loop; Dream in bf16 against transformers' Qwen2 (36 s
 #                      before the compiled and full-pass tests were added: at most 180 s)
 #   compiled           `bench static-steps` at LLaDA-8B's full shape in bfloat16, one row, the
 #                      dual reuse step and the full step under dynamic, graphs and compiled
@@ -115,7 +116,7 @@ run_part() {  # run_part NAME: one part of the session, by name
     gpu_tests)  # on the CPU its tests only skip
         [ "${SMOKE:-0}" = 1 ] && return
         part gpu_tests 180 "$PY" -m pytest -q -n 0 -m gpu -p no:cacheprovider -rs \
-            tests/test_static_steps_gpu.py tests/test_moe_gpu.py ;;
+            tests/test_static_steps_gpu.py tests/test_moe_gpu.py tests/test_upstream_numerics.py ;;
     compiled)  # one row's reuse and full steps under compiled beside graphs, full shape
         part compiled 200 "$PY" -m bench static-steps --device "$DEVICE" --dtype "$BF16" \
             --layers "$LAYERS" $SHAPE --rows 1 --repeats 1 --warm-up "$WARM" --caches dual \

@@ -24,7 +24,7 @@ are not shifted.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,10 @@ from lm_eval_dvoting.models.moe import Experts, SwiGLU
 @dataclass(frozen=True)
 class LLaDA2Config(FromConfigDict):
     """The fields of LLaDA2's `config.json` that the forward pass needs."""
+
+    # settings upstream's code reads that we implement at one value only, the released
+    # checkpoints' (another is refused at load: models/loading.py, `check_implemented`)
+    IMPLEMENTED: ClassVar[dict[str, Any]] = {"use_qk_norm": True}
 
     hidden_size: int
     num_attention_heads: int

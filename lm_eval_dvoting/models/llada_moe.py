@@ -17,7 +17,7 @@ not copy that: padded keys are masked, so a padded row gives the logits of the r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,14 @@ def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) 
 @dataclass(frozen=True)
 class LLaDAMoEConfig(FromConfigDict):
     """The fields of LLaDA-MoE's `config.json` that the forward pass needs."""
+
+    # settings upstream's code reads that we implement at one value only, the released
+    # checkpoints' (another is refused at load: models/loading.py, `check_implemented`)
+    IMPLEMENTED: ClassVar[dict[str, Any]] = {
+        "clip_qkv": None,
+        "shared_expert_intermediate_size": None,
+        "qk_layernorm": True,
+    }
 
     hidden_size: int
     num_attention_heads: int
@@ -138,7 +146,9 @@ class SoftmaxRouter(nn.Module):
         if self.expert_bias is not None:
             probs = probs + self.expert_bias.float()
         weights, chosen = probs.topk(self.top_k, dim=-1)
-        return chosen, weights
+        # in the activations' dtype, as upstream's (OLMoE's) code casts them: the experts'
+        # weighted outputs are then added in that dtype (models/moe.py)
+        return chosen, weights.to(x.dtype)
 
 
 class LLaDAMoEBlock(nn.Module):

@@ -301,7 +301,24 @@ def _checked_config(folder: Path) -> tuple[Family, dict[str, Any]]:
     config = read_config(folder)
     family = model_family(config, folder / "config.json")
     check_config_fields(family, config, folder / "config.json")
+    check_implemented(family, config, folder / "config.json")
     return FAMILIES[family], rotary_settings(family, config, folder / "config.json")
+
+
+def check_implemented(family: str, config: dict[str, Any], config_file: Path) -> None:
+    """Refuse a setting upstream's code reads that this plugin implements at one value only
+    (the config class's `IMPLEMENTED`, the released checkpoints' values), rather than decode
+    as if it were that value: a clamp of the queries and keys, a shared expert, no norm on
+    the queries and keys."""
+    implemented = getattr(FAMILIES[family].config_class(), "IMPLEMENTED", {})
+    for key, value in implemented.items():
+        if key in config and config[key] != value:
+            raise CheckpointError(
+                f"{config_file} has {key}={json.dumps(config[key])}: this plugin runs "
+                f"{FAMILIES[family].display} with {key}={json.dumps(value)} only (the released "
+                "checkpoints' value); use the checkpoint's original config.json, or load the "
+                "model elsewhere"
+            )
 
 
 def rotary_settings(family: str, config: dict[str, Any], config_file: Path) -> dict[str, Any]:

@@ -6,7 +6,10 @@ experts and their weights; `Experts.forward` runs them batched:
 - every expert runs over its tokens (`Experts.run`): with three grouped GEMMs
   (`F.grouped_mm`) where they apply, else by a loop over the experts that received tokens
   (never over tokens or rows);
-- each token's k outputs, weighted, are added in ascending expert order.
+- each token's k outputs, weighted, are added in ascending expert order, in the dtype of
+  the router's weights: LLaDA-MoE's code casts its routing weights to the activations'
+  dtype and adds each expert's weighted output into a tensor of that dtype (in bfloat16 each
+  product and sum rounds), LLaDA2's weights and sum stay float32, rounded once.
 
 The experts' weights lie stacked, one tensor per projection: `gate_proj` and `up_proj`
 (experts, hidden, width), `down_proj` (experts, width, hidden). A grouped GEMM reads them as
@@ -38,8 +41,8 @@ from torch import nn
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 # (token, expert) pairs one grouped pass takes at most: its temporaries (the gathered inputs,
-# the outputs in float32: pairs x width each) stay within 0.5 GB each at LLaDA2.0-mini's
-# width of 2048 (1 GB at -flash's 4096)
+# the outputs in the weights' dtype, float32 for LLaDA2: pairs x width each) stay within
+# 0.5 GB each at LLaDA2.0-mini's width of 2048 (1 GB at -flash's 4096)
 ASSIGNMENTS_AT_ONCE = 65536
 
 
@@ -85,10 +88,11 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Σ_j weights[t, j] · expert[chosen[t, j]](x[t]) for tokens `x` (tokens, width).
 
-        `chosen` (tokens, k) long, `weights` (tokens, k) float32; the weighted sum is
-        taken in float32, over each token's experts in ascending order, and returned in x's
-        dtype. Passes of more than `ASSIGNMENTS_AT_ONCE` (token, expert) pairs run in
-        consecutive parts of the tokens, which bounds the temporaries.
+        `chosen` (tokens, k) long, `weights` (tokens, k); the weighted sum is taken in
+        `weights`' dtype (the family's code's: module docstring), over each token's experts
+        in ascending order, and returned in x's dtype. Passes of more than
+        `ASSIGNMENTS_AT_ONCE` (token, expert) pairs run in consecutive parts of the tokens,
+        which bounds the temporaries.
         """
         part = max(1, ASSIGNMENTS_AT_ONCE // chosen.shape[1])
         if len(x) <= part:
@@ -104,7 +108,8 @@ class Experts(nn.Module):
             return torch.zeros_like(x)
         chosen, by_expert = chosen.sort(dim=1)  # a token's experts ascending: the sum's order
         routing = self.route(chosen)
-        y = self.run(x[routing.order // k], routing).float()  # a fresh tensor: written in place
+        # a fresh tensor (run's output, or its copy in the weights' dtype): written in place
+        y = self.run(x[routing.order // k], routing).to(weights.dtype)
         y.mul_(weights.gather(1, by_expert).flatten()[routing.order, None])
         # slot[t, j]: the row of y holding token t's j-th expert (ascending)
         slot = torch.empty_like(routing.order)

@@ -1,4 +1,5 @@
-"""The rotary embedding as each family's own code computes it, in bfloat16 too.
+"""Each family's numerics as its own code computes them, in bfloat16 too: the rotary
+embedding, the experts' weighted sum, and the settings upstream reads that we refuse.
 
 The official fixtures' logits were computed in float32, where every way of rotating agrees;
 in bfloat16 it matters in which dtype the rotation runs. LLaDA's code rotates in float32
@@ -6,7 +7,8 @@ in bfloat16 it matters in which dtype the rotation runs. LLaDA's code rotates in
 transformers' Llama code, whose cos/sin tables are cast to the activations' dtype, so each
 product and the sum round to bfloat16 (models/common.py, `rotary_tables`). The references
 here are transformers' own classes (Dream's modeling code is transformers' Qwen2 with
-bidirectional attention) and a transcription of LLaDA's `RotaryEmbedding`.
+bidirectional attention) and transcriptions of the upstream files (LLaDA's `RotaryEmbedding`,
+LLaDA-MoE's `LLaDAMoESparseMoeBlock`, LLaDA2's gate and `moe_infer`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, Qwen2ForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
@@ -118,15 +121,29 @@ def _qwen2_copy(dream_folder: Path, tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_dream_in_bfloat16_gives_the_logits_of_its_own_code(dream_fixture, tmp_path):
+ON_CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.gpu,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    ],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+def test_dream_in_bfloat16_gives_the_logits_of_its_own_code(dream_fixture, tmp_path, device):
     """Dream's modeling code is transformers' Qwen2 with bidirectional attention (a 4-D mask
     of zeros; minus infinity at padded keys): in bfloat16 our Dream gives its logits bit for
-    bit, a left-padded row's at its real positions."""
+    bit, a left-padded row's at its real positions. (transformers is the reference because
+    Dream's file copies its Qwen2/Llama code; `dtype=` needs transformers 4.56 or later.)
+    On CUDA both run PyTorch's SDPA with a mask, ours broadcast over the queries: a failure
+    there may be the kernels' choice, not the rotation, which the CPU case pins."""
     reference = Qwen2ForCausalLM.from_pretrained(
         _qwen2_copy(dream_fixture, tmp_path), dtype=torch.bfloat16, attn_implementation="sdpa"
-    ).eval()
+    )
+    reference = reference.to(device).eval()
     assert reference.model.rotary_emb.inv_freq.dtype == torch.float32  # as from the hub
-    ours = load_model(str(dream_fixture), device="cpu", dtype="bfloat16")
+    ours = load_model(str(dream_fixture), device=device, dtype="bfloat16")
     ids = torch.randint(0, 240, (2, 12), generator=torch.Generator().manual_seed(0))
     attention = torch.ones_like(ids)
     attention[1, :3] = 0
@@ -135,6 +152,7 @@ def test_dream_in_bfloat16_gives_the_logits_of_its_own_code(dream_fixture, tmp_p
     mask = mask.masked_fill(~keep, torch.finfo(torch.bfloat16).min)
     positions = _positions(2, 12).clone()
     positions[0] = torch.arange(12)
+    ids, attention, mask, positions = (t.to(device) for t in (ids, attention, mask, positions))
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask, position_ids=positions).logits
         found = ours(ids, attention_mask=attention, position_ids=positions)
@@ -262,3 +280,97 @@ def test_llada_moe_turns_only_its_partial_rotary_dims(llada_moe_fixture, tmp_pat
         model(torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0)))
     head_dim = model.config.head_dim
     assert widths and set(widths) == {(head_dim // 2, head_dim // 2)}
+
+
+def _expert(experts, index: int, x: torch.Tensor) -> torch.Tensor:
+    """Upstream's expert MLP, `down(silu(gate(x)) * up(x))`, as `nn.Linear`s of its weights."""
+    gate, up, down = (w[index] for w in (experts.gate_proj, experts.up_proj, experts.down_proj))
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def _llada_moe_block(block, x: torch.Tensor) -> torch.Tensor:
+    """LLaDA-MoE's `LLaDAMoESparseMoeBlock.forward` (OLMoE's), transcribed: softmax routing in
+    float32, the weights cast to the activations' dtype, each expert's weighted output added
+    by `index_add_` into a tensor of that dtype, experts in ascending order."""
+    hidden = x.reshape(-1, x.shape[-1])
+    weights = F.softmax(F.linear(hidden, block.gate.weight), dim=1, dtype=torch.float)
+    if block.gate.expert_bias is not None:
+        weights += block.gate.expert_bias
+    weights, selected = torch.topk(weights, block.gate.top_k, dim=-1)
+    weights = weights.to(hidden.dtype)
+    out = torch.zeros_like(hidden)
+    mask = F.one_hot(selected, num_classes=len(block.experts)).permute(2, 1, 0)
+    for index in range(len(block.experts)):
+        slot, token = torch.where(mask[index])
+        current = _expert(block.experts, index, hidden[token]) * weights[token, slot, None]
+        out.index_add_(0, token, current.to(hidden.dtype))
+    return out.view(x.shape)
+
+
+def _llada2_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
+    """LLaDA2's gate and `moe_infer`, transcribed: sigmoid scores in float32, group-limited
+    top-k on the biased scores, normalised weights times the scaling, the weighted sum in
+    float32 over the top-k (descending score) and rounded once, the shared expert added."""
+    gate, hidden = mlp.gate, x.reshape(-1, x.shape[-1])
+    scores = torch.sigmoid(F.linear(hidden.float(), gate.weight.float()))
+    routed = scores + gate.expert_bias
+    tokens = hidden.shape[0]
+    group_scores = routed.view(tokens, gate.groups, -1).topk(2, dim=-1)[0].sum(dim=-1)
+    groups = torch.topk(group_scores, k=gate.top_groups, dim=-1, sorted=False)[1]
+    keep = torch.zeros_like(group_scores).scatter_(1, groups, 1)
+    per_group = len(mlp.experts) // gate.groups
+    keep = keep.unsqueeze(-1).expand(tokens, gate.groups, per_group).reshape(tokens, -1)
+    chosen = torch.topk(routed.masked_fill(~keep.bool(), float("-inf")), gate.top_k, dim=-1)[1]
+    weights = torch.gather(scores, dim=1, index=chosen)
+    weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20) * gate.scaling
+    order = chosen.view(-1).argsort()
+    outputs = torch.empty(len(order), hidden.shape[-1], dtype=hidden.dtype)
+    for index in range(len(mlp.experts)):
+        runs = order[chosen.view(-1)[order] == index]
+        outputs[runs] = _expert(mlp.experts, index, hidden[runs // chosen.shape[1]])
+    summed = outputs.view(*chosen.shape, -1).float().mul_(weights.unsqueeze(-1)).sum(dim=1)
+    out = summed.to(hidden.dtype).view(x.shape)
+    return out if mlp.shared_experts is None else out + mlp.shared_experts(x)
+
+
+@pytest.mark.parametrize(
+    "fixture, transcription",
+    [("llada_moe_fixture", _llada_moe_block), ("llada2_fixture", _llada2_mlp)],
+    ids=["llada-moe", "llada2"],
+)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_experts_weighted_sum_is_upstreams_bit_for_bit_in_bfloat16(
+    request, fixture, transcription, rows
+):
+    """LLaDA-MoE's code adds its experts' weighted outputs in bfloat16, LLaDA2's in float32
+    (models/moe.py): each of our sparse MLPs gives its upstream's outputs bit for bit."""
+    model = load_model(str(request.getfixturevalue(fixture)), device="cpu", dtype="bfloat16")
+    sparse = [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts")]
+    generator = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 32, model.config.hidden_size, generator=generator) * 2).bfloat16()
+    with torch.no_grad():
+        for mlp in sparse:
+            assert torch.equal(mlp(x), transcription(mlp, x))
+
+
+@pytest.mark.parametrize(
+    "fixture, key, value",
+    [
+        ("llada_moe_fixture", "clip_qkv", 8.0),
+        ("llada_moe_fixture", "shared_expert_intermediate_size", 64),
+        ("llada_moe_fixture", "qk_layernorm", False),
+        ("llada2_fixture", "use_qk_norm", False),
+    ],
+)
+def test_a_setting_we_run_at_one_value_only_is_refused_at_another(
+    request, tmp_path, fixture, key, value
+):
+    """Upstream reads these settings; we run the released checkpoints' values only, so
+    another is refused before any weight is read (not decoded as if it were ours)."""
+    folder = _edited_copy(request.getfixturevalue(fixture), tmp_path, **{key: value})
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError) as refused:
+        load_model(str(folder), device="cpu", dtype="float32")
+    message = str(refused.value)
+    assert str(folder / "config.json") in message
+    assert f"{key}={json.dumps(value)}" in message and "only" in message
