@@ -199,9 +199,10 @@ def test_a_large_pass_runs_in_parts_of_the_tokens(monkeypatch):
 
 
 def test_a_tokens_experts_are_added_in_ascending_order(monkeypatch):
-    """A token's weighted expert outputs are added in float32 from its lowest expert up,
-    whatever order the router gave them in (no atomics: the same order on every device).
-    Expert outputs 1, 1e8, -1e8 (experts 0, 1, 2) sum to 0 that way, to 1 from expert 1."""
+    """A token's weighted expert outputs are added (in the weights' dtype) from its lowest
+    expert up, whatever order the router gave them in (no atomics: the same order on every
+    device). Expert outputs 1, 1e8, -1e8 (experts 0, 1, 2) sum to 0 that way, to 1 from
+    expert 1."""
     experts = _experts(3, 8, 4)
     outputs = torch.tensor([1.0, 1e8, -1e8])
 
@@ -214,6 +215,23 @@ def test_a_tokens_experts_are_added_in_ascending_order(monkeypatch):
     out = experts(torch.zeros(3, 8), chosen, torch.ones(3, 3))
     assert torch.equal(out, torch.zeros(3, 8))
     assert (outputs[1] + outputs[2]) + outputs[0] == 1  # the order matters for these
+
+
+def test_experts_not_ascending_add_in_the_routers_order(monkeypatch):
+    """`ascending=False` (LLaDA2, as its `moe_infer` sums over its top-k): a token's outputs
+    are added in the order the router gave its experts. Experts 1, 2, 0 (outputs 1e8, -1e8,
+    1) sum to 1 that way; experts 0, 1, 2 to 0."""
+    experts = Experts(3, 8, 4, ascending=False)
+    outputs = torch.tensor([1.0, 1e8, -1e8])
+
+    def run(x: torch.Tensor, routing) -> torch.Tensor:
+        expert_of = torch.searchsorted(routing.ends, torch.arange(len(x)), right=True)
+        return outputs[expert_of, None].expand(-1, x.shape[-1]).contiguous()
+
+    monkeypatch.setattr(Experts, "run", staticmethod(run))
+    chosen = torch.tensor([[1, 2, 0], [0, 1, 2]])
+    out = experts(torch.zeros(2, 8), chosen, torch.ones(2, 3))
+    assert torch.equal(out, torch.tensor([[1.0] * 8, [0.0] * 8]))
 
 
 def test_grouped_experts_read_nothing_on_the_host_and_the_loop_reads_once(monkeypatch):

@@ -334,20 +334,30 @@ def _llada2_mlp(mlp, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "fixture, transcription",
-    [("llada_moe_fixture", _llada_moe_block), ("llada2_fixture", _llada2_mlp)],
+    "fixture, transcription, many",
+    [
+        ("llada_moe_fixture", _llada_moe_block, {"num_experts_per_tok": 4}),
+        ("llada2_fixture", _llada2_mlp, {"num_experts_per_tok": 8, "topk_group": 4}),
+    ],
     ids=["llada-moe", "llada2"],
 )
-@pytest.mark.parametrize("rows", [1, 3])
-def test_the_experts_weighted_sum_is_upstreams_bit_for_bit_in_bfloat16(
-    request, fixture, transcription, rows
+@pytest.mark.parametrize("experts_per_token", ["released-2", "all"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_experts_weighted_sum_is_upstreams_bit_for_bit(
+    request, tmp_path, fixture, transcription, many, experts_per_token, dtype
 ):
-    """LLaDA-MoE's code adds its experts' weighted outputs in bfloat16, LLaDA2's in float32
-    (models/moe.py): each of our sparse MLPs gives its upstream's outputs bit for bit."""
-    model = load_model(str(request.getfixturevalue(fixture)), device="cpu", dtype="bfloat16")
+    """LLaDA-MoE's code adds its experts' weighted outputs in the activations' dtype, experts
+    ascending; LLaDA2's in float32 over its router's order (models/moe.py): each of our sparse
+    MLPs gives its upstream's outputs bit for bit. With every expert of a token chosen, the
+    order of the sum shows too (two terms add the same either way)."""
+    folder = request.getfixturevalue(fixture)
+    if experts_per_token == "all":
+        folder = _edited_copy(folder, tmp_path, **many)
+    model = load_model(str(folder), device="cpu", dtype=dtype)
     sparse = [layer.mlp for layer in model.model.layers if hasattr(layer.mlp, "experts")]
-    generator = torch.Generator().manual_seed(rows)
-    x = (torch.randn(rows, 32, model.config.hidden_size, generator=generator) * 2).bfloat16()
+    generator = torch.Generator().manual_seed(len(many))
+    x = torch.randn(3, 32, model.config.hidden_size, generator=generator) * 2
+    x = x.to(getattr(torch, dtype))
     with torch.no_grad():
         for mlp in sparse:
             assert torch.equal(mlp(x), transcription(mlp, x))
@@ -356,7 +366,6 @@ def test_the_experts_weighted_sum_is_upstreams_bit_for_bit_in_bfloat16(
 @pytest.mark.parametrize(
     "fixture, key, value",
     [
-        ("llada_moe_fixture", "clip_qkv", 8.0),
         ("llada_moe_fixture", "shared_expert_intermediate_size", 64),
         ("llada_moe_fixture", "qk_layernorm", False),
         ("llada2_fixture", "use_qk_norm", False),
@@ -374,3 +383,44 @@ def test_a_setting_we_run_at_one_value_only_is_refused_at_another(
     message = str(refused.value)
     assert str(folder / "config.json") in message
     assert f"{key}={json.dumps(value)}" in message and "only" in message
+
+
+def test_llada_moe_clamps_queries_keys_and_values_to_clip_qkv(
+    llada_moe_fixture, tmp_path, monkeypatch
+):
+    """Upstream clamps q, k and v to +-`clip_qkv` after the norms, before the rotation: the
+    values stay within the bound, the rotated queries and keys within bound x sqrt(2) (a
+    rotated pair's length) and beyond the bound somewhere (clamped before the rotation)."""
+    folder = _edited_copy(llada_moe_fixture, tmp_path, clip_qkv=0.05)
+    clipped = load_model(str(folder), device="cpu", dtype="float32")
+    plain = load_model(str(llada_moe_fixture), device="cpu", dtype="float32")
+    ids = torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        unclipped = plain(ids)
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def watched(q, k, v, *args, **kwargs):
+        seen.append([t.abs().max().item() for t in (q, k, v)])
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
+    with torch.no_grad():
+        found = clipped(ids)
+    bound = float(torch.tensor(0.05))  # the clamp's bound in float32
+    queries, keys, values = (max(column) for column in zip(*seen))
+    assert values <= bound
+    for rotated in (queries, keys):
+        assert bound < rotated <= bound * 2**0.5 + 1e-6
+    assert not torch.equal(found, unclipped)
+
+
+def test_llada_moe_without_qk_layernorm_is_refused_as_upstream_reads_it_unnormed(
+    llada_moe_fixture, tmp_path
+):
+    """Upstream's config class defaults `qk_layernorm` to None (no norms on the queries and
+    keys): a config.json that leaves it out is refused, not run with the norms."""
+    folder = _edited_copy(llada_moe_fixture, tmp_path, qk_layernorm=None)
+    assert "qk_layernorm" not in json.loads((folder / "config.json").read_text())
+    with pytest.raises(CheckpointError, match=r"lacks qk_layernorm \(upstream's default: null\)"):
+        load_model(str(folder), device="cpu", dtype="float32")

@@ -168,7 +168,10 @@ class LLaDA2SparseMLP(nn.Module):
     def __init__(self, cfg: LLaDA2Config) -> None:
         super().__init__()
         self.gate = GroupLimitedRouter(cfg)
-        self.experts = Experts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+        # summed over the router's order (descending score), as upstream's `moe_infer` does
+        self.experts = Experts(
+            cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, ascending=False
+        )
         shared = cfg.moe_intermediate_size * cfg.num_shared_experts
         self.shared_experts = SwiGLU(cfg.hidden_size, shared) if shared else None
 

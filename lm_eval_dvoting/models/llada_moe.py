@@ -53,10 +53,11 @@ class LLaDAMoEConfig(FromConfigDict):
     # settings upstream's code reads that we implement at one value only, the released
     # checkpoints' (another is refused at load: models/loading.py, `check_implemented`)
     IMPLEMENTED: ClassVar[dict[str, Any]] = {
-        "clip_qkv": None,
         "shared_expert_intermediate_size": None,
         "qk_layernorm": True,
     }
+    # what upstream's config class reads where config.json leaves one of them out
+    UPSTREAM_DEFAULTS: ClassVar[dict[str, Any]] = {"qk_layernorm": None}  # no q/k norms
 
     hidden_size: int
     num_attention_heads: int
@@ -69,6 +70,7 @@ class LLaDAMoEConfig(FromConfigDict):
     dense_intermediate_size: int | None = None
     moe_layer_freq: list[int] = field(default_factory=list)  # empty: every layer is MoE
     moe_router_enable_expert_bias: bool = False
+    clip_qkv: float | None = None  # upstream clamps queries, keys and values to +-clip_qkv
     rope_theta: float = 50000.0
     # read as transformers' code reads it; only the default (None) is computed
     # (models/loading.py, `rotary_settings`, refuses the others)
@@ -103,6 +105,7 @@ class LLaDAMoEAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.clip = cfg.clip_qkv
 
     def forward(
         self,
@@ -120,6 +123,8 @@ class LLaDAMoEAttention(nn.Module):
             1, 2
         )
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.clip is not None:  # as upstream: after the norms, before the rotation
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q, k = apply_partial_rotary(q, *rotary), apply_partial_rotary(k, *rotary)
         attended = (
             bidirectional_attention(q, k, v, bias)

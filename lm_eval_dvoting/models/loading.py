@@ -310,11 +310,15 @@ def check_implemented(family: str, config: dict[str, Any], config_file: Path) ->
     (the config class's `IMPLEMENTED`, the released checkpoints' values), rather than decode
     as if it were that value: a clamp of the queries and keys, a shared expert, no norm on
     the queries and keys."""
-    implemented = getattr(FAMILIES[family].config_class(), "IMPLEMENTED", {})
-    for key, value in implemented.items():
-        if key in config and config[key] != value:
+    config_class = FAMILIES[family].config_class()
+    defaults = getattr(config_class, "UPSTREAM_DEFAULTS", {})
+    for key, value in getattr(config_class, "IMPLEMENTED", {}).items():
+        given = config.get(key, defaults.get(key, value))
+        if given != value:
+            found = f"has {key}={json.dumps(given)}" if key in config else f"lacks {key}"
+            found += "" if key in config else f" (upstream's default: {json.dumps(given)})"
             raise CheckpointError(
-                f"{config_file} has {key}={json.dumps(config[key])}: this plugin runs "
+                f"{config_file} {found}: this plugin runs "
                 f"{FAMILIES[family].display} with {key}={json.dumps(value)} only (the released "
                 "checkpoints' value); use the checkpoint's original config.json, or load the "
                 "model elsewhere"

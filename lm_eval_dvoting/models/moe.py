@@ -6,10 +6,12 @@ experts and their weights; `Experts.forward` runs them batched:
 - every expert runs over its tokens (`Experts.run`): with three grouped GEMMs
   (`F.grouped_mm`) where they apply, else by a loop over the experts that received tokens
   (never over tokens or rows);
-- each token's k outputs, weighted, are added in ascending expert order, in the dtype of
-  the router's weights: LLaDA-MoE's code casts its routing weights to the activations'
-  dtype and adds each expert's weighted output into a tensor of that dtype (in bfloat16 each
-  product and sum rounds), LLaDA2's weights and sum stay float32, rounded once.
+- each token's k outputs, weighted, are added in a fixed order and in the dtype of the
+  router's weights, as the family's code adds them: LLaDA-MoE's code casts its routing
+  weights to the activations' dtype and adds each expert's weighted output into a tensor of
+  that dtype, experts in ascending order (in bfloat16 each product and sum rounds); LLaDA2's
+  sums in float32 over the router's order (descending score), rounded once
+  (`Experts(..., ascending=False)`).
 
 The experts' weights lie stacked, one tensor per projection: `gate_proj` and `up_proj`
 (experts, hidden, width), `down_proj` (experts, width, hidden). A grouped GEMM reads them as
@@ -71,8 +73,11 @@ class Routing:
 class Experts(nn.Module):
     """The routed experts of one layer, their weights stacked (see the module docstring)."""
 
-    def __init__(self, count: int, width: int, hidden: int) -> None:
+    def __init__(self, count: int, width: int, hidden: int, ascending: bool = True) -> None:
         super().__init__()
+        # the order a token's weighted outputs are added in: its experts ascending, else the
+        # router's order (module docstring)
+        self.ascending = ascending
         self.gate_proj = nn.Parameter(torch.empty(count, hidden, width))
         self.up_proj = nn.Parameter(torch.empty(count, hidden, width))
         self.down_proj = nn.Parameter(torch.empty(count, width, hidden))
@@ -90,7 +95,8 @@ class Experts(nn.Module):
 
         `chosen` (tokens, k) long, `weights` (tokens, k); the weighted sum is taken in
         `weights`' dtype (the family's code's: module docstring), over each token's experts
-        in ascending order, and returned in x's dtype. Passes of more than
+        in ascending order (or the router's, `ascending` False), and returned in x's dtype.
+        Passes of more than
         `ASSIGNMENTS_AT_ONCE` (token, expert) pairs run in consecutive parts of the tokens,
         which bounds the temporaries.
         """
@@ -106,12 +112,14 @@ class Experts(nn.Module):
         tokens, k = chosen.shape
         if not tokens:
             return torch.zeros_like(x)
-        chosen, by_expert = chosen.sort(dim=1)  # a token's experts ascending: the sum's order
+        if self.ascending:  # a token's experts ascending: the sum's order
+            chosen, by_expert = chosen.sort(dim=1)
+            weights = weights.gather(1, by_expert)
         routing = self.route(chosen)
         # a fresh tensor (run's output, or its copy in the weights' dtype): written in place
         y = self.run(x[routing.order // k], routing).to(weights.dtype)
-        y.mul_(weights.gather(1, by_expert).flatten()[routing.order, None])
-        # slot[t, j]: the row of y holding token t's j-th expert (ascending)
+        y.mul_(weights.flatten()[routing.order, None])
+        # slot[t, j]: the row of y holding token t's j-th expert (in the sum's order)
         slot = torch.empty_like(routing.order)
         slot[routing.order] = torch.arange(len(slot), device=slot.device)
         slot = slot.view(tokens, k)
