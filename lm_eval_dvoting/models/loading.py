@@ -308,8 +308,8 @@ def _checked_config(folder: Path) -> tuple[Family, dict[str, Any]]:
 def check_implemented(family: str, config: dict[str, Any], config_file: Path) -> None:
     """Refuse a setting upstream's code reads that this plugin implements at one value only
     (the config class's `IMPLEMENTED`, the released checkpoints' values), rather than decode
-    as if it were that value: a clamp of the queries and keys, a shared expert, no norm on
-    the queries and keys."""
+    as if it were that value: a shared expert, no norm on the queries and keys. A key the
+    config leaves out counts as upstream's default for it (`UPSTREAM_DEFAULTS`)."""
     config_class = FAMILIES[family].config_class()
     defaults = getattr(config_class, "UPSTREAM_DEFAULTS", {})
     for key, value in getattr(config_class, "IMPLEMENTED", {}).items():

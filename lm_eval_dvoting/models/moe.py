@@ -96,9 +96,8 @@ class Experts(nn.Module):
         `chosen` (tokens, k) long, `weights` (tokens, k); the weighted sum is taken in
         `weights`' dtype (the family's code's: module docstring), over each token's experts
         in ascending order (or the router's, `ascending` False), and returned in x's dtype.
-        Passes of more than
-        `ASSIGNMENTS_AT_ONCE` (token, expert) pairs run in consecutive parts of the tokens,
-        which bounds the temporaries.
+        Passes of more than `ASSIGNMENTS_AT_ONCE` (token, expert) pairs run in consecutive
+        parts of the tokens, which bounds the temporaries.
         """
         part = max(1, ASSIGNMENTS_AT_ONCE // chosen.shape[1])
         if len(x) <= part:
