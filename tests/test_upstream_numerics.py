@@ -35,6 +35,50 @@ def _positions(rows: int, length: int) -> torch.Tensor:
     return torch.stack([(torch.arange(length) - r).clamp(min=0) for r in range(rows)])
 
 
+def _edited_copy(folder: Path, tmp_path: Path, **changes) -> Path:
+    """`folder` with its config.json changed (`None` removes a key), the rest linked."""
+    for file in folder.iterdir():
+        if file.name != "config.json":
+            (tmp_path / file.name).symlink_to(file)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None or k not in changes}
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return tmp_path
+
+
+IDS = torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0))
+
+
+def _logits(folder: Path, dtype: str = "float32") -> torch.Tensor:
+    """The logits of `IDS` under the checkpoint in `folder`."""
+    with torch.no_grad():
+        return load_model(str(folder), device="cpu", dtype=dtype)(IDS)
+
+
+def _refusal(folder: Path) -> str:
+    """The message that refuses the checkpoint in `folder`, its weights removed first: the
+    refusal must come before any weight is read."""
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError) as refused:
+        load_model(str(folder), device="cpu", dtype="float32")
+    return str(refused.value)
+
+
+def _rotations(monkeypatch, module, folder: Path, dtype: str) -> list[tuple[torch.Tensor, ...]]:
+    """The (x, cos, sin) of every rotation in a pass of `IDS` through the checkpoint in
+    `folder`, `module` being the one whose `apply_rotary` its model calls."""
+    seen = []
+
+    def watched(x, cos, sin):
+        seen.append((x, cos, sin))
+        return apply_rotary(x, cos, sin)
+
+    monkeypatch.setattr(module, "apply_rotary", watched)
+    _logits(folder, dtype)
+    return seen
+
+
 def _transformers_rotation(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """`x` rotated by transformers' `LlamaRotaryEmbedding` and `apply_rotary_pos_emb`."""
     heads, head_dim = x.shape[1], x.shape[-1]
@@ -113,12 +157,13 @@ def test_llada_rotation_is_llada_code_bit_for_bit(full_precision):
 
 def _qwen2_copy(dream_folder: Path, tmp_path: Path) -> Path:
     """Dream's checkpoint as transformers' Qwen2 reads it (the same parameter names)."""
-    config = json.loads((dream_folder / "config.json").read_text(encoding="utf-8"))
-    config.pop("auto_map")
-    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"])
-    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    (tmp_path / "model.safetensors").symlink_to(dream_folder / "model.safetensors")
-    return tmp_path
+    return _edited_copy(
+        dream_folder,
+        tmp_path,
+        auto_map=None,
+        model_type="qwen2",
+        architectures=["Qwen2ForCausalLM"],
+    )
 
 
 ON_CUDA = pytest.param(
@@ -176,35 +221,10 @@ def test_each_family_rotates_in_its_own_codes_dtype(
 ):
     folder = request.getfixturevalue(fixture)
     if config_change:
-        for file in folder.iterdir():
-            (tmp_path / file.name).symlink_to(file)
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        (tmp_path / "config.json").unlink()
-        (tmp_path / "config.json").write_text(json.dumps({**config, **config_change}))
-        folder = tmp_path
-    seen = []
-
-    def watched(x, cos, sin):
-        seen.append((x.dtype, cos.dtype, sin.dtype))
-        return apply_rotary(x, cos, sin)
-
-    monkeypatch.setattr(module, "apply_rotary", watched)
-    model = load_model(str(folder), device="cpu", dtype="bfloat16")
-    with torch.no_grad():
-        model(torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0)))
-    assert seen and set(seen) == {(torch.bfloat16, rotated_in, rotated_in)}
-
-
-def _edited_copy(folder: Path, tmp_path: Path, **changes) -> Path:
-    """`folder` with its config.json changed (`None` removes a key), the rest linked."""
-    for file in folder.iterdir():
-        if file.name != "config.json":
-            (tmp_path / file.name).symlink_to(file)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    config.update(changes)
-    config = {k: v for k, v in config.items() if v is not None or k not in changes}
-    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return tmp_path
+        folder = _edited_copy(folder, tmp_path, **config_change)
+    seen = _rotations(monkeypatch, module, folder, "bfloat16")
+    dtypes = {(x.dtype, cos.dtype, sin.dtype) for x, cos, sin in seen}
+    assert seen and dtypes == {(torch.bfloat16, rotated_in, rotated_in)}
 
 
 @pytest.mark.parametrize("fixture", ["dream_fixture", "llada_moe_fixture", "llada2_fixture"])
@@ -220,10 +240,7 @@ def test_a_scaled_rotary_embedding_is_refused_before_the_weights(
     request, tmp_path, fixture, key, value
 ):
     folder = _edited_copy(request.getfixturevalue(fixture), tmp_path, **{key: value})
-    (tmp_path / "model.safetensors").unlink()  # refused before any weight is read
-    with pytest.raises(CheckpointError) as refused:
-        load_model(str(folder), device="cpu", dtype="float32")
-    message = str(refused.value)
+    message = _refusal(folder)
     assert str(folder / "config.json") in message and key in message
     assert value.get("rope_type", value.get("type")) in message
     assert "default rotary embedding only" in message
@@ -233,11 +250,7 @@ def test_llada_reads_no_rope_scaling_as_its_own_code(llada_fixture, tmp_path):
     """LLaDA's modeling code has no `rope_scaling`: a config that carries one decodes as
     without it, as upstream would."""
     folder = _edited_copy(llada_fixture, tmp_path, rope_scaling={"rope_type": "yarn"})
-    ids = torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        edited = load_model(str(folder), device="cpu", dtype="float32")(ids)
-        original = load_model(str(llada_fixture), device="cpu", dtype="float32")(ids)
-    assert torch.equal(edited, original)
+    assert torch.equal(_logits(folder), _logits(llada_fixture))
 
 
 @pytest.mark.parametrize("fixture", ["dream_fixture", "llada_moe_fixture", "llada2_fixture"])
@@ -257,29 +270,18 @@ def test_a_transformers_5_config_keeps_its_rotary_settings_in_rope_parameters(
         **dict.fromkeys(moved),
     )
     assert "rope_theta" not in json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    ids = torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        edited = load_model(str(folder), device="cpu", dtype="float32")(ids)
-        original = load_model(str(original_folder), device="cpu", dtype="float32")(ids)
-    assert torch.equal(edited, original)
+    assert torch.equal(_logits(folder), _logits(original_folder))
 
 
 def test_llada_moe_turns_only_its_partial_rotary_dims(llada_moe_fixture, tmp_path, monkeypatch):
     """LLaDA-MoE's code rotates `head_dim * partial_rotary_factor` dims of each head (its
     released config: 1.0, the whole head)."""
     folder = _edited_copy(llada_moe_fixture, tmp_path, partial_rotary_factor=0.5)
-    widths = []
-
-    def watched(x, cos, sin):
-        widths.append((x.shape[-1], cos.shape[-1]))
-        return apply_rotary(x, cos, sin)
-
-    monkeypatch.setattr(llada_moe, "apply_rotary", watched)
-    model = load_model(str(folder), device="cpu", dtype="float32")
-    with torch.no_grad():
-        model(torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0)))
-    head_dim = model.config.head_dim
-    assert widths and set(widths) == {(head_dim // 2, head_dim // 2)}
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    seen = _rotations(monkeypatch, llada_moe, folder, "float32")
+    widths = {(x.shape[-1], cos.shape[-1]) for x, cos, _ in seen}
+    assert seen and widths == {(head_dim // 2, head_dim // 2)}
 
 
 def _expert(experts, index: int, x: torch.Tensor) -> torch.Tensor:
@@ -377,10 +379,7 @@ def test_a_setting_we_run_at_one_value_only_is_refused_at_another(
     """Upstream reads these settings; we run the released checkpoints' values only, so
     another is refused before any weight is read (not decoded as if it were ours)."""
     folder = _edited_copy(request.getfixturevalue(fixture), tmp_path, **{key: value})
-    (tmp_path / "model.safetensors").unlink()
-    with pytest.raises(CheckpointError) as refused:
-        load_model(str(folder), device="cpu", dtype="float32")
-    message = str(refused.value)
+    message = _refusal(folder)
     assert str(folder / "config.json") in message
     assert f"{key}={json.dumps(value)}" in message and "only" in message
 
@@ -392,11 +391,7 @@ def test_llada_moe_clamps_queries_keys_and_values_to_clip_qkv(
     values stay within the bound, the rotated queries and keys within bound x sqrt(2) (a
     rotated pair's length) and beyond the bound somewhere (clamped before the rotation)."""
     folder = _edited_copy(llada_moe_fixture, tmp_path, clip_qkv=0.05)
-    clipped = load_model(str(folder), device="cpu", dtype="float32")
-    plain = load_model(str(llada_moe_fixture), device="cpu", dtype="float32")
-    ids = torch.randint(0, 240, (1, 8), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        unclipped = plain(ids)
+    unclipped = _logits(llada_moe_fixture)
     seen = []
     real = F.scaled_dot_product_attention
 
@@ -405,8 +400,7 @@ def test_llada_moe_clamps_queries_keys_and_values_to_clip_qkv(
         return real(q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
-    with torch.no_grad():
-        found = clipped(ids)
+    found = _logits(folder)
     bound = float(torch.tensor(0.05))  # the clamp's bound in float32
     queries, keys, values = (max(column) for column in zip(*seen))
     assert values <= bound
@@ -422,5 +416,4 @@ def test_llada_moe_without_qk_layernorm_is_refused_as_upstream_reads_it_unnormed
     keys): a config.json that leaves it out is refused, not run with the norms."""
     folder = _edited_copy(llada_moe_fixture, tmp_path, qk_layernorm=None)
     assert "qk_layernorm" not in json.loads((folder / "config.json").read_text())
-    with pytest.raises(CheckpointError, match=r"lacks qk_layernorm \(upstream's default: null\)"):
-        load_model(str(folder), device="cpu", dtype="float32")
+    assert "lacks qk_layernorm (upstream's default: null)" in _refusal(folder)

@@ -944,8 +944,8 @@ _OWN_ARGS: dict[str, Any] = {
     "max_memory_per_gpu": None,
     "max_cpu_memory": None,
     "device_map": None,
-    # the reuse passes of cache=prefix|dual: auto, dynamic, static, graphs or compiled
-    # (static_steps.py)
+    # how the reuse passes of cache=prefix|dual (and, captured, cache=none's full passes)
+    # run: auto, dynamic, static, graphs or compiled (static_steps.py)
     "cached_steps": "auto",
 }
 # the order the accepted model args are listed in (a setting not named here comes last)
