@@ -1,0 +1,126 @@
+"""tools/upstream_logits.py, the parts that run without the upstream code: what it compares
+and how it judges, how it reads the files out of the mirrors, and its refusals. (The upstream
+side needs transformers 4.57 and fetched mirrors; docs/MODELS.md gives the command and what
+it printed.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lm_eval_dvoting.models.loading import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "official-tiny"
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location(
+        "upstream_logits", ROOT / "tools" / "upstream_logits.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["upstream_logits"] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+tool = _load_tool()
+
+
+def _our_logits() -> dict[str, torch.Tensor]:
+    """Every case's logits from our own models, keyed as the upstream side keys them."""
+    found = {}
+    for up in tool.UPSTREAM:
+        expected = load_file(str(FIXTURES / up.family / "expected.safetensors"))
+        for dtype in tool.DTYPES:
+            model = load_model(str(FIXTURES / up.family), device="cpu", dtype=dtype)
+            with torch.no_grad():
+                for case in up.cases:
+                    found[f"{up.family}/{dtype}/{case}"] = tool.our_case(model, expected, case)
+    return found
+
+
+def test_compare_flags_one_float32_ulp_in_one_case_and_nothing_else():
+    """One float32 ulp, which a tolerance such as allclose's lets through: the claim is bits."""
+    theirs = _our_logits()
+    rows = tool.compare(FIXTURES, theirs)
+    assert len(rows) == 16 and all(row["bit_for_bit"] and row["max_abs"] == 0 for row in rows)
+    bent = theirs["dream/float32/padded"].clone()
+    bent[1, 5, 7] = torch.nextafter(bent[1, 5, 7], torch.tensor(1e9, dtype=bent.dtype))
+    rows = tool.compare(FIXTURES, {**theirs, "dream/float32/padded": bent})
+    differing = [(r["family"], r["dtype"], r["case"]) for r in rows if not r["bit_for_bit"]]
+    assert differing == [("dream", "float32", "padded")]
+    assert "DIFFERS" in tool.verdict_line(next(r for r in rows if not r["bit_for_bit"]))
+
+
+def test_the_cases_differ_from_each_other():
+    """Each masked case really changes the logits: a case that gave `plain`'s would pass while
+    testing nothing of the mask."""
+    logits = _our_logits()
+    for key, value in logits.items():
+        family, dtype, case = key.split("/")
+        if case != "plain":
+            assert not torch.equal(value, logits[f"{family}/{dtype}/plain"]), key
+
+
+def test_the_sources_are_those_the_fixtures_name():
+    readme = (FIXTURES / "README.md").read_text()
+    commits = {commit for up in tool.UPSTREAM for _, commit in up.files}
+    assert commits and all(commit in readme for commit in commits)
+    assert {up.family for up in tool.UPSTREAM} == {"llada", "dream", "llada_moe", "llada2"}
+    assert all(up.modeling.startswith("modeling_") for up in tool.UPSTREAM)
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, check=True)
+    return done.stdout.decode().strip()
+
+
+def test_export_copies_each_file_as_at_its_commit(tmp_path: Path, monkeypatch):
+    repo = tmp_path / "mirrors" / "someone+models" / "repo"
+    (repo / "models").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "models" / "modeling_x.py").write_text("FIRST = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "models" / "modeling_x.py").write_text("SECOND = 2\n")  # later: not what is asked
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    up = tool.Upstream("fam", "someone/models", (("models/modeling_x.py", first),), "X", ("plain",))
+    monkeypatch.setattr(tool, "UPSTREAM", (up,))
+    record = tool.export(tmp_path / "mirrors", tmp_path / "packages")
+    assert (tmp_path / "packages" / "fam" / "modeling_x.py").read_text() == "FIRST = 1\n"
+    assert (tmp_path / "packages" / "fam" / "__init__.py").exists()
+    blob = _git(repo, "rev-parse", f"{first}:models/modeling_x.py")
+    assert record == {
+        "fam": [
+            {
+                "repo": "someone/models",
+                "commit": first,
+                "path": "models/modeling_x.py",
+                "blob": blob,
+            }
+        ]
+    }
+
+
+def test_a_missing_mirror_is_refused_with_what_to_fetch(tmp_path: Path):
+    with pytest.raises(SystemExit) as refused:
+        tool.export(tmp_path, tmp_path / "packages")
+    assert "github:" in str(refused.value) and str(tmp_path) in str(refused.value)
+
+
+def test_an_upstream_path_without_transformers_is_refused(tmp_path: Path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        tool.arguments(["--upstream-path", str(tmp_path)])
+    assert refused.value.code == 2
+    message = capsys.readouterr().err
+    assert "--upstream-path" in message and str(tmp_path) in message and "4.57.6" in message
+    (tmp_path / "transformers").mkdir()
+    assert tool.arguments(["--upstream-path", str(tmp_path)]).upstream_path == tmp_path
