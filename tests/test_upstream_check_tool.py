@@ -1,4 +1,4 @@
-"""tools/upstream_logits.py, the parts that run without the upstream code: what it compares
+"""tools/upstream_check.py, the parts that run without the upstream code: what it compares
 and how it judges, how it reads the files out of the mirrors, and its refusals. (The upstream
 side needs transformers 4.57 and fetched mirrors; docs/MODELS.md gives the command and what
 it printed.)"""
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from lm_eval_dvoting.models.loading import load_model
@@ -22,10 +23,10 @@ FIXTURES = ROOT / "tests" / "fixtures" / "official-tiny"
 
 def _load_tool():
     spec = importlib.util.spec_from_file_location(
-        "upstream_logits", ROOT / "tools" / "upstream_logits.py"
+        "upstream_check", ROOT / "tools" / "upstream_check.py"
     )
     module = importlib.util.module_from_spec(spec)
-    sys.modules["upstream_logits"] = module  # its dataclass looks itself up there
+    sys.modules["upstream_check"] = module  # its dataclass looks itself up there
     spec.loader.exec_module(module)
     return module
 
@@ -124,3 +125,73 @@ def test_an_upstream_path_without_transformers_is_refused(tmp_path: Path, capsys
     assert "--upstream-path" in message and str(tmp_path) in message and "4.57.6" in message
     (tmp_path / "transformers").mkdir()
     assert tool.arguments(["--upstream-path", str(tmp_path)]).upstream_path == tmp_path
+
+
+# ------------------------------------------------------------------ the Dream decodes
+
+
+def _case(tokens: list[int], ties: list[int] = (), leftmost: list[int] | None = None) -> dict:
+    case = {"alg": "entropy", "length": 3, "steps": 3, "top_p": None, "top_k": None}
+    found = {**case, "prompt": 0, "tokens": tokens, "ties": list(ties)}
+    return found if leftmost is None else {**found, "tokens_leftmost": leftmost}
+
+
+def test_decode_verdicts_excuse_a_difference_only_where_the_leftmost_run_agrees():
+    theirs = [
+        _case([1, 2, 3]),
+        _case([1, 2, 3], ties=[0], leftmost=[3, 2, 1]),  # tie met, but the same tokens
+        _case([1, 2, 3], ties=[1], leftmost=[3, 2, 1]),
+        _case([1, 2, 3], ties=[1], leftmost=[1, 2, 3]),  # leftmost run differs from ours too
+        _case([1, 2, 3]),  # no tie: any difference fails
+    ]
+    ours = [[1, 2, 3], [1, 2, 3], [3, 2, 1], [3, 2, 1], [1, 2, 4]]
+    verdicts = [row["verdict"] for row in tool.decode_verdicts(theirs, ours)]
+    assert verdicts == ["same", "same", "same, ties leftmost", "differs", "differs"]
+    lines = tool.decode_lines(tool.decode_verdicts(theirs, ours))
+    entropy = next(line for line in lines if "entropy      top_p=None top_k=None" in line)
+    assert entropy.endswith("5 cases, 3 met a tie; 2 same, 1 same with ties leftmost, 2 differ")
+    assert sum(line.startswith("  DIFFERS") for line in lines) == 2
+
+
+def test_leftmost_topk_breaks_ties_leftmost_and_keeps_the_values():
+    values = torch.tensor([[0.5, 0.9, 0.5, 0.9, 0.1, 0.5]])
+    stable = tool.LeftmostTopk(torch)
+    top, index = stable.topk(values, 4)
+    assert index.tolist() == [[1, 3, 0, 2]]
+    assert torch.equal(top, torch.topk(values, 4).values)
+    assert stable.zeros is torch.zeros  # everything else is torch's own
+
+
+def test_tie_watch_sees_a_tie_at_the_boundary_and_suppresses_the_mask():
+    """With Dream's sample_tokens (its transcription, which has the file's signature): the
+    first of 2 steps commits 1 of 3 masked positions (int(3 * (1 - s/t)) = 1); a tie between
+    the top two confidences is recorded, distinct confidences are not; the mask token's logit
+    ends at -inf (column 4 here, which would otherwise win row 1)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import dream_reference
+
+    case = {"alg": "maskgit_plus", "steps": 2, "top_p": None, "top_k": None}
+    mask = 4
+    x = torch.tensor([[7, mask, mask, mask]])
+    tied = torch.tensor([[[0.0] * 5, [3, 0, 0, 0, 9], [3, 0, 0, 0, 0], [2, 0, 0, 0, 0.0]]])
+    for logits, expected in ((tied, [0]), (tied * torch.tensor([[[1], [1], [1.5], [1]]]), [])):
+        ties: list[int] = []
+        out = tool.tie_watch(dream_reference, case, mask, ties)(0, x, logits.clone())
+        assert ties == expected and torch.isinf(out[..., mask]).all()
+    # 6 masked: 2 commit (int(6 * 0.4995)); the second and third tie, below the first
+    x6 = torch.tensor([[7] + [mask] * 6])
+    tops = torch.tensor([0.0, 5, 3, 3, 1, 1, 2])
+    logits = (F.one_hot(torch.arange(7) % 4, 5) * tops[:, None])[None]
+    ties = []
+    tool.tie_watch(dream_reference, case, mask, ties)(0, x6, logits)
+    assert ties == [0]
+
+
+def test_our_decodes_follow_the_cases_in_order(monkeypatch):
+    monkeypatch.setattr(tool, "DECODE_SCHEDULES", ((4, 4), (6, 3)))
+    monkeypatch.setattr(tool, "DECODE_PROMPTS", 2)
+    cases, ours = tool.decode_cases(), tool.our_decodes(FIXTURES)
+    assert len(cases) == len(ours) == 3 * 2 * 3 * 2
+    assert [len(tokens) for tokens in ours] == [case["length"] for case in cases]
+    assert all(250 not in tokens for tokens in ours)  # the fixture's mask id is never committed
+    assert len({tuple(t) for t in ours}) > 2  # not one answer for every case

@@ -1,19 +1,21 @@
-"""Each family's own modeling code and ours on the official-tiny checkpoints, in float32 and
-bfloat16: are the logits the same bits? (docs/MODELS.md, "Numerics, as each family's own code
-computes them").
+"""Each family's own code and ours on the official-tiny checkpoints: are the logits the same
+bits, in float32 and bfloat16 (docs/MODELS.md, "Numerics, as each family's own code computes
+them")? And does Dream's own `diffusion_generate` give our `decoder=dream`'s tokens
+(docs/STRATEGIES.md, Dream's decoder)?
 
     # once: the transformers the upstream files were written for (they do not import under
     # transformers 5), in a folder of its own; torch is this environment's
     pip install --target /tmp/upstream-transformers transformers==4.57.6
     # git mirrors of the public repositories that vendor the hub's files, one folder each as
     # OWNER+NAME/repo (what the `fetch` tool makes), then:
-    python tools/upstream_logits.py --mirrors /work/.mirror \\
+    python tools/upstream_check.py --mirrors /work/.mirror \\
         --upstream-path /tmp/upstream-transformers
 
-Exit 0 when every case is equal bit for bit, 1 when one is not (its largest difference is
-printed), 2 on bad input. Nothing of the upstream code is committed: its files are read out of
-the mirrors at the commits in `UPSTREAM` into a temporary folder, unmodified, and run in a child
-process whose `sys.path` puts `--upstream-path` first; this process runs ours.
+Exit 0 when every logits case is equal bit for bit and every decode agrees, 1 when one does
+not (printed: the largest difference, the case), 2 on bad input. Nothing of the upstream code
+is committed: its files are read out of the mirrors at the commits in `UPSTREAM` into a
+temporary folder, unmodified, and run in a child process whose `sys.path` puts
+`--upstream-path` first; this process runs ours.
 
 The cases, each on the fixture's `input_ids` (2 rows of 12; tests/fixtures/official-tiny):
 - `plain`: no mask, every family.
@@ -22,6 +24,20 @@ The cases, each on the fixture's `input_ids` (2 rows of 12; tests/fixtures/offic
 - `padded_4d`, `block` (LLaDA2): the fixture's 4-D additive masks given to upstream, cast to
   the model's dtype as upstream's `generate` casts its mask; ours gets the 2-D mask, and the
   block lengths (4, 4) with the fixture's positions.
+
+The decodes (Dream, float32, one row, whole answer, temperature 0, `alg_temp` 0): 3 prompts x
+`DECODE_ALGS` x `DECODE_SCHEDULES` x `DECODE_FILTERS`, each Dream's `diffusion_generate`
+against our `generate(..., rule="dream")`. `alg=origin` and any temperature or `alg_temp`
+above 0 are left out: there Dream's file draws from torch's global generator, ours from the
+row's (the distributions are compared in tests/test_dream_rule.py). Two things are done
+through Dream's own logits hook (`generation_logits_hook_func`), no file changed: the mask
+token's logit is set to -inf, as ours does first (STRATEGIES.md: on this fixture Dream's file
+would commit the mask token itself); and each step where a tie at the commit boundary lets
+`torch.topk` choose is recorded (the hook recomputes the confidences with the file's own
+`sample_tokens` and the count with the file's formula). Ours commits the leftmost of tied
+positions (STRATEGIES.md), so a case whose upstream run met such a tie is run once more with
+the file's `torch.topk` returning ties leftmost first (`LeftmostTopk`, given to the file as its
+`torch`); ours must then equal that run. Any other difference fails.
 
 One setting is made from outside, no file changed: LLaDA's `LLaDAModelLM.__init__` builds its
 network on "cuda" whatever the config says, so the LLaDA network is built on the CPU through
@@ -43,6 +59,12 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "official-tiny"
 DLLM = "85cb53a05343601c9dfbb4f79243cd426cfa5a4c"  # ZHZisZZ/dllm: the first LLaDA2 copy
 DTYPES = ("float32", "bfloat16")
+DECODE_ALGS = ("maskgit_plus", "topk_margin", "entropy")
+DECODE_SCHEDULES = ((4, 4), (7, 3), (12, 5), (12, 12), (6, 9), (5, 1), (16, 8))  # (length, steps)
+DECODE_FILTERS = ((None, None), (0.95, None), (None, 3))  # (top_p, top_k)
+DECODE_PROMPTS = 3
+EPS = 1e-3  # Dream's generation config's
+VERDICTS = ("same", "same, ties leftmost", "differs")
 
 
 @dataclass(frozen=True)
@@ -169,8 +191,107 @@ def upstream_case(model: object, expected: dict, case: str, dtype: object) -> ob
     return model(ids, attention_mask=mask.to(dtype), position_ids=positions).logits
 
 
+def decode_cases() -> list[dict[str, object]]:
+    """Every decode compared, as (alg, length, steps, top_p, top_k, prompt)."""
+    return [
+        {"alg": alg, "length": length, "steps": steps, "top_p": p, "top_k": k, "prompt": i}
+        for alg in DECODE_ALGS
+        for length, steps in DECODE_SCHEDULES
+        for p, k in DECODE_FILTERS
+        for i in range(DECODE_PROMPTS)
+    ]
+
+
+def decode_prompt(index: int) -> object:
+    """Prompt `index`: ordinary tokens (below the fixture's special ids, 240 and up)."""
+    import torch
+
+    return torch.randint(0, 240, (5 + index,), generator=torch.Generator().manual_seed(index))
+
+
+def tie_watch(generation: object, case: dict, mask_id: int, ties: list[int]) -> object:
+    """Dream's logits hook for `case`: the mask token's logit to -inf, and each step whose
+    commit boundary falls inside a tie appended to `ties` (the module docstring)."""
+    import torch
+
+    timesteps = torch.linspace(1, EPS, case["steps"] + 1)
+
+    def hook(step: int, x: object, logits: object) -> object:
+        logits[..., mask_id] = float("-inf")
+        masked = x == mask_id
+        confidence, _ = generation.sample_tokens(
+            logits[masked], 0.0, top_p=case["top_p"], top_k=case["top_k"],
+            margin_confidence=case["alg"] == "topk_margin", neg_entropy=case["alg"] == "entropy",
+        )  # fmt: skip
+        count = masked.sum() / masked.shape[0]  # the file's formula, at one row
+        t, s = timesteps[step], timesteps[step + 1]
+        commits = int(count * (1 - s / t)) if step < case["steps"] - 1 else int(count)
+        if 0 < commits < confidence.numel():
+            top = confidence.topk(commits + 1).values
+            if top[commits - 1] == top[commits]:
+                ties.append(step)
+        return logits
+
+    return hook
+
+
+class LeftmostTopk:
+    """`torch` as Dream's file sees it, but `topk` returns tied values leftmost first (ours'
+    documented order): the second run of a case whose first run met a tie."""
+
+    def __init__(self, torch: object) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._torch, name)
+
+    def topk(self, values: object, k: int) -> tuple[object, object]:
+        order = self._torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+        return values.gather(-1, order), order
+
+
+def _dream_decode(model: object, generation: object, case: dict) -> tuple[list[int], list[int]]:
+    """Dream's own decode of `case`: (the answer's tokens, the steps that met a tie)."""
+    mask_id, prompt, ties = model.config.mask_token_id, decode_prompt(case["prompt"]), []
+    config = generation.DreamGenerationConfig(
+        mask_token_id=mask_id, max_new_tokens=case["length"], steps=case["steps"],
+        temperature=0.0, alg=case["alg"], alg_temp=0.0, top_p=case["top_p"],
+        top_k=case["top_k"], eps=EPS, return_dict=True,
+    )  # fmt: skip
+    hook = tie_watch(generation, case, mask_id, ties)
+    out = model.diffusion_generate(
+        prompt[None], generation_config=config, generation_logits_hook_func=hook
+    )
+    return out.sequences[0, len(prompt) :].tolist(), ties
+
+
+def upstream_decodes(fixtures: Path) -> list[dict[str, object]]:
+    """The child process: Dream's `diffusion_generate` on every decode case; a case that met
+    a tie is run again with ties to the leftmost (`tokens_leftmost`)."""
+    import importlib
+
+    import torch
+
+    dream = next(up for up in UPSTREAM if up.family == "dream")
+    model = upstream_model(dream, fixtures / "dream", torch.float32)
+    generation = importlib.import_module("dream.generation_utils")
+    found = []
+    for case in decode_cases():
+        tokens, ties = _dream_decode(model, generation, case)
+        row = {**case, "tokens": tokens, "ties": ties}
+        if ties:
+            generation.torch = LeftmostTopk(torch)
+            try:
+                row["tokens_leftmost"] = _dream_decode(model, generation, case)[0]
+            finally:
+                generation.torch = torch
+        found.append(row)
+    return found
+
+
 def run_upstream(fixtures: Path, out: Path) -> None:
-    """The child process: every family's cases in every dtype, into `out` (safetensors)."""
+    """The child process: every family's logits cases in every dtype into
+    `out/logits.safetensors`, and Dream's decodes into `out/decodes.json`."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -184,7 +305,9 @@ def run_upstream(fixtures: Path, out: Path) -> None:
                 for case in up.cases:
                     found = upstream_case(model, expected, case, dtype)
                     logits[f"{up.family}/{name}/{case}"] = found.contiguous()
-    save_file(logits, str(out))
+    save_file(logits, str(out / "logits.safetensors"))
+    decodes = upstream_decodes(fixtures)
+    (out / "decodes.json").write_text(json.dumps(decodes), encoding="utf-8")
 
 
 # ------------------------------------------------------------------ our side, and the verdict
@@ -238,6 +361,61 @@ def compare(fixtures: Path, theirs: dict) -> list[dict[str, object]]:
     return rows
 
 
+def our_decodes(fixtures: Path) -> list[list[int]]:
+    """Our `decoder=dream` on every decode case (`decode_cases`' order), float32."""
+    import torch
+
+    from lm_eval_dvoting.core.decoding.rows import generate
+    from lm_eval_dvoting.core.decoding.state import DreamDecoding
+    from lm_eval_dvoting.models.loading import load_model
+
+    model = load_model(str(fixtures / "dream"), device="cpu", dtype="float32")
+    found = []
+    for case in decode_cases():
+        with torch.no_grad():
+            result = generate(
+                model, decode_prompt(case["prompt"])[None], gen_length=case["length"],
+                block_length=case["length"], steps=case["steps"], rule="dream",
+                dream=DreamDecoding(alg=case["alg"], alg_temp=0.0, eps=EPS), temperature=0.0,
+                top_p=case["top_p"], top_k=case["top_k"],
+            )  # fmt: skip
+        found.append(result.tokens[0].tolist())
+    return found
+
+
+def decode_verdicts(theirs: list[dict], ours: list[list[int]]) -> list[dict[str, object]]:
+    """Each decode case with its verdict: `same` (Dream's tokens); `same, ties leftmost`
+    (Dream's run met a tie, and its run with ties to the leftmost gives ours); `differs`."""
+    rows = []
+    for case, tokens in zip(theirs, ours, strict=True):
+        if case["tokens"] == tokens:
+            verdict = "same"
+        elif case["ties"] and case.get("tokens_leftmost") == tokens:
+            verdict = "same, ties leftmost"
+        else:
+            verdict = "differs"
+        rows.append({**case, "ours": tokens, "verdict": verdict})
+    return rows
+
+
+def decode_lines(rows: list[dict[str, object]]) -> list[str]:
+    """One line per (alg, filter): how many cases agree, how many met a tie, how many differ;
+    then each differing case."""
+    lines = []
+    for alg in DECODE_ALGS:
+        for top_p, top_k in DECODE_FILTERS:
+            group = [r for r in rows if (r["alg"], r["top_p"], r["top_k"]) == (alg, top_p, top_k)]
+            tied = sum(bool(r["ties"]) for r in group)
+            by_verdict = {v: sum(r["verdict"] == v for r in group) for v in VERDICTS}
+            lines.append(
+                f"dream decode {alg:<12} top_p={top_p} top_k={top_k}: {len(group)} cases, "
+                f"{tied} met a tie; {by_verdict['same']} same, "
+                f"{by_verdict['same, ties leftmost']} same with ties leftmost, "
+                f"{by_verdict['differs']} differ"
+            )
+    return lines + [f"  DIFFERS: {r}" for r in rows if r["verdict"] == "differs"]
+
+
 def verdict_line(row: dict[str, object]) -> str:
     verdict = "bit for bit" if row["bit_for_bit"] else f"DIFFERS, max_abs {row['max_abs']:.3g}"
     return f"{row['family']:<10} {row['dtype']:<9} {row['case']:<10} {verdict}"
@@ -286,12 +464,16 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as scratch:
         record = export(args.mirrors, Path(scratch) / "packages")
-        run_child(args, Path(scratch) / "packages", Path(scratch) / "theirs.safetensors")
-        rows = compare(args.fixtures, load_file(str(Path(scratch) / "theirs.safetensors")))
-    print("\n".join(map(verdict_line, rows)))
+        run_child(args, Path(scratch) / "packages", Path(scratch))
+        rows = compare(args.fixtures, load_file(str(Path(scratch) / "logits.safetensors")))
+        theirs = json.loads((Path(scratch) / "decodes.json").read_text(encoding="utf-8"))
+    decodes = decode_verdicts(theirs, our_decodes(args.fixtures))
+    print("\n".join([*map(verdict_line, rows), *decode_lines(decodes)]))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "upstream": record}, indent=1) + "\n")
-    return 0 if all(row["bit_for_bit"] for row in rows) else 1
+        found = {"logits": rows, "decodes": decodes, "upstream": record}
+        args.json.write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
+    agree = all(r["bit_for_bit"] for r in rows) and all(r["verdict"] != "differs" for r in decodes)
+    return 0 if agree else 1
 
 
 if __name__ == "__main__":
