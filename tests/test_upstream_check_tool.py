@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from lm_eval_dvoting.models.loading import load_model
@@ -70,10 +69,12 @@ def test_the_cases_differ_from_each_other():
             assert not torch.equal(value, logits[f"{family}/{dtype}/plain"]), key
 
 
-def test_the_sources_are_those_the_fixtures_name():
+def test_the_model_sources_are_those_the_fixtures_name():
     readme = (FIXTURES / "README.md").read_text()
-    commits = {commit for up in tool.UPSTREAM for _, commit in up.files}
-    assert commits and all(commit in readme for commit in commits)
+    files = [file for up in tool.UPSTREAM for file in up.files]
+    commits = {commit for repo, path, commit in files if "modeling" in path}
+    assert len(commits) == 2 and all(commit in readme for commit in commits)
+    assert [path for repo, path, _ in files if repo == "ML-GSAI/LLaDA"] == ["generate.py"]
     assert {up.family for up in tool.UPSTREAM} == {"llada", "dream", "llada_moe", "llada2"}
     assert all(up.modeling.startswith("modeling_") for up in tool.UPSTREAM)
 
@@ -93,7 +94,7 @@ def test_export_copies_each_file_as_at_its_commit(tmp_path: Path, monkeypatch):
     first = _git(repo, "rev-parse", "HEAD")
     (repo / "models" / "modeling_x.py").write_text("SECOND = 2\n")  # later: not what is asked
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
-    up = tool.Upstream("fam", "someone/models", (("models/modeling_x.py", first),), "X", ("plain",))
+    up = tool.Upstream("fam", (("someone/models", "models/modeling_x.py", first),), "X", ("plain",))
     monkeypatch.setattr(tool, "UPSTREAM", (up,))
     record = tool.export(tmp_path / "mirrors", tmp_path / "packages")
     assert (tmp_path / "packages" / "fam" / "modeling_x.py").read_text() == "FIRST = 1\n"
@@ -127,29 +128,30 @@ def test_an_upstream_path_without_transformers_is_refused(tmp_path: Path, capsys
     assert tool.arguments(["--upstream-path", str(tmp_path)]).upstream_path == tmp_path
 
 
-# ------------------------------------------------------------------ the Dream decodes
+# ------------------------------------------------------------------ the decodes
 
 
-def _case(tokens: list[int], ties: list[int] = (), leftmost: list[int] | None = None) -> dict:
-    case = {"alg": "entropy", "length": 3, "steps": 3, "top_p": None, "top_k": None}
-    found = {**case, "prompt": 0, "tokens": tokens, "ties": list(ties)}
-    return found if leftmost is None else {**found, "tokens_leftmost": leftmost}
+def _case(tokens: list[int], leftmost: list[int]) -> dict:
+    """A decode case as the upstream side returns it."""
+    case = {"family": "llada", "alg": "low_confidence", "top_p": None, "top_k": None}
+    return {**case, "prompt": 0, "tokens": tokens, "tokens_leftmost": leftmost}
 
 
 def test_decode_verdicts_excuse_a_difference_only_where_the_leftmost_run_agrees():
     theirs = [
-        _case([1, 2, 3]),
-        _case([1, 2, 3], ties=[0], leftmost=[3, 2, 1]),  # tie met, but the same tokens
-        _case([1, 2, 3], ties=[1], leftmost=[3, 2, 1]),
-        _case([1, 2, 3], ties=[1], leftmost=[1, 2, 3]),  # leftmost run differs from ours too
-        _case([1, 2, 3]),  # no tie: any difference fails
+        _case([1, 2, 3], [1, 2, 3]),
+        _case([1, 2, 3], [3, 2, 1]),  # a tie decided, but ours happens to be upstream's own
+        _case([1, 2, 3], [3, 2, 1]),
+        _case([1, 2, 3], [1, 2, 3]),  # no tie decided: any difference fails
+        _case([1, 2, 3], [3, 2, 1]),  # neither run
     ]
-    ours = [[1, 2, 3], [1, 2, 3], [3, 2, 1], [3, 2, 1], [1, 2, 4]]
-    verdicts = [row["verdict"] for row in tool.decode_verdicts(theirs, ours)]
-    assert verdicts == ["same", "same", "same, ties leftmost", "differs", "differs"]
-    lines = tool.decode_lines(tool.decode_verdicts(theirs, ours))
-    entropy = next(line for line in lines if "entropy      top_p=None top_k=None" in line)
-    assert entropy.endswith("5 cases, 3 met a tie; 2 same, 1 same with ties leftmost, 2 differ")
+    ours = [[1, 2, 3], [1, 2, 3], [3, 2, 1], [3, 2, 1], [2, 2, 2]]
+    rows = tool.decode_verdicts(theirs, ours)
+    assert [row["verdict"] for row in rows] == [
+        "same", "same", "same, ties leftmost", "differs", "differs",
+    ]  # fmt: skip
+    lines = tool.decode_lines(rows)
+    assert lines[0].endswith("5 cases, 2 same, 1 same with ties leftmost, 2 differ")
     assert sum(line.startswith("  DIFFERS") for line in lines) == 2
 
 
@@ -159,39 +161,27 @@ def test_leftmost_topk_breaks_ties_leftmost_and_keeps_the_values():
     top, index = stable.topk(values, 4)
     assert index.tolist() == [[1, 3, 0, 2]]
     assert torch.equal(top, torch.topk(values, 4).values)
+    assert stable.topk(values[0], k=torch.tensor(3))[1].tolist() == [1, 3, 0]  # LLaDA's call
     assert stable.zeros is torch.zeros  # everything else is torch's own
 
 
-def test_tie_watch_sees_a_tie_at_the_boundary_and_suppresses_the_mask():
-    """With Dream's sample_tokens (its transcription, which has the file's signature): the
-    first of 2 steps commits 1 of 3 masked positions (int(3 * (1 - s/t)) = 1); a tie between
-    the top two confidences is recorded, distinct confidences are not; the mask token's logit
-    ends at -inf (column 4 here, which would otherwise win row 1)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    import dream_reference
+def test_leftmost_ties_swaps_a_modules_torch_and_puts_it_back():
+    import types
 
-    case = {"alg": "maskgit_plus", "steps": 2, "top_p": None, "top_k": None}
-    mask = 4
-    x = torch.tensor([[7, mask, mask, mask]])
-    tied = torch.tensor([[[0.0] * 5, [3, 0, 0, 0, 9], [3, 0, 0, 0, 0], [2, 0, 0, 0, 0.0]]])
-    for logits, expected in ((tied, [0]), (tied * torch.tensor([[[1], [1], [1.5], [1]]]), [])):
-        ties: list[int] = []
-        out = tool.tie_watch(dream_reference, case, mask, ties)(0, x, logits.clone())
-        assert ties == expected and torch.isinf(out[..., mask]).all()
-    # 6 masked: 2 commit (int(6 * 0.4995)); the second and third tie, below the first
-    x6 = torch.tensor([[7] + [mask] * 6])
-    tops = torch.tensor([0.0, 5, 3, 3, 1, 1, 2])
-    logits = (F.one_hot(torch.arange(7) % 4, 5) * tops[:, None])[None]
-    ties = []
-    tool.tie_watch(dream_reference, case, mask, ties)(0, x6, logits)
-    assert ties == [0]
+    module = types.SimpleNamespace(torch=torch)
+    with pytest.raises(RuntimeError):
+        with tool.leftmost_ties(module):
+            assert isinstance(module.torch, tool.LeftmostTopk)
+            raise RuntimeError
+    assert module.torch is torch
 
 
 def test_our_decodes_follow_the_cases_in_order(monkeypatch):
-    monkeypatch.setattr(tool, "DECODE_SCHEDULES", ((4, 4), (6, 3)))
+    monkeypatch.setattr(tool, "DREAM_SCHEDULES", ((4, 4),))
+    monkeypatch.setattr(tool, "LLADA_SCHEDULES", ((8, 4, 4), (9, 9, 2)))
     monkeypatch.setattr(tool, "DECODE_PROMPTS", 2)
     cases, ours = tool.decode_cases(), tool.our_decodes(FIXTURES)
-    assert len(cases) == len(ours) == 3 * 2 * 3 * 2
+    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2
     assert [len(tokens) for tokens in ours] == [case["length"] for case in cases]
-    assert all(250 not in tokens for tokens in ours)  # the fixture's mask id is never committed
+    assert all(250 not in tokens for tokens in ours)  # the fixtures' mask id is never committed
     assert len({tuple(t) for t in ours}) > 2  # not one answer for every case

@@ -1,7 +1,7 @@
 """Each family's own code and ours on the official-tiny checkpoints: are the logits the same
 bits, in float32 and bfloat16 (docs/MODELS.md, "Numerics, as each family's own code computes
-them")? And does Dream's own `diffusion_generate` give our `decoder=dream`'s tokens
-(docs/STRATEGIES.md, Dream's decoder)?
+them")? And do Dream's own `diffusion_generate` and LLaDA's own `generate` (its repository's
+generate.py) give our decoders' tokens (docs/STRATEGIES.md)?
 
     # once: the transformers the upstream files were written for (they do not import under
     # transformers 5), in a folder of its own; torch is this environment's
@@ -25,19 +25,23 @@ The cases, each on the fixture's `input_ids` (2 rows of 12; tests/fixtures/offic
   the model's dtype as upstream's `generate` casts its mask; ours gets the 2-D mask, and the
   block lengths (4, 4) with the fixture's positions.
 
-The decodes (Dream, float32, one row, whole answer, temperature 0, `alg_temp` 0): 3 prompts x
-`DECODE_ALGS` x `DECODE_SCHEDULES` x `DECODE_FILTERS`, each Dream's `diffusion_generate`
-against our `generate(..., rule="dream")`. `alg=origin` and any temperature or `alg_temp`
-above 0 are left out: there Dream's file draws from torch's global generator, ours from the
-row's (the distributions are compared in tests/test_dream_rule.py). Two things are done
-through Dream's own logits hook (`generation_logits_hook_func`), no file changed: the mask
-token's logit is set to -inf, as ours does first (STRATEGIES.md: on this fixture Dream's file
-would commit the mask token itself); and each step where a tie at the commit boundary lets
-`torch.topk` choose is recorded (the hook recomputes the confidences with the file's own
-`sample_tokens` and the count with the file's formula). Ours commits the leftmost of tied
-positions (STRATEGIES.md), so a case whose upstream run met such a tie is run once more with
-the file's `torch.topk` returning ties leftmost first (`LeftmostTopk`, given to the file as its
-`torch`); ours must then equal that run. Any other difference fails.
+The decodes (float32, one row, temperature 0, 3 prompts each), upstream's sampler against our
+`generate`:
+- Dream: `diffusion_generate` (whole answer, `alg_temp` 0) x `DREAM_ALGS` x `DREAM_SCHEDULES` x
+  `DREAM_FILTERS`, against `rule="dream"`;
+- LLaDA: generate.py's `generate` (low-confidence remasking) x `LLADA_SCHEDULES` (one block and
+  several), against LLaDA's default decoding.
+Left out: Dream's `alg=origin`, any temperature or `alg_temp` above 0 and LLaDA's `random`
+remasking (there upstream draws from torch's global generator, ours from the row's; the
+distributions are tested in tests/), LLaDA's `cfg_scale` (not ours), several rows.
+The mask token's logit is set to -inf in upstream's runs, as ours does first (STRATEGIES.md:
+on these fixtures the mask token can win an argmax): through Dream's own logits hook
+(`generation_logits_hook_func`); for LLaDA, by a wrapper around the model handed to
+`generate`. No file is changed. Ours commits the leftmost of tied positions (STRATEGIES.md),
+where upstream leaves ties to `torch.topk`; so each case runs twice upstream, as it is and with
+the sampler module's `torch` replaced by `LeftmostTopk` (its `topk` returns ties leftmost
+first). Ours must give the first run's tokens (`same`) or the second's (`same, ties
+leftmost`: the two runs differ only where a tie decided a commit); anything else fails.
 
 One setting is made from outside, no file changed: LLaDA's `LLaDAModelLM.__init__` builds its
 network on "cuda" whatever the config says, so the LLaDA network is built on the CPU through
@@ -48,20 +52,36 @@ checkpoint's tensors with a strict `load_state_dict`; the other three use `from_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "official-tiny"
 DLLM = "85cb53a05343601c9dfbb4f79243cd426cfa5a4c"  # ZHZisZZ/dllm: the first LLaDA2 copy
+INFINILM_CONFIG = "239f1d707f54c1e95ad2ec282842a3ed87038f05"
+INFINILM_MODELING = "0a7e522afb6079a30c7ecb50ce8abafe6cc3f808"
+LLADA_GENERATE = "65cbed294263040cb6946c32a91e16cbdad209d2"  # ML-GSAI/LLaDA, 2025-10-23
 DTYPES = ("float32", "bfloat16")
-DECODE_ALGS = ("maskgit_plus", "topk_margin", "entropy")
-DECODE_SCHEDULES = ((4, 4), (7, 3), (12, 5), (12, 12), (6, 9), (5, 1), (16, 8))  # (length, steps)
-DECODE_FILTERS = ((None, None), (0.95, None), (None, 3))  # (top_p, top_k)
+DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")
+DREAM_SCHEDULES = ((4, 4), (7, 3), (12, 5), (12, 12), (6, 9), (5, 1), (16, 8))  # (length, steps)
+DREAM_FILTERS = ((None, None), (0.95, None), (None, 3))  # (top_p, top_k)
+# (length, block, steps): one block or several, steps = length or fewer, with and without a
+# remainder (the first steps commit one more)
+LLADA_SCHEDULES = (
+    (8, 8, 8),
+    (10, 10, 4),
+    (12, 4, 6),
+    (14, 7, 6),
+    (12, 12, 3),
+    (16, 4, 16),
+    (9, 9, 2),
+)
 DECODE_PROMPTS = 3
 EPS = 1e-3  # Dream's generation config's
 VERDICTS = ("same", "same, ties leftmost", "differs")
@@ -69,53 +89,51 @@ VERDICTS = ("same", "same, ties leftmost", "differs")
 
 @dataclass(frozen=True)
 class Upstream:
-    """Where one family's upstream files are, and what is compared."""
+    """Where one family's upstream files are, and which logits cases are compared."""
 
     family: str  # its folder under the fixtures, and the package its files go into
-    repo: str  # owner/name on GitHub
-    files: tuple[tuple[str, str], ...]  # (path in the repository, commit)
+    files: tuple[tuple[str, str, str], ...]  # (owner/name on GitHub, path in it, commit)
     model_class: str  # in the package's modeling module
     cases: tuple[str, ...]
 
     @property
     def modeling(self) -> str:
-        return next(Path(p).stem for p, _ in self.files if Path(p).stem.startswith("modeling"))
+        return next(Path(p).stem for _, p, _ in self.files if Path(p).stem.startswith("modeling"))
 
 
-def _dllm(folder: str, *names: str) -> tuple[tuple[str, str], ...]:
-    return tuple((f"dllm/pipelines/{folder}/models/{name}", DLLM) for name in names)
+def _dllm(folder: str, *names: str) -> tuple[tuple[str, str, str], ...]:
+    return tuple(("ZHZisZZ/dllm", f"dllm/pipelines/{folder}/models/{name}", DLLM) for name in names)
 
 
-# the sources named in tests/fixtures/official-tiny/README.md; LLaDA's and Dream's hub files
-# from the same dllm commit
+# the sources named in tests/fixtures/official-tiny/README.md (LLaDA's and Dream's hub files
+# from the same dllm commit), and LLaDA's own sampler, generate.py of its repository
 UPSTREAM = (
     Upstream(
         "llada",
-        "ZHZisZZ/dllm",
-        _dllm("llada", "configuration_llada.py", "modeling_llada.py"),
+        (
+            *_dllm("llada", "configuration_llada.py", "modeling_llada.py"),
+            ("ML-GSAI/LLaDA", "generate.py", LLADA_GENERATE),
+        ),
         "LLaDAModelLM",
         ("plain", "padded"),
     ),
     Upstream(
         "dream",
-        "ZHZisZZ/dllm",
         _dllm("dream", "configuration_dream.py", "modeling_dream.py", "generation_utils.py"),
         "DreamModel",
         ("plain", "padded"),
     ),
     Upstream(
         "llada_moe",
-        "InfiniTensor/InfiniLM",
         (
-            ("configuration_lladamoe.py", "239f1d707f54c1e95ad2ec282842a3ed87038f05"),
-            ("modeling_lladamoe.py", "0a7e522afb6079a30c7ecb50ce8abafe6cc3f808"),
+            ("InfiniTensor/InfiniLM", "configuration_lladamoe.py", INFINILM_CONFIG),
+            ("InfiniTensor/InfiniLM", "modeling_lladamoe.py", INFINILM_MODELING),
         ),
         "LLaDAMoEModelLM",
         ("plain",),
     ),
     Upstream(
         "llada2",
-        "ZHZisZZ/dllm",
         _dllm("llada", "configuration_llada2_moe.py", "modeling_llada2_moe.py"),
         "LLaDA2MoeModelLM",
         ("plain", "padded_4d", "block"),
@@ -142,22 +160,20 @@ def export(mirrors: Path, dest: Path) -> dict[str, list[dict[str, str]]]:
     what was read (repository, commit, path, git blob id) for the record."""
     record: dict[str, list[dict[str, str]]] = {}
     for up in UPSTREAM:
-        mirror = mirrors / up.repo.replace("/", "+") / "repo"
-        if not mirror.exists():
-            raise SystemExit(
-                f"--mirrors {mirrors}: no mirror of {up.repo} at {mirror}; fetch "
-                f"github:{up.repo} (the fetch tool puts it there) or give the right folder"
-            )
         package = dest / up.family
         package.mkdir(parents=True)
         (package / "__init__.py").write_text("")
         record[up.family] = []
-        for path, commit in up.files:
+        for repo, path, commit in up.files:
+            mirror = mirrors / repo.replace("/", "+") / "repo"
+            if not mirror.exists():
+                raise SystemExit(
+                    f"--mirrors {mirrors}: no mirror of {repo} at {mirror}; fetch "
+                    f"github:{repo} (the fetch tool puts it there) or give the right folder"
+                )
             blob = _git(mirror, "rev-parse", f"{commit}:{path}").decode().strip()
             (package / Path(path).name).write_bytes(_git(mirror, "cat-file", "blob", blob))
-            record[up.family].append(
-                {"repo": up.repo, "commit": commit, "path": path, "blob": blob}
-            )
+            record[up.family].append({"repo": repo, "commit": commit, "path": path, "blob": blob})
     return record
 
 
@@ -192,52 +208,40 @@ def upstream_case(model: object, expected: dict, case: str, dtype: object) -> ob
 
 
 def decode_cases() -> list[dict[str, object]]:
-    """Every decode compared, as (alg, length, steps, top_p, top_k, prompt)."""
-    return [
-        {"alg": alg, "length": length, "steps": steps, "top_p": p, "top_k": k, "prompt": i}
-        for alg in DECODE_ALGS
-        for length, steps in DECODE_SCHEDULES
-        for p, k in DECODE_FILTERS
+    """Every decode compared: Dream's, then LLaDA's (the module docstring)."""
+    base = {"top_p": None, "top_k": None}
+    dream = [
+        {"family": "dream", "alg": alg, "length": length, "block": length, "steps": steps,
+         "top_p": p, "top_k": k, "prompt": i}
+        for alg in DREAM_ALGS
+        for length, steps in DREAM_SCHEDULES
+        for p, k in DREAM_FILTERS
         for i in range(DECODE_PROMPTS)
-    ]
+    ]  # fmt: skip
+    llada = [
+        {"family": "llada", "alg": "low_confidence", "length": length, "block": block,
+         "steps": steps, **base, "prompt": i}
+        for length, block, steps in LLADA_SCHEDULES
+        for i in range(DECODE_PROMPTS)
+    ]  # fmt: skip
+    return dream + llada
 
 
 def decode_prompt(index: int) -> object:
-    """Prompt `index`: ordinary tokens (below the fixture's special ids, 240 and up)."""
+    """Prompt `index`: ordinary tokens (below the fixtures' special ids, 240 and up)."""
     import torch
 
     return torch.randint(0, 240, (5 + index,), generator=torch.Generator().manual_seed(index))
 
 
-def tie_watch(generation: object, case: dict, mask_id: int, ties: list[int]) -> object:
-    """Dream's logits hook for `case`: the mask token's logit to -inf, and each step whose
-    commit boundary falls inside a tie appended to `ties` (the module docstring)."""
-    import torch
-
-    timesteps = torch.linspace(1, EPS, case["steps"] + 1)
-
-    def hook(step: int, x: object, logits: object) -> object:
-        logits[..., mask_id] = float("-inf")
-        masked = x == mask_id
-        confidence, _ = generation.sample_tokens(
-            logits[masked], 0.0, top_p=case["top_p"], top_k=case["top_k"],
-            margin_confidence=case["alg"] == "topk_margin", neg_entropy=case["alg"] == "entropy",
-        )  # fmt: skip
-        count = masked.sum() / masked.shape[0]  # the file's formula, at one row
-        t, s = timesteps[step], timesteps[step + 1]
-        commits = int(count * (1 - s / t)) if step < case["steps"] - 1 else int(count)
-        if 0 < commits < confidence.numel():
-            top = confidence.topk(commits + 1).values
-            if top[commits - 1] == top[commits]:
-                ties.append(step)
-        return logits
-
-    return hook
+def mask_id(fixtures: Path, family: str) -> int:
+    config = json.loads((fixtures / family / "config.json").read_text(encoding="utf-8"))
+    return int(config["mask_token_id"])
 
 
 class LeftmostTopk:
-    """`torch` as Dream's file sees it, but `topk` returns tied values leftmost first (ours'
-    documented order): the second run of a case whose first run met a tie."""
+    """`torch` as an upstream sampler module sees it, but `topk` returns tied values leftmost
+    first (ours' documented order): each case's second upstream run."""
 
     def __init__(self, torch: object) -> None:
         self._torch = torch
@@ -250,42 +254,93 @@ class LeftmostTopk:
         return values.gather(-1, order), order
 
 
-def _dream_decode(model: object, generation: object, case: dict) -> tuple[list[int], list[int]]:
-    """Dream's own decode of `case`: (the answer's tokens, the steps that met a tie)."""
-    mask_id, prompt, ties = model.config.mask_token_id, decode_prompt(case["prompt"]), []
-    config = generation.DreamGenerationConfig(
-        mask_token_id=mask_id, max_new_tokens=case["length"], steps=case["steps"],
-        temperature=0.0, alg=case["alg"], alg_temp=0.0, top_p=case["top_p"],
-        top_k=case["top_k"], eps=EPS, return_dict=True,
-    )  # fmt: skip
-    hook = tie_watch(generation, case, mask_id, ties)
-    out = model.diffusion_generate(
-        prompt[None], generation_config=config, generation_logits_hook_func=hook
-    )
-    return out.sequences[0, len(prompt) :].tolist(), ties
+@contextlib.contextmanager
+def leftmost_ties(module: object) -> Iterator[None]:
+    """`module` (an upstream sampler's) with `LeftmostTopk` as its `torch` for a while."""
+    import torch
+
+    module.torch = LeftmostTopk(torch)
+    try:
+        yield
+    finally:
+        module.torch = torch
+
+
+def dream_sampler(model: object, generation: object, mask: int) -> Callable[[dict], list[int]]:
+    """Dream's own `diffusion_generate` on a case, the mask token's logit set to -inf through
+    its own logits hook."""
+
+    def suppress(step: int, x: object, logits: object) -> object:
+        logits[..., mask] = float("-inf")
+        return logits
+
+    def run(case: dict) -> list[int]:
+        prompt = decode_prompt(case["prompt"])
+        config = generation.DreamGenerationConfig(
+            mask_token_id=mask, max_new_tokens=case["length"], steps=case["steps"],
+            temperature=0.0, alg=case["alg"], alg_temp=0.0, top_p=case["top_p"],
+            top_k=case["top_k"], eps=EPS, return_dict=True,
+        )  # fmt: skip
+        out = model.diffusion_generate(
+            prompt[None], generation_config=config, generation_logits_hook_func=suppress
+        )
+        return out.sequences[0, len(prompt) :].tolist()
+
+    return run
+
+
+def llada_sampler(model: object, sampler: object, mask: int) -> Callable[[dict], list[int]]:
+    """LLaDA's own `generate` (its generate.py) on a case, given the model through a wrapper
+    that sets the mask token's logit to -inf."""
+    import torch
+
+    class Suppressed(torch.nn.Module):
+        device = torch.device("cpu")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x: torch.Tensor, attention_mask: object = None) -> object:
+            out = self.inner(x, attention_mask=attention_mask)
+            out.logits[..., mask] = float("-inf")
+            return out
+
+    wrapped = Suppressed()
+
+    def run(case: dict) -> list[int]:
+        prompt = decode_prompt(case["prompt"])
+        x = sampler.generate(
+            wrapped, prompt[None], steps=case["steps"], gen_length=case["length"],
+            block_length=case["block"], temperature=0.0, mask_id=mask,
+        )  # fmt: skip
+        return x[0, len(prompt) :].tolist()
+
+    return run
 
 
 def upstream_decodes(fixtures: Path) -> list[dict[str, object]]:
-    """The child process: Dream's `diffusion_generate` on every decode case; a case that met
-    a tie is run again with ties to the leftmost (`tokens_leftmost`)."""
+    """The child process: each decode case by its family's own sampler, as it is
+    (`tokens`) and with ties leftmost (`tokens_leftmost`)."""
     import importlib
 
     import torch
 
-    dream = next(up for up in UPSTREAM if up.family == "dream")
-    model = upstream_model(dream, fixtures / "dream", torch.float32)
-    generation = importlib.import_module("dream.generation_utils")
+    by_family = {up.family: up for up in UPSTREAM}
+    samplers = {}
+    for family, module, make in (
+        ("dream", "dream.generation_utils", dream_sampler),
+        ("llada", "llada.generate", llada_sampler),
+    ):
+        model = upstream_model(by_family[family], fixtures / family, torch.float32)
+        sampler = importlib.import_module(module)
+        samplers[family] = (make(model, sampler, mask_id(fixtures, family)), sampler)
     found = []
     for case in decode_cases():
-        tokens, ties = _dream_decode(model, generation, case)
-        row = {**case, "tokens": tokens, "ties": ties}
-        if ties:
-            generation.torch = LeftmostTopk(torch)
-            try:
-                row["tokens_leftmost"] = _dream_decode(model, generation, case)[0]
-            finally:
-                generation.torch = torch
-        found.append(row)
+        run, sampler = samplers[case["family"]]
+        tokens = run(case)
+        with leftmost_ties(sampler):
+            found.append({**case, "tokens": tokens, "tokens_leftmost": run(case)})
     return found
 
 
@@ -362,35 +417,42 @@ def compare(fixtures: Path, theirs: dict) -> list[dict[str, object]]:
 
 
 def our_decodes(fixtures: Path) -> list[list[int]]:
-    """Our `decoder=dream` on every decode case (`decode_cases`' order), float32."""
+    """Our decoder on every decode case (`decode_cases`' order), float32: `decoder=dream` for
+    Dream, LLaDA's default (the fixed schedule, low-confidence remasking) for LLaDA."""
     import torch
 
     from lm_eval_dvoting.core.decoding.rows import generate
     from lm_eval_dvoting.core.decoding.state import DreamDecoding
     from lm_eval_dvoting.models.loading import load_model
 
-    model = load_model(str(fixtures / "dream"), device="cpu", dtype="float32")
+    models = {
+        family: load_model(str(fixtures / family), device="cpu", dtype="float32")
+        for family in ("dream", "llada")
+    }
     found = []
     for case in decode_cases():
+        settings = {
+            "gen_length": case["length"], "block_length": case["block"],
+            "steps": case["steps"], "temperature": 0.0,
+        }  # fmt: skip
+        if case["family"] == "dream":
+            dream = DreamDecoding(alg=case["alg"], alg_temp=0.0, eps=EPS)
+            settings.update(rule="dream", dream=dream, top_p=case["top_p"], top_k=case["top_k"])
         with torch.no_grad():
-            result = generate(
-                model, decode_prompt(case["prompt"])[None], gen_length=case["length"],
-                block_length=case["length"], steps=case["steps"], rule="dream",
-                dream=DreamDecoding(alg=case["alg"], alg_temp=0.0, eps=EPS), temperature=0.0,
-                top_p=case["top_p"], top_k=case["top_k"],
-            )  # fmt: skip
-        found.append(result.tokens[0].tolist())
+            prompt = decode_prompt(case["prompt"])[None]
+            found.append(generate(models[case["family"]], prompt, **settings).tokens[0].tolist())
     return found
 
 
 def decode_verdicts(theirs: list[dict], ours: list[list[int]]) -> list[dict[str, object]]:
-    """Each decode case with its verdict: `same` (Dream's tokens); `same, ties leftmost`
-    (Dream's run met a tie, and its run with ties to the leftmost gives ours); `differs`."""
+    """Each decode case with its verdict: `same` (upstream's own tokens); `same, ties
+    leftmost` (upstream's run with ties leftmost gives ours, its own run other tokens: a tie
+    decided a commit there); `differs`."""
     rows = []
     for case, tokens in zip(theirs, ours, strict=True):
         if case["tokens"] == tokens:
             verdict = "same"
-        elif case["ties"] and case.get("tokens_leftmost") == tokens:
+        elif case["tokens_leftmost"] == tokens:
             verdict = "same, ties leftmost"
         else:
             verdict = "differs"
@@ -399,20 +461,19 @@ def decode_verdicts(theirs: list[dict], ours: list[list[int]]) -> list[dict[str,
 
 
 def decode_lines(rows: list[dict[str, object]]) -> list[str]:
-    """One line per (alg, filter): how many cases agree, how many met a tie, how many differ;
-    then each differing case."""
+    """One line per (family, alg, filter): the cases and their verdicts; then each
+    differing case."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["family"], row["alg"], row["top_p"], row["top_k"]), []).append(row)
     lines = []
-    for alg in DECODE_ALGS:
-        for top_p, top_k in DECODE_FILTERS:
-            group = [r for r in rows if (r["alg"], r["top_p"], r["top_k"]) == (alg, top_p, top_k)]
-            tied = sum(bool(r["ties"]) for r in group)
-            by_verdict = {v: sum(r["verdict"] == v for r in group) for v in VERDICTS}
-            lines.append(
-                f"dream decode {alg:<12} top_p={top_p} top_k={top_k}: {len(group)} cases, "
-                f"{tied} met a tie; {by_verdict['same']} same, "
-                f"{by_verdict['same, ties leftmost']} same with ties leftmost, "
-                f"{by_verdict['differs']} differ"
-            )
+    for (family, alg, top_p, top_k), group in groups.items():
+        count = {v: sum(r["verdict"] == v for r in group) for v in VERDICTS}
+        lines.append(
+            f"{family} decode {alg:<14} top_p={top_p} top_k={top_k}: {len(group)} cases, "
+            f"{count['same']} same, {count['same, ties leftmost']} same with ties leftmost, "
+            f"{count['differs']} differ"
+        )
     return lines + [f"  DIFFERS: {r}" for r in rows if r["verdict"] == "differs"]
 
 
