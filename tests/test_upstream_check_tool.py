@@ -131,10 +131,11 @@ def test_an_upstream_path_without_transformers_is_refused(tmp_path: Path, capsys
 # ------------------------------------------------------------------ the decodes
 
 
-def _case(tokens: list[int], leftmost: list[int]) -> dict:
-    """A decode case as the upstream side returns it."""
-    case = {"family": "llada", "alg": "low_confidence", "top_p": None, "top_k": None}
-    return {**case, "prompt": 0, "tokens": tokens, "tokens_leftmost": leftmost}
+def _case(tokens: list[int], leftmost: list[int], passes: int = 3) -> dict:
+    """A decode case as the upstream side returns it (both runs with `passes` passes)."""
+    case = tool._case("llada", "low_confidence", 3, 3, 3, 0)
+    runs = {"tokens": tokens, "passes": passes, "tokens_leftmost": leftmost}
+    return {**case, **runs, "passes_leftmost": passes}
 
 
 def test_decode_verdicts_excuse_a_difference_only_where_the_leftmost_run_agrees():
@@ -144,44 +145,72 @@ def test_decode_verdicts_excuse_a_difference_only_where_the_leftmost_run_agrees(
         _case([1, 2, 3], [3, 2, 1]),
         _case([1, 2, 3], [1, 2, 3]),  # no tie decided: any difference fails
         _case([1, 2, 3], [3, 2, 1]),  # neither run
+        _case([1, 2, 3], [1, 2, 3], passes=4),  # the tokens, but not the forward passes
     ]
-    ours = [[1, 2, 3], [1, 2, 3], [3, 2, 1], [3, 2, 1], [2, 2, 2]]
-    rows = tool.decode_verdicts(theirs, ours)
+    ours = [[1, 2, 3], [1, 2, 3], [3, 2, 1], [3, 2, 1], [2, 2, 2], [1, 2, 3]]
+    rows = tool.decode_verdicts(theirs, [(tokens, 3) for tokens in ours])
     assert [row["verdict"] for row in rows] == [
-        "same", "same", "same, ties leftmost", "differs", "differs",
+        "same", "same", "same, ties leftmost", "differs", "differs", "differs",
     ]  # fmt: skip
     lines = tool.decode_lines(rows)
-    assert lines[0].endswith("5 cases, 2 same, 1 same with ties leftmost, 2 differ")
-    assert sum(line.startswith("  DIFFERS") for line in lines) == 2
+    assert lines[0].endswith("6 cases, 2 same, 1 same with ties leftmost, 3 differ")
+    assert sum(line.startswith("  DIFFERS") for line in lines) == 3
 
 
-def test_leftmost_topk_breaks_ties_leftmost_and_keeps_the_values():
+def test_sampler_torch_changes_only_what_it_is_asked_to():
     values = torch.tensor([[0.5, 0.9, 0.5, 0.9, 0.1, 0.5]])
-    stable = tool.LeftmostTopk(torch)
-    top, index = stable.topk(values, 4)
-    assert index.tolist() == [[1, 3, 0, 2]]
+    leftmost = tool.SamplerTorch(torch, leftmost=True)
+    top, index = leftmost.topk(values, 4)
+    assert index.tolist() == [[1, 3, 0, 2]] and index.is_contiguous()
     assert torch.equal(top, torch.topk(values, 4).values)
-    assert stable.topk(values[0], k=torch.tensor(3))[1].tolist() == [1, 3, 0]  # LLaDA's call
-    assert stable.zeros is torch.zeros  # everything else is torch's own
+    assert leftmost.topk(values[0], k=torch.tensor(3))[1].tolist() == [1, 3, 0]  # LLaDA's call
+    plain = tool.SamplerTorch(torch)
+    assert torch.equal(plain.topk(values, 4).indices, torch.topk(values, 4).indices)
+    assert plain.zeros is torch.zeros and plain.bfloat16 is torch.bfloat16
+    greedy = tool.SamplerTorch(torch, greedy=True)
+    probs = torch.tensor([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]])
+    assert greedy.multinomial(probs, num_samples=1).tolist() == [[1], [0]]
+    assert greedy.bfloat16 is torch.float32
 
 
-def test_leftmost_ties_swaps_a_modules_torch_and_puts_it_back():
+def test_sampler_torch_is_swapped_in_and_put_back():
     import types
 
     module = types.SimpleNamespace(torch=torch)
     with pytest.raises(RuntimeError):
-        with tool.leftmost_ties(module):
-            assert isinstance(module.torch, tool.LeftmostTopk)
+        with tool.sampler_torch(module, leftmost=True, greedy=False):
+            assert isinstance(module.torch, tool.SamplerTorch)
             raise RuntimeError
     assert module.torch is torch
+
+
+def test_the_wrapped_forward_suppresses_the_mask_and_counts():
+    class Out:
+        def __init__(self, logits):
+            self.logits = logits
+
+    class Model:
+        def forward(self, x):
+            return Out(torch.zeros(1, len(x), 5))
+
+    model = Model()
+    passes = tool.suppressed_and_counted(model, 4)
+    first, _ = model.forward([1, 2]), model.forward([3])
+    assert passes == [2] and torch.isinf(first.logits[..., 4]).all()
+    assert not torch.isinf(first.logits[..., :4]).any()
 
 
 def test_our_decodes_follow_the_cases_in_order(monkeypatch):
     monkeypatch.setattr(tool, "DREAM_SCHEDULES", ((4, 4),))
     monkeypatch.setattr(tool, "LLADA_SCHEDULES", ((8, 4, 4), (9, 9, 2)))
+    monkeypatch.setattr(tool, "LLADA2_SETTINGS", ((0.95, None),))
     monkeypatch.setattr(tool, "DECODE_PROMPTS", 2)
     cases, ours = tool.decode_cases(), tool.our_decodes(FIXTURES)
-    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2
-    assert [len(tokens) for tokens in ours] == [case["length"] for case in cases]
-    assert all(250 not in tokens for tokens in ours)  # the fixtures' mask id is never committed
-    assert len({tuple(t) for t in ours}) > 2  # not one answer for every case
+    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2 + 3 * 2 * 2
+    for case, (tokens, passes) in zip(cases, ours):
+        assert 250 not in tokens  # the fixtures' mask id is never committed
+        if case["family"] == "llada2":  # cut after the first end token, as upstream returns it
+            assert 249 not in tokens[:-1] and len(tokens) <= case["length"]
+        else:
+            assert len(tokens) == case["length"] and passes == case["steps"]
+    assert len({tuple(tokens) for tokens, _ in ours}) > 2  # not one answer for every case

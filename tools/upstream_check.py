@@ -1,7 +1,8 @@
 """Each family's own code and ours on the official-tiny checkpoints: are the logits the same
 bits, in float32 and bfloat16 (docs/MODELS.md, "Numerics, as each family's own code computes
-them")? And do Dream's own `diffusion_generate` and LLaDA's own `generate` (its repository's
-generate.py) give our decoders' tokens (docs/STRATEGIES.md)?
+them")? And do LLaDA's own `generate` (its repository's generate.py), Dream's own
+`diffusion_generate` and LLaDA2.0's own `generate` give our decoders' tokens and forward
+passes (docs/STRATEGIES.md, docs/MODELS.md)?
 
     # once: the transformers the upstream files were written for (they do not import under
     # transformers 5), in a folder of its own; torch is this environment's
@@ -26,27 +27,38 @@ The cases, each on the fixture's `input_ids` (2 rows of 12; tests/fixtures/offic
   block lengths (4, 4) with the fixture's positions.
 
 The decodes (float32, one row, temperature 0, 3 prompts each), upstream's sampler against our
-`generate`:
+`generate`, tokens and forward passes:
 - Dream: `diffusion_generate` (whole answer, `alg_temp` 0) x `DREAM_ALGS` x `DREAM_SCHEDULES` x
   `DREAM_FILTERS`, against `rule="dream"`;
 - LLaDA: generate.py's `generate` (low-confidence remasking) x `LLADA_SCHEDULES` (one block and
-  several), against LLaDA's default decoding.
+  several), against LLaDA's default decoding;
+- LLaDA2.0: its model's `generate` x `LLADA2_SETTINGS` x `LLADA2_SHAPES`, against our block
+  diffusion with `cache=none` and `cache=block` (its default), our answer cut after its first
+  end token as upstream's is.
 Left out: Dream's `alg=origin`, any temperature or `alg_temp` above 0 and LLaDA's `random`
 remasking (there upstream draws from torch's global generator, ours from the row's; the
-distributions are tested in tests/), LLaDA's `cfg_scale` (not ours), several rows.
-The mask token's logit is set to -inf in upstream's runs, as ours does first (STRATEGIES.md:
-on these fixtures the mask token can win an argmax): through Dream's own logits hook
-(`generation_logits_hook_func`); for LLaDA, by a wrapper around the model handed to
-`generate`. No file is changed. Ours commits the leftmost of tied positions (STRATEGIES.md),
-where upstream leaves ties to `torch.topk`; so each case runs twice upstream, as it is and with
-the sampler module's `torch` replaced by `LeftmostTopk` (its `topk` returns ties leftmost
-first). Ours must give the first run's tokens (`same`) or the second's (`same, ties
-leftmost`: the two runs differ only where a tie decided a commit); anything else fails.
+distributions are tested in tests/), LLaDA's `cfg_scale` (not ours), LLaDA2.1 (another file),
+several rows.
 
-One setting is made from outside, no file changed: LLaDA's `LLaDAModelLM.__init__` builds its
-network on "cuda" whatever the config says, so the LLaDA network is built on the CPU through
-its own classes (`LLaDAModel` with `init_device="cpu"`, handed to `LLaDAModelLM`) and given the
-checkpoint's tensors with a strict `load_state_dict`; the other three use `from_pretrained`.
+What is done from outside, no file changed:
+- The mask token's logit is set to -inf in upstream's runs, as ours does first (STRATEGIES.md:
+  on these fixtures the mask token can win an argmax), by wrapping the model's `forward` on the
+  instance (`suppressed_and_counted`), which also counts the forward passes.
+- Ties: ours commits the leftmost of tied positions (STRATEGIES.md), where upstream leaves
+  them to `torch.topk`. So each case runs twice upstream, as it is and with the sampler
+  module's `torch` replaced by a `SamplerTorch` whose `topk` returns ties leftmost first. Ours
+  must give the first run's tokens and passes (`same`) or the second's (`same, ties leftmost`:
+  the runs differ only where a tie decided a commit); anything else fails.
+- LLaDA2.0 at temperature 0: upstream still draws with `torch.multinomial`, where ours takes
+  the argmax (a deviation MODELS.md lists), so its module's `torch` has `multinomial` as the
+  argmax in both runs; and its block mask (0 and -inf, exact in any dtype), which it casts to
+  bfloat16, is cast to float32, which the float32 model's attention accepts. (Its module is
+also its model's, so its router's `topk` is the leftmost one in the second run too: the
+same values, other indices only among exactly tied expert scores.)
+- LLaDA's `LLaDAModelLM.__init__` builds its network on "cuda" whatever the config says, so the
+  LLaDA network is built on the CPU through its own classes (`LLaDAModel` with
+  `init_device="cpu"`, handed to `LLaDAModelLM`) and given the checkpoint's tensors with a
+  strict `load_state_dict`; the other three use `from_pretrained`.
 """
 
 from __future__ import annotations
@@ -59,7 +71,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "official-tiny"
@@ -82,9 +94,14 @@ LLADA_SCHEDULES = (
     (16, 4, 16),
     (9, 9, 2),
 )
+# LLaDA2.0: (threshold, steps; None = generate()'s 32, capped at the answer length), and
+# (answer length, block)
+LLADA2_SETTINGS = ((0.95, None), (0.3, None), (0.95, 3), (1.0, None), (1.0, 3))
+LLADA2_SHAPES = ((5, 4), (8, 4), (12, 8))
 DECODE_PROMPTS = 3
 EPS = 1e-3  # Dream's generation config's
 VERDICTS = ("same", "same, ties leftmost", "differs")
+GROUPED_BY = ("family", "alg", "top_p", "top_k", "threshold", "cache")  # a line each
 
 
 @dataclass(frozen=True)
@@ -207,24 +224,37 @@ def upstream_case(model: object, expected: dict, case: str, dtype: object) -> ob
     return model(ids, attention_mask=mask.to(dtype), position_ids=positions).logits
 
 
+def _case(family: str, alg: str, length: int, block: int, steps: int | None, prompt: int,
+          **settings: object) -> dict[str, object]:  # fmt: skip
+    """One decode case; settings a family does not read stay None."""
+    unset = {"top_p": None, "top_k": None, "threshold": None, "cache": None}
+    return {"family": family, "alg": alg, "length": length, "block": block, "steps": steps,
+            **unset, **settings, "prompt": prompt}  # fmt: skip
+
+
 def decode_cases() -> list[dict[str, object]]:
-    """Every decode compared: Dream's, then LLaDA's (the module docstring)."""
-    base = {"top_p": None, "top_k": None}
+    """Every decode compared: Dream's, LLaDA's, then LLaDA2's (the module docstring)."""
+    prompts = range(DECODE_PROMPTS)
     dream = [
-        {"family": "dream", "alg": alg, "length": length, "block": length, "steps": steps,
-         "top_p": p, "top_k": k, "prompt": i}
+        _case("dream", alg, length, length, steps, i, top_p=p, top_k=k)
         for alg in DREAM_ALGS
         for length, steps in DREAM_SCHEDULES
         for p, k in DREAM_FILTERS
-        for i in range(DECODE_PROMPTS)
-    ]  # fmt: skip
+        for i in prompts
+    ]
     llada = [
-        {"family": "llada", "alg": "low_confidence", "length": length, "block": block,
-         "steps": steps, **base, "prompt": i}
+        _case("llada", "low_confidence", length, block, steps, i)
         for length, block, steps in LLADA_SCHEDULES
-        for i in range(DECODE_PROMPTS)
-    ]  # fmt: skip
-    return dream + llada
+        for i in prompts
+    ]
+    llada2 = [
+        _case("llada2", "threshold", length, block, steps, i, threshold=threshold, cache=cache)
+        for threshold, steps in LLADA2_SETTINGS
+        for length, block in LLADA2_SHAPES
+        for cache in ("none", "block")
+        for i in prompts
+    ]
+    return dream + llada + llada2
 
 
 def decode_prompt(index: int) -> object:
@@ -239,108 +269,129 @@ def mask_id(fixtures: Path, family: str) -> int:
     return int(config["mask_token_id"])
 
 
-class LeftmostTopk:
-    """`torch` as an upstream sampler module sees it, but `topk` returns tied values leftmost
-    first (ours' documented order): each case's second upstream run."""
+class SamplerTorch:
+    """`torch` as an upstream sampler module sees it, with at most these changes:
+    `leftmost`: `topk` over the last dimension returns tied values leftmost first (ours'
+    documented order; each case's second upstream run); `greedy` (LLaDA2): `multinomial` is
+    the argmax, and `bfloat16` is float32 (the module docstring)."""
 
-    def __init__(self, torch: object) -> None:
-        self._torch = torch
+    def __init__(self, torch: object, leftmost: bool = False, greedy: bool = False) -> None:
+        self._torch, self._leftmost = torch, leftmost
+        if greedy:
+            self.multinomial = lambda probs, num_samples=1: probs.argmax(-1, keepdim=True)
+            self.bfloat16 = torch.float32
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._torch, name)
 
-    def topk(self, values: object, k: int) -> tuple[object, object]:
-        order = self._torch.sort(values, dim=-1, descending=True, stable=True).indices[..., :k]
+    def topk(
+        self, values: object, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+    ) -> tuple[object, object]:
+        if not self._leftmost or not largest or dim not in (-1, values.dim() - 1):
+            return self._torch.topk(values, k, dim=dim, largest=largest, sorted=sorted)
+        ranked = self._torch.sort(values, dim=-1, descending=True, stable=True).indices
+        order = ranked[..., :k].contiguous()
         return values.gather(-1, order), order
 
 
 @contextlib.contextmanager
-def leftmost_ties(module: object) -> Iterator[None]:
-    """`module` (an upstream sampler's) with `LeftmostTopk` as its `torch` for a while."""
+def sampler_torch(module: object, leftmost: bool, greedy: bool) -> Iterator[None]:
+    """`module` (an upstream sampler's) with a `SamplerTorch` as its `torch` for a while."""
     import torch
 
-    module.torch = LeftmostTopk(torch)
+    module.torch = SamplerTorch(torch, leftmost=leftmost, greedy=greedy)
     try:
         yield
     finally:
         module.torch = torch
 
 
-def dream_sampler(model: object, generation: object, mask: int) -> Callable[[dict], list[int]]:
-    """Dream's own `diffusion_generate` on a case, the mask token's logit set to -inf through
-    its own logits hook."""
+def suppressed_and_counted(model: object, mask: int) -> list[int]:
+    """`model.forward` wrapped on the instance (no file changed): the mask token's logit set
+    to -inf in every output, as ours does first, and each call counted in the one-item list
+    returned. Dream's and LLaDA's samplers call the model, LLaDA2's its `forward`: all reach
+    the wrapper."""
+    forward, passes = model.forward, [0]
 
-    def suppress(step: int, x: object, logits: object) -> object:
-        logits[..., mask] = float("-inf")
-        return logits
+    def wrapped(*args: object, **kwargs: object) -> object:
+        out = forward(*args, **kwargs)
+        out.logits[..., mask] = float("-inf")
+        passes[0] += 1
+        return out
 
-    def run(case: dict) -> list[int]:
-        prompt = decode_prompt(case["prompt"])
-        config = generation.DreamGenerationConfig(
-            mask_token_id=mask, max_new_tokens=case["length"], steps=case["steps"],
-            temperature=0.0, alg=case["alg"], alg_temp=0.0, top_p=case["top_p"],
-            top_k=case["top_k"], eps=EPS, return_dict=True,
-        )  # fmt: skip
-        out = model.diffusion_generate(
-            prompt[None], generation_config=config, generation_logits_hook_func=suppress
-        )
-        return out.sequences[0, len(prompt) :].tolist()
-
-    return run
+    model.forward = wrapped
+    return passes
 
 
-def llada_sampler(model: object, sampler: object, mask: int) -> Callable[[dict], list[int]]:
-    """LLaDA's own `generate` (its generate.py) on a case, given the model through a wrapper
-    that sets the mask token's logit to -inf."""
-    import torch
+def dream_run(model: object, generation: object, case: dict, mask: int) -> list[int]:
+    """Dream's own `diffusion_generate` on a case."""
+    prompt = decode_prompt(case["prompt"])
+    config = generation.DreamGenerationConfig(
+        mask_token_id=mask, max_new_tokens=case["length"], steps=case["steps"],
+        temperature=0.0, alg=case["alg"], alg_temp=0.0, top_p=case["top_p"],
+        top_k=case["top_k"], eps=EPS, return_dict=True,
+    )  # fmt: skip
+    out = model.diffusion_generate(prompt[None], generation_config=config)
+    return out.sequences[0, len(prompt) :].tolist()
 
-    class Suppressed(torch.nn.Module):
-        device = torch.device("cpu")
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.inner = model
+def llada_run(model: object, sampler: object, case: dict, mask: int) -> list[int]:
+    """LLaDA's own `generate` (its repository's generate.py) on a case."""
+    prompt = decode_prompt(case["prompt"])
+    x = sampler.generate(
+        model, prompt[None], steps=case["steps"], gen_length=case["length"],
+        block_length=case["block"], temperature=0.0, mask_id=mask,
+    )  # fmt: skip
+    return x[0, len(prompt) :].tolist()
 
-        def forward(self, x: torch.Tensor, attention_mask: object = None) -> object:
-            out = self.inner(x, attention_mask=attention_mask)
-            out.logits[..., mask] = float("-inf")
-            return out
 
-    wrapped = Suppressed()
+def llada2_run(model: object, sampler: object, case: dict, mask: int) -> list[int]:
+    """LLaDA2's own `generate` (a method of its model) on a case: the answer up to and
+    including its first end token."""
+    prompt = decode_prompt(case["prompt"])
+    steps = 32 if case["steps"] is None else case["steps"]  # generate()'s default, as ours
+    answer = model.generate(
+        prompt[None], temperature=0.0, block_length=case["block"], steps=steps,
+        gen_length=case["length"], threshold=case["threshold"],
+        eos_id=model.config.eos_token_id, mask_id=mask,
+    )  # fmt: skip
+    return answer[0].tolist()
 
-    def run(case: dict) -> list[int]:
-        prompt = decode_prompt(case["prompt"])
-        x = sampler.generate(
-            wrapped, prompt[None], steps=case["steps"], gen_length=case["length"],
-            block_length=case["block"], temperature=0.0, mask_id=mask,
-        )  # fmt: skip
-        return x[0, len(prompt) :].tolist()
 
-    return run
+SAMPLERS = {  # family -> (the module its sampler reads `torch` from, the sampler)
+    "dream": ("dream.generation_utils", dream_run),
+    "llada": ("llada.generate", llada_run),
+    "llada2": ("llada2.modeling_llada2_moe", llada2_run),
+}
 
 
 def upstream_decodes(fixtures: Path) -> list[dict[str, object]]:
-    """The child process: each decode case by its family's own sampler, as it is
-    (`tokens`) and with ties leftmost (`tokens_leftmost`)."""
+    """The child process: each decode case by its family's own sampler, as it is (`tokens`,
+    `passes`) and with ties leftmost (`tokens_leftmost`, `passes_leftmost`)."""
     import importlib
 
     import torch
 
-    by_family = {up.family: up for up in UPSTREAM}
-    samplers = {}
-    for family, module, make in (
-        ("dream", "dream.generation_utils", dream_sampler),
-        ("llada", "llada.generate", llada_sampler),
-    ):
+    by_family, loaded = {up.family: up for up in UPSTREAM}, {}
+    for family, (module, run) in SAMPLERS.items():
         model = upstream_model(by_family[family], fixtures / family, torch.float32)
-        sampler = importlib.import_module(module)
-        samplers[family] = (make(model, sampler, mask_id(fixtures, family)), sampler)
+        mask = mask_id(fixtures, family)
+        loaded[family] = (
+            model,
+            importlib.import_module(module),
+            suppressed_and_counted(model, mask),
+            mask,
+        )
     found = []
     for case in decode_cases():
-        run, sampler = samplers[case["family"]]
-        tokens = run(case)
-        with leftmost_ties(sampler):
-            found.append({**case, "tokens": tokens, "tokens_leftmost": run(case)})
+        model, module, passes, mask = loaded[case["family"]]
+        row = dict(case)
+        for leftmost, suffix in ((False, ""), (True, "_leftmost")):
+            passes[0] = 0
+            with sampler_torch(module, leftmost=leftmost, greedy=case["family"] == "llada2"):
+                row["tokens" + suffix] = SAMPLERS[case["family"]][1](model, module, case, mask)
+            row["passes" + suffix] = passes[0]
+        found.append(row)
     return found
 
 
@@ -416,47 +467,58 @@ def compare(fixtures: Path, theirs: dict) -> list[dict[str, object]]:
     return rows
 
 
-def our_decodes(fixtures: Path) -> list[list[int]]:
-    """Our decoder on every decode case (`decode_cases`' order), float32: `decoder=dream` for
-    Dream, LLaDA's default (the fixed schedule, low-confidence remasking) for LLaDA."""
+def our_settings(case: dict) -> dict[str, object]:
+    """Our `generate`'s arguments for a decode case."""
+    from lm_eval_dvoting.core.decoding.state import BlockDecoding, DreamDecoding
+
+    settings = {"gen_length": case["length"], "block_length": case["block"], "temperature": 0.0}
+    if case["family"] == "llada2":
+        block = BlockDecoding(threshold=case["threshold"], steps=case["steps"])
+        return {**settings, "block": block, "cache": case["cache"]}
+    settings["steps"] = case["steps"]
+    if case["family"] == "dream":
+        dream = DreamDecoding(alg=case["alg"], alg_temp=0.0, eps=EPS)
+        settings.update(rule="dream", dream=dream, top_p=case["top_p"], top_k=case["top_k"])
+    return settings
+
+
+def our_decodes(fixtures: Path) -> list[tuple[list[int], int]]:
+    """Our decoders on every decode case (`decode_cases`' order), float32: `decoder=dream`
+    for Dream, LLaDA's default (the fixed schedule, low-confidence remasking), LLaDA2's block
+    diffusion (its answer cut after the first end token, as upstream returns it)."""
     import torch
 
     from lm_eval_dvoting.core.decoding.rows import generate
-    from lm_eval_dvoting.core.decoding.state import DreamDecoding
     from lm_eval_dvoting.models.loading import load_model
 
-    models = {
-        family: load_model(str(fixtures / family), device="cpu", dtype="float32")
-        for family in ("dream", "llada")
-    }
+    families = ("dream", "llada", "llada2")
+    models = {f: load_model(str(fixtures / f), device="cpu", dtype="float32") for f in families}
     found = []
     for case in decode_cases():
-        settings = {
-            "gen_length": case["length"], "block_length": case["block"],
-            "steps": case["steps"], "temperature": 0.0,
-        }  # fmt: skip
-        if case["family"] == "dream":
-            dream = DreamDecoding(alg=case["alg"], alg_temp=0.0, eps=EPS)
-            settings.update(rule="dream", dream=dream, top_p=case["top_p"], top_k=case["top_k"])
+        model, prompt = models[case["family"]], decode_prompt(case["prompt"])[None]
         with torch.no_grad():
-            prompt = decode_prompt(case["prompt"])[None]
-            found.append(generate(models[case["family"]], prompt, **settings).tokens[0].tolist())
+            result = generate(model, prompt, **our_settings(case))
+        tokens = result.tokens[0].tolist()
+        if case["family"] == "llada2":
+            ends = set(model.end_token_ids)
+            tokens = tokens[: next((k + 1 for k, t in enumerate(tokens) if t in ends), None)]
+        found.append((tokens, int(result.nfe[0])))
     return found
 
 
-def decode_verdicts(theirs: list[dict], ours: list[list[int]]) -> list[dict[str, object]]:
-    """Each decode case with its verdict: `same` (upstream's own tokens); `same, ties
-    leftmost` (upstream's run with ties leftmost gives ours, its own run other tokens: a tie
-    decided a commit there); `differs`."""
+def decode_verdicts(theirs: list[dict], ours: list[tuple]) -> list[dict[str, object]]:
+    """Each decode case with its verdict on (tokens, forward passes): `same` (upstream's own
+    run's); `same, ties leftmost` (its run with ties leftmost gives ours, its own run does not:
+    a tie decided a commit there); `differs`."""
     rows = []
-    for case, tokens in zip(theirs, ours, strict=True):
-        if case["tokens"] == tokens:
+    for case, (tokens, passes) in zip(theirs, ours, strict=True):
+        if (case["tokens"], case["passes"]) == (tokens, passes):
             verdict = "same"
-        elif case["tokens_leftmost"] == tokens:
+        elif (case["tokens_leftmost"], case["passes_leftmost"]) == (tokens, passes):
             verdict = "same, ties leftmost"
         else:
             verdict = "differs"
-        rows.append({**case, "ours": tokens, "verdict": verdict})
+        rows.append({**case, "ours": tokens, "our_passes": passes, "verdict": verdict})
     return rows
 
 
@@ -465,12 +527,14 @@ def decode_lines(rows: list[dict[str, object]]) -> list[str]:
     differing case."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["family"], row["alg"], row["top_p"], row["top_k"]), []).append(row)
+        groups.setdefault(tuple(row[key] for key in GROUPED_BY), []).append(row)
     lines = []
-    for (family, alg, top_p, top_k), group in groups.items():
+    for key, group in groups.items():
         count = {v: sum(r["verdict"] == v for r in group) for v in VERDICTS}
+        family, alg, *rest = key
+        named = " ".join(f"{k}={v}" for k, v in zip(GROUPED_BY[2:], rest) if v is not None)
         lines.append(
-            f"{family} decode {alg:<14} top_p={top_p} top_k={top_k}: {len(group)} cases, "
+            f"{family:<6} decode {alg:<14} {named:<24}: {len(group)} cases, "
             f"{count['same']} same, {count['same, ties leftmost']} same with ties leftmost, "
             f"{count['differs']} differ"
         )
