@@ -6,13 +6,14 @@ it printed.)"""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from lm_eval_dvoting.models.loading import load_model
 
@@ -173,6 +174,83 @@ def test_sampler_torch_changes_only_what_it_is_asked_to():
     assert greedy.bfloat16 is torch.float32
 
 
+def test_the_first_run_is_upstreams_own_and_the_second_breaks_ties_leftmost():
+    """`LoadedSampler.runs`: the first run sees the module's own torch (LLaDA2: only greedy),
+    the second the leftmost topk; each run's passes counted from 0; torch put back."""
+    import types
+
+    module, passes, seen = types.SimpleNamespace(torch=torch), [7], []
+
+    def run(model, module, case, mask):
+        seen.append(module.torch)
+        passes[0] += len(seen)
+        return [len(seen)]
+
+    sampler = tool.LoadedSampler("model", module, run, passes, 250)
+    found = sampler.runs(tool._case("dream", "entropy", 3, 3, 3, 0))
+    assert seen[0] is torch and isinstance(seen[1], tool.SamplerTorch)
+    assert seen[1].topk(torch.tensor([1.0, 1.0]), 1)[1].tolist() == [0]  # leftmost
+    assert found == {"tokens": [1], "passes": 1, "tokens_leftmost": [2], "passes_leftmost": 2}
+    seen.clear()
+    sampler.runs(tool._case("llada2", "threshold", 3, 3, None, 0, threshold=0.9, cache="none"))
+    greedy, both = seen
+    assert greedy.bfloat16 is torch.float32 and both.bfloat16 is torch.float32
+    tied = torch.tensor([[0.5, 0.9, 0.9]])
+    assert torch.equal(greedy.topk(tied, 1)[1], torch.topk(tied, 1)[1])  # torch's own there
+    assert both.topk(tied, 1)[1].tolist() == [[1]]
+    assert module.torch is torch
+
+
+def test_our_settings_carry_each_cases_settings():
+    dream = tool._case("dream", "topk_margin", 6, 6, 4, 1, top_p=0.9, top_k=2)
+    settings = tool.our_settings(dream)
+    assert (settings["rule"], settings["dream"].alg, settings["top_p"], settings["top_k"]) == (
+        "dream", "topk_margin", 0.9, 2,
+    )  # fmt: skip
+    assert (settings["gen_length"], settings["block_length"], settings["steps"]) == (6, 6, 4)
+    for cache in ("none", "block"):
+        case = tool._case("llada2", "threshold", 8, 4, 3, 0, threshold=0.3, cache=cache)
+        settings = tool.our_settings(case)
+        assert settings["cache"] == cache and settings["block"].threshold == 0.3
+        assert settings["block"].steps == 3 and "steps" not in settings
+
+
+def test_main_exits_1_when_one_decode_differs(tmp_path: Path, monkeypatch, capsys):
+    """The whole flow with both sides stood in for: 0 when everything agrees, 1 when one
+    decode does not (or one logits case)."""
+    (tmp_path / "transformers").mkdir()
+    case = _case([1, 2], [1, 2])
+
+    def child(args, packages, out):
+        (out / "decodes.json").write_text(json.dumps([case]))
+        (out / "versions.json").write_text(json.dumps({"transformers": "4.57.6", "torch": "x"}))
+        save_file({"a": torch.zeros(1)}, str(out / "logits.safetensors"))
+
+    logits = [{"family": "f", "dtype": "d", "case": "c", "bit_for_bit": True, "max_abs": 0.0}]
+    monkeypatch.setattr(tool, "export", lambda mirrors, dest: {})
+    monkeypatch.setattr(tool, "run_child", child)
+    monkeypatch.setattr(tool, "compare", lambda fixtures, theirs: logits)
+    argv = ["--upstream-path", str(tmp_path)]
+    monkeypatch.setattr(tool, "our_decodes", lambda fixtures: [([1, 2], 3)])
+    assert tool.main(argv) == 0 and "transformers 4.57.6" in capsys.readouterr().out
+    monkeypatch.setattr(tool, "our_decodes", lambda fixtures: [([2, 1], 3)])
+    assert tool.main(argv) == 1
+    monkeypatch.setattr(tool, "our_decodes", lambda fixtures: [([1, 2], 3)])
+    logits[0]["bit_for_bit"] = False
+    assert tool.main(argv) == 1
+
+
+def test_the_logits_verdict_is_on_bits():
+    """-0.0 and 0.0 are equal values but other bits; the dtypes are recorded."""
+    zero, negative = torch.zeros(2), torch.tensor([0.0, -0.0])
+    assert tool._row("f", "d", "c", zero, {"f/d/c": zero.bfloat16()})["bit_for_bit"]
+    row = tool._row("f", "d", "c", zero, {"f/d/c": negative})
+    assert not row["bit_for_bit"] and row["max_abs"] == 0.0
+    assert tool._row("f", "d", "c", zero, {"f/d/c": zero.bfloat16()})["dtypes"] == [
+        "torch.float32", "torch.bfloat16",
+    ]  # fmt: skip
+
+
 def test_sampler_torch_is_swapped_in_and_put_back():
     import types
 
@@ -204,13 +282,17 @@ def test_our_decodes_follow_the_cases_in_order(monkeypatch):
     monkeypatch.setattr(tool, "DREAM_SCHEDULES", ((4, 4),))
     monkeypatch.setattr(tool, "LLADA_SCHEDULES", ((8, 4, 4), (9, 9, 2)))
     monkeypatch.setattr(tool, "LLADA2_SETTINGS", ((0.95, None),))
+    monkeypatch.setattr(tool, "LLADA2_SHAPES", ((5, 4), (16, 4)))
     monkeypatch.setattr(tool, "DECODE_PROMPTS", 2)
     cases, ours = tool.decode_cases(), tool.our_decodes(FIXTURES)
-    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2 + 3 * 2 * 2
+    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2 + 2 * 2 * 3
+    cut = 0
     for case, (tokens, passes) in zip(cases, ours):
         assert 250 not in tokens  # the fixtures' mask id is never committed
         if case["family"] == "llada2":  # cut after the first end token, as upstream returns it
             assert 249 not in tokens[:-1] and len(tokens) <= case["length"]
+            cut += len(tokens) < case["length"]
         else:
             assert len(tokens) == case["length"] and passes == case["steps"]
     assert len({tuple(tokens) for tokens, _ in ours}) > 2  # not one answer for every case
+    assert cut == 2  # LLADA2_END_PROMPT's 16-token answers, under both caches: the stop is tested

@@ -71,7 +71,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "official-tiny"
@@ -97,11 +97,13 @@ LLADA_SCHEDULES = (
 # LLaDA2.0: (threshold, steps; None = generate()'s 32, capped at the answer length), and
 # (answer length, block)
 LLADA2_SETTINGS = ((0.95, None), (0.3, None), (0.95, 3), (1.0, None), (1.0, 3))
-LLADA2_SHAPES = ((5, 4), (8, 4), (12, 8))
+LLADA2_SHAPES = ((5, 4), (8, 4), (12, 8), (16, 4))
+LLADA2_END_PROMPT = 32  # its answers hold the end token: the stop after its block, and the cut
 DECODE_PROMPTS = 3
 EPS = 1e-3  # Dream's generation config's
 VERDICTS = ("same", "same, ties leftmost", "differs")
-GROUPED_BY = ("family", "alg", "top_p", "top_k", "threshold", "cache")  # a line each
+# a summary line per these and, for LLaDA2, its steps (group_of)
+GROUPED_BY = ("family", "alg", "top_p", "top_k", "threshold", "cache")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class Upstream:
 
 
 def _dllm(folder: str, *names: str) -> tuple[tuple[str, str, str], ...]:
+    """The files `names` of dllm's vendored copies in `folder`, at the pinned commit."""
     return tuple(("ZHZisZZ/dllm", f"dllm/pipelines/{folder}/models/{name}", DLLM) for name in names)
 
 
@@ -162,6 +165,7 @@ UPSTREAM = (
 
 
 def _git(mirror: Path, *args: str) -> bytes:
+    """`git ARGS` in `mirror`, its output; a refusal that says what to do if it fails."""
     done = subprocess.run(["git", "-C", str(mirror), *args], capture_output=True, timeout=60)
     if done.returncode:
         raise SystemExit(
@@ -252,7 +256,7 @@ def decode_cases() -> list[dict[str, object]]:
         for threshold, steps in LLADA2_SETTINGS
         for length, block in LLADA2_SHAPES
         for cache in ("none", "block")
-        for i in prompts
+        for i in (*prompts, LLADA2_END_PROMPT)
     ]
     return dream + llada + llada2
 
@@ -265,6 +269,7 @@ def decode_prompt(index: int) -> object:
 
 
 def mask_id(fixtures: Path, family: str) -> int:
+    """The fixture's mask token id, read from its config.json."""
     config = json.loads((fixtures / family / "config.json").read_text(encoding="utf-8"))
     return int(config["mask_token_id"])
 
@@ -285,8 +290,9 @@ class SamplerTorch:
         return getattr(self._torch, name)
 
     def topk(
-        self, values: object, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
+        self, values: object, k: object, dim: int = -1, largest: bool = True, sorted: bool = True
     ) -> tuple[object, object]:
+        """`torch.topk`; `k` an int or a 0-d tensor (LLaDA's call)."""
         if not self._leftmost or not largest or dim not in (-1, values.dim() - 1):
             return self._torch.topk(values, k, dim=dim, largest=largest, sorted=sorted)
         ranked = self._torch.sort(values, dim=-1, descending=True, stable=True).indices
@@ -299,7 +305,8 @@ def sampler_torch(module: object, leftmost: bool, greedy: bool) -> Iterator[None
     """`module` (an upstream sampler's) with a `SamplerTorch` as its `torch` for a while."""
     import torch
 
-    module.torch = SamplerTorch(torch, leftmost=leftmost, greedy=greedy)
+    changed = leftmost or greedy  # else upstream's own run: its module's torch untouched
+    module.torch = SamplerTorch(torch, leftmost=leftmost, greedy=greedy) if changed else torch
     try:
         yield
     finally:
@@ -365,9 +372,31 @@ SAMPLERS = {  # family -> (the module its sampler reads `torch` from, the sample
 }
 
 
+@dataclass
+class LoadedSampler:
+    """One family's upstream side in the child process."""
+
+    model: object
+    module: object  # the module whose `torch` its sampler reads
+    run: Callable[[object, object, dict, int], list[int]]  # (model, module, case, mask)
+    passes: list[int]  # the forward passes counted since the last reset
+    mask: int
+
+    def runs(self, case: dict) -> dict[str, object]:
+        """`case` run as it is (`tokens`, `passes`), then with ties leftmost (`..._leftmost`);
+        LLaDA2 greedy in both."""
+        found = {}
+        for leftmost, suffix in ((False, ""), (True, "_leftmost")):
+            self.passes[0] = 0
+            greedy = case["family"] == "llada2"
+            with sampler_torch(self.module, leftmost=leftmost, greedy=greedy):
+                found["tokens" + suffix] = self.run(self.model, self.module, case, self.mask)
+            found["passes" + suffix] = self.passes[0]
+        return found
+
+
 def upstream_decodes(fixtures: Path) -> list[dict[str, object]]:
-    """The child process: each decode case by its family's own sampler, as it is (`tokens`,
-    `passes`) and with ties leftmost (`tokens_leftmost`, `passes_leftmost`)."""
+    """The child process: each decode case by its family's own sampler (`LoadedSampler.runs`)."""
     import importlib
 
     import torch
@@ -376,31 +405,21 @@ def upstream_decodes(fixtures: Path) -> list[dict[str, object]]:
     for family, (module, run) in SAMPLERS.items():
         model = upstream_model(by_family[family], fixtures / family, torch.float32)
         mask = mask_id(fixtures, family)
-        loaded[family] = (
-            model,
-            importlib.import_module(module),
-            suppressed_and_counted(model, mask),
-            mask,
-        )
-    found = []
-    for case in decode_cases():
-        model, module, passes, mask = loaded[case["family"]]
-        row = dict(case)
-        for leftmost, suffix in ((False, ""), (True, "_leftmost")):
-            passes[0] = 0
-            with sampler_torch(module, leftmost=leftmost, greedy=case["family"] == "llada2"):
-                row["tokens" + suffix] = SAMPLERS[case["family"]][1](model, module, case, mask)
-            row["passes" + suffix] = passes[0]
-        found.append(row)
-    return found
+        passes = suppressed_and_counted(model, mask)
+        loaded[family] = LoadedSampler(model, importlib.import_module(module), run, passes, mask)
+    return [{**case, **loaded[case["family"]].runs(case)} for case in decode_cases()]
 
 
 def run_upstream(fixtures: Path, out: Path) -> None:
     """The child process: every family's logits cases in every dtype into
-    `out/logits.safetensors`, and Dream's decodes into `out/decodes.json`."""
+    `out/logits.safetensors`, every decode case into `out/decodes.json`, and the versions it
+    ran under into `out/versions.json`."""
     import torch
+    import transformers
     from safetensors.torch import load_file, save_file
 
+    versions = {"transformers": transformers.__version__, "torch": torch.__version__}
+    (out / "versions.json").write_text(json.dumps(versions), encoding="utf-8")
     logits = {}
     for up in UPSTREAM:
         expected = load_file(str(fixtures / up.family / "expected.safetensors"))
@@ -435,16 +454,19 @@ def our_case(model: object, expected: dict, case: str) -> object:
 
 
 def _row(family: str, dtype: str, case: str, ours: object, theirs: dict) -> dict[str, object]:
+    """One logits case's verdict: equal bits (compared as float32, exact from either dtype,
+    through an integer view, so that -0.0 and 0.0 differ), with both dtypes recorded."""
     import torch
 
-    other = theirs[f"{family}/{dtype}/{case}"].float()
-    ours = ours.float()  # exact from either dtype: the comparison is of the values' bits
+    other = theirs[f"{family}/{dtype}/{case}"]
+    ours32, other32 = ours.float(), other.float()
     return {
         "family": family,
         "dtype": dtype,
         "case": case,
-        "bit_for_bit": torch.equal(ours, other),
-        "max_abs": (ours - other).abs().max().item(),
+        "dtypes": [str(ours.dtype), str(other.dtype)],
+        "bit_for_bit": torch.equal(ours32.view(torch.int32), other32.view(torch.int32)),
+        "max_abs": (ours32 - other32).abs().max().item(),
     }
 
 
@@ -522,19 +544,26 @@ def decode_verdicts(theirs: list[dict], ours: list[tuple]) -> list[dict[str, obj
     return rows
 
 
+def group_of(row: dict[str, object]) -> tuple:
+    """The line of the summary a decode belongs to: its family, alg and settings; LLaDA2's
+    steps too (a setting there; a schedule, varied within a line, for Dream and LLaDA)."""
+    steps = (row["steps"] or 32) if row["family"] == "llada2" else None
+    return (*(row[key] for key in GROUPED_BY), steps)
+
+
 def decode_lines(rows: list[dict[str, object]]) -> list[str]:
-    """One line per (family, alg, filter): the cases and their verdicts; then each
-    differing case."""
+    """One line per `group_of`: the cases and their verdicts; then each differing case."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault(tuple(row[key] for key in GROUPED_BY), []).append(row)
+        groups.setdefault(group_of(row), []).append(row)
     lines = []
     for key, group in groups.items():
         count = {v: sum(r["verdict"] == v for r in group) for v in VERDICTS}
         family, alg, *rest = key
-        named = " ".join(f"{k}={v}" for k, v in zip(GROUPED_BY[2:], rest) if v is not None)
+        names = (*GROUPED_BY[2:], "steps")
+        named = " ".join(f"{k}={v}" for k, v in zip(names, rest) if v is not None)
         lines.append(
-            f"{family:<6} decode {alg:<14} {named:<24}: {len(group)} cases, "
+            f"{family:<6} decode {alg:<14} {named:<33}: {len(group)} cases, "
             f"{count['same']} same, {count['same, ties leftmost']} same with ties leftmost, "
             f"{count['differs']} differ"
         )
@@ -542,11 +571,13 @@ def decode_lines(rows: list[dict[str, object]]) -> list[str]:
 
 
 def verdict_line(row: dict[str, object]) -> str:
+    """A logits case's line of the summary."""
     verdict = "bit for bit" if row["bit_for_bit"] else f"DIFFERS, max_abs {row['max_abs']:.3g}"
     return f"{row['family']:<10} {row['dtype']:<9} {row['case']:<10} {verdict}"
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; `--upstream-path` must hold a transformers (the child's)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     parser.add_argument(
@@ -592,10 +623,12 @@ def main(argv: list[str] | None = None) -> int:
         run_child(args, Path(scratch) / "packages", Path(scratch))
         rows = compare(args.fixtures, load_file(str(Path(scratch) / "logits.safetensors")))
         theirs = json.loads((Path(scratch) / "decodes.json").read_text(encoding="utf-8"))
+        versions = json.loads((Path(scratch) / "versions.json").read_text(encoding="utf-8"))
     decodes = decode_verdicts(theirs, our_decodes(args.fixtures))
-    print("\n".join([*map(verdict_line, rows), *decode_lines(decodes)]))
+    header = f"upstream side: transformers {versions['transformers']}, torch {versions['torch']}"
+    print("\n".join([header, *map(verdict_line, rows), *decode_lines(decodes)]))
     if args.json:
-        found = {"logits": rows, "decodes": decodes, "upstream": record}
+        found = {"logits": rows, "decodes": decodes, "upstream": record, "versions": versions}
         args.json.write_text(json.dumps(found, indent=1) + "\n", encoding="utf-8")
     agree = all(r["bit_for_bit"] for r in rows) and all(r["verdict"] != "differs" for r in decodes)
     return 0 if agree else 1
