@@ -285,7 +285,7 @@ def test_our_decodes_follow_the_cases_in_order(monkeypatch):
     monkeypatch.setattr(tool, "LLADA2_SHAPES", ((5, 4), (16, 4)))
     monkeypatch.setattr(tool, "DECODE_PROMPTS", 2)
     cases, ours = tool.decode_cases(), tool.our_decodes(FIXTURES)
-    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2 + 2 * 2 * 3
+    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2 * 2 + 2 * 2 * 3
     cut = 0
     for case, (tokens, passes) in zip(cases, ours):
         assert 250 not in tokens  # the fixtures' mask id is never committed

@@ -1,8 +1,8 @@
 """Each family's own code and ours on the official-tiny checkpoints: are the logits the same
 bits, in float32 and bfloat16 (docs/MODELS.md, "Numerics, as each family's own code computes
-them")? And do LLaDA's own `generate` (its repository's generate.py), Dream's own
-`diffusion_generate` and LLaDA2.0's own `generate` give our decoders' tokens and forward
-passes (docs/STRATEGIES.md, docs/MODELS.md)?
+them")? And do LLaDA's own `generate` (its repository's generate.py; on LLaDA-MoE's model
+too), Dream's own `diffusion_generate` and LLaDA2.0's own `generate` give our decoders' tokens
+and forward passes (docs/STRATEGIES.md, docs/MODELS.md)?
 
     # once: the transformers the upstream files were written for (they do not import under
     # transformers 5), in a folder of its own; torch is this environment's
@@ -26,12 +26,13 @@ The cases, each on the fixture's `input_ids` (2 rows of 12; tests/fixtures/offic
   the model's dtype as upstream's `generate` casts its mask; ours gets the 2-D mask, and the
   block lengths (4, 4) with the fixture's positions.
 
-The decodes (float32, one row, temperature 0, 3 prompts each), upstream's sampler against our
-`generate`, tokens and forward passes:
+The decodes (float32, one row, temperature 0, 3 prompts each; LLaDA2 a fourth whose answers
+meet the end token), upstream's sampler against our `generate`, tokens and forward passes:
 - Dream: `diffusion_generate` (whole answer, `alg_temp` 0) x `DREAM_ALGS` x `DREAM_SCHEDULES` x
   `DREAM_FILTERS`, against `rule="dream"`;
 - LLaDA: generate.py's `generate` (low-confidence remasking) x `LLADA_SCHEDULES` (one block and
-  several), against LLaDA's default decoding;
+  several), against LLaDA's default decoding; the same for LLaDA-MoE, generate.py driving
+  LLaDA-MoE's own model (its modeling file has no sampler; it decodes like LLaDA);
 - LLaDA2.0: its model's `generate` x `LLADA2_SETTINGS` x `LLADA2_SHAPES`, against our block
   diffusion with `cache=none` and `cache=block` (its default), our answer cut after its first
   end token as upstream's is.
@@ -247,7 +248,8 @@ def decode_cases() -> list[dict[str, object]]:
         for i in prompts
     ]
     llada = [
-        _case("llada", "low_confidence", length, block, steps, i)
+        _case(family, "low_confidence", length, block, steps, i)
+        for family in ("llada", "llada_moe")
         for length, block, steps in LLADA_SCHEDULES
         for i in prompts
     ]
@@ -368,6 +370,7 @@ def llada2_run(model: object, sampler: object, case: dict, mask: int) -> list[in
 SAMPLERS = {  # family -> (the module its sampler reads `torch` from, the sampler)
     "dream": ("dream.generation_utils", dream_run),
     "llada": ("llada.generate", llada_run),
+    "llada_moe": ("llada.generate", llada_run),  # its file has none; it decodes like LLaDA
     "llada2": ("llada2.modeling_llada2_moe", llada2_run),
 }
 
@@ -506,14 +509,15 @@ def our_settings(case: dict) -> dict[str, object]:
 
 def our_decodes(fixtures: Path) -> list[tuple[list[int], int]]:
     """Our decoders on every decode case (`decode_cases`' order), float32: `decoder=dream`
-    for Dream, LLaDA's default (the fixed schedule, low-confidence remasking), LLaDA2's block
-    diffusion (its answer cut after the first end token, as upstream returns it)."""
+    for Dream, LLaDA's default (the fixed schedule, low-confidence remasking) for LLaDA and
+    LLaDA-MoE, LLaDA2's block diffusion (its answer cut after the first end token, as
+    upstream returns it)."""
     import torch
 
     from lm_eval_dvoting.core.decoding.rows import generate
     from lm_eval_dvoting.models.loading import load_model
 
-    families = ("dream", "llada", "llada2")
+    families = ("dream", "llada", "llada_moe", "llada2")
     models = {f: load_model(str(fixtures / f), device="cpu", dtype="float32") for f in families}
     found = []
     for case in decode_cases():
@@ -563,7 +567,7 @@ def decode_lines(rows: list[dict[str, object]]) -> list[str]:
         names = (*GROUPED_BY[2:], "steps")
         named = " ".join(f"{k}={v}" for k, v in zip(names, rest) if v is not None)
         lines.append(
-            f"{family:<6} decode {alg:<14} {named:<33}: {len(group)} cases, "
+            f"{family:<9} decode {alg:<14} {named:<33}: {len(group)} cases, "
             f"{count['same']} same, {count['same, ties leftmost']} same with ties leftmost, "
             f"{count['differs']} differ"
         )
