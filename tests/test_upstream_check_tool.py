@@ -38,9 +38,9 @@ def _our_logits() -> dict[str, torch.Tensor]:
     """Every case's logits from our own models, keyed as the upstream side keys them."""
     found = {}
     for up in tool.UPSTREAM:
-        expected = load_file(str(FIXTURES / up.family / "expected.safetensors"))
+        expected = load_file(str(FIXTURES / up.folder / "expected.safetensors"))
         for dtype in tool.DTYPES:
-            model = load_model(str(FIXTURES / up.family), device="cpu", dtype=dtype)
+            model = load_model(str(FIXTURES / up.folder), device="cpu", dtype=dtype)
             with torch.no_grad():
                 for case in up.cases:
                     found[f"{up.family}/{dtype}/{case}"] = tool.our_case(model, expected, case)
@@ -51,7 +51,7 @@ def test_compare_flags_one_float32_ulp_in_one_case_and_nothing_else():
     """One float32 ulp, which a tolerance such as allclose's lets through: the claim is bits."""
     theirs = _our_logits()
     rows = tool.compare(FIXTURES, theirs)
-    assert len(rows) == 16 and all(row["bit_for_bit"] and row["max_abs"] == 0 for row in rows)
+    assert len(rows) == 22 and all(row["bit_for_bit"] and row["max_abs"] == 0 for row in rows)
     bent = theirs["dream/float32/padded"].clone()
     bent[1, 5, 7] = torch.nextafter(bent[1, 5, 7], torch.tensor(1e9, dtype=bent.dtype))
     rows = tool.compare(FIXTURES, {**theirs, "dream/float32/padded": bent})
@@ -71,13 +71,18 @@ def test_the_cases_differ_from_each_other():
 
 
 def test_the_model_sources_are_those_the_fixtures_name():
+    """The four fixture families' modeling files are at the commits the fixtures' README
+    names; LLaDA2.1's file (dllm's cleaned copy) runs on the LLaDA2 fixture."""
     readme = (FIXTURES / "README.md").read_text()
-    files = [file for up in tool.UPSTREAM for file in up.files]
-    commits = {commit for repo, path, commit in files if "modeling" in path}
-    assert len(commits) == 2 and all(commit in readme for commit in commits)
-    assert [path for repo, path, _ in files if repo == "ML-GSAI/LLaDA"] == ["generate.py"]
-    assert {up.family for up in tool.UPSTREAM} == {"llada", "dream", "llada_moe", "llada2"}
-    assert all(up.modeling.startswith("modeling_") for up in tool.UPSTREAM)
+    by_family = {up.family: up for up in tool.UPSTREAM}
+    for family in ("llada", "dream", "llada_moe", "llada2"):
+        up = by_family[family]
+        assert up.folder == family and up.modeling.startswith("modeling_")
+        assert all(commit in readme for _, path, commit in up.files if "modeling_" in path)
+    llada = [path for repo, path, _ in by_family["llada"].files if repo == "ML-GSAI/LLaDA"]
+    assert llada == ["generate.py"]
+    assert by_family["llada21"].folder == "llada2"
+    assert {commit for _, _, commit in by_family["llada21"].files} == {tool.DLLM_21}
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -168,15 +173,18 @@ def test_sampler_torch_changes_only_what_it_is_asked_to():
     plain = tool.SamplerTorch(torch)
     assert torch.equal(plain.topk(values, 4).indices, torch.topk(values, 4).indices)
     assert plain.zeros is torch.zeros and plain.bfloat16 is torch.bfloat16
-    greedy = tool.SamplerTorch(torch, greedy=True)
+    argmax = tool.SamplerTorch(torch, changes=("argmax_draws",))
     probs = torch.tensor([[0.2, 0.5, 0.3], [0.6, 0.1, 0.3]])
-    assert greedy.multinomial(probs, num_samples=1).tolist() == [[1], [0]]
-    assert greedy.bfloat16 is torch.float32
+    assert argmax.multinomial(probs, num_samples=1).tolist() == [[1], [0]]
+    assert argmax.bfloat16 is torch.bfloat16  # only what is asked for
+    masks = tool.SamplerTorch(torch, changes=("float32_masks",))
+    assert masks.bfloat16 is torch.float32 and masks.multinomial is torch.multinomial
 
 
 def test_the_first_run_is_upstreams_own_and_the_second_breaks_ties_leftmost():
-    """`LoadedSampler.runs`: the first run sees the module's own torch (LLaDA2: only greedy),
-    the second the leftmost topk; each run's passes counted from 0; torch put back."""
+    """`LoadedSampler.runs`: the first run sees the module's own torch (with the sampler's
+    changes only), the second the leftmost topk too; each run's passes counted from 0;
+    torch put back."""
     import types
 
     module, passes, seen = types.SimpleNamespace(torch=torch), [7], []
@@ -186,19 +194,27 @@ def test_the_first_run_is_upstreams_own_and_the_second_breaks_ties_leftmost():
         passes[0] += len(seen)
         return [len(seen)]
 
-    sampler = tool.LoadedSampler("model", module, run, passes, 250)
-    found = sampler.runs(tool._case("dream", "entropy", 3, 3, 3, 0))
+    plain = tool.LoadedSampler("model", module, tool.Sampler("m", run), passes, 250)
+    found = plain.runs(tool._case("dream", "entropy", 3, 3, 3, 0))
     assert seen[0] is torch and isinstance(seen[1], tool.SamplerTorch)
     assert seen[1].topk(torch.tensor([1.0, 1.0]), 1)[1].tolist() == [0]  # leftmost
     assert found == {"tokens": [1], "passes": 1, "tokens_leftmost": [2], "passes_leftmost": 2}
     seen.clear()
-    sampler.runs(tool._case("llada2", "threshold", 3, 3, None, 0, threshold=0.9, cache="none"))
-    greedy, both = seen
-    assert greedy.bfloat16 is torch.float32 and both.bfloat16 is torch.float32
+    changed = tool.Sampler("m", run, ("argmax_draws", "float32_masks"))
+    tool.LoadedSampler("model", module, changed, passes, 250).runs(tool._case("x", "y", 3, 3, 3, 0))
+    own, leftmost = seen
+    assert own.bfloat16 is torch.float32 and leftmost.bfloat16 is torch.float32
     tied = torch.tensor([[0.5, 0.9, 0.9]])
-    assert torch.equal(greedy.topk(tied, 1)[1], torch.topk(tied, 1)[1])  # torch's own there
-    assert both.topk(tied, 1)[1].tolist() == [[1]]
+    assert torch.equal(own.topk(tied, 1)[1], torch.topk(tied, 1)[1])  # torch's own there
+    assert leftmost.topk(tied, 1)[1].tolist() == [[1]]
     assert module.torch is torch
+
+
+def test_each_family_runs_with_the_changes_the_docs_name():
+    assert tool.SAMPLERS["llada2"].changes == ("argmax_draws", "float32_masks")
+    assert tool.SAMPLERS["llada21"].changes == ("float32_masks",)  # its T=0 is the argmax
+    assert all(not tool.SAMPLERS[f].changes for f in ("llada", "llada_moe", "dream"))
+    assert set(tool.SAMPLERS) == {up.family for up in tool.UPSTREAM}
 
 
 def test_our_settings_carry_each_cases_settings():
@@ -213,6 +229,11 @@ def test_our_settings_carry_each_cases_settings():
         settings = tool.our_settings(case)
         assert settings["cache"] == cache and settings["block"].threshold == 0.3
         assert settings["block"].steps == 3 and "steps" not in settings
+        assert settings["block"].editing_threshold is None  # LLaDA2.0: no editing
+    joint = tool._case("llada21", "joint", 8, 4, None, 0, threshold=0.5, cache="block",
+                       editing_threshold=0.0, max_post_steps=2)  # fmt: skip
+    block = tool.our_settings(joint)["block"]
+    assert (block.threshold, block.editing_threshold, block.max_post_steps) == (0.5, 0.0, 2)
 
 
 def test_main_exits_1_when_one_decode_differs(tmp_path: Path, monkeypatch, capsys):
@@ -256,7 +277,7 @@ def test_sampler_torch_is_swapped_in_and_put_back():
 
     module = types.SimpleNamespace(torch=torch)
     with pytest.raises(RuntimeError):
-        with tool.sampler_torch(module, leftmost=True, greedy=False):
+        with tool.sampler_torch(module, True, ()):
             assert isinstance(module.torch, tool.SamplerTorch)
             raise RuntimeError
     assert module.torch is torch
@@ -282,17 +303,18 @@ def test_our_decodes_follow_the_cases_in_order(monkeypatch):
     monkeypatch.setattr(tool, "DREAM_SCHEDULES", ((4, 4),))
     monkeypatch.setattr(tool, "LLADA_SCHEDULES", ((8, 4, 4), (9, 9, 2)))
     monkeypatch.setattr(tool, "LLADA2_SETTINGS", ((0.95, None),))
+    monkeypatch.setattr(tool, "LLADA21_SETTINGS", ((0.5, 0.0, 16),))
     monkeypatch.setattr(tool, "LLADA2_SHAPES", ((5, 4), (16, 4)))
     monkeypatch.setattr(tool, "DECODE_PROMPTS", 2)
     cases, ours = tool.decode_cases(), tool.our_decodes(FIXTURES)
-    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2 * 2 + 2 * 2 * 3
+    assert len(cases) == len(ours) == 3 * 3 * 2 + 2 * 2 * 2 + 2 * (2 * 2 * 3)
     cut = 0
     for case, (tokens, passes) in zip(cases, ours):
         assert 250 not in tokens  # the fixtures' mask id is never committed
-        if case["family"] == "llada2":  # cut after the first end token, as upstream returns it
+        if case["family"] in ("llada2", "llada21"):  # cut after the first end token, as upstream
             assert 249 not in tokens[:-1] and len(tokens) <= case["length"]
             cut += len(tokens) < case["length"]
         else:
             assert len(tokens) == case["length"] and passes == case["steps"]
     assert len({tuple(tokens) for tokens, _ in ours}) > 2  # not one answer for every case
-    assert cut == 2  # LLADA2_END_PROMPT's 16-token answers, under both caches: the stop is tested
+    assert cut == 4  # END_PROMPTS' 16-token answers (2.0, 2.1), both caches: the stop is tested

@@ -26,8 +26,9 @@ The cases, each on the fixture's `input_ids` (2 rows of 12; tests/fixtures/offic
   the model's dtype as upstream's `generate` casts its mask; ours gets the 2-D mask, and the
   block lengths (4, 4) with the fixture's positions.
 
-The decodes (float32, one row, temperature 0, 3 prompts each; LLaDA2 a fourth whose answers
-meet the end token), upstream's sampler against our `generate`, tokens and forward passes:
+The decodes (float32, one row, temperature 0, 3 prompts each; LLaDA2.0 and 2.1 a fourth whose
+answers meet the end token, `END_PROMPTS`), upstream's sampler against our `generate`, tokens
+and forward passes:
 - Dream: `diffusion_generate` (whole answer, `alg_temp` 0) x `DREAM_ALGS` x `DREAM_SCHEDULES` x
   `DREAM_FILTERS`, against `rule="dream"`;
 - LLaDA: generate.py's `generate` (low-confidence remasking) x `LLADA_SCHEDULES` (one block and
@@ -36,10 +37,15 @@ meet the end token), upstream's sampler against our `generate`, tokens and forwa
 - LLaDA2.0: its model's `generate` x `LLADA2_SETTINGS` x `LLADA2_SHAPES`, against our block
   diffusion with `cache=none` and `cache=block` (its default), our answer cut after its first
   end token as upstream's is.
+- LLaDA2.1: the `generate` of its file as dllm's PR #107 cleaned it (`DLLM_21`: the hub
+  file's block mask, 0/1 added to the scores, made block-causal again with `.log()`, as ours
+  runs: MODELS.md, "Block diffusion"), run with `eos_early_stop=True` (ours stops after the
+  block that holds the end token), x `LLADA21_SETTINGS` x `LLADA2_SHAPES`, on the LLaDA2
+  fixture, against our joint threshold decoding with both caches; its logits are compared too.
 Left out: Dream's `alg=origin`, any temperature or `alg_temp` above 0 and LLaDA's `random`
 remasking (there upstream draws from torch's global generator, ours from the row's; the
-distributions are tested in tests/), LLaDA's `cfg_scale` (not ours), LLaDA2.1 (another file),
-several rows.
+distributions are tested in tests/), LLaDA's `cfg_scale` (not ours), the hub's LLaDA2.1 file
+itself (its mask is not block-causal), several rows.
 
 What is done from outside, no file changed:
 - The mask token's logit is set to -inf in upstream's runs, as ours does first (STRATEGIES.md:
@@ -52,14 +58,15 @@ What is done from outside, no file changed:
   the runs differ only where a tie decided a commit); anything else fails.
 - LLaDA2.0 at temperature 0: upstream still draws with `torch.multinomial`, where ours takes
   the argmax (a deviation MODELS.md lists), so its module's `torch` has `multinomial` as the
-  argmax in both runs; and its block mask (0 and -inf, exact in any dtype), which it casts to
-  bfloat16, is cast to float32, which the float32 model's attention accepts. (Its module is
-also its model's, so its router's `topk` is the leftmost one in the second run too: the
-same values, other indices only among exactly tied expert scores.)
+  argmax in both runs (`"argmax_draws"`). LLaDA2.0 and 2.1: the block mask (0 and -inf, exact
+  in any dtype), which they cast to bfloat16, is cast to float32, which the float32 model's
+  attention accepts (`"float32_masks"`). Their module is also their model's, so the router's
+  `topk` is the leftmost one in the second run too: the same values, other indices only among
+  exactly tied expert scores.
 - LLaDA's `LLaDAModelLM.__init__` builds its network on "cuda" whatever the config says, so the
   LLaDA network is built on the CPU through its own classes (`LLaDAModel` with
   `init_device="cpu"`, handed to `LLaDAModelLM`) and given the checkpoint's tensors with a
-  strict `load_state_dict`; the other three use `from_pretrained`.
+  strict `load_state_dict`; the others use `from_pretrained`.
 """
 
 from __future__ import annotations
@@ -80,6 +87,8 @@ DLLM = "85cb53a05343601c9dfbb4f79243cd426cfa5a4c"  # ZHZisZZ/dllm: the first LLa
 INFINILM_CONFIG = "239f1d707f54c1e95ad2ec282842a3ed87038f05"
 INFINILM_MODELING = "0a7e522afb6079a30c7ecb50ce8abafe6cc3f808"
 LLADA_GENERATE = "65cbed294263040cb6946c32a91e16cbdad209d2"  # ML-GSAI/LLaDA, 2025-10-23
+# dllm PR #107: its LLaDA2.1 copy with `.log()` on the block mask (LLADA2_DECODING.md, G21)
+DLLM_21 = "62ebe4f3df3792d978204a724f0b1c2188c1d7fe"
 DTYPES = ("float32", "bfloat16")
 DREAM_ALGS = ("maskgit_plus", "topk_margin", "entropy")
 DREAM_SCHEDULES = ((4, 4), (7, 3), (12, 5), (12, 12), (6, 9), (5, 1), (16, 8))  # (length, steps)
@@ -99,35 +108,50 @@ LLADA_SCHEDULES = (
 # (answer length, block)
 LLADA2_SETTINGS = ((0.95, None), (0.3, None), (0.95, 3), (1.0, None), (1.0, 3))
 LLADA2_SHAPES = ((5, 4), (8, 4), (12, 8), (16, 4))
-LLADA2_END_PROMPT = 32  # its answers hold the end token: the stop after its block, and the cut
+# LLaDA2.1: (threshold, editing_threshold, max_post_steps): the card's Quality and Speed modes,
+# Speed with 2 post steps, the file's defaults
+LLADA21_SETTINGS = ((0.7, 0.5, 16), (0.5, 0.0, 16), (0.5, 0.0, 2), (0.95, 0.9, 16))
+# a prompt whose answers hold the end token (the stop after its block and the cut compared)
+END_PROMPTS = {"llada2": 32, "llada21": 41}
 DECODE_PROMPTS = 3
 EPS = 1e-3  # Dream's generation config's
 VERDICTS = ("same", "same, ties leftmost", "differs")
 # a summary line per these and, for LLaDA2, its steps (group_of)
-GROUPED_BY = ("family", "alg", "top_p", "top_k", "threshold", "cache")
+GROUPED_BY = (
+    "family", "alg", "top_p", "top_k", "threshold", "editing_threshold", "max_post_steps", "cache",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Upstream:
     """Where one family's upstream files are, and which logits cases are compared."""
 
-    family: str  # its folder under the fixtures, and the package its files go into
+    family: str  # the package its files go into; its fixture folder unless `fixture` says
     files: tuple[tuple[str, str, str], ...]  # (owner/name on GitHub, path in it, commit)
     model_class: str  # in the package's modeling module
     cases: tuple[str, ...]
+    fixture: str | None = None
+
+    @property
+    def folder(self) -> str:
+        """Its folder under the fixtures."""
+        return self.fixture or self.family
 
     @property
     def modeling(self) -> str:
         return next(Path(p).stem for _, p, _ in self.files if Path(p).stem.startswith("modeling"))
 
 
-def _dllm(folder: str, *names: str) -> tuple[tuple[str, str, str], ...]:
-    """The files `names` of dllm's vendored copies in `folder`, at the pinned commit."""
-    return tuple(("ZHZisZZ/dllm", f"dllm/pipelines/{folder}/models/{name}", DLLM) for name in names)
+def _dllm(folder: str, *names: str, commit: str = DLLM) -> tuple[tuple[str, str, str], ...]:
+    """The files `names` of dllm's vendored copies in `folder`, at `commit`."""
+    return tuple(
+        ("ZHZisZZ/dllm", f"dllm/pipelines/{folder}/models/{name}", commit) for name in names
+    )
 
 
 # the sources named in tests/fixtures/official-tiny/README.md (LLaDA's and Dream's hub files
-# from the same dllm commit), and LLaDA's own sampler, generate.py of its repository
+# from the same dllm commit), LLaDA's own sampler (generate.py of its repository), and
+# LLaDA2.1's file as dllm cleaned it (its block mask made block-causal again)
 UPSTREAM = (
     Upstream(
         "llada",
@@ -158,6 +182,13 @@ UPSTREAM = (
         _dllm("llada", "configuration_llada2_moe.py", "modeling_llada2_moe.py"),
         "LLaDA2MoeModelLM",
         ("plain", "padded_4d", "block"),
+    ),
+    Upstream(  # LLaDA2.1's file (its generate differs), on the same fixture
+        "llada21",
+        _dllm("llada21", "configuration_llada21_moe.py", "modeling_llada21_moe.py", commit=DLLM_21),
+        "LLaDA2MoeModelLM",
+        ("plain", "padded_4d", "block"),
+        fixture="llada2",
     ),
 )
 
@@ -232,13 +263,30 @@ def upstream_case(model: object, expected: dict, case: str, dtype: object) -> ob
 def _case(family: str, alg: str, length: int, block: int, steps: int | None, prompt: int,
           **settings: object) -> dict[str, object]:  # fmt: skip
     """One decode case; settings a family does not read stay None."""
-    unset = {"top_p": None, "top_k": None, "threshold": None, "cache": None}
+    unset = dict.fromkeys(("top_p", "top_k", "threshold", "editing_threshold", "max_post_steps"))
+    unset["cache"] = None
     return {"family": family, "alg": alg, "length": length, "block": block, "steps": steps,
             **unset, **settings, "prompt": prompt}  # fmt: skip
 
 
+def _block_cases(family: str, alg: str, settings: list[dict]) -> list[dict[str, object]]:
+    """LLaDA2's cases: each of `settings` (`steps` and the block settings) x `LLADA2_SHAPES` x
+    both caches x the prompts and the family's end prompt."""
+    cases = []
+    for setting in settings:
+        block = {key: value for key, value in setting.items() if key != "steps"}
+        cases += [
+            _case(family, alg, length, width, setting.get("steps"), i, **block, cache=cache)
+            for length, width in LLADA2_SHAPES
+            for cache in ("none", "block")
+            for i in (*range(DECODE_PROMPTS), END_PROMPTS[family])
+        ]
+    return cases
+
+
 def decode_cases() -> list[dict[str, object]]:
-    """Every decode compared: Dream's, LLaDA's, then LLaDA2's (the module docstring)."""
+    """Every decode compared: Dream's, LLaDA's (and LLaDA-MoE's), LLaDA2.0's, LLaDA2.1's (the
+    module docstring)."""
     prompts = range(DECODE_PROMPTS)
     dream = [
         _case("dream", alg, length, length, steps, i, top_p=p, top_k=k)
@@ -253,14 +301,15 @@ def decode_cases() -> list[dict[str, object]]:
         for length, block, steps in LLADA_SCHEDULES
         for i in prompts
     ]
-    llada2 = [
-        _case("llada2", "threshold", length, block, steps, i, threshold=threshold, cache=cache)
-        for threshold, steps in LLADA2_SETTINGS
-        for length, block in LLADA2_SHAPES
-        for cache in ("none", "block")
-        for i in (*prompts, LLADA2_END_PROMPT)
+    llada2 = [{"threshold": t, "steps": steps} for t, steps in LLADA2_SETTINGS]
+    llada21 = [
+        {"threshold": t, "editing_threshold": edit, "max_post_steps": post}
+        for t, edit, post in LLADA21_SETTINGS
     ]
-    return dream + llada + llada2
+    return [
+        *dream, *llada, *_block_cases("llada2", "threshold", llada2),
+        *_block_cases("llada21", "joint", llada21),
+    ]  # fmt: skip
 
 
 def decode_prompt(index: int) -> object:
@@ -270,22 +319,24 @@ def decode_prompt(index: int) -> object:
     return torch.randint(0, 240, (5 + index,), generator=torch.Generator().manual_seed(index))
 
 
-def mask_id(fixtures: Path, family: str) -> int:
+def mask_id(folder: Path) -> int:
     """The fixture's mask token id, read from its config.json."""
-    config = json.loads((fixtures / family / "config.json").read_text(encoding="utf-8"))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     return int(config["mask_token_id"])
 
 
 class SamplerTorch:
     """`torch` as an upstream sampler module sees it, with at most these changes:
     `leftmost`: `topk` over the last dimension returns tied values leftmost first (ours'
-    documented order; each case's second upstream run); `greedy` (LLaDA2): `multinomial` is
-    the argmax, and `bfloat16` is float32 (the module docstring)."""
+    documented order; each case's second upstream run); in `changes`, `"argmax_draws"`
+    (LLaDA2.0): `multinomial` is the argmax; `"float32_masks"` (LLaDA2.0 and 2.1): `bfloat16`
+    is float32 (the module docstring)."""
 
-    def __init__(self, torch: object, leftmost: bool = False, greedy: bool = False) -> None:
+    def __init__(self, torch: object, leftmost: bool = False, changes: tuple[str, ...] = ()):
         self._torch, self._leftmost = torch, leftmost
-        if greedy:
+        if "argmax_draws" in changes:
             self.multinomial = lambda probs, num_samples=1: probs.argmax(-1, keepdim=True)
+        if "float32_masks" in changes:
             self.bfloat16 = torch.float32
 
     def __getattr__(self, name: str) -> object:
@@ -303,12 +354,12 @@ class SamplerTorch:
 
 
 @contextlib.contextmanager
-def sampler_torch(module: object, leftmost: bool, greedy: bool) -> Iterator[None]:
+def sampler_torch(module: object, leftmost: bool, changes: tuple[str, ...]) -> Iterator[None]:
     """`module` (an upstream sampler's) with a `SamplerTorch` as its `torch` for a while."""
     import torch
 
-    changed = leftmost or greedy  # else upstream's own run: its module's torch untouched
-    module.torch = SamplerTorch(torch, leftmost=leftmost, greedy=greedy) if changed else torch
+    changed = leftmost or changes  # else upstream's own run: its module's torch untouched
+    module.torch = SamplerTorch(torch, leftmost, changes) if changed else torch
     try:
         yield
     finally:
@@ -367,11 +418,35 @@ def llada2_run(model: object, sampler: object, case: dict, mask: int) -> list[in
     return answer[0].tolist()
 
 
-SAMPLERS = {  # family -> (the module its sampler reads `torch` from, the sampler)
-    "dream": ("dream.generation_utils", dream_run),
-    "llada": ("llada.generate", llada_run),
-    "llada_moe": ("llada.generate", llada_run),  # its file has none; it decodes like LLaDA
-    "llada2": ("llada2.modeling_llada2_moe", llada2_run),
+def llada21_run(model: object, sampler: object, case: dict, mask: int) -> list[int]:
+    """LLaDA2.1's own `generate` on a case, with `eos_early_stop` (ours stops after the block
+    that holds the end token; its model card's example runs so): the answer up to and
+    including its first end token."""
+    prompt = decode_prompt(case["prompt"])
+    answer = model.generate(
+        prompt[None], temperature=0.0, block_length=case["block"], gen_length=case["length"],
+        threshold=case["threshold"], editing_threshold=case["editing_threshold"],
+        max_post_steps=case["max_post_steps"], eos_early_stop=True,
+        eos_id=model.config.eos_token_id, mask_id=mask,
+    )  # fmt: skip
+    return answer[0].tolist()
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How a family's own sampler is run."""
+
+    module: str  # the module whose `torch` it reads
+    run: Callable[[object, object, dict, int], list[int]]  # (model, module, case, mask)
+    changes: tuple[str, ...] = ()  # SamplerTorch's, in both runs
+
+
+SAMPLERS = {
+    "dream": Sampler("dream.generation_utils", dream_run),
+    "llada": Sampler("llada.generate", llada_run),
+    "llada_moe": Sampler("llada.generate", llada_run),  # its file has none; it decodes like LLaDA
+    "llada2": Sampler("llada2.modeling_llada2_moe", llada2_run, ("argmax_draws", "float32_masks")),
+    "llada21": Sampler("llada21.modeling_llada21_moe", llada21_run, ("float32_masks",)),
 }
 
 
@@ -381,20 +456,19 @@ class LoadedSampler:
 
     model: object
     module: object  # the module whose `torch` its sampler reads
-    run: Callable[[object, object, dict, int], list[int]]  # (model, module, case, mask)
+    sampler: Sampler
     passes: list[int]  # the forward passes counted since the last reset
     mask: int
 
     def runs(self, case: dict) -> dict[str, object]:
         """`case` run as it is (`tokens`, `passes`), then with ties leftmost (`..._leftmost`);
-        LLaDA2 greedy in both."""
+        the sampler's `changes` in both."""
         found = {}
         for leftmost, suffix in ((False, ""), (True, "_leftmost")):
             self.passes[0] = 0
-            greedy = case["family"] == "llada2"
-            with sampler_torch(self.module, leftmost=leftmost, greedy=greedy):
-                found["tokens" + suffix] = self.run(self.model, self.module, case, self.mask)
-            found["passes" + suffix] = self.passes[0]
+            with sampler_torch(self.module, leftmost, self.sampler.changes):
+                run = self.sampler.run(self.model, self.module, case, self.mask)
+            found["tokens" + suffix], found["passes" + suffix] = run, self.passes[0]
         return found
 
 
@@ -404,12 +478,14 @@ def upstream_decodes(fixtures: Path) -> list[dict[str, object]]:
 
     import torch
 
-    by_family, loaded = {up.family: up for up in UPSTREAM}, {}
-    for family, (module, run) in SAMPLERS.items():
-        model = upstream_model(by_family[family], fixtures / family, torch.float32)
-        mask = mask_id(fixtures, family)
+    loaded = {}
+    for up in UPSTREAM:
+        sampler = SAMPLERS[up.family]
+        model = upstream_model(up, fixtures / up.folder, torch.float32)
+        mask = mask_id(fixtures / up.folder)
         passes = suppressed_and_counted(model, mask)
-        loaded[family] = LoadedSampler(model, importlib.import_module(module), run, passes, mask)
+        module = importlib.import_module(sampler.module)
+        loaded[up.family] = LoadedSampler(model, module, sampler, passes, mask)
     return [{**case, **loaded[case["family"]].runs(case)} for case in decode_cases()]
 
 
@@ -425,10 +501,10 @@ def run_upstream(fixtures: Path, out: Path) -> None:
     (out / "versions.json").write_text(json.dumps(versions), encoding="utf-8")
     logits = {}
     for up in UPSTREAM:
-        expected = load_file(str(fixtures / up.family / "expected.safetensors"))
+        expected = load_file(str(fixtures / up.folder / "expected.safetensors"))
         for name in DTYPES:
             dtype = getattr(torch, name)
-            model = upstream_model(up, fixtures / up.family, dtype)
+            model = upstream_model(up, fixtures / up.folder, dtype)
             with torch.no_grad():
                 for case in up.cases:
                     found = upstream_case(model, expected, case, dtype)
@@ -482,9 +558,9 @@ def compare(fixtures: Path, theirs: dict) -> list[dict[str, object]]:
 
     rows = []
     for up in UPSTREAM:
-        expected = load_file(str(fixtures / up.family / "expected.safetensors"))
+        expected = load_file(str(fixtures / up.folder / "expected.safetensors"))
         for name in DTYPES:
-            model = load_model(str(fixtures / up.family), device="cpu", dtype=name)
+            model = load_model(str(fixtures / up.folder), device="cpu", dtype=name)
             with torch.no_grad():
                 for case in up.cases:
                     ours = our_case(model, expected, case)
@@ -497,8 +573,9 @@ def our_settings(case: dict) -> dict[str, object]:
     from lm_eval_dvoting.core.decoding.state import BlockDecoding, DreamDecoding
 
     settings = {"gen_length": case["length"], "block_length": case["block"], "temperature": 0.0}
-    if case["family"] == "llada2":
-        block = BlockDecoding(threshold=case["threshold"], steps=case["steps"])
+    if case["family"] in ("llada2", "llada21"):
+        post = 16 if case["max_post_steps"] is None else case["max_post_steps"]  # ours' default
+        block = BlockDecoding(case["threshold"], case["steps"], case["editing_threshold"], post)
         return {**settings, "block": block, "cache": case["cache"]}
     settings["steps"] = case["steps"]
     if case["family"] == "dream":
@@ -517,15 +594,18 @@ def our_decodes(fixtures: Path) -> list[tuple[list[int], int]]:
     from lm_eval_dvoting.core.decoding.rows import generate
     from lm_eval_dvoting.models.loading import load_model
 
-    families = ("dream", "llada", "llada_moe", "llada2")
-    models = {f: load_model(str(fixtures / f), device="cpu", dtype="float32") for f in families}
+    folders = {up.family: up.folder for up in UPSTREAM}
+    models = {
+        family: load_model(str(fixtures / folder), device="cpu", dtype="float32")
+        for family, folder in folders.items()
+    }
     found = []
     for case in decode_cases():
         model, prompt = models[case["family"]], decode_prompt(case["prompt"])[None]
         with torch.no_grad():
             result = generate(model, prompt, **our_settings(case))
         tokens = result.tokens[0].tolist()
-        if case["family"] == "llada2":
+        if case["family"] in ("llada2", "llada21"):
             ends = set(model.end_token_ids)
             tokens = tokens[: next((k + 1 for k, t in enumerate(tokens) if t in ends), None)]
         found.append((tokens, int(result.nfe[0])))
