@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -185,8 +186,6 @@ def test_the_first_run_is_upstreams_own_and_the_second_breaks_ties_leftmost():
     """`LoadedSampler.runs`: the first run sees the module's own torch (with the sampler's
     changes only), the second the leftmost topk too; each run's passes counted from 0;
     torch put back."""
-    import types
-
     module, passes, seen = types.SimpleNamespace(torch=torch), [7], []
 
     def run(model, module, case, mask):
@@ -211,10 +210,79 @@ def test_the_first_run_is_upstreams_own_and_the_second_breaks_ties_leftmost():
 
 
 def test_each_family_runs_with_the_changes_the_docs_name():
+    """The table the docs describe: which family's module gets which change."""
     assert tool.SAMPLERS["llada2"].changes == ("argmax_draws", "float32_masks")
     assert tool.SAMPLERS["llada21"].changes == ("float32_masks",)  # its T=0 is the argmax
     assert all(not tool.SAMPLERS[f].changes for f in ("llada", "llada_moe", "dream"))
     assert set(tool.SAMPLERS) == {up.family for up in tool.UPSTREAM}
+
+
+class _Recorder:
+    """A stand-in for an upstream model and sampler module: records each call's arguments
+    and answers the prompt followed by the answer length's tokens."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+        self.config = types.SimpleNamespace(eos_token_id=249)
+
+    def _answer(self, prompt: torch.Tensor, length: int) -> torch.Tensor:
+        return torch.cat([prompt, torch.arange(length)[None]], dim=1)
+
+    def generate(self, *args, **kwargs):  # LLaDA's generate.py (model first) or LLaDA2's
+        self.calls.append((args, kwargs))
+        prompt = args[1] if len(args) > 1 else args[0]
+        answer = self._answer(prompt, kwargs["gen_length"])
+        return answer if len(args) > 1 else answer[:, prompt.shape[1] :]
+
+    def diffusion_generate(self, prompt, generation_config):
+        self.calls.append(((prompt,), {"generation_config": generation_config}))
+        sequences = self._answer(prompt, generation_config.max_new_tokens)
+        return types.SimpleNamespace(sequences=sequences)
+
+    def DreamGenerationConfig(self, **kwargs):  # noqa: N802 (the module's class name)
+        return types.SimpleNamespace(**kwargs)
+
+
+def test_the_upstream_samplers_get_each_cases_settings():
+    """What each family's own sampler is called with: the case's settings, the mask id,
+    temperature 0, LLaDA2.1's early stop; planted swaps of two settings would fail here."""
+    up = _Recorder()
+    llada = tool._case("llada", "low_confidence", 10, 5, 4, 1)
+    assert tool.llada_run("model", up, llada, 250) == list(range(10))
+    _, kwargs = up.calls[-1]
+    assert kwargs == {"steps": 4, "gen_length": 10, "block_length": 5, "temperature": 0.0,
+                      "mask_id": 250}  # fmt: skip
+    dream = tool._case("dream", "topk_margin", 6, 6, 3, 0, top_p=0.9, top_k=2)
+    assert tool.dream_run(up, up, dream, 250) == list(range(6))
+    config = vars(up.calls[-1][1]["generation_config"])
+    assert {k: config[k] for k in ("steps", "alg", "top_p", "top_k", "alg_temp", "temperature",
+            "mask_token_id", "eps")} == {"steps": 3, "alg": "topk_margin", "top_p": 0.9,
+            "top_k": 2, "alg_temp": 0.0, "temperature": 0.0, "mask_token_id": 250,
+            "eps": tool.EPS}  # fmt: skip
+    two = tool._case("llada2", "threshold", 8, 4, None, 0, threshold=0.3, cache="none")
+    assert tool.llada2_run(up, up, two, 250) == list(range(8))
+    _, kwargs = up.calls[-1]
+    assert (kwargs["threshold"], kwargs["steps"], kwargs["block_length"]) == (0.3, 32, 4)
+    assert (kwargs["temperature"], kwargs["eos_id"], kwargs["mask_id"]) == (0.0, 249, 250)
+    joint = tool._case("llada21", "joint", 8, 4, None, 0, threshold=0.7, cache="none",
+                       editing_threshold=0.5, max_post_steps=2)  # fmt: skip
+    tool.llada21_run(up, up, joint, 250)
+    _, kwargs = up.calls[-1]
+    assert (kwargs["threshold"], kwargs["editing_threshold"], kwargs["max_post_steps"]) == (
+        0.7, 0.5, 2,
+    )  # fmt: skip
+    assert kwargs["eos_early_stop"] is True and (kwargs["eos_id"], kwargs["mask_id"]) == (249, 250)
+
+
+def test_llada21_settings_hold_the_plugins_presets():
+    """The card's Quality and Speed modes as the plugin's `quality`/`speed` rules define them:
+    a swap of two numbers on both sides would pass the comparison, not this."""
+    from lm_eval_dvoting.core.settings import block_decodings
+
+    presets = block_decodings()
+    settings = {(t, edit) for t, edit, _ in tool.LLADA21_SETTINGS}
+    assert {presets["quality"], presets["speed"]} <= settings
+    assert (presets["threshold"][0], None) in {(t, None) for t, _ in tool.LLADA2_SETTINGS}
 
 
 def test_our_settings_carry_each_cases_settings():
@@ -273,8 +341,6 @@ def test_the_logits_verdict_is_on_bits():
 
 
 def test_sampler_torch_is_swapped_in_and_put_back():
-    import types
-
     module = types.SimpleNamespace(torch=torch)
     with pytest.raises(RuntimeError):
         with tool.sampler_torch(module, True, ()):

@@ -1,8 +1,8 @@
 """Each family's own code and ours on the official-tiny checkpoints: are the logits the same
 bits, in float32 and bfloat16 (docs/MODELS.md, "Numerics, as each family's own code computes
 them")? And do LLaDA's own `generate` (its repository's generate.py; on LLaDA-MoE's model
-too), Dream's own `diffusion_generate` and LLaDA2.0's own `generate` give our decoders' tokens
-and forward passes (docs/STRATEGIES.md, docs/MODELS.md)?
+too), Dream's own `diffusion_generate` and LLaDA2.0's and LLaDA2.1's own `generate` give our
+decoders' tokens and forward passes (docs/STRATEGIES.md, docs/MODELS.md)?
 
     # once: the transformers the upstream files were written for (they do not import under
     # transformers 5), in a folder of its own; torch is this environment's
@@ -33,15 +33,18 @@ and forward passes:
   `DREAM_FILTERS`, against `rule="dream"`;
 - LLaDA: generate.py's `generate` (low-confidence remasking) x `LLADA_SCHEDULES` (one block and
   several), against LLaDA's default decoding; the same for LLaDA-MoE, generate.py driving
-  LLaDA-MoE's own model (its modeling file has no sampler; it decodes like LLaDA);
+  LLaDA-MoE's own model (its modeling file has no sampler; dllm runs it in its LLaDA
+  pipeline): LLaDA's reference sampler, not one of LLaDA-MoE's;
 - LLaDA2.0: its model's `generate` x `LLADA2_SETTINGS` x `LLADA2_SHAPES`, against our block
   diffusion with `cache=none` and `cache=block` (its default), our answer cut after its first
   end token as upstream's is.
-- LLaDA2.1: the `generate` of its file as dllm's PR #107 cleaned it (`DLLM_21`: the hub
-  file's block mask, 0/1 added to the scores, made block-causal again with `.log()`, as ours
-  runs: MODELS.md, "Block diffusion"), run with `eos_early_stop=True` (ours stops after the
-  block that holds the end token), x `LLADA21_SETTINGS` x `LLADA2_SHAPES`, on the LLaDA2
-  fixture, against our joint threshold decoding with both caches; its logits are compared too.
+- LLaDA2.1: the `generate` of dllm's edited copy of its file (`DLLM_21`, PR #107: `.log()` on
+  the block mask, which the hub file adds to the scores as 0/1, so it is block-causal as ours
+  runs, MODELS.md "Block diffusion"; also a cleaner temperature-0 branch, an eos_early_stop
+  return fix, renames; not compared with the hub file), run with `eos_early_stop=True` (ours
+  stops after the block that holds the end token; upstream's default, False, is not
+  compared), x `LLADA21_SETTINGS` x `LLADA2_SHAPES`, on the LLaDA2 fixture, against our joint
+  threshold decoding with both caches; its logits are compared too.
 Left out: Dream's `alg=origin`, any temperature or `alg_temp` above 0 and LLaDA's `random`
 remasking (there upstream draws from torch's global generator, ours from the row's; the
 distributions are tested in tests/), LLaDA's `cfg_scale` (not ours), the hub's LLaDA2.1 file
@@ -151,7 +154,7 @@ def _dllm(folder: str, *names: str, commit: str = DLLM) -> tuple[tuple[str, str,
 
 # the sources named in tests/fixtures/official-tiny/README.md (LLaDA's and Dream's hub files
 # from the same dllm commit), LLaDA's own sampler (generate.py of its repository), and
-# LLaDA2.1's file as dllm cleaned it (its block mask made block-causal again)
+# dllm's edited copy of LLaDA2.1's file (its block mask block-causal, as ours runs)
 UPSTREAM = (
     Upstream(
         "llada",
@@ -444,7 +447,9 @@ class Sampler:
 SAMPLERS = {
     "dream": Sampler("dream.generation_utils", dream_run),
     "llada": Sampler("llada.generate", llada_run),
-    "llada_moe": Sampler("llada.generate", llada_run),  # its file has none; it decodes like LLaDA
+    # LLaDA-MoE's file has no sampler; dllm runs it in its LLaDA pipeline
+    # (dllm/pipelines/llada/models/__init__.py), and so do we (LLaDA's fixed schedule)
+    "llada_moe": Sampler("llada.generate", llada_run),
     "llada2": Sampler("llada2.modeling_llada2_moe", llada2_run, ("argmax_draws", "float32_masks")),
     "llada21": Sampler("llada21.modeling_llada21_moe", llada21_run, ("float32_masks",)),
 }
@@ -647,7 +652,7 @@ def decode_lines(rows: list[dict[str, object]]) -> list[str]:
         names = (*GROUPED_BY[2:], "steps")
         named = " ".join(f"{k}={v}" for k, v in zip(names, rest) if v is not None)
         lines.append(
-            f"{family:<9} decode {alg:<14} {named:<33}: {len(group)} cases, "
+            f"{family:<9} decode {alg:<14} {named:<70}: {len(group)} cases, "
             f"{count['same']} same, {count['same, ties leftmost']} same with ties leftmost, "
             f"{count['differs']} differ"
         )
