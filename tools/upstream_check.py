@@ -114,6 +114,7 @@ LLADA2_SHAPES = ((5, 4), (8, 4), (12, 8), (16, 4))
 # LLaDA2.1: (threshold, editing_threshold, max_post_steps): the card's Quality and Speed modes,
 # Speed with 2 post steps, the file's defaults
 LLADA21_SETTINGS = ((0.7, 0.5, 16), (0.5, 0.0, 16), (0.5, 0.0, 2), (0.95, 0.9, 16))
+BLOCK_FAMILIES = ("llada2", "llada21")  # block diffusion: answers cut after the first end token
 # a prompt whose answers hold the end token (the stop after its block and the cut compared)
 END_PROMPTS = {"llada2": 32, "llada21": 41}
 DECODE_PROMPTS = 3
@@ -266,8 +267,7 @@ def upstream_case(model: object, expected: dict, case: str, dtype: object) -> ob
 def _case(family: str, alg: str, length: int, block: int, steps: int | None, prompt: int,
           **settings: object) -> dict[str, object]:  # fmt: skip
     """One decode case; settings a family does not read stay None."""
-    unset = dict.fromkeys(("top_p", "top_k", "threshold", "editing_threshold", "max_post_steps"))
-    unset["cache"] = None
+    unset = dict.fromkeys(GROUPED_BY[2:])  # the settings, as the summary groups them
     return {"family": family, "alg": alg, "length": length, "block": block, "steps": steps,
             **unset, **settings, "prompt": prompt}  # fmt: skip
 
@@ -578,7 +578,7 @@ def our_settings(case: dict) -> dict[str, object]:
     from lm_eval_dvoting.core.decoding.state import BlockDecoding, DreamDecoding
 
     settings = {"gen_length": case["length"], "block_length": case["block"], "temperature": 0.0}
-    if case["family"] in ("llada2", "llada21"):
+    if case["family"] in BLOCK_FAMILIES:
         post = 16 if case["max_post_steps"] is None else case["max_post_steps"]  # ours' default
         block = BlockDecoding(case["threshold"], case["steps"], case["editing_threshold"], post)
         return {**settings, "block": block, "cache": case["cache"]}
@@ -610,7 +610,7 @@ def our_decodes(fixtures: Path) -> list[tuple[list[int], int]]:
         with torch.no_grad():
             result = generate(model, prompt, **our_settings(case))
         tokens = result.tokens[0].tolist()
-        if case["family"] in ("llada2", "llada21"):
+        if case["family"] in BLOCK_FAMILIES:
             ends = set(model.end_token_ids)
             tokens = tokens[: next((k + 1 for k, t in enumerate(tokens) if t in ends), None)]
         found.append((tokens, int(result.nfe[0])))
