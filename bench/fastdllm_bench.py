@@ -325,8 +325,9 @@ def our_model(config: Results, logit_std: float, device: str, dtype: torch.dtype
 def kept_attention_kernels() -> Iterator[None]:
     """Restore torch's choice of attention kernels on leaving. Their `LLaDAModel` constructor
     switches the memory-efficient kernel off for the whole process; their passes need none
-    (they give no mask, so the flash kernel runs), but ours give a key mask, and would fall
-    back to the slow math kernel on a GPU."""
+    (they give no mask, so the flash kernel runs), nor do ours where no row is padded, but
+    ours give a key mask where rows are, and would fall back to the slow math kernel on a
+    GPU."""
     flags = {
         "flash": torch.backends.cuda.flash_sdp_enabled(),
         "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),

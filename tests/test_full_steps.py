@@ -79,7 +79,7 @@ def test_one_row_captures_once_and_replays_every_later_pass(model, monkeypatch):
     (row,), decoder = _decode(model, EagerReplay, ["none"], dict(steps=16))
     assert torch.equal(row.tokens, eager[0].tokens) and row.nfe == 16
     assert EagerReplay.captured == 1 and len(replays) == 15
-    assert list(decoder.forward.full_steps.shapes) == [(1, row.prompt.numel() + 16)]
+    assert list(decoder.forward.full_steps.shapes) == [(1, row.prompt.numel() + 16, False)]
 
 
 @pytest.mark.parametrize("fault", [None, "one step off"])
@@ -112,12 +112,12 @@ def test_at_most_two_shapes_are_kept_those_without_a_graph_dropped_first(model):
     for length in (5, 6, 5, 7):
         ids = torch.zeros((1, length), dtype=torch.long)
         steps._shape(ids, torch.ones_like(ids), ids)
-    assert list(steps.shapes) == [(1, 5), (1, 7)]  # the least recently used went
-    steps.shapes[(1, 5)].graph = "captured"
+    assert list(steps.shapes) == [(1, 5, True), (1, 7, True)]  # the least recently used went
+    steps.shapes[(1, 5, True)].graph = "captured"
     for length in (8, 9):  # shapes seen once make room among themselves
         ids = torch.zeros((1, length), dtype=torch.long)
         steps._shape(ids, torch.ones_like(ids), ids)
-    assert list(steps.shapes) == [(1, 5), (1, 9)]
+    assert list(steps.shapes) == [(1, 5, True), (1, 9, True)]
 
 
 def _joining_rows(seed: int) -> list[DecodeRow]:
@@ -192,7 +192,7 @@ def test_a_pass_over_more_tokens_than_the_limit_runs_eagerly(model, monkeypatch)
         steps.run(ids, torch.ones_like(ids), torch.arange(ids.shape[1])[None])
     for _ in range(3):
         steps.run(two_rows, torch.ones_like(two_rows), torch.arange(12).expand(2, 12))
-    assert EagerReplay.captured == 1 and list(steps.shapes) == [(1, 20)]
+    assert EagerReplay.captured == 1 and list(steps.shapes) == [(1, 20, True)]
 
 
 def test_a_full_pass_holds_nothing_a_capture_refuses(model):

@@ -440,7 +440,7 @@ def test_buffers_hold_no_row_past_its_block_and_uncaptured_shapes_go_first(model
     assert captured.graph is not None
     for width in (1, 2):  # two more shapes, never captured: the first one's room is reused
         steps._shape(
-            [row.kept], torch.zeros((1, width), dtype=torch.long)
+            [row.kept], torch.zeros((1, width), dtype=torch.long), None
         )  # a pass of another length
     assert len(steps.shapes) == 2 and captured in steps.shapes.values()
 

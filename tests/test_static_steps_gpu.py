@@ -12,7 +12,10 @@ The official-tiny LLaDA and Dream fixtures on the GPU, the rows of tests/test_st
   pass over the same inputs, bit for bit, over the four blocks' fills;
 * `compiled` (inductor's kernels) captures its graphs, and in float32 gives the dynamic
   path's tokens under the fixed schedule;
-* `cache=none`'s full passes, captured and replayed under `graphs`, give the dynamic tokens.
+* `cache=none`'s full passes, captured and replayed under `graphs`, give the dynamic tokens;
+* a row with nothing padded attends without a mask in every mode, so in bfloat16 PyTorch's
+  flash kernel runs it (the kernel upstream's code runs; a mask rules it out), while a
+  ragged batch still passes its mask.
 """
 
 from __future__ import annotations
@@ -168,3 +171,21 @@ def test_a_replayed_full_pass_reads_the_rows_that_joined(family, dtype):
         assert model.cached_steps == mode
         decoded[mode] = [row.tokens for row in rows]
     assert all(torch.equal(a, b) for a, b in zip(decoded["dynamic"], decoded["graphs"]))
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static", "graphs"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+def test_an_unpadded_row_runs_on_the_flash_kernel(family, cache, mode):
+    """Under `sdpa_kernel(FLASH_ATTENTION)` (no other kernel allowed), one row decodes, in
+    bfloat16, to the tokens it decodes with PyTorch's own choice: no pass gave a mask,
+    and flash is what PyTorch chose. Two rows of different prompts need their mask, which
+    flash refuses: the restriction is real."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = _model(family, "bfloat16")
+    chosen = _decode(model, mode, [cache], RULES["fixed"])
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        flash = _decode(model, mode, [cache], RULES["fixed"])
+        with pytest.raises(RuntimeError, match="No available kernel"):
+            _decode(model, mode, [cache] * 2, RULES["fixed"])
+    assert torch.equal(flash[0].tokens, chosen[0].tokens) and flash[0].nfe == chosen[0].nfe

@@ -147,8 +147,12 @@ def _draw_masks(length: int, mc_num: int, seed: int, stratified: bool) -> torch.
     return ranks < n_masked[:, None]
 
 
-def _pad_right(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack 1-D rows of different lengths, right-padded, with a 1/0 attention mask.
+def _pad_right(
+    rows: Sequence[torch.Tensor], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack 1-D rows of different lengths, right-padded, with a 1/0 attention mask (None
+    when no row is padded, as a request's draws are: attention then runs without a mask,
+    `common.attended_keys`).
 
     Right padding leaves every row's real tokens at positions 0..n-1, so the models'
     default position ids already match an unpadded forward pass, and the attention
@@ -156,6 +160,8 @@ def _pad_right(rows: Sequence[torch.Tensor], pad_id: int) -> tuple[torch.Tensor,
     what it is batched with (up to float noise).
     """
     width = max(len(row) for row in rows)
+    if all(len(row) == width for row in rows):
+        return torch.stack(list(rows)).long(), None
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
@@ -175,7 +181,8 @@ def _logits_at(
     """
     ids, attention = _pad_right(rows, int(model.mask_token_id))
     device = _model_device(model)
-    ids, attention = ids.to(device), attention.to(device)
+    ids = ids.to(device)
+    attention = None if attention is None else attention.to(device)
     row_index, column = row_index.to(device), column.to(device)
     if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
         hidden = model.hidden_states(ids, attention_mask=attention)

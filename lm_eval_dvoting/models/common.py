@@ -79,6 +79,23 @@ def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> t
     return bias.masked_fill(~keep, torch.finfo(dtype).min)
 
 
+def attended_keys(
+    attention_mask: torch.Tensor | None, input_ids: torch.Tensor, cache: Any = None
+) -> torch.Tensor | None:
+    """The 0/1 mask over the keys a pass attends to (a cache's kept keys, if any, and the
+    pass's own), or None when every one of them is real: attention then runs without a mask,
+    as the upstream code runs a batch with no padding, which lets SDPA choose its fastest
+    kernel (flash attention in bfloat16 and float16 on a GPU: any mask, even one of zeros,
+    rules it out). On the CPU the numbers are the same either way. The decoder gives
+    `attention_mask=None` where no row of a pass is padded (`state.left_pad`); a cache tells
+    whether its kept keys are (`every_kept_key_real`)."""
+    if cache is None:
+        return attention_mask
+    if attention_mask is None and cache.every_kept_key_real:
+        return None
+    return cache.key_mask(attention_mask, input_ids)
+
+
 def default_position_ids(input_ids: torch.Tensor) -> torch.Tensor:
     """Positions 0..length-1 for every row, the upstream models' convention."""
     batch, length = input_ids.shape
@@ -118,6 +135,14 @@ class PrefixCache:
     suffix_mask: torch.Tensor | None = None
     new_keys: list[torch.Tensor] = field(default_factory=list)
     new_values: list[torch.Tensor] = field(default_factory=list)
+    # set (by `stack_kept`, which knows the rows' lengths on the host) when no row's kept
+    # keys are padded: `mask` and `suffix_mask` then mark every kept key real
+    no_kept_padding: bool = False
+
+    @property
+    def every_kept_key_real(self) -> bool:
+        """Whether a pass with no padded query may attend without a mask (`attended_keys`)."""
+        return self.no_kept_padding or (self.mask is None and self.suffix_mask is None)
 
     def key_mask(
         self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor
@@ -171,6 +196,9 @@ class StaticKeyValues:
     values: list[torch.Tensor]
     mask: torch.Tensor
     slot: torch.Tensor
+    # a shape whose every fill is unpadded (its rows' kept prefixes of one length, their
+    # suffixes too, no query padded): its pass attends without a mask (`attended_keys`)
+    every_kept_key_real: bool = False
 
     def key_mask(
         self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor

@@ -21,6 +21,7 @@ from lm_eval_dvoting.models.common import (
     PrefixCache,
     RMSNorm,
     apply_rotary,
+    attended_keys,
     attention_bias,
     bidirectional_attention,
     default_position_ids,
@@ -160,8 +161,7 @@ class DreamModel(HeadedLM):
         rotary = rotary_tables(
             position_ids, cfg.hidden_size // cfg.num_attention_heads, cfg.rope_theta, x.dtype
         )
-        keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
-        bias = attention_bias(keys, x.dtype)
+        bias = attention_bias(attended_keys(attention_mask, input_ids, cache), x.dtype)
         query_keep = None
         if attention_mask is not None:
             query_keep = attention_mask.to(x.dtype)[:, None, :, None]

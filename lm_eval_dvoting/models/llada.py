@@ -19,6 +19,7 @@ from lm_eval_dvoting.models.common import (
     PrefixCache,
     RMSNorm,
     apply_rotary,
+    attended_keys,
     attention_bias,
     bidirectional_attention,
     default_position_ids,
@@ -159,8 +160,7 @@ class LLaDAModel(HeadedLM):
             cfg.rope_theta,
             torch.float32 if cfg.rope_full_precision else x.dtype,
         )
-        keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
-        bias = attention_bias(keys, x.dtype)
+        bias = attention_bias(attended_keys(attention_mask, input_ids, cache), x.dtype)
         for layer, block in enumerate(transformer.blocks):
             x = block(x, rotary, bias, cache, layer)
         return transformer.ln_f(x)

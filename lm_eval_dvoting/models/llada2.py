@@ -35,6 +35,7 @@ from lm_eval_dvoting.models.common import (
     HeadedLM,
     PrefixCache,
     RMSNorm,
+    attended_keys,
     attention_bias,
     block_causal_bias,
     default_position_ids,
@@ -246,10 +247,10 @@ class LLaDA2Model(HeadedLM):
         x = self.model.word_embeddings(input_ids)
         # in the activations' dtype, as upstream's (transformers' Llama-style) code rotates
         rotary = rotary_tables(position_ids, cfg.rotary_dim, cfg.rope_theta, x.dtype)
-        keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
         if block_lengths is None:
-            bias = attention_bias(keys, x.dtype)
-        else:
+            bias = attention_bias(attended_keys(attention_mask, input_ids, cache), x.dtype)
+        else:  # (block-causal: a mask over every key, the cache's kept ones included)
+            keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
             keys = torch.ones_like(input_ids) if keys is None else keys
             bias = block_causal_bias(keys, position_ids, block_lengths, x.dtype)
         for index, layer in enumerate(self.model.layers):

@@ -29,6 +29,7 @@ from lm_eval_dvoting.models.common import (
     PrefixCache,
     RMSNorm,
     apply_rotary,
+    attended_keys,
     attention_bias,
     bidirectional_attention,
     default_position_ids,
@@ -224,8 +225,7 @@ class LLaDAMoEModel(HeadedLM):
         x = self.model.embed_tokens(input_ids)
         # in the activations' dtype, as upstream's (transformers' OLMoE) code rotates
         rotary = rotary_tables(position_ids, cfg.rotary_dim, cfg.rope_theta, x.dtype)
-        keys = attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
-        bias = attention_bias(keys, x.dtype)
+        bias = attention_bias(attended_keys(attention_mask, input_ids, cache), x.dtype)
         for index, layer in enumerate(self.model.layers):
             x = layer(x, rotary, bias, cache, index)
         return self.model.norm(x)

@@ -233,10 +233,12 @@ class ForwardPass:
 
     def padded(
         self, sequences: Sequence[Sequence[torch.Tensor]], begins: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`state.left_pad` of a cached pass's sequences, each row's positions counted on
-        from `begins` (the columns it keeps before them)."""
-        ids, attention, positions = left_pad(sequences, self.pad_id, self.device)
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """`state.left_pad` of a cached pass's sequences (no mask where no row is padded),
+        each row's positions counted on from `begins` (the columns it keeps before them)."""
+        ids, attention, positions = left_pad(
+            sequences, self.pad_id, self.device, mask_only_if_padded=True
+        )
         return ids, attention, positions + host_to_device(begins, torch.long, self.device)[:, None]
 
     def block_lengths(

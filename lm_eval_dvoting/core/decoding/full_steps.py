@@ -39,7 +39,7 @@ class _FullShape:
     """The input tensors a full pass of one shape is captured over, and its graph."""
 
     ids: torch.Tensor
-    attention: torch.Tensor
+    attention: torch.Tensor | None  # None: no row of this shape is padded
     positions: torch.Tensor
     steady: int = 0  # passes in a row of this shape
     graph: Any = None
@@ -52,13 +52,14 @@ class FullSteps(Captures):
 
     def __init__(self, model: torch.nn.Module, mode: str, strict: bool = False) -> None:
         super().__init__(model, mode, strict)
-        self.shapes: OrderedDict[tuple[int, int], _FullShape] = OrderedDict()
+        self.shapes: OrderedDict[tuple[Any, ...], _FullShape] = OrderedDict()
         self.last: _FullShape | None = None  # the shape of the last pass
 
     def run(
-        self, ids: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor
+        self, ids: torch.Tensor, attention: torch.Tensor | None, positions: torch.Tensor
     ) -> torch.Tensor:
-        """The pass's hidden states over left-padded `ids`, `attention` and `positions`:
+        """The pass's hidden states over left-padded `ids`, `attention` (None: no row
+        padded) and `positions`:
         eager until a shape comes twice in a row (and always above `CAPTURE_TOKENS`, or after
         a capture failed under `auto`), then captured, and replayed whenever that
         shape comes again."""
@@ -73,7 +74,8 @@ class FullSteps(Captures):
         if shape.graph is None and shape.steady < CAPTURE_ON_STEADY_STEP:
             return self.pass_over((ids, attention, positions), None, compiled=False)
         shape.ids.copy_(ids)
-        shape.attention.copy_(attention)
+        if shape.attention is not None:
+            shape.attention.copy_(attention)
         shape.positions.copy_(positions)
         if shape.graph is None:
             inputs = (shape.ids, shape.attention, shape.positions)
@@ -83,14 +85,17 @@ class FullSteps(Captures):
             return self.pass_over((ids, attention, positions), None, compiled=False)
         return shape.graph.replay()
 
-    def _shape(self, *inputs: torch.Tensor) -> _FullShape:
+    def _shape(self, *inputs: torch.Tensor | None) -> _FullShape:
         """The tensors of this pass's shape (made on its first pass); at most `GRAPHS_KEPT`
         shapes are kept (`make_room`: those without a graph dropped first, then the least
-        recently used; each graph holds its pass's activations in its own memory pool)."""
-        key = tuple(inputs[0].shape)
+        recently used; each graph holds its pass's activations in its own memory pool).
+        Whether rows are padded is part of the shape: a pass with none padded attends
+        without a mask (`common.attended_keys`), and its graph must never meet padding."""
+        key = (*inputs[0].shape, inputs[1] is not None)
         if key in self.shapes:
             self.shapes.move_to_end(key)
             return self.shapes[key]
         make_room(self.shapes, GRAPHS_KEPT)
-        self.shapes[key] = _FullShape(*(torch.zeros_like(tensor) for tensor in inputs))
+        made = (None if tensor is None else torch.zeros_like(tensor) for tensor in inputs)
+        self.shapes[key] = _FullShape(*made)
         return self.shapes[key]

@@ -59,7 +59,21 @@ def stack_kept(kept: Sequence[KeptKeysValues], device: torch.device) -> PrefixCa
         cache.suffix_keys, cache.suffix_values, cache.suffix_mask = _stack(
             keys, values, device, left=False
         )
+    cache.no_kept_padding = not kept_padding(kept)
     return cache
+
+
+def kept_padding(kept: Sequence[KeptKeysValues]) -> bool:
+    """Whether laying the rows' kept keys out together pads any row: their prefixes, or their
+    suffixes (none kept counts as none long), are not all of one length."""
+    prefixes = {kept_columns(k.prefix_keys) for k in kept}
+    suffixes = {kept_columns(k.suffix_keys) for k in kept}
+    return len(prefixes) > 1 or len(suffixes) > 1
+
+
+def kept_columns(layers: list[torch.Tensor] | None) -> int:
+    """The columns of kept per-layer (kv_heads, columns, head_dim) tensors (None: 0)."""
+    return 0 if layers is None else layers[0].shape[1]
 
 
 def _empty_like(layers: list[torch.Tensor]) -> list[torch.Tensor]:

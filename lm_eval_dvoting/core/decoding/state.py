@@ -412,15 +412,26 @@ def masked_block(
 
 
 def left_pad(
-    sequences: Sequence[torch.Tensor | Sequence[torch.Tensor]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    sequences: Sequence[torch.Tensor | Sequence[torch.Tensor]],
+    pad_id: int,
+    device: torch.device,
+    mask_only_if_padded: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Left-padded ids, 0/1 attention mask and positions (0.. over the real tokens). A
     sequence may come in pieces laid end to end (`DecodeRow.sequence`). The ids and the mask
     are each one concatenation of views, padding included: a few kernels on a GPU whatever
-    the number of rows, not a few a row."""
+    the number of rows, not a few a row. `mask_only_if_padded`: no mask (None) where no row
+    is padded, so that the model's attention runs without one (`common.attended_keys`:
+    SDPA's fastest kernel on a GPU), as the decoder's passes do."""
     rows = [[s] if isinstance(s, torch.Tensor) else list(s) for s in sequences]
     lengths = [sum(piece.numel() for piece in pieces) for pieces in rows]
     width = max(lengths)
+    if mask_only_if_padded and min(lengths) == width:
+        return (
+            _unpadded(rows, device),
+            None,
+            torch.arange(width, device=device).expand(len(rows), -1),
+        )
     pad = torch.full((width,), pad_id, dtype=torch.long, device=device)
     ones, zeros = (torch.full((width,), bit, dtype=torch.long, device=device) for bit in (1, 0))
     laid = [(pad[: width - n], *pieces) for pieces, n in zip(rows, lengths)]
@@ -429,6 +440,12 @@ def left_pad(
     masks = [piece for n in lengths for piece in (zeros[: width - n], ones[:n])]
     attention = torch.cat(masks).view(len(rows), width)
     return ids.view(len(rows), width), attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
+def _unpadded(rows: list[list[torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """Rows of one length, each given in pieces, as one (rows, length) tensor of ids."""
+    pieces = [p if p.device == device else p.to(device) for row in rows for p in row]
+    return torch.cat(pieces).long().view(len(rows), -1)
 
 
 # ----------------------------------------------------------------- float64 numerics

@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from lm_eval_dvoting.core.decoding.kept import all_layers
+from lm_eval_dvoting.core.decoding.kept import all_layers, kept_columns, kept_padding
 from lm_eval_dvoting.core.decoding.rules import host_to_device
 from lm_eval_dvoting.core.decoding.state import KeptKeysValues
 from lm_eval_dvoting.models.adapters import lora_layers
@@ -139,7 +139,7 @@ def compiler_missing() -> str | None:
 def _hidden_states(
     model: torch.nn.Module,
     ids: torch.Tensor,
-    attention: torch.Tensor,
+    attention: torch.Tensor | None,
     positions: torch.Tensor,
     cache: StaticKeyValues | None,
 ) -> torch.Tensor:
@@ -253,7 +253,7 @@ class _Shape:
     cache: StaticKeyValues
     layers: tuple[torch.Tensor, torch.Tensor]  # keys, values: every layer's buffer in one
     ids: torch.Tensor
-    attention: torch.Tensor
+    attention: torch.Tensor | None  # None: no query of this shape is padded
     positions: torch.Tensor
     filled_from: list[weakref.ref[KeptKeysValues]] = field(default_factory=list)
     steady: int = 0  # steps in a row over the same fill
@@ -333,18 +333,19 @@ class StaticSteps(Captures):
 
     def __init__(self, model: torch.nn.Module, mode: str, strict: bool = False) -> None:
         super().__init__(model, mode, strict)
-        self.shapes: OrderedDict[tuple[int, int, int], _Shape] = OrderedDict()
+        self.shapes: OrderedDict[tuple[Any, ...], _Shape] = OrderedDict()
 
     def run(
         self,
         kept: Sequence[KeptKeysValues],
         ids: torch.Tensor,
-        attention: torch.Tensor,
+        attention: torch.Tensor | None,
         positions: torch.Tensor,
     ) -> torch.Tensor:
         """The pass's hidden states: `ids`, `attention` and `positions` as for the dynamic
-        pass (left-padded queries), `kept[r]` row r's kept keys and values."""
-        shape = self._shape(kept, ids)
+        pass (left-padded queries; `attention` None: none padded), `kept[r]` row r's kept
+        keys and values."""
+        shape = self._shape(kept, ids, attention)
         # the buffers hold the kept keys of these very objects (weakly referenced: a row's
         # kept keys are not held past its block) for these query lengths; else refill them
         if not shape.filled_from_these(kept):
@@ -355,15 +356,21 @@ class StaticSteps(Captures):
             return self._replayed(shape, ids, attention, positions)
         return self._pass(shape, ids, attention, positions)
 
-    def _shape(self, kept: Sequence[KeptKeysValues], ids: torch.Tensor) -> _Shape:
-        """The buffers of this step's shape (allocated on its first step)."""
+    def _shape(
+        self, kept: Sequence[KeptKeysValues], ids: torch.Tensor, attention: torch.Tensor | None
+    ) -> _Shape:
+        """The buffers of this step's shape (allocated on its first step). Whether the
+        queries and the kept keys are padded is part of the shape: a pass with nothing
+        padded attends without a mask (`common.attended_keys`), and a graph captured so
+        must never be replayed over padding."""
         width = _prefix_width(kept) + ids.shape[1] + _suffix_width(kept)
-        key = (ids.shape[0], ids.shape[1], width)
+        padded = (attention is not None, kept_padding(kept))
+        key = (ids.shape[0], ids.shape[1], width, *padded)
         if key in self.shapes:
             self.shapes.move_to_end(key)
             return self.shapes[key]
         self._evict()
-        self.shapes[key] = _allocate(kept, ids, width)
+        self.shapes[key] = _allocate(kept, ids, width, *padded)
         return self.shapes[key]
 
     def _evict(self) -> None:
@@ -376,7 +383,7 @@ class StaticSteps(Captures):
         self,
         shape: _Shape,
         ids: torch.Tensor,
-        attention: torch.Tensor,
+        attention: torch.Tensor | None,
         positions: torch.Tensor,
         compiled: bool = False,
     ) -> torch.Tensor:
@@ -386,14 +393,15 @@ class StaticSteps(Captures):
         self,
         shape: _Shape,
         ids: torch.Tensor,
-        attention: torch.Tensor,
+        attention: torch.Tensor | None,
         positions: torch.Tensor,
     ) -> torch.Tensor:
         """The pass through the shape's graph (captured on `CAPTURE_ON_STEADY_STEP`, if it
         holds at most `CAPTURE_TOKENS` queries), its inputs copied into the shape's own
         tensors, which the graph reads."""
         shape.ids.copy_(ids)
-        shape.attention.copy_(attention)
+        if shape.attention is not None:
+            shape.attention.copy_(attention)
         shape.positions.copy_(positions)
         inputs = (shape.ids, shape.attention, shape.positions)
         uncaptured = shape.steady < CAPTURE_ON_STEADY_STEP or ids.numel() > CAPTURE_TOKENS
@@ -412,17 +420,26 @@ class StaticSteps(Captures):
 
 
 def _prefix_width(kept: Sequence[KeptKeysValues]) -> int:
-    return max(_length(k.prefix_keys) for k in kept)
+    return max(kept_columns(k.prefix_keys) for k in kept)
 
 
 def _suffix_width(kept: Sequence[KeptKeysValues]) -> int:
-    return max(_length(k.suffix_keys) for k in kept)
+    return max(kept_columns(k.suffix_keys) for k in kept)
 
 
-def _allocate(kept: Sequence[KeptKeysValues], ids: torch.Tensor, width: int) -> _Shape:
+def _allocate(
+    kept: Sequence[KeptKeysValues],
+    ids: torch.Tensor,
+    width: int,
+    queries_padded: bool = True,
+    kept_padded: bool = True,
+) -> _Shape:
     """Zeroed buffers (finite everywhere: a padded key's score must stay finite), every
     layer's keys in one tensor and every layer's values in another (`_fill` writes a row of
-    all the layers at once); the model reads each layer's as a view of them."""
+    all the layers at once); the model reads each layer's as a view of them. The query mask
+    only where queries are padded; the key mask always (every key real where nothing is
+    padded, and then not read: `common.attended_keys`). Padded by default: the masks are
+    then read, which is right for any fill."""
     first = kept[0].prefix_keys
     rows, device = ids.shape[0], ids.device
     kv_heads, head_dim = first[0].shape[0], first[0].shape[2]
@@ -433,13 +450,17 @@ def _allocate(kept: Sequence[KeptKeysValues], ids: torch.Tensor, width: int) -> 
         list(values.unbind(0)),
         torch.zeros((rows, width), dtype=torch.long, device=device),
         torch.zeros(ids.shape[1], dtype=torch.long, device=device),
+        every_kept_key_real=not kept_padded,
     )
-    ids_like = (torch.zeros_like(ids) for _ in range(3))
-    return _Shape(cache, (keys, values), *ids_like)
+    attention = torch.zeros_like(ids) if queries_padded else None
+    return _Shape(cache, (keys, values), torch.zeros_like(ids), attention, torch.zeros_like(ids))
 
 
 def _fill(
-    shape: _Shape, kept: Sequence[KeptKeysValues], ids: torch.Tensor, attention: torch.Tensor
+    shape: _Shape,
+    kept: Sequence[KeptKeysValues],
+    ids: torch.Tensor,
+    attention: torch.Tensor | None,
 ) -> None:
     """Copy the rows' kept keys and values into the buffers around the pass's columns, in
     the dynamic path's layout (`kept.stack_kept`: each prefix left-padded, each suffix
@@ -451,9 +472,11 @@ def _fill(
     before = _prefix_width(kept)
     after = before + ids.shape[1]
     cache.slot.copy_(torch.arange(before, after, device=device))
-    spans = [(before - _length(k.prefix_keys), after + _length(k.suffix_keys)) for k in kept]
+    spans = [
+        (before - kept_columns(k.prefix_keys), after + kept_columns(k.suffix_keys)) for k in kept
+    ]
     cache.mask.copy_(_kept_key_mask(spans, before, after, cache.mask.shape[1], device))
-    cache.mask[:, before:after] = attention
+    cache.mask[:, before:after] = 1 if attention is None else attention
     for row, (k, (start, end)) in enumerate(zip(kept, spans)):
         for buffer, prefix, suffix in (
             (shape.layers[0][:, row], k.prefix_keys, k.suffix_keys),
@@ -477,7 +500,3 @@ def _kept_key_mask(
     prefix = (columns >= starts) & (columns < before)
     suffix = (columns >= after) & (columns < ends)
     return (prefix | suffix).long()
-
-
-def _length(layers: list[torch.Tensor] | None) -> int:
-    return 0 if layers is None else layers[0].shape[1]

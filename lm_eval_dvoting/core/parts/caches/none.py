@@ -31,6 +31,7 @@ class NoCache(CachePolicy):
             [rows[i].sequence() for i in members],
             forward.pad_id,
             forward.device,
+            mask_only_if_padded=True,
         )
         # Each row's real tokens sit at positions 0..n-1 whatever its padding, so a row's
         # numbers do not depend on the rows it is batched with.

@@ -75,7 +75,10 @@ def _fresh(
     """The rows that reuse nothing, over their whole sequences; keeps what the cached
     rows can reuse in a later step of the same block."""
     ids, attention, positions = left_pad(
-        [rows[i].sequence() for i in fresh], forward.pad_id, forward.device
+        [rows[i].sequence() for i in fresh],
+        forward.pad_id,
+        forward.device,
+        mask_only_if_padded=True,
     )
     keep = [local for local, i in enumerate(fresh) if keeps[i]]
     record = KeyValueCache() if keep else None

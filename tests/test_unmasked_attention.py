@@ -1,0 +1,183 @@
+"""A pass in which no key is padded attends without a mask (`common.attended_keys`), as the
+upstream code runs a batch with no padding: on a GPU that lets SDPA run flash attention in
+bfloat16 (a mask, even of zeros, rules it out), Fast-dLLM's and Dream's kernel. On the CPU
+the numbers are the same with or without the mask, so the tokens must be those of a decode
+that always passes one; a pass with padding must still pass its mask; and a captured shape
+never serves both."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from references import load_float32
+from test_static_steps import MASK, EagerReplay, decode_rows
+from torch import nn
+
+from lm_eval_dvoting.core.decoding import DecodeRow
+from lm_eval_dvoting.core.decoding.full_steps import FullSteps
+from lm_eval_dvoting.core.decoding.kept import stack_kept
+from lm_eval_dvoting.core.decoding.rows import RowDecoder
+from lm_eval_dvoting.core.decoding.state import KeptKeysValues, left_pad
+from lm_eval_dvoting.core.decoding.static_steps import StaticSteps
+from lm_eval_dvoting.models import dream, llada
+from lm_eval_dvoting.models.common import attended_keys
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
+def model(request, monkeypatch) -> nn.Module:
+    loaded = load_float32(str(request.getfixturevalue(request.param)))
+    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)  # restored afterwards
+    return loaded
+
+
+def _rows(prompt_lengths: list[int], cache: str) -> list[DecodeRow]:
+    """Rows of 12 answer tokens in blocks of 4, the fixed schedule (they move in step)."""
+    rows = []
+    for k, length in enumerate(prompt_lengths):
+        g = torch.Generator().manual_seed(k)
+        rows.append(
+            DecodeRow(
+                prompt=torch.randint(0, 240, (length,), generator=g),
+                tokens=torch.full((12,), MASK),
+                block_length=4,
+                cache=cache,
+                steps=12,
+            )
+        )
+    return rows
+
+
+def _decode(model: nn.Module, mode: str, rows: list[DecodeRow]) -> list[DecodeRow]:
+    model.cached_steps = "static" if mode == "graphs" else mode
+    decoder = RowDecoder(model, pad_token_id=MASK)
+    if mode == "graphs":  # replayed eagerly: no CUDA here
+        decoder.forward.static_steps = StaticSteps(model, "graphs")
+        decoder.forward.static_steps.graph_class = EagerReplay
+    return decode_rows(decoder, rows)
+
+
+def _always_masked(attention_mask, input_ids, cache=None):
+    """What the models attended with before: a mask over every key, padded or not."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    return attention_mask if cache is None else cache.key_mask(attention_mask, input_ids)
+
+
+@pytest.fixture
+def masks_seen(monkeypatch) -> list[bool]:
+    """Whether each attention call of the test got a mask."""
+    seen: list[bool] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def watched(q, k, v, attn_mask=None, **kwargs):
+        seen.append(attn_mask is not None)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static", "graphs"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
+@pytest.mark.parametrize(
+    "prompts, padded",
+    [([6], False), ([6, 6], False), ([6, 9], True)],
+    ids=["one", "even", "ragged"],
+)
+def test_only_a_pass_with_padding_attends_with_a_mask(
+    model, mode, cache, prompts, padded, masks_seen, monkeypatch
+):
+    """One row, or rows of one length moving in step: no attention call gets a mask; rows of
+    two lengths: every call does (each full pass pads the shorter prompt, each reuse pass its
+    shorter kept prefix). The tokens and passes are those of a decode that always passes a
+    mask. (Planted: `left_pad` always returning the mask: `one` and `even` failed; the kept
+    keys never called padded: `ragged` failed, in the reuse passes.)"""
+    found = _decode(model, mode, _rows(prompts, cache))
+    assert masks_seen and set(masks_seen) == {padded}
+    for family in (llada, dream):
+        monkeypatch.setattr(family, "attended_keys", _always_masked)
+    masked = _decode(model, mode, _rows(prompts, cache))
+    for row, expected in zip(found, masked):
+        assert torch.equal(row.tokens, expected.tokens) and row.nfe == expected.nfe
+
+
+def _kept(prefixes: list[int], suffix: int | None = None) -> list[KeptKeysValues]:
+    """Rows' kept keys and values: 2 layers, 2 heads of 4, prefixes of the lengths given."""
+
+    def layers(length: int) -> list[torch.Tensor]:
+        return [torch.randn(2, length, 4) for _ in range(2)]
+
+    made = []
+    for length in prefixes:
+        tail = None if suffix is None else layers(suffix)
+        made.append(KeptKeysValues(0, layers(length), layers(length), tail, tail))
+    return made
+
+
+def test_the_kept_keys_say_whether_they_are_padded():
+    """`stack_kept` tells the model whether any row's kept keys are padded: prefixes (and
+    suffixes) of one length are not, so an unpadded pass attends without a mask; prefixes
+    of two lengths are, and the mask covers every key."""
+    ids = torch.zeros((2, 3), dtype=torch.long)
+    even = stack_kept(_kept([5, 5], suffix=2), CPU)
+    assert even.every_kept_key_real and attended_keys(None, ids, even) is None
+    ragged = stack_kept(_kept([5, 4], suffix=2), CPU)
+    assert not ragged.every_kept_key_real
+    assert attended_keys(None, ids, ragged).tolist() == [[1] * 10, [0] + [1] * 9]
+    queries = torch.tensor([[0, 1, 1], [1, 1, 1]])  # a padded query: a mask, kept even or not
+    assert attended_keys(queries, ids, even)[0].tolist() == [1] * 5 + [0, 1, 1] + [1] * 2
+
+
+def test_a_captured_shape_never_serves_both_a_padded_and_an_unpadded_pass(model):
+    """A graph captured without a mask must never replay over padding: whether the queries
+    and the kept keys are padded is part of a shape's key, for the reuse passes and the full
+    passes alike. (Planted: the kept keys' padding left out of the key: the ragged rows
+    got the even rows' shape, which attends without a mask.)"""
+    steps = StaticSteps(model, "graphs")
+    ids = torch.zeros((2, 3), dtype=torch.long)
+    even = steps._shape(_kept([5, 5]), ids, None)
+    assert steps._shape(_kept([5, 5]), ids, None) is even
+    ragged = steps._shape(_kept([5, 4]), ids, None)  # the same rows, length and width
+    padded_queries = steps._shape(_kept([5, 5]), ids, torch.ones_like(ids))
+    assert len({id(even), id(ragged), id(padded_queries)}) == 3
+    assert even.cache.every_kept_key_real and not ragged.cache.every_kept_key_real
+    assert padded_queries.cache.every_kept_key_real  # (a mask all the same: its queries')
+    assert even.attention is None and padded_queries.attention is not None
+    full = FullSteps(model, "graphs")
+    unpadded = full._shape(ids, None, ids)
+    assert full._shape(ids, torch.ones_like(ids), ids) is not unpadded
+    assert full._shape(ids, None, ids) is unpadded and unpadded.attention is None
+
+
+def test_left_pad_gives_no_mask_only_where_no_row_is_padded():
+    """`mask_only_if_padded`: rows of one length (whole or in pieces) get no mask and the
+    ids and positions they get with one; rows of two lengths get the mask as before."""
+    even = [torch.tensor([4, 5, 6]), [torch.tensor([7]), torch.tensor([8, 9])]]
+    ids, attention, positions = left_pad(even, 0, CPU, mask_only_if_padded=True)
+    with_mask = left_pad(even, 0, CPU)
+    assert attention is None and with_mask[1].all()
+    assert torch.equal(ids, with_mask[0]) and torch.equal(positions, with_mask[2])
+    ragged = [torch.tensor([4, 5, 6]), torch.tensor([8, 9])]
+    found, expected = left_pad(ragged, 0, CPU, mask_only_if_padded=True), left_pad(ragged, 0, CPU)
+    assert all(torch.equal(a, b) for a, b in zip(found, expected))
+
+
+def test_a_likelihood_batch_of_one_length_is_scored_without_a_mask(model, masks_seen, monkeypatch):
+    """A request's Monte-Carlo draws share one length: their pass attends without a mask and
+    scores as with one; draws of two lengths keep theirs. (Planted: `_pad_right` always
+    giving the mask: failed.)"""
+    from lm_eval_dvoting.core import likelihood
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, 240, (7,), generator=g) for _ in range(3)]
+    where = torch.tensor([0, 1, 2]), torch.tensor([6, 3, 0])
+    found = likelihood._logits_at(model, rows, *where)
+    assert masks_seen and not any(masks_seen)
+    for family in (llada, dream):
+        monkeypatch.setattr(family, "attended_keys", _always_masked)
+    assert torch.equal(found, likelihood._logits_at(model, rows, *where))
+    masks_seen.clear()
+    likelihood._logits_at(model, [rows[0], rows[1][:5], rows[2]], *where)
+    assert masks_seen and all(masks_seen)
