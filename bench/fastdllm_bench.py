@@ -458,9 +458,10 @@ def logit_agreement(ours: Any, theirs: Any, prompt: torch.Tensor, args: Any) -> 
 
 def our_first_pass(model: Any, x: torch.Tensor, prompt_length: int) -> torch.Tensor:
     """Our logits at the answer's positions (float64) as the decoder's `none` pass computes
-    them: the sequence left-padded (`left_pad`: attention mask, positions), the hidden
-    states, then the head on the gathered masked positions only."""
-    ids, attention, positions = left_pad([x[0]], 0, x.device)
+    them: the sequence laid out by `left_pad` (one row: no attention mask, as the decoder
+    gives none where nothing is padded; positions), the hidden states, then the head on the
+    gathered masked positions only."""
+    ids, attention, positions = left_pad([x[0]], 0, x.device, mask_only_if_padded=True)
     hidden = model.hidden_states(ids, attention, position_ids=positions)
     columns = torch.arange(prompt_length, x.shape[1], device=x.device)
     picked = hidden[torch.zeros_like(columns), columns]

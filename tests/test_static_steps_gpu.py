@@ -176,16 +176,29 @@ def test_a_replayed_full_pass_reads_the_rows_that_joined(family, dtype):
 @pytest.mark.parametrize("mode", ["dynamic", "static", "graphs"])
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_an_unpadded_row_runs_on_the_flash_kernel(family, cache, mode):
-    """Under `sdpa_kernel(FLASH_ATTENTION)` (no other kernel allowed), one row decodes, in
-    bfloat16, to the tokens it decodes with PyTorch's own choice: no pass gave a mask,
-    and flash is what PyTorch chose. Two rows of different prompts need their mask, which
-    flash refuses: the restriction is real."""
+    """Under `sdpa_kernel(FLASH_ATTENTION)` (no other kernel allowed), one row decodes in
+    bfloat16, so none of its passes gave a mask (flash takes none), to the tokens it decodes
+    under PyTorch's own choice of kernel. Two rows of different prompt lengths need their
+    mask, which flash refuses: the restriction is real."""
+    from test_unmasked_attention import _rows as rows_in_step
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model = _model(family, "bfloat16")
-    chosen = _decode(model, mode, [cache], RULES["fixed"])
+
+    def decoded(prompts: list[int]) -> list[DecodeRow]:
+        model.cached_steps = mode
+        decoder = RowDecoder(model, pad_token_id=MASK)
+        rows = rows_in_step(prompts, cache)
+        for row in rows:
+            decoder.add(row)
+        while decoder.active:
+            decoder.step()
+        return rows
+
+    chosen = decoded([6])
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        flash = _decode(model, mode, [cache], RULES["fixed"])
+        flash = decoded([6])
         with pytest.raises(RuntimeError, match="No available kernel"):
-            _decode(model, mode, [cache] * 2, RULES["fixed"])
+            decoded([6, 9])
+    assert model.cached_steps == mode  # (graphs: no capture was refused)
     assert torch.equal(flash[0].tokens, chosen[0].tokens) and flash[0].nfe == chosen[0].nfe

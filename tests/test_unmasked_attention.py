@@ -32,18 +32,19 @@ def model(request, monkeypatch) -> nn.Module:
     return loaded
 
 
-def _rows(prompt_lengths: list[int], cache: str) -> list[DecodeRow]:
-    """Rows of 12 answer tokens in blocks of 4, the fixed schedule (they move in step)."""
+def _rows(prompt_lengths: list[int], cache: str, answers: list[int] | None = None) -> list:
+    """Rows of `answers` (12 each by default) answer tokens in blocks of 4, the fixed
+    schedule, one commit a step (they move in step)."""
     rows = []
-    for k, length in enumerate(prompt_lengths):
+    for k, (length, answer) in enumerate(zip(prompt_lengths, answers or [12] * 12)):
         g = torch.Generator().manual_seed(k)
         rows.append(
             DecodeRow(
                 prompt=torch.randint(0, 240, (length,), generator=g),
-                tokens=torch.full((12,), MASK),
+                tokens=torch.full((answer,), MASK),
                 block_length=4,
                 cache=cache,
-                steps=12,
+                steps=answer,
             )
         )
     return rows
@@ -82,23 +83,32 @@ def masks_seen(monkeypatch) -> list[bool]:
 @pytest.mark.parametrize("mode", ["dynamic", "static", "graphs"])
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 @pytest.mark.parametrize(
-    "prompts, padded",
-    [([6], False), ([6, 6], False), ([6, 9], True)],
-    ids=["one", "even", "ragged"],
+    "prompts, answers, masked_passes",
+    [([6], [12], 0), ([6, 6], [12, 12], 0), ([6, 9], [12, 12], 12), ([6, 6], [12, 8], 8)],
+    ids=["one", "even", "ragged", "ragged-answers"],
 )
 def test_only_a_pass_with_padding_attends_with_a_mask(
-    model, mode, cache, prompts, padded, masks_seen, monkeypatch
+    model, mode, cache, prompts, answers, masked_passes, masks_seen, monkeypatch
 ):
-    """One row, or rows of one length moving in step: no attention call gets a mask; rows of
-    two lengths: every call does (each full pass pads the shorter prompt, each reuse pass its
-    shorter kept prefix). The tokens and passes are those of a decode that always passes a
-    mask. (Planted: `left_pad` always returning the mask: `one` and `even` failed; the kept
-    keys never called padded: `ragged` failed, in the reuse passes.)"""
-    found = _decode(model, mode, _rows(prompts, cache))
-    assert masks_seen and set(masks_seen) == {padded}
+    """The rows move in step, one pass a step (12 in all). One row, or rows of one length: no
+    attention call gets a mask. Rows of two prompt lengths: every call does (each full pass
+    pads the shorter sequence, each reuse pass the shorter kept prefix). One prompt length
+    and answers of 12 and 8: the first 8 passes do (the full passes pad the shorter
+    sequence, the reuse passes the shorter rest of the answer under `prefix`, the shorter
+    kept suffix under `dual`), the last 4, of one row, do not. The tokens and passes are
+    those of a decode that always passes a mask. (Planted: `left_pad` always returning the
+    mask: `one` and `even` failed; the kept keys never called padded: `ragged` failed, in
+    the reuse passes; their suffixes' lengths ignored: `ragged-answers` failed under
+    `dual`.)"""
+    found = _decode(model, mode, _rows(prompts, cache, answers))
+    per_pass, rest = divmod(len(masks_seen), 12)
+    assert per_pass and not rest
+    assert (
+        masks_seen == [True] * masked_passes * per_pass + [False] * (12 - masked_passes) * per_pass
+    )
     for family in (llada, dream):
         monkeypatch.setattr(family, "attended_keys", _always_masked)
-    masked = _decode(model, mode, _rows(prompts, cache))
+    masked = _decode(model, mode, _rows(prompts, cache, answers))
     for row, expected in zip(found, masked):
         assert torch.equal(row.tokens, expected.tokens) and row.nfe == expected.nfe
 

@@ -187,6 +187,7 @@ def _logits_at(
     if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
         hidden = model.hidden_states(ids, attention_mask=attention)
         return model.logits_from_hidden(hidden[row_index, column]).float()
+    attention = torch.ones_like(ids) if attention is None else attention  # HF's 0/1 mask
     return model(ids, attention_mask=attention)[row_index, column].float()
 
 

@@ -10,7 +10,7 @@ rest in the weights' dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,6 +64,22 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     first, second = rotated.chunk(2, dim=-1)
     swapped = torch.cat((second, first), dim=-1)
     return (rotated * cos + swapped * sin).to(x.dtype)
+
+
+def rotate_pair(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    rotate: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    rotary: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rotate(q, *rotary)` and `rotate(k, *rotary)`, (batch, heads, length, head_dim) each, in
+    one call over both tensors' heads laid side by side: the same elementwise arithmetic on
+    the same values, so the same bits, for one copy instead of a second rotation's five or
+    so kernels (each layer of a pass rotates both; on a GPU a one-row step is bound by its
+    kernels' count, issue 43). The two come back as views of one tensor."""
+    heads = q.shape[1]
+    both = rotate(torch.cat((q, k), dim=1), *rotary)
+    return both[:, :heads], both[:, heads:]
 
 
 def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -24,6 +24,7 @@ from lm_eval_dvoting.models.common import (
     bidirectional_attention,
     default_position_ids,
     rotary_tables,
+    rotate_pair,
 )
 
 
@@ -92,7 +93,7 @@ class LLaDABlock(nn.Module):
         q = self.q_proj(h).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        q, k = rotate_pair(q, k, apply_rotary, rotary)
         attended = (
             bidirectional_attention(q, k, v, bias)
             if cache is None

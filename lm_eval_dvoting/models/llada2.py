@@ -41,6 +41,7 @@ from lm_eval_dvoting.models.common import (
     default_position_ids,
     repeat_kv,
     rotary_tables,
+    rotate_pair,
 )
 from lm_eval_dvoting.models.llada_moe import apply_partial_rotary
 from lm_eval_dvoting.models.moe import Experts, SwiGLU
@@ -119,8 +120,8 @@ class LLaDA2Attention(nn.Module):
             batch, length, self.n_heads + 2 * self.kv_heads, self.head_dim
         )
         q, k, v = qkv.split([self.n_heads, self.kv_heads, self.kv_heads], dim=2)
-        q = apply_partial_rotary(self.query_layernorm(q).transpose(1, 2), *rotary)
-        k = apply_partial_rotary(self.key_layernorm(k).transpose(1, 2), *rotary)
+        q, k = self.query_layernorm(q).transpose(1, 2), self.key_layernorm(k).transpose(1, 2)
+        q, k = rotate_pair(q, k, apply_partial_rotary, rotary)
         v = v.transpose(1, 2)
         if cache is not None:
             cache.new_keys.append(k)

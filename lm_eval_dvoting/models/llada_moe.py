@@ -34,6 +34,7 @@ from lm_eval_dvoting.models.common import (
     bidirectional_attention,
     default_position_ids,
     rotary_tables,
+    rotate_pair,
 )
 from lm_eval_dvoting.models.moe import Experts, SwiGLU
 
@@ -126,7 +127,7 @@ class LLaDAMoEAttention(nn.Module):
         v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.clip is not None:  # as upstream: after the norms, before the rotation
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
-        q, k = apply_partial_rotary(q, *rotary), apply_partial_rotary(k, *rotary)
+        q, k = rotate_pair(q, k, apply_partial_rotary, rotary)
         attended = (
             bidirectional_attention(q, k, v, bias)
             if cache is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
+
 from lm_eval_dvoting.core.decoding.state import DecodeRow, left_pad
 from lm_eval_dvoting.core.parts.base import BIDIRECTIONAL, BLOCK_CAUSAL, CachePolicy, register
 
@@ -43,5 +45,6 @@ class NoCache(CachePolicy):
             logits.add(members, forward.full_steps.run(ids, attention, positions), offsets)
         elif hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
             logits.add(members, model.hidden_states(ids, attention, **kwargs), offsets)
-        else:
+        else:  # another module: HF's convention, a 0/1 mask always
+            attention = torch.ones_like(ids) if attention is None else attention
             logits.add(members, model(ids, attention, **kwargs), offsets, are_logits=True)
