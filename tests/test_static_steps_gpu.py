@@ -178,8 +178,9 @@ def test_a_replayed_full_pass_reads_the_rows_that_joined(family, dtype):
 def test_an_unpadded_row_runs_on_the_flash_kernel(family, cache, mode):
     """Under `sdpa_kernel(FLASH_ATTENTION)` (no other kernel allowed), one row decodes in
     bfloat16, so none of its passes gave a mask (flash takes none), to the tokens it decodes
-    under PyTorch's own choice of kernel. Two rows of different prompt lengths need their
-    mask, which flash refuses: the restriction is real."""
+    under PyTorch's own choice of kernel; Dream's grouped keys and values go to it as they
+    are (`enable_gqa`), which flash must take too. Two rows of different prompt lengths need
+    their mask, which flash refuses: the restriction is real."""
     from test_unmasked_attention import _rows as rows_in_step
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -191,3 +191,24 @@ def test_a_likelihood_batch_of_one_length_is_scored_without_a_mask(model, masks_
     masks_seen.clear()
     likelihood._logits_at(model, [rows[0], rows[1][:5], rows[2]], *where)
     assert masks_seen and all(masks_seen)
+
+
+def test_grouped_keys_are_read_in_place_only_where_there_is_no_mask(dream_fixture, monkeypatch):
+    """Dream's 2 key/value heads for 4 query heads: a pass with no mask hands them to SDPA as
+    they are (`enable_gqa`, the flash kernel's way on a GPU; the same numbers as repeated);
+    a padded pass repeats them (with a mask `enable_gqa` would fall back to the math kernel).
+    (Planted: the repeat kept everywhere: failed.)"""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def watched(q, k, v, attn_mask=None, **kwargs):
+        calls.append((attn_mask is None, q.shape[1], k.shape[1], kwargs.get("enable_gqa", False)))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
+    model = load_float32(str(dream_fixture))
+    _decode(model, "dynamic", _rows([6], "dual"))
+    assert calls and set(calls) == {(True, 4, 2, True)}
+    calls.clear()
+    _decode(model, "dynamic", _rows([6, 9], "dual"))
+    assert calls and set(calls) == {(False, 4, 4, False)}

@@ -121,7 +121,12 @@ def default_position_ids(input_ids: torch.Tensor) -> torch.Tensor:
 def bidirectional_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """Full (non-causal) attention with grouped key/value heads repeated as needed."""
+    """Full (non-causal) attention; grouped key/value heads (Dream, LLaDA-MoE) are read in
+    place by SDPA where there is no mask (`enable_gqa`: on a GPU the flash kernel takes them
+    as they are, a copy of every key and value fewer per layer; the same numbers), and
+    repeated otherwise (with a mask `enable_gqa` would fall back to the unfused math kernel)."""
+    if k.shape[1] != q.shape[1] and bias is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True)
     if k.shape[1] != q.shape[1]:
         groups = q.shape[1] // k.shape[1]
         k = k.repeat_interleave(groups, dim=1)
