@@ -19,7 +19,7 @@ from lm_eval_dvoting.core.decoding.kept import stack_kept
 from lm_eval_dvoting.core.decoding.rows import RowDecoder
 from lm_eval_dvoting.core.decoding.state import KeptKeysValues, left_pad
 from lm_eval_dvoting.core.decoding.static_steps import StaticSteps
-from lm_eval_dvoting.models import dream, llada
+from lm_eval_dvoting.models import common, dream, llada
 from lm_eval_dvoting.models.common import attended_keys
 
 CPU = torch.device("cpu")
@@ -212,3 +212,7 @@ def test_grouped_keys_are_read_in_place_only_where_there_is_no_mask(dream_fixtur
     calls.clear()
     _decode(model, "dynamic", _rows([6, 9], "dual"))
     assert calls and set(calls) == {(False, 4, 4, False)}
+    calls.clear()
+    monkeypatch.setattr(common, "GQA_IN_PLACE", False)  # torch before 2.5: no `enable_gqa`
+    _decode(model, "dynamic", _rows([6], "dual"))
+    assert calls and set(calls) == {(True, 4, 4, False)}

@@ -118,6 +118,10 @@ def default_position_ids(input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(length, device=input_ids.device).expand(batch, length)
 
 
+# SDPA's `enable_gqa` came with torch 2.5; before it, grouped heads are always repeated
+GQA_IN_PLACE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+
+
 def bidirectional_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -125,7 +129,7 @@ def bidirectional_attention(
     place by SDPA where there is no mask (`enable_gqa`: on a GPU the flash kernel takes them
     as they are, a copy of every key and value fewer per layer; the same numbers), and
     repeated otherwise (with a mask `enable_gqa` would fall back to the unfused math kernel)."""
-    if k.shape[1] != q.shape[1] and bias is None:
+    if k.shape[1] != q.shape[1] and bias is None and GQA_IN_PLACE:
         return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True)
     if k.shape[1] != q.shape[1]:
         groups = q.shape[1] // k.shape[1]
