@@ -39,9 +39,10 @@ rule's steps per block, differ); the harness's scheduler (rows entering as other
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -60,6 +61,7 @@ from bench.common import (
 )
 from bench.fastdllm_bench import cell_settings, llada_config, model_shape, our_model, random_prompts
 from lm_eval_dvoting.core.decoding import generate as our_generate
+from lm_eval_dvoting.core.decoding import static_steps
 from lm_eval_dvoting.core.decoding.static_steps import CAPTURED
 
 SECTION = "decode_modes"
@@ -70,10 +72,38 @@ DEFAULT_CACHES = ("prefix", "dual")
 
 
 def timed_decode(model: Any, prompts: torch.Tensor, cache: str, kwargs: Results) -> Results:
-    """One whole decode: its seconds (the GPU synchronised around it), tokens and NFE."""
+    """One whole decode: its seconds (the GPU synchronised around it), tokens and NFE, and
+    its reuse passes over static buffers and their refills (`counted_refills`)."""
     decode = lambda: our_generate(model, prompts, cache=cache, **kwargs)  # noqa: E731
-    seconds, result = timed_call(decode, prompts.device)
-    return {"seconds": seconds, "tokens": result.tokens.tolist(), "nfe": result.nfe.tolist()}
+    with counted_refills() as counts:
+        seconds, result = timed_call(decode, prompts.device)
+    found = {"seconds": seconds, "tokens": result.tokens.tolist(), "nfe": result.nfe.tolist()}
+    return found | counts
+
+
+@contextlib.contextmanager
+def counted_refills() -> Iterator[dict[str, int]]:
+    """Within it, the reuse passes over static buffers (`StaticSteps.run`: modes `static`,
+    `graphs`, `compiled`) and the refills among them (`static_steps._fill`: the rows of the
+    pass or what they keep changed, so every row's kept keys were copied in again, and a
+    graph cannot be replayed at that step): how often a decode refills is the same on any
+    device, so the CPU says it too."""
+    counts = {"reuse_passes": 0, "refills": 0}
+    run, fill = static_steps.StaticSteps.run, static_steps._fill
+
+    def counted_run(self: Any, *args: Any) -> torch.Tensor:
+        counts["reuse_passes"] += 1
+        return run(self, *args)
+
+    def counted_fill(*args: Any) -> None:
+        counts["refills"] += 1
+        fill(*args)
+
+    static_steps.StaticSteps.run, static_steps._fill = counted_run, counted_fill
+    try:
+        yield counts
+    finally:
+        static_steps.StaticSteps.run, static_steps._fill = run, fill
 
 
 def measure_cell(
@@ -96,6 +126,8 @@ def measure_cell(
         "seconds": seconds,
         "median_s": statistics.median(seconds),
         "nfe": statistics.fmean(first["nfe"]),
+        "reuse_passes": first["reuse_passes"],
+        "refills": first["refills"],
         "tokens": first["tokens"],
         "repeatable": all(r["tokens"] == first["tokens"] for r in runs),
     }
@@ -177,8 +209,8 @@ def table(results: Results) -> list[str]:
     lines = [
         "| rows | schedule | cache | "
         + " | ".join(f"{m} s" for m in names)
-        + " | fastest | NFE | tokens as `dynamic`'s |",
-        "|---:|---|---|" + "---:|" * len(names) + "---|---:|---|",
+        + " | fastest | NFE | refills / reuse passes | tokens as `dynamic`'s |",
+        "|---:|---|---|" + "---:|" * len(names) + "---|---:|---|---|",
     ]
     groups: dict[tuple[int, str, str], dict[str, Results]] = {}
     for cell in results["cells"]:
@@ -193,9 +225,20 @@ def table(results: Results) -> list[str]:
         lines.append(
             f"| {rows} | {schedule} | {cache} | "
             + " | ".join(times)
-            + f" | {fastest} | {nfe:.1f} | {'yes' if same else 'NO'} |"
+            + f" | {fastest} | {nfe:.1f} | {_refills(by_mode, ran)} | {'yes' if same else 'NO'} |"
         )
     return lines
+
+
+def _refills(by_mode: dict[str, Results], ran: list[str]) -> str:
+    """Each buffered mode's refills over its reuse passes in the first decode (`-`: none, or
+    a run from before they were counted)."""
+    said = [
+        f"{mode} {by_mode[mode]['refills']}/{by_mode[mode]['reuse_passes']}"
+        for mode in ran
+        if mode != "dynamic" and "refills" in by_mode[mode]
+    ]
+    return "; ".join(said) or "-"
 
 
 def warm_up_lines(results: Results) -> list[str]:
@@ -237,6 +280,10 @@ def section(results: Results, name: str = SECTION) -> list[str]:
         "Each decode builds its decoder and pays its own captures, as a harness run does for "
         "each new shape of the reuse pass whose fill holds two steps (`prefix`: every block; "
         "`dual`: a change in the number of rows in the pass or the spread of their blocks). "
+        "*Refills / reuse passes*: in a mode's first decode, the reuse passes over static "
+        "buffers and how many of them found the rows of the pass, or what they keep, changed, "
+        "so that every row's kept keys were copied in again and no graph could replay "
+        "(`graphs` keeps two shapes' buffers, `static` one). "
         "What it does not show: random weights (a "
         "real model's confidences, and so the threshold rule's steps per block, differ); the "
         "harness's scheduler (rows entering as others finish).",

@@ -164,3 +164,17 @@ def test_none_is_a_cache_to_ask_for_and_not_a_default():
     assert decode_modes.parse_args(["--tiny", "--device", "cpu"]).caches == ["prefix", "dual"]
     args = decode_modes.parse_args(["--tiny", "--device", "cpu", "--caches", "none"])
     assert {cache for _, _, cache, _ in decode_modes.cells(args)} == {"none"}
+
+
+def test_refills_are_counted_per_decode_and_the_counters_leave(run):
+    """The fixed schedule at one row refills once a block (2 blocks of 8: 2 refills over its
+    14 reuse passes); `dynamic` fills no buffers; the counters are gone after each decode.
+    (Planted: `_fill` not counted: failed.)"""
+    from lm_eval_dvoting.core.decoding import static_steps
+
+    results, text = run
+    fixed = {c["mode"]: c for c in results["cells"] if c["rows"] == 1 and c["schedule"] == "fixed"}
+    assert (fixed["static"]["refills"], fixed["static"]["reuse_passes"]) == (2, 14)
+    assert fixed["dynamic"]["reuse_passes"] == fixed["dynamic"]["refills"] == 0
+    assert "| static 2/14 | yes |" in text
+    assert static_steps.StaticSteps.run.__name__ == "run" and static_steps._fill.__name__ == "_fill"
