@@ -203,3 +203,20 @@ def test_an_unpadded_row_runs_on_the_flash_kernel(family, cache, mode):
             decoded([6, 9])
     assert model.cached_steps == mode  # (graphs: no capture was refused)
     assert torch.equal(flash[0].tokens, chosen[0].tokens) and flash[0].nfe == chosen[0].nfe
+
+
+@pytest.mark.parametrize("queries", [1, 32, 300])
+def test_grouped_heads_read_in_place_are_the_repeat_bit_for_bit(queries):
+    """Where `grouped_heads_in_place` holds (flash, bfloat16), attention over Dream-7B's 4
+    key/value heads for 28 query heads, read in place, is the repeated heads' bit for bit:
+    the premise of reading them in place."""
+    from lm_eval_dvoting.models.common import bidirectional_attention, grouped_heads_in_place
+
+    generator = torch.Generator(device=CUDA).manual_seed(queries)
+    q = torch.randn(2, 28, queries, 128, device=CUDA, generator=generator).bfloat16()
+    k, v = (torch.randn(2, 4, 300, 128, device=CUDA, generator=generator).bfloat16() for _ in "kv")
+    assert grouped_heads_in_place(q, None)
+    repeated = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(7, 1), v.repeat_interleave(7, 1)
+    )
+    assert torch.equal(bidirectional_attention(q, k, v, None), repeated)

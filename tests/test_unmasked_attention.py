@@ -193,11 +193,13 @@ def test_a_likelihood_batch_of_one_length_is_scored_without_a_mask(model, masks_
     assert masks_seen and all(masks_seen)
 
 
-def test_grouped_keys_are_read_in_place_only_where_there_is_no_mask(dream_fixture, monkeypatch):
-    """Dream's 2 key/value heads for 4 query heads: a pass with no mask hands them to SDPA as
-    they are (`enable_gqa`, the flash kernel's way on a GPU; the same numbers as repeated);
-    a padded pass repeats them (with a mask `enable_gqa` would fall back to the math kernel).
-    (Planted: the repeat kept everywhere: failed.)"""
+def test_grouped_keys_are_read_in_place_only_where_flash_runs(dream_fixture, monkeypatch):
+    """Dream's 2 key/value heads for 4 query heads go to SDPA as they are (`enable_gqa`) only
+    where `grouped_heads_in_place` says its flash kernel runs the pass (no mask, a CUDA GPU,
+    bfloat16 or float16); there the decode is bit for bit the repeated heads' (forced here on
+    the CPU, whose flash kernel takes grouped heads in torch 2.13); a padded pass, or the CPU,
+    repeats them. (Planted: the repeat kept where flash runs; `enable_gqa` with a mask:
+    failed.)"""
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
@@ -207,12 +209,51 @@ def test_grouped_keys_are_read_in_place_only_where_there_is_no_mask(dream_fixtur
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
     model = load_float32(str(dream_fixture))
-    _decode(model, "dynamic", _rows([6], "dual"))
+    repeated = _decode(model, "dynamic", _rows([6], "dual"))
+    assert calls and set(calls) == {(True, 4, 4, False)}  # the CPU: repeated
+    calls.clear()
+    flash_here = lambda q, bias: bias is None  # noqa: E731  (as on a GPU where flash runs)
+    monkeypatch.setattr(common, "grouped_heads_in_place", flash_here)
+    in_place = _decode(model, "dynamic", _rows([6], "dual"))
     assert calls and set(calls) == {(True, 4, 2, True)}
+    assert torch.equal(in_place[0].tokens, repeated[0].tokens)
     calls.clear()
     _decode(model, "dynamic", _rows([6, 9], "dual"))
     assert calls and set(calls) == {(False, 4, 4, False)}
-    calls.clear()
-    monkeypatch.setattr(common, "GQA_IN_PLACE", False)  # torch before 2.5: no `enable_gqa`
-    _decode(model, "dynamic", _rows([6], "dual"))
-    assert calls and set(calls) == {(True, 4, 4, False)}
+
+
+class _Query:
+    """What `grouped_heads_in_place` reads of a query tensor, on a device it cannot have here."""
+
+    def __init__(self, is_cuda: bool, dtype: torch.dtype, head_dim: int = 128) -> None:
+        self.is_cuda, self.dtype, self.shape, self.device = is_cuda, dtype, (1, 28, 32, head_dim), 0
+
+
+def test_flash_is_expected_only_on_a_capable_gpu_in_half_precision(monkeypatch):
+    """No mask, CUDA, bfloat16 or float16, a head width flash takes, compute capability 8.0 or
+    more, torch 2.5 or more: all needed (each one missing: the repeat)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    decide = common.grouped_heads_in_place
+    assert decide(_Query(True, torch.bfloat16), None) and decide(_Query(True, torch.float16), None)
+    assert not decide(_Query(True, torch.bfloat16), torch.zeros(1))
+    assert not decide(_Query(False, torch.bfloat16), None)
+    assert not decide(_Query(True, torch.float32), None)
+    assert not decide(_Query(True, torch.bfloat16, head_dim=100), None)
+    monkeypatch.setattr(common, "GQA_IN_PLACE", False)
+    assert not decide(_Query(True, torch.bfloat16), None)
+    monkeypatch.setattr(common, "GQA_IN_PLACE", True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (7, 5))
+    assert not decide(_Query(True, torch.bfloat16), None)
+
+
+def test_what_a_pass_records_holds_no_larger_tensor(model):
+    """The keys and values a recording pass keeps own their storage: keys rotated together
+    with the queries (`rotate_pair`) would otherwise keep every layer's queries alive until
+    the pass ends. (Planted: `own_copy` returning its input: failed.)"""
+    from lm_eval_dvoting.models.common import PrefixCache
+
+    record = PrefixCache()
+    ids = torch.randint(0, 240, (2, 9))
+    model.hidden_states(ids, None, None, cache=record)
+    for tensor in record.new_keys + record.new_values:
+        assert tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()

@@ -23,7 +23,7 @@ from transformers import LlamaConfig, Qwen2ForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from lm_eval_dvoting.models import dream, llada, llada_moe
-from lm_eval_dvoting.models.common import apply_rotary, rotary_tables
+from lm_eval_dvoting.models.common import apply_rotary, rotary_tables, rotate_pair
 from lm_eval_dvoting.models.llada_moe import apply_partial_rotary
 from lm_eval_dvoting.models.loading import CheckpointError, load_model
 
@@ -140,6 +140,27 @@ def test_a_partial_rotation_turns_the_first_dims_as_upstream(dtype):
     ours = apply_partial_rotary(x, *rotary_tables(positions, 32, THETA, dtype))
     assert torch.equal(ours, _upstream_rotation(x, positions, 32))
     assert torch.equal(ours[..., 32:], x[..., 32:])
+
+
+@pytest.mark.parametrize("tables_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads, kv_heads, rotated", [(4, 4, 16), (28, 4, 16), (4, 2, 8)])
+def test_queries_and_keys_rotated_together_are_rotated_apart_bit_for_bit(
+    tables_dtype, heads, kv_heads, rotated
+):
+    """`rotate_pair` lays q and k side by side and rotates once: the same bits as rotating
+    each, for grouped heads, a partial rotation (8 of 16 dims), tables in float32 over
+    bfloat16 activations (LLaDA) or in the activations' dtype, transposed inputs, batch 3.
+    (Planted: the keys sliced one head off: failed.)"""
+    generator = torch.Generator().manual_seed(heads)
+    activations = torch.bfloat16 if tables_dtype == torch.float32 else tables_dtype
+    q, k = (
+        (torch.randn(3, 7, n, 16, generator=generator) * 8).to(activations).transpose(1, 2)
+        for n in (heads, kv_heads)
+    )
+    tables = rotary_tables(_positions(3, 7), rotated, THETA, tables_dtype)
+    found = rotate_pair(q, k, apply_partial_rotary, tables)
+    expected = apply_partial_rotary(q, *tables), apply_partial_rotary(k, *tables)
+    assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(found, expected))
 
 
 @pytest.mark.parametrize("full_precision", [True, False])

@@ -120,16 +120,34 @@ def default_position_ids(input_ids: torch.Tensor) -> torch.Tensor:
 
 # SDPA's `enable_gqa` came with torch 2.5; before it, grouped heads are always repeated
 GQA_IN_PLACE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def grouped_heads_in_place(q: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether SDPA should read grouped key/value heads as they are (`enable_gqa`) rather than
+    repeated: only where its flash kernel runs the pass, which reads them in place with the
+    arithmetic of the repeat (no mask; bfloat16 or float16 on a CUDA GPU of compute
+    capability 8.0 or more; a head width flash takes). Elsewhere `enable_gqa` would pick the
+    math kernel: slower than the repeat on a GPU, and on the CPU, before torch's flash kernel
+    there took grouped heads (mid-2025), other rounding."""
+    return (
+        GQA_IN_PLACE
+        and bias is None
+        and q.is_cuda
+        and q.dtype in FLASH_DTYPES
+        and q.shape[-1] % 8 == 0
+        and q.shape[-1] <= 256
+        and torch.cuda.get_device_capability(q.device) >= (8, 0)
+    )
 
 
 def bidirectional_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """Full (non-causal) attention; grouped key/value heads (Dream, LLaDA-MoE) are read in
-    place by SDPA where there is no mask (`enable_gqa`: on a GPU the flash kernel takes them
-    as they are, a copy of every key and value fewer per layer; the same numbers), and
-    repeated otherwise (with a mask `enable_gqa` would fall back to the unfused math kernel)."""
-    if k.shape[1] != q.shape[1] and bias is None and GQA_IN_PLACE:
+    place by SDPA's flash kernel where it runs the pass (`grouped_heads_in_place`: a copy of
+    every key and value fewer per layer, the same numbers), and repeated otherwise."""
+    if k.shape[1] != q.shape[1] and grouped_heads_in_place(q, bias):
         return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True)
     if k.shape[1] != q.shape[1]:
         groups = q.shape[1] // k.shape[1]
@@ -193,8 +211,8 @@ class PrefixCache:
         bias: torch.Tensor | None,
     ) -> torch.Tensor:
         """Record this pass's keys/values, then attend over prefix + pass + suffix keys."""
-        self.new_keys.append(k)
-        self.new_values.append(v)
+        self.new_keys.append(own_copy(k))
+        self.new_values.append(own_copy(v))
         if self.keys:
             k = torch.cat([self.keys[layer], k], dim=2)
             v = torch.cat([self.values[layer], v], dim=2)
@@ -202,6 +220,15 @@ class PrefixCache:
             k = torch.cat([k, self.suffix_keys[layer]], dim=2)
             v = torch.cat([v, self.suffix_values[layer]], dim=2)
         return bidirectional_attention(q, k, v, bias)
+
+
+def own_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy where it is a view into a larger tensor (keys rotated with the queries,
+    `rotate_pair`; LLaDA2's values, a split of its fused projection): what a cache records
+    must not keep every layer's queries alive until the pass ends (about 2 GiB for a 16 x 512
+    recording pass of LLaDA-8B in bfloat16)."""
+    whole = t.untyped_storage().nbytes()
+    return t if whole == t.numel() * t.element_size() else t.clone()
 
 
 @dataclass

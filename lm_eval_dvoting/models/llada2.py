@@ -39,6 +39,7 @@ from lm_eval_dvoting.models.common import (
     attention_bias,
     block_causal_bias,
     default_position_ids,
+    own_copy,
     repeat_kv,
     rotary_tables,
     rotate_pair,
@@ -124,8 +125,8 @@ class LLaDA2Attention(nn.Module):
         q, k = rotate_pair(q, k, apply_partial_rotary, rotary)
         v = v.transpose(1, 2)
         if cache is not None:
-            cache.new_keys.append(k)
-            cache.new_values.append(v)
+            cache.new_keys.append(own_copy(k))
+            cache.new_values.append(own_copy(v))
             if cache.keys:
                 k, v = (
                     torch.cat([cache.keys[layer], k], dim=2),
