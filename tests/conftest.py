@@ -97,6 +97,17 @@ def llada2_fixture() -> Path:
     return fixture_folder("llada2")
 
 
+@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
+def model(request, monkeypatch):
+    """The tiny official-format LLaDA, then Dream, in float32, its `cached_steps` restored
+    after the test (a module with another `model` fixture uses its own)."""
+    from references import load_float32
+
+    loaded = load_float32(str(request.getfixturevalue(request.param)))
+    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)
+    return loaded
+
+
 @pytest.fixture
 def data_dir() -> Path:
     return require_shared(DATA)

@@ -41,13 +41,6 @@ def traced_without_a_compiler(monkeypatch):
     monkeypatch.setattr(static_module, "COMPILE_BACKEND", "aot_eager")
 
 
-@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
-def model(request, monkeypatch) -> nn.Module:
-    loaded = load_float32(str(request.getfixturevalue(request.param)))
-    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)  # restored afterwards
-    return loaded
-
-
 class WarmedReplay(EagerReplay):
     """`EagerReplay` that runs the pass once when it captures it, as `CudaGraph`'s warm-up
     does (where a compilation, or its failure, happens)."""

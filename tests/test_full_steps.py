@@ -30,13 +30,6 @@ from lm_eval_dvoting.core.decoding.full_steps import FullSteps
 from lm_eval_dvoting.core.decoding.rows import RowDecoder
 
 
-@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
-def model(request, monkeypatch) -> nn.Module:
-    loaded = load_float32(str(request.getfixturevalue(request.param)))
-    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)  # restored afterwards
-    return loaded
-
-
 def _decode(
     model: nn.Module, graph_class: type | None, caches: list[str], rule: dict, strict=True
 ) -> tuple[list[DecodeRow], RowDecoder]:

@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from references import load_float32
 from torch import nn
 
 from bench.host_reads_bench import HostReads
@@ -31,13 +30,6 @@ from lm_eval_dvoting.core.decoding.static_steps import (
 
 MASK = 250  # the official-tiny fixtures' mask id
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
-def model(request, monkeypatch) -> nn.Module:
-    loaded = load_float32(str(request.getfixturevalue(request.param)))
-    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)  # restored afterwards
-    return loaded
 
 
 class EagerReplay:

@@ -33,6 +33,7 @@ from test_static_steps import (
     CheckedSteps,
     _rows,
     assert_modes_decode_alike,
+    decode_rows,
 )
 from torch import nn
 
@@ -188,13 +189,7 @@ def test_an_unpadded_row_runs_on_the_flash_kernel(family, cache, mode):
 
     def decoded(prompts: list[int]) -> list[DecodeRow]:
         model.cached_steps = mode
-        decoder = RowDecoder(model, pad_token_id=MASK)
-        rows = rows_in_step(prompts, cache)
-        for row in rows:
-            decoder.add(row)
-        while decoder.active:
-            decoder.step()
-        return rows
+        return decode_rows(RowDecoder(model, pad_token_id=MASK), rows_in_step(prompts, cache))
 
     chosen = decoded([6])
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):

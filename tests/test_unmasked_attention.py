@@ -25,13 +25,6 @@ from lm_eval_dvoting.models.common import attended_keys
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(params=["llada_fixture", "dream_fixture"], ids=["llada", "dream"])
-def model(request, monkeypatch) -> nn.Module:
-    loaded = load_float32(str(request.getfixturevalue(request.param)))
-    monkeypatch.setattr(loaded, "cached_steps", "auto", raising=False)  # restored afterwards
-    return loaded
-
-
 def _rows(prompt_lengths: list[int], cache: str, answers: list[int] | None = None) -> list:
     """Rows of `answers` (12 each by default) answer tokens in blocks of 4, the fixed
     schedule, one commit a step (they move in step)."""
