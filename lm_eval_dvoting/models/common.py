@@ -248,8 +248,9 @@ class StaticKeyValues:
     values: list[torch.Tensor]
     mask: torch.Tensor
     slot: torch.Tensor
-    # a shape whose every fill is unpadded (its rows' kept prefixes of one length, their
-    # suffixes too, no query padded): its pass attends without a mask (`attended_keys`)
+    # a shape whose every fill leaves no kept key padded (its rows' kept prefixes of one
+    # length, their suffixes too): with no query padded either, its pass attends without a
+    # mask (`attended_keys`)
     every_kept_key_real: bool = False
 
     def key_mask(
