@@ -88,13 +88,18 @@ def same_decodes(expected: list[DecodeRow], found: list[DecodeRow]) -> bool:
     return all(torch.equal(a.tokens, b.tokens) and a.nfe == b.nfe for a, b in zip(expected, found))
 
 
-def _decode(model: nn.Module, mode: str, caches: list[str], rule: dict) -> list[DecodeRow]:
+def decode_in_mode(model: nn.Module, mode: str, rows: list[DecodeRow]) -> list[DecodeRow]:
+    """`rows` decoded under `cached_steps=mode` (`graphs` replayed eagerly: no CUDA here)."""
     model.cached_steps = "static" if mode == "graphs" else mode
     decoder = RowDecoder(model, pad_token_id=MASK)
-    if mode == "graphs":  # replayed eagerly: no CUDA here
+    if mode == "graphs":
         decoder.forward.static_steps = StaticSteps(model, "graphs")
         decoder.forward.static_steps.graph_class = EagerReplay
-    return decode_rows(decoder, _rows(caches, rule))
+    return decode_rows(decoder, rows)
+
+
+def _decode(model: nn.Module, mode: str, caches: list[str], rule: dict) -> list[DecodeRow]:
+    return decode_in_mode(model, mode, _rows(caches, rule))
 
 
 CACHE_MIXES = [["prefix"] * 4, ["dual"] * 4, ["dual", "prefix", "none", "dual"]]

@@ -10,13 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 from references import load_float32
-from test_static_steps import MASK, EagerReplay, decode_rows
-from torch import nn
+from test_static_steps import MASK, decode_in_mode
 
 from lm_eval_dvoting.core.decoding import DecodeRow
 from lm_eval_dvoting.core.decoding.full_steps import FullSteps
 from lm_eval_dvoting.core.decoding.kept import stack_kept
-from lm_eval_dvoting.core.decoding.rows import RowDecoder
 from lm_eval_dvoting.core.decoding.state import KeptKeysValues, left_pad
 from lm_eval_dvoting.core.decoding.static_steps import StaticSteps
 from lm_eval_dvoting.models import common, dream, llada
@@ -25,11 +23,14 @@ from lm_eval_dvoting.models.common import attended_keys
 CPU = torch.device("cpu")
 
 
-def _rows(prompt_lengths: list[int], cache: str, answers: list[int] | None = None) -> list:
+def _rows(
+    prompt_lengths: list[int], cache: str, answers: list[int] | None = None
+) -> list[DecodeRow]:
     """Rows of `answers` (12 each by default) answer tokens in blocks of 4, the fixed
     schedule, one commit a step (they move in step)."""
     rows = []
-    for k, (length, answer) in enumerate(zip(prompt_lengths, answers or [12] * 12)):
+    answers = answers or [12] * len(prompt_lengths)
+    for k, (length, answer) in enumerate(zip(prompt_lengths, answers)):
         g = torch.Generator().manual_seed(k)
         rows.append(
             DecodeRow(
@@ -43,15 +44,6 @@ def _rows(prompt_lengths: list[int], cache: str, answers: list[int] | None = Non
     return rows
 
 
-def _decode(model: nn.Module, mode: str, rows: list[DecodeRow]) -> list[DecodeRow]:
-    model.cached_steps = "static" if mode == "graphs" else mode
-    decoder = RowDecoder(model, pad_token_id=MASK)
-    if mode == "graphs":  # replayed eagerly: no CUDA here
-        decoder.forward.static_steps = StaticSteps(model, "graphs")
-        decoder.forward.static_steps.graph_class = EagerReplay
-    return decode_rows(decoder, rows)
-
-
 def _always_masked(attention_mask, input_ids, cache=None):
     """What the models attended with before: a mask over every key, padded or not."""
     if attention_mask is None:
@@ -60,17 +52,22 @@ def _always_masked(attention_mask, input_ids, cache=None):
 
 
 @pytest.fixture
-def masks_seen(monkeypatch) -> list[bool]:
-    """Whether each attention call of the test got a mask."""
-    seen: list[bool] = []
+def sdpa_calls(monkeypatch) -> list[tuple[bool, int, int, bool]]:
+    """Each attention call of the test: (no mask, query heads, key heads, `enable_gqa`)."""
+    calls: list[tuple[bool, int, int, bool]] = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def watched(q, k, v, attn_mask=None, **kwargs):
-        seen.append(attn_mask is not None)
+        calls.append((attn_mask is None, q.shape[1], k.shape[1], kwargs.get("enable_gqa", False)))
         return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
-    return seen
+    return calls
+
+
+def _masks(calls: list[tuple[bool, int, int, bool]]) -> list[bool]:
+    """Whether each attention call got a mask."""
+    return [not unmasked for unmasked, *_ in calls]
 
 
 @pytest.mark.parametrize("mode", ["dynamic", "static", "graphs"])
@@ -81,7 +78,7 @@ def masks_seen(monkeypatch) -> list[bool]:
     ids=["one", "even", "ragged", "ragged-answers"],
 )
 def test_only_a_pass_with_padding_attends_with_a_mask(
-    model, mode, cache, prompts, answers, masked_passes, masks_seen, monkeypatch
+    model, mode, cache, prompts, answers, masked_passes, sdpa_calls, monkeypatch
 ):
     """The rows move in step, one pass a step (12 in all). One row, or rows of one length: no
     attention call gets a mask. Rows of two prompt lengths: every call does (each full pass
@@ -93,7 +90,8 @@ def test_only_a_pass_with_padding_attends_with_a_mask(
     mask: `one` and `even` failed; the kept keys never called padded: `ragged` failed, in
     the reuse passes; their suffixes' lengths ignored: `ragged-answers` failed under
     `dual`.)"""
-    found = _decode(model, mode, _rows(prompts, cache, answers))
+    found = decode_in_mode(model, mode, _rows(prompts, cache, answers))
+    masks_seen = _masks(sdpa_calls)
     per_pass, rest = divmod(len(masks_seen), 12)
     assert per_pass and not rest
     assert (
@@ -101,7 +99,7 @@ def test_only_a_pass_with_padding_attends_with_a_mask(
     )
     for family in (llada, dream):
         monkeypatch.setattr(family, "attended_keys", _always_masked)
-    masked = _decode(model, mode, _rows(prompts, cache, answers))
+    masked = decode_in_mode(model, mode, _rows(prompts, cache, answers))
     for row, expected in zip(found, masked):
         assert torch.equal(row.tokens, expected.tokens) and row.nfe == expected.nfe
 
@@ -167,7 +165,7 @@ def test_left_pad_gives_no_mask_only_where_no_row_is_padded():
     assert all(torch.equal(a, b) for a, b in zip(found, expected))
 
 
-def test_a_likelihood_batch_of_one_length_is_scored_without_a_mask(model, masks_seen, monkeypatch):
+def test_a_likelihood_batch_of_one_length_is_scored_without_a_mask(model, sdpa_calls, monkeypatch):
     """A request's Monte-Carlo draws share one length: their pass attends without a mask and
     scores as with one; draws of two lengths keep theirs. (Planted: `_pad_right` always
     giving the mask: failed.)"""
@@ -177,41 +175,36 @@ def test_a_likelihood_batch_of_one_length_is_scored_without_a_mask(model, masks_
     rows = [torch.randint(0, 240, (7,), generator=g) for _ in range(3)]
     where = torch.tensor([0, 1, 2]), torch.tensor([6, 3, 0])
     found = likelihood._logits_at(model, rows, *where)
-    assert masks_seen and not any(masks_seen)
+    assert sdpa_calls and not any(_masks(sdpa_calls))
     for family in (llada, dream):
         monkeypatch.setattr(family, "attended_keys", _always_masked)
     assert torch.equal(found, likelihood._logits_at(model, rows, *where))
-    masks_seen.clear()
+    sdpa_calls.clear()
     likelihood._logits_at(model, [rows[0], rows[1][:5], rows[2]], *where)
-    assert masks_seen and all(masks_seen)
+    assert sdpa_calls and all(_masks(sdpa_calls))
 
 
-def test_grouped_keys_are_read_in_place_only_where_flash_runs(dream_fixture, monkeypatch):
+def test_grouped_keys_are_read_in_place_only_where_flash_runs(
+    dream_fixture, sdpa_calls, monkeypatch
+):
     """Dream's 2 key/value heads for 4 query heads go to SDPA as they are (`enable_gqa`) only
     where `grouped_heads_in_place` says its flash kernel runs the pass (no mask, a CUDA GPU,
     bfloat16 or float16); there the decode is bit for bit the repeated heads' (forced here on
     the CPU, whose flash kernel takes grouped heads in torch 2.13); a padded pass, or the CPU,
     repeats them. (Planted: the repeat kept where flash runs; `enable_gqa` with a mask:
     failed.)"""
-    calls = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def watched(q, k, v, attn_mask=None, **kwargs):
-        calls.append((attn_mask is None, q.shape[1], k.shape[1], kwargs.get("enable_gqa", False)))
-        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", watched)
+    calls = sdpa_calls
     model = load_float32(str(dream_fixture))
-    repeated = _decode(model, "dynamic", _rows([6], "dual"))
+    repeated = decode_in_mode(model, "dynamic", _rows([6], "dual"))
     assert calls and set(calls) == {(True, 4, 4, False)}  # the CPU: repeated
     calls.clear()
     flash_here = lambda q, bias: bias is None  # noqa: E731  (as on a GPU where flash runs)
     monkeypatch.setattr(common, "grouped_heads_in_place", flash_here)
-    in_place = _decode(model, "dynamic", _rows([6], "dual"))
+    in_place = decode_in_mode(model, "dynamic", _rows([6], "dual"))
     assert calls and set(calls) == {(True, 4, 2, True)}
     assert torch.equal(in_place[0].tokens, repeated[0].tokens)
     calls.clear()
-    _decode(model, "dynamic", _rows([6, 9], "dual"))
+    decode_in_mode(model, "dynamic", _rows([6, 9], "dual"))
     assert calls and set(calls) == {(False, 4, 4, False)}
 
 
